@@ -1,0 +1,1 @@
+"""Test and demo support: a private containerd with locally built images."""

@@ -1,0 +1,213 @@
+"""Start and stop a private containerd with the CRI plugin, for tests and demos.
+
+Everything lives in one temporary directory: config, root, state, socket, CNI
+config and logs. Facts behind the config: the sandbox lacks CAP_SYS_RESOURCE
+(so restrict_oom_score_adj), there is no overlayfs need (native snapshotter),
+and images are imported from locally built OCI archives.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from resmgr.cri import api_pb2 as cri
+from resmgr.cri import api_pb2_grpc as cri_grpc
+from resmgr.testing import images
+
+CNI_BIN_DIR = "/usr/lib/cni"
+CNI_SUBNET = "10.88.77.0/24"
+REQUIRED_BINARIES = ("containerd", "containerd-shim-runc-v2", "runc", "ctr")
+
+CONFIG = """\
+version = 2
+root = "{root}"
+state = "{state}"
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[debug]
+  level = "info"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_unprivileged_ports = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{cni_conf}"
+"""
+
+CNI_CONFLIST = """\
+{{
+  "cniVersion": "0.4.0",
+  "name": "cri-resmgr-test",
+  "plugins": [
+    {{
+      "type": "bridge",
+      "bridge": "crirm0",
+      "isGateway": true,
+      "ipMasq": false,
+      "ipam": {{
+        "type": "host-local",
+        "ranges": [[{{"subnet": "{subnet}"}}]],
+        "dataDir": "{ipam_dir}"
+      }}
+    }},
+    {{"type": "portmap", "capabilities": {{"portMappings": true}}}},
+    {{"type": "loopback"}}
+  ]
+}}
+"""
+
+
+def missing_tools() -> list[str]:
+    missing = [b for b in REQUIRED_BINARIES if not shutil.which(b)]
+    if not Path(CNI_BIN_DIR, "bridge").exists():
+        missing.append(f"{CNI_BIN_DIR}/bridge (containernetworking-plugins)")
+    return missing
+
+
+class PrivateContainerd:
+    """A containerd process owned by the caller, with its own temporary tree."""
+
+    def __init__(self, workdir: str | Path | None = None) -> None:
+        self._own_dir = workdir is None
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="crirm-ctrd-"))
+        self.socket = str(self.dir / "containerd.sock")
+        self.log_path = self.dir / "containerd.log"
+        self.proc: subprocess.Popen | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self, timeout: float = 30.0) -> "PrivateContainerd":
+        missing = missing_tools()
+        if missing:
+            raise RuntimeError("containerd test harness needs: " + ", ".join(missing)
+                               + " (run scripts/setup.sh)")
+        archives = images.build_all()
+        cni_conf = self.dir / "cni"
+        cni_conf.mkdir(parents=True, exist_ok=True)
+        (cni_conf / "10-cri-resmgr-test.conflist").write_text(
+            CNI_CONFLIST.format(subnet=CNI_SUBNET, ipam_dir=self.dir / "ipam"))
+        config = self.dir / "config.toml"
+        config.write_text(CONFIG.format(
+            root=self.dir / "root", state=self.dir / "state", socket=self.socket,
+            pause=images.PAUSE_IMAGE, cni_bin=CNI_BIN_DIR, cni_conf=cni_conf))
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self._wait_ready(timeout)
+        for name, archive in archives.items():
+            subprocess.run(["ctr", "-a", self.socket, "-n", "k8s.io", "images", "import",
+                            "--snapshotter", "native", "--digests",
+                            str(archive)], check=True, capture_output=True)
+            self._wait_image(name, timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel("unix://" + self.socket) as ch:
+            stub = cri_grpc.RuntimeServiceStub(ch)
+            while True:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise RuntimeError(f"containerd exited ({self.proc.returncode}); log: "
+                                       + self.log_tail())
+                try:
+                    st = stub.Status(cri.StatusRequest(), timeout=1, wait_for_ready=True)
+                    ready = {c.type: c.status for c in st.status.conditions}
+                    if ready.get("RuntimeReady") and ready.get("NetworkReady"):
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("containerd did not become ready; log: " + self.log_tail())
+                time.sleep(0.1)
+
+    def _wait_image(self, name: str, timeout: float) -> None:
+        # The CRI plugin learns about imported images asynchronously.
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel("unix://" + self.socket) as ch:
+            stub = cri_grpc.ImageServiceStub(ch)
+            while not stub.ImageStatus(cri.ImageStatusRequest(image=cri.ImageSpec(image=name)),
+                                       timeout=5).HasField("image"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"image {name} not visible to the CRI plugin")
+                time.sleep(0.1)
+
+    def remove_all_pods(self) -> None:
+        """Stop and remove every pod, so no shim or runc state outlives us."""
+        with grpc.insecure_channel("unix://" + self.socket) as ch:
+            stub = cri_grpc.RuntimeServiceStub(ch)
+            for pod in stub.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=10).items:
+                try:
+                    stub.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod.id), timeout=30)
+                    stub.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod.id),
+                                          timeout=30)
+                except grpc.RpcError:
+                    pass
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                self.remove_all_pods()
+            except grpc.RpcError:
+                pass
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        self._kill_leftover_shims()
+        if self._own_dir:
+            subprocess.run(["umount", "-R", str(self.dir / "state")], capture_output=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _kill_leftover_shims(self) -> None:
+        for pid_dir in Path("/proc").iterdir():
+            if not pid_dir.name.isdigit():
+                continue
+            try:
+                cmdline = (pid_dir / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and \
+                    self.socket.encode() in b" ".join(cmdline):
+                try:
+                    os.kill(int(pid_dir.name), signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> "PrivateContainerd":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
