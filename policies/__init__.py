@@ -1,0 +1,60 @@
+"""Policy registry: maps policy names (and aliases) to implementations."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from policies.base import Decision, Policy, View
+from policies.none import NonePolicy
+
+__all__ = ["Decision", "Policy", "View", "REGISTRY", "create", "names", "describe"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    factory: type[Policy]
+    description: str
+    aliases: tuple[str, ...] = ()
+
+
+REGISTRY: dict[str, Entry] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register(factory: type[Policy], aliases: tuple[str, ...] = ()) -> None:
+    entry = Entry(factory.name, factory, factory.description, aliases)
+    REGISTRY[entry.name] = entry
+    for alias in aliases:
+        _ALIASES[alias] = entry.name
+
+
+register(NonePolicy, aliases=("null",))
+
+
+def canonical(name: str) -> str:
+    """The registered name for name or alias; KeyError naming the choices otherwise."""
+    name = _ALIASES.get(name, name)
+    if name not in REGISTRY:
+        raise KeyError(f"unknown policy {name!r}; available: {', '.join(names())}")
+    return name
+
+
+def names() -> list[str]:
+    return sorted(REGISTRY) + sorted(_ALIASES)
+
+
+def create(name: str, config: Mapping[str, Any] | None = None) -> Policy:
+    return REGISTRY[canonical(name)].factory(config)
+
+
+def describe() -> str:
+    """The --list-policies text."""
+    lines = ["Available policies:"]
+    for name in sorted(REGISTRY):
+        entry = REGISTRY[name]
+        alias = f" (alias: {', '.join(entry.aliases)})" if entry.aliases else ""
+        lines.append(f"  * {name}: {entry.description}{alias}")
+    return "\n".join(lines)

@@ -1,0 +1,5 @@
+import sys
+
+from resmgr.cli import main
+
+sys.exit(main())

@@ -1,0 +1,104 @@
+"""cri-resmgr command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import policies
+from resmgr import __version__, log
+from resmgr.config import Config, ConfigError, load_file
+from resmgr.daemon import Daemon, Options, StartupError
+from resmgr.relay.listen import SocketInUse
+
+DESCRIPTION = """\
+CRI resource manager: a CRI relay between kubelet and the container runtime.
+Point kubelet's --container-runtime-endpoint at the relay socket; pod and container
+lifecycle calls are handed to the active policy, everything else passes through."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = Options()
+    p = argparse.ArgumentParser(prog="cri-resmgr", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--relay-socket", default=d.relay_socket,
+                   help="unix socket the relay serves CRI on (default: %(default)s)")
+    p.add_argument("--runtime-socket", default=d.runtime_socket,
+                   help="container runtime's CRI socket (default: %(default)s)")
+    p.add_argument("--image-socket", default="",
+                   help="CRI image service socket (default: the runtime socket)")
+    p.add_argument("--relay-dir", default=d.relay_dir,
+                   help="directory for persisted state (default: %(default)s)")
+    p.add_argument("--pid-file", default="", help="write the daemon's PID here")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--force-config", metavar="FILE",
+                     help="YAML configuration that overrides any other source")
+    src.add_argument("--fallback-config", metavar="FILE",
+                     help="YAML configuration used when no other source provides one")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the effective configuration and where it came from, then exit")
+    p.add_argument("--list-policies", action="store_true", help="list the available policies and exit")
+    p.add_argument("--dump", metavar="RULES",
+                   help="CRI message dump rules, e.g. 'off:.*,full:Create.*' "
+                        "(levels off/short/full, later rules win; overrides dump.Config)")
+    p.add_argument("--dump-file", metavar="PATH",
+                   help="write dumps to PATH ('-' for stdout; default: the log)")
+    p.add_argument("--allow-untested-runtimes", action="store_true",
+                   help="relay to runtimes other than containerd and CRI-O")
+    p.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace, metavar="SECONDS",
+                   help="time in-flight calls get to finish on SIGTERM (default: %(default)s)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="log level (default: %(default)s)")
+    p.add_argument("--logger-debug", metavar="SOURCES", default="",
+                   help="comma-separated log sources to debug (engine, relay, store, dump), '*' for all")
+    p.add_argument("--version", action="version", version=f"cri-resmgr {__version__}")
+    return p
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    if args.force_config:
+        cfg = load_file(args.force_config)
+        cfg.source = f"forced config file {args.force_config}"
+    elif args.fallback_config:
+        cfg = load_file(args.fallback_config)
+        cfg.source = f"fallback config file {args.fallback_config}"
+    else:
+        cfg = Config()
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_policies:
+        print(policies.describe())
+        return 0
+    try:
+        config = load_config(args)
+    except ConfigError as err:
+        print(f"cri-resmgr: {err}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(f"# effective configuration, from {config.source}")
+        print(config.to_yaml(), end="")
+        return 0
+    debug = [s.strip() for s in args.logger_debug.split(",") if s.strip()]
+    log.setup(args.log_level, config.debug_sources + debug)
+    if config.source == "built-in defaults":
+        log.logging.getLogger("cri-resmgr").warning("no configuration given; using built-in defaults")
+    opts = Options(relay_socket=args.relay_socket, runtime_socket=args.runtime_socket,
+                   image_socket=args.image_socket, relay_dir=args.relay_dir, pid_file=args.pid_file,
+                   allow_untested_runtimes=args.allow_untested_runtimes, dump=args.dump,
+                   dump_file=args.dump_file, shutdown_grace=args.shutdown_grace)
+    try:
+        return asyncio.run(Daemon(opts, config).run())
+    except (SocketInUse, StartupError, ConfigError) as err:
+        print(f"cri-resmgr: {err}", file=sys.stderr)
+        return 1
+    except ValueError as err:  # bad --dump rules and similar
+        print(f"cri-resmgr: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

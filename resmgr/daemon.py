@@ -1,0 +1,149 @@
+"""Assemble and run the relay daemon: state, engine, relay server, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+import policies
+from resmgr.config import Config
+from resmgr.dump import Dumper
+from resmgr.engine import Engine
+from resmgr.relay import listen
+from resmgr.relay.proxy import CHANNEL_OPTIONS, SERVER_OPTIONS, Relay
+from resmgr.relay.runtime import RuntimeClient
+from resmgr.store import StateStore
+
+log = logging.getLogger("cri-resmgr")
+
+TESTED_RUNTIMES = ("containerd", "cri-o")
+RETRY_INTERVAL = 1.0
+
+
+@dataclass
+class Options:
+    relay_socket: str = "/var/run/cri-resmgr/cri-resmgr.sock"
+    runtime_socket: str = "/var/run/containerd/containerd.sock"
+    image_socket: str = ""
+    relay_dir: str = "/var/lib/cri-resmgr"
+    pid_file: str = ""
+    allow_untested_runtimes: bool = False
+    dump: str | None = None
+    dump_file: str | None = None
+    shutdown_grace: float = 5.0
+
+
+class StartupError(Exception):
+    pass
+
+
+def _target(path: str) -> str:
+    return path if path.startswith(("unix:", "unix-abstract:")) else "unix://" + path
+
+
+def _path(endpoint: str) -> str:
+    for prefix in ("unix://", "unix:"):
+        if endpoint.startswith(prefix):
+            return endpoint[len(prefix):]
+    return endpoint
+
+
+class Daemon:
+    def __init__(self, opts: Options, config: Config) -> None:
+        self.opts = opts
+        self.config = config
+        self.relay_socket = _path(opts.relay_socket)
+        self.runtime_socket = _path(opts.runtime_socket)
+        image = opts.image_socket
+        self.image_socket = _path(image) if image and image != "default" else self.runtime_socket
+        self._stop = asyncio.Event()
+
+    async def _check_runtime(self, engine: Engine) -> None:
+        version = await engine.runtime.version()
+        name = version.runtime_name
+        if name not in TESTED_RUNTIMES:
+            msg = f"runtime {name!r} {version.runtime_version} is not a tested runtime " \
+                  f"({', '.join(TESTED_RUNTIMES)}); use --allow-untested-runtimes to proceed"
+            if not self.opts.allow_untested_runtimes:
+                raise StartupError(msg)
+            log.warning("%s", msg)
+        log.info("runtime %s %s (CRI %s) on %s", name, version.runtime_version,
+                 version.runtime_api_version, self.runtime_socket)
+        await engine.reconcile()
+
+    async def _reconcile_until_done(self, engine: Engine) -> None:
+        while not self._stop.is_set():
+            try:
+                await self._check_runtime(engine)
+                return
+            except StartupError as err:
+                log.error("%s", err)
+                self._stop.set()
+                return
+            except grpc.aio.AioRpcError as err:
+                log.debug("runtime not ready yet: %s", err.details())
+            except Exception:
+                log.exception("reconciliation with the runtime failed; retrying")
+            await asyncio.sleep(RETRY_INTERVAL)
+
+    async def run(self) -> int:
+        listen.prepare(self.relay_socket)
+        store = StateStore(self.opts.relay_dir)
+        store.prepare()
+        runtime_ch = grpc.aio.insecure_channel(_target(self.runtime_socket), options=CHANNEL_OPTIONS)
+        image_ch = runtime_ch if self.image_socket == self.runtime_socket else \
+            grpc.aio.insecure_channel(_target(self.image_socket), options=CHANNEL_OPTIONS)
+        policy = policies.create(self.config.policy_name, self.config.policy_section)
+        engine = Engine(policy, store, RuntimeClient(runtime_ch))
+        engine.restore(store.load())
+        rules = self.opts.dump if self.opts.dump is not None else self.config.dump_rules
+        dump_file = self.opts.dump_file if self.opts.dump_file is not None else self.config.dump_file
+        dumper = Dumper(rules, dump_file or None)
+        relay = Relay(runtime_ch, image_ch, engine, dumper, self.runtime_socket, self.image_socket)
+
+        background = None
+        try:
+            await asyncio.wait_for(self._check_runtime(engine), timeout=2.0)
+        except StartupError:
+            raise
+        except (grpc.aio.AioRpcError, TimeoutError) as err:
+            detail = err.details() if isinstance(err, grpc.aio.AioRpcError) else "timed out"
+            log.warning("runtime on %s not reachable (%s); serving anyway, will reconcile once "
+                        "it is back", self.runtime_socket, detail)
+            background = asyncio.create_task(self._reconcile_until_done(engine))
+
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server.add_generic_rpc_handlers([relay])
+        server.add_insecure_port("unix:" + self.relay_socket)
+        await server.start()
+        listen.match_runtime(self.relay_socket, self.runtime_socket)
+        if self.opts.pid_file:
+            Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        log.info("relaying %s -> runtime %s, images %s, policy %s", self.relay_socket,
+                 self.runtime_socket, self.image_socket, policy.name)
+
+        await self._stop.wait()
+        log.info("shutting down: letting in-flight calls finish (grace %.1fs)", self.opts.shutdown_grace)
+        await server.stop(self.opts.shutdown_grace)
+        if background is not None:
+            background.cancel()
+        try:
+            await engine.save()
+        finally:
+            Path(self.relay_socket).unlink(missing_ok=True)
+            if self.opts.pid_file:
+                Path(self.opts.pid_file).unlink(missing_ok=True)
+            dumper.close()
+            await runtime_ch.close()
+            if image_ch is not runtime_ch:
+                await image_ch.close()
+        return 0

@@ -1,0 +1,384 @@
+"""The engine: owns pod and container state, asks the policy, applies decisions.
+
+Front ends (the CRI relay, later NRI) translate their protocol into calls here and
+pass a `send` coroutine that performs the runtime call. The engine decides under
+its lock, calls the runtime without it, then commits or rolls back under it, so
+lifecycle calls for different pods run in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from policies import Decision, Policy, View
+from resmgr.cri import api_pb2 as cri
+from resmgr.model import (
+    Container,
+    ContainerState,
+    Pod,
+    PodState,
+    Resources,
+    container_from_config,
+    pod_from_config,
+    qos_class_from_cgroup_parent,
+)
+from resmgr.store import StateStore
+
+log = logging.getLogger("cri-resmgr.engine")
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Send = Callable[[Req], Awaitable[Resp]]
+Hook = Callable[[Container, Pod | None], Awaitable[None]]
+
+HOOK_POINTS = ("pre-create", "post-create", "post-start", "pre-update", "post-update",
+               "post-stop", "post-remove")
+
+
+class Runtime(Protocol):
+    """The runtime calls the engine makes on its own behalf."""
+
+    async def version(self) -> cri.VersionResponse: ...
+    async def list_pods(self) -> list[cri.PodSandbox]: ...
+    async def pod_status(self, pod_id: str) -> cri.PodSandboxStatusResponse: ...
+    async def list_containers(self) -> list[cri.Container]: ...
+    async def container_status(self, container_id: str) -> cri.ContainerStatusResponse: ...
+    async def update_resources(self, container_id: str, res: cri.LinuxContainerResources) -> None: ...
+
+
+class Engine:
+    def __init__(self, policy: Policy, store: StateStore, runtime: Runtime) -> None:
+        self.policy = policy
+        self.store = store
+        self.runtime = runtime
+        self.pods: dict[str, Pod] = {}
+        self.containers: dict[str, Container] = {}  # by Container.key
+        self.hooks: dict[str, list[Hook]] = {p: [] for p in HOOK_POINTS}
+        self._lock = asyncio.Lock()
+        self._seq = 0
+        self.reconciled = asyncio.Event()
+
+    # -- state -------------------------------------------------------------
+    def view(self) -> View:
+        return View(self.pods, self.containers)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "pods": [p.to_dict() for p in self.pods.values()],
+            "containers": [c.to_dict() for c in self.containers.values() if c.id],
+            "policy": {"name": self.policy.name, "data": self.policy.export_state()},
+        }
+
+    def restore(self, data: dict[str, Any] | None) -> None:
+        if not data:
+            return
+        try:
+            pods = [Pod.from_dict(p) for p in data.get("pods", [])]
+            containers = [Container.from_dict(c) for c in data.get("containers", [])]
+        except (KeyError, TypeError, ValueError) as err:
+            log.error("persisted state does not parse (%s); rebuilding from the runtime", err)
+            return
+        self.pods = {p.id: p for p in pods}
+        self.containers = {c.key: c for c in containers}
+        self._seq = max([p.seq for p in pods] + [c.seq for c in containers] + [0])
+        pdata = data.get("policy") or {}
+        if pdata.get("name") == self.policy.name:
+            self.policy.restore_state(pdata.get("data") or {})
+        elif pdata.get("name"):
+            log.warning("active policy changed from %s to %s; dropping old policy data",
+                        pdata.get("name"), self.policy.name)
+
+    async def save(self) -> None:
+        await self.store.save(self.snapshot)
+
+    async def _run_hooks(self, point: str, container: Container, pod: Pod | None) -> None:
+        for hook in self.hooks[point]:
+            try:
+                await hook(container, pod)
+            except Exception:  # a hook must not break the lifecycle call
+                log.exception("%s hook failed for container %s", point, container.key)
+
+    def _find(self, container_id: str) -> Container | None:
+        return self.containers.get(container_id)
+
+    def _release(self, c: Container) -> Decision:
+        """Release c's resources if it still holds them (caller holds the lock)."""
+        if c.state in (ContainerState.EXITED,):
+            return Decision()
+        decision = self.policy.release(c, self.view())
+        c.state = ContainerState.EXITED
+        return decision
+
+    async def _apply_updates(self, decision: Decision) -> None:
+        """Push changed resources of other containers to the runtime (no lock held)."""
+        for key, res in decision.updates.items():
+            c = self.containers.get(key)
+            if c is None or not c.id or c.state == ContainerState.EXITED:
+                continue
+            try:
+                await self.runtime.update_resources(c.id, res.to_cri())
+                c.resources = res
+            except Exception as err:
+                log.error("updating resources of container %s failed: %s", c.id, err)
+
+    # -- pod lifecycle ---------------------------------------------------------
+    async def run_pod_sandbox(self, req: cri.RunPodSandboxRequest,
+                              send: Send) -> cri.RunPodSandboxResponse:
+        resp = await send(req)
+        async with self._lock:
+            pod = pod_from_config(resp.pod_sandbox_id, req.config, req.runtime_handler)
+            pod.seq = self._next_seq()
+            stale = [p for p in self.pods.values() if p.uid == pod.uid and p.id != pod.id]
+            decision = Decision()
+            for old in stale:
+                decision.updates.update(self._drop_pod(old).updates)
+            self.pods[pod.id] = pod
+        await self._apply_updates(decision)
+        await self.save()
+        return resp
+
+    def _drop_pod(self, pod: Pod) -> Decision:
+        decision = Decision()
+        for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
+            decision.updates.update(self._release(c).updates)
+            del self.containers[c.key]
+        self.pods.pop(pod.id, None)
+        return decision
+
+    async def stop_pod_sandbox(self, req: cri.StopPodSandboxRequest,
+                               send: Send) -> cri.StopPodSandboxResponse:
+        resp = await send(req)
+        async with self._lock:
+            decision = Decision()
+            pod = self.pods.get(req.pod_sandbox_id)
+            if pod is not None:
+                pod.state = PodState.NOT_READY
+                for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
+                    decision.updates.update(self._release(c).updates)
+        await self._apply_updates(decision)
+        await self.save()
+        return resp
+
+    async def remove_pod_sandbox(self, req: cri.RemovePodSandboxRequest,
+                                 send: Send) -> cri.RemovePodSandboxResponse:
+        resp = await send(req)
+        async with self._lock:
+            pod = self.pods.get(req.pod_sandbox_id)
+            decision = self._drop_pod(pod) if pod is not None else Decision()
+        await self._apply_updates(decision)
+        await self.save()
+        return resp
+
+    # -- container lifecycle -----------------------------------------------------
+    async def create_container(self, req: cri.CreateContainerRequest,
+                               send: Send) -> cri.CreateContainerResponse:
+        async with self._lock:
+            pod = self.pods.get(req.pod_sandbox_id)
+            if pod is None:
+                # Created before we knew about it (e.g. while reconciliation is pending).
+                pod = pod_from_config(req.pod_sandbox_id, req.sandbox_config)
+                pod.seq = self._next_seq()
+                self.pods[pod.id] = pod
+            c = container_from_config(pod.id, req.config)
+            c.seq = self._next_seq()
+            decision = Decision()
+            for old in [o for o in self.containers.values()
+                        if o.pod_id == pod.id and o.name == c.name and o.key != c.key]:
+                decision.updates.update(self._release(old).updates)  # re-creation
+            self.containers[c.key] = c
+            alloc = self.policy.allocate(c, pod, self.view())
+            decision.updates.update(alloc.updates)
+            self._apply_decision(c, alloc)
+            if alloc.resources is not None:
+                alloc.resources.to_cri(req.config.linux.resources)
+        await self._run_hooks("pre-create", c, pod)
+        try:
+            resp = await send(req)
+        except BaseException:
+            async with self._lock:
+                pending = self.containers.pop(c.key, None)
+                undo = self.policy.release(pending, self.view()) if pending else Decision()
+            await self._apply_updates(undo)
+            raise
+        async with self._lock:
+            self.containers.pop(c.key, None)
+            c.id, c.state = resp.container_id, ContainerState.CREATED
+            self.containers[c.key] = c
+        await self._apply_updates(decision)
+        await self._run_hooks("post-create", c, pod)
+        await self.save()
+        return resp
+
+    @staticmethod
+    def _apply_decision(c: Container, decision: Decision) -> None:
+        if decision.resources is not None:
+            c.resources = decision.resources
+        c.rdt_class = decision.rdt_class or c.rdt_class
+        c.blockio_class = decision.blockio_class or c.blockio_class
+
+    async def start_container(self, req: cri.StartContainerRequest,
+                              send: Send) -> cri.StartContainerResponse:
+        resp = await send(req)
+        async with self._lock:
+            c = self._find(req.container_id)
+            if c is not None:
+                c.state = ContainerState.RUNNING
+        if c is not None:
+            await self._run_hooks("post-start", c, self.pods.get(c.pod_id))
+            await self.save()
+        return resp
+
+    async def update_container_resources(self, req: cri.UpdateContainerResourcesRequest,
+                                         send: Send) -> cri.UpdateContainerResourcesResponse:
+        async with self._lock:
+            c = self._find(req.container_id)
+            if c is not None and req.HasField("linux"):
+                requested = Resources.from_cri(req.linux)
+                decision = self.policy.update(c, requested, self.view())
+                if decision.resources is not None:
+                    decision.resources.to_cri(req.linux)
+            else:
+                decision = Decision()
+        if c is not None:
+            await self._run_hooks("pre-update", c, self.pods.get(c.pod_id))
+        resp = await send(req)
+        if c is not None and req.HasField("linux"):
+            async with self._lock:
+                c.requested = requested
+                c.resources = Resources.from_cri(req.linux)
+                self._apply_decision(c, Decision(rdt_class=decision.rdt_class,
+                                                 blockio_class=decision.blockio_class))
+            await self._apply_updates(decision)
+            await self._run_hooks("post-update", c, self.pods.get(c.pod_id))
+            await self.save()
+        return resp
+
+    async def stop_container(self, req: cri.StopContainerRequest,
+                             send: Send) -> cri.StopContainerResponse:
+        try:
+            return await send(req)
+        finally:
+            # Released even when the runtime call failed: kubelet will not retry with us.
+            async with self._lock:
+                c = self._find(req.container_id)
+                decision = self._release(c) if c is not None else Decision()
+            await self._apply_updates(decision)
+            if c is not None:
+                await self._run_hooks("post-stop", c, self.pods.get(c.pod_id))
+                await self.save()
+
+    async def remove_container(self, req: cri.RemoveContainerRequest,
+                               send: Send) -> cri.RemoveContainerResponse:
+        try:
+            return await send(req)
+        finally:
+            async with self._lock:
+                c = self._find(req.container_id)
+                decision = Decision()
+                if c is not None:
+                    decision = self._release(c)
+                    del self.containers[c.key]
+            await self._apply_updates(decision)
+            if c is not None:
+                await self._run_hooks("post-remove", c, self.pods.get(c.pod_id))
+                await self.save()
+
+    # -- reconciliation ------------------------------------------------------------
+    async def reconcile(self) -> None:
+        """Bring the state in line with what the runtime actually runs."""
+        start_seq = self._seq
+        pods = await self.runtime.list_pods()
+        containers = await self.runtime.list_containers()
+        live_pods = {p.id: p for p in pods}
+        live_ctrs = {c.id: c for c in containers}
+        new_pods = {}
+        for pid, p in live_pods.items():
+            if pid not in self.pods:
+                new_pods[pid] = await self._adopt_pod(p)
+        new_ctrs = {}
+        for cid, c in live_ctrs.items():
+            if cid not in self.containers and c.state != cri.CONTAINER_EXITED:
+                adopted = await self._adopt_container(c)
+                if adopted is not None:
+                    new_ctrs[cid] = adopted
+        dropped_pods = dropped_ctrs = 0
+        async with self._lock:
+            decision = Decision()
+            for pod in [p for p in self.pods.values() if p.id not in live_pods and p.seq <= start_seq]:
+                decision.updates.update(self._drop_pod(pod).updates)
+                dropped_pods += 1
+            for c in [c for c in self.containers.values() if c.seq <= start_seq]:
+                live = live_ctrs.get(c.id)
+                if live is None or c.pod_id not in self.pods:
+                    decision.updates.update(self._release(c).updates)
+                    self.containers.pop(c.key, None)
+                    dropped_ctrs += 1
+                elif live.state == cri.CONTAINER_EXITED:
+                    decision.updates.update(self._release(c).updates)
+                elif live.state == cri.CONTAINER_RUNNING:
+                    c.state = ContainerState.RUNNING
+            for pid, pod in new_pods.items():
+                if pid not in self.pods:
+                    pod.seq = self._next_seq()
+                    self.pods[pid] = pod
+            for live_pod in live_pods.values():
+                if live_pod.id in self.pods and live_pod.state == cri.SANDBOX_NOTREADY:
+                    self.pods[live_pod.id].state = PodState.NOT_READY
+            for cid, c in new_ctrs.items():
+                if cid in self.containers or c.pod_id not in self.pods:
+                    continue
+                c.seq = self._next_seq()
+                self.containers[cid] = c
+                alloc = self.policy.allocate(c, self.pods[c.pod_id], self.view())
+                self._apply_decision(c, alloc)
+                decision.updates.update(alloc.updates)
+                if alloc.resources is not None:
+                    decision.updates[cid] = alloc.resources
+        await self._apply_updates(decision)
+        await self.save()
+        self.reconciled.set()
+        log.info("reconciled with the runtime: %d pods, %d containers known; adopted %d pods, "
+                 "%d containers; dropped %d pods, %d containers", len(self.pods),
+                 len(self.containers), len(new_pods), len(new_ctrs), dropped_pods, dropped_ctrs)
+
+    async def _adopt_pod(self, p: cri.PodSandbox) -> Pod:
+        cgroup_parent = ""
+        try:
+            st = await self.runtime.pod_status(p.id)
+            info = json.loads(st.info.get("info", "{}") or "{}")
+            cgroup_parent = (((info.get("config") or {}).get("linux") or {}).get("cgroup_parent")
+                             or "")
+        except Exception as err:  # status may race with removal; adopt with what we have
+            log.warning("no verbose status for pod %s: %s", p.id, err)
+        return Pod(id=p.id, uid=p.metadata.uid, name=p.metadata.name,
+                   namespace=p.metadata.namespace,
+                   state=PodState.READY if p.state == cri.SANDBOX_READY else PodState.NOT_READY,
+                   qos_class=qos_class_from_cgroup_parent(cgroup_parent),
+                   cgroup_parent=cgroup_parent, labels=dict(p.labels),
+                   annotations=dict(p.annotations), runtime_handler=p.runtime_handler)
+
+    async def _adopt_container(self, c: cri.Container) -> Container | None:
+        try:
+            st = await self.runtime.container_status(c.id)
+        except Exception as err:
+            log.warning("no status for container %s, not adopting it: %s", c.id, err)
+            return None
+        res = Resources.from_cri(st.status.resources.linux
+                                 if st.status.resources.HasField("linux") else None)
+        info = json.loads(st.info.get("info", "{}") or "{}")
+        config = info.get("config") or {}
+        return Container(
+            id=c.id, pod_id=c.pod_sandbox_id, name=c.metadata.name, attempt=c.metadata.attempt,
+            state=ContainerState.RUNNING if c.state == cri.CONTAINER_RUNNING else ContainerState.CREATED,
+            image=c.image.image, command=list(config.get("command") or []),
+            args=list(config.get("args") or []), labels=dict(c.labels),
+            annotations=dict(c.annotations), requested=res, resources=Resources.from_dict(res.to_dict()),
+        )

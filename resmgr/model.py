@@ -1,0 +1,196 @@
+"""The engine's view of pods and containers, independent of any wire protocol."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from resmgr.cri import api_pb2 as cri
+
+
+class QOSClass(str, Enum):
+    GUARANTEED = "Guaranteed"
+    BURSTABLE = "Burstable"
+    BEST_EFFORT = "BestEffort"
+
+
+def qos_class_from_cgroup_parent(cgroup_parent: str, cgroup_root: str = "") -> QOSClass:
+    """Derive the pod QoS class from kubelet's cgroup layout.
+
+    cgroupfs: /kubepods/burstable/pod<uid>, systemd: kubepods-burstable-pod<uid>.slice
+    (possibly nested under kubepods.slice/kubepods-burstable.slice/). Guaranteed pods sit
+    directly under kubepods.
+    """
+    path = cgroup_parent or ""
+    if cgroup_root and path.startswith(cgroup_root):
+        path = path[len(cgroup_root):]
+    parts = [p for p in path.split("/") if p]
+    # Skip up to and including the kubepods component.
+    for i, part in enumerate(parts):
+        if part in ("kubepods", "kubepods.slice"):
+            parts = parts[i + 1:]
+            break
+    if not parts:
+        # No kubepods component: a systemd slice name carries the whole path.
+        if "kubepods" not in path:
+            return QOSClass.BEST_EFFORT
+        parts = [path.rsplit("/", 1)[-1]]
+    first = parts[0].lower()
+    if "besteffort" in first:
+        return QOSClass.BEST_EFFORT
+    if "burstable" in first:
+        return QOSClass.BURSTABLE
+    if "pod" in first:
+        return QOSClass.GUARANTEED
+    return QOSClass.BEST_EFFORT
+
+
+@dataclass
+class Resources:
+    """CRI LinuxContainerResources as plain data (0 / "" mean: not specified)."""
+
+    cpu_period: int = 0
+    cpu_quota: int = 0
+    cpu_shares: int = 0
+    memory_limit_in_bytes: int = 0
+    oom_score_adj: int = 0
+    cpuset_cpus: str = ""
+    cpuset_mems: str = ""
+    memory_swap_limit_in_bytes: int = 0
+    hugepage_limits: dict[str, int] = field(default_factory=dict)
+    unified: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_cri(cls, msg: cri.LinuxContainerResources | None) -> Resources:
+        if msg is None:
+            return cls()
+        return cls(
+            cpu_period=msg.cpu_period, cpu_quota=msg.cpu_quota, cpu_shares=msg.cpu_shares,
+            memory_limit_in_bytes=msg.memory_limit_in_bytes, oom_score_adj=msg.oom_score_adj,
+            cpuset_cpus=msg.cpuset_cpus, cpuset_mems=msg.cpuset_mems,
+            memory_swap_limit_in_bytes=msg.memory_swap_limit_in_bytes,
+            hugepage_limits={h.page_size: h.limit for h in msg.hugepage_limits},
+            unified=dict(msg.unified),
+        )
+
+    def to_cri(self, msg: cri.LinuxContainerResources | None = None) -> cri.LinuxContainerResources:
+        """Fill msg (or a new message) with these values, keeping fields we do not model."""
+        msg = msg if msg is not None else cri.LinuxContainerResources()
+        msg.cpu_period, msg.cpu_quota, msg.cpu_shares = self.cpu_period, self.cpu_quota, self.cpu_shares
+        msg.memory_limit_in_bytes, msg.oom_score_adj = self.memory_limit_in_bytes, self.oom_score_adj
+        msg.cpuset_cpus, msg.cpuset_mems = self.cpuset_cpus, self.cpuset_mems
+        msg.memory_swap_limit_in_bytes = self.memory_swap_limit_in_bytes
+        del msg.hugepage_limits[:]
+        for size, limit in self.hugepage_limits.items():
+            msg.hugepage_limits.add(page_size=size, limit=limit)
+        msg.unified.clear()
+        msg.unified.update(self.unified)
+        return msg
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Resources:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class PodState(str, Enum):
+    READY = "ready"
+    NOT_READY = "notready"
+
+
+class ContainerState(str, Enum):
+    PENDING = "pending"  # create in flight, no runtime ID yet
+    CREATED = "created"
+    RUNNING = "running"
+    EXITED = "exited"
+
+
+@dataclass
+class Pod:
+    id: str
+    uid: str
+    name: str
+    namespace: str
+    state: PodState = PodState.READY
+    qos_class: QOSClass = QOSClass.BEST_EFFORT
+    cgroup_parent: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    runtime_handler: str = ""
+    seq: int = 0  # insertion order; reconciliation uses it to spot fresh entries
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["state"], d["qos_class"] = self.state.value, self.qos_class.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Pod:
+        d = dict(d)
+        d["state"], d["qos_class"] = PodState(d["state"]), QOSClass(d["qos_class"])
+        return cls(**d)
+
+
+@dataclass
+class Container:
+    id: str  # runtime ID; "" while pending
+    pod_id: str
+    name: str
+    attempt: int = 0
+    state: ContainerState = ContainerState.PENDING
+    image: str = ""
+    command: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    # What kubelet asked for and what was actually applied after policy decisions.
+    requested: Resources = field(default_factory=Resources)
+    resources: Resources = field(default_factory=Resources)
+    rdt_class: str = ""
+    blockio_class: str = ""
+    seq: int = 0
+
+    @property
+    def key(self) -> str:
+        """Stable key: the runtime ID once known, else pod and name."""
+        return self.id or f"pending:{self.pod_id}:{self.name}:{self.attempt}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["state"] = self.state.value
+        d["requested"], d["resources"] = self.requested.to_dict(), self.resources.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Container:
+        d = dict(d)
+        d["state"] = ContainerState(d["state"])
+        d["requested"] = Resources.from_dict(d.get("requested", {}))
+        d["resources"] = Resources.from_dict(d.get("resources", {}))
+        return cls(**d)
+
+
+def pod_from_config(pod_id: str, config: cri.PodSandboxConfig, runtime_handler: str = "") -> Pod:
+    cgroup_parent = config.linux.cgroup_parent
+    return Pod(
+        id=pod_id, uid=config.metadata.uid, name=config.metadata.name,
+        namespace=config.metadata.namespace, cgroup_parent=cgroup_parent,
+        qos_class=qos_class_from_cgroup_parent(cgroup_parent),
+        labels=dict(config.labels), annotations=dict(config.annotations),
+        runtime_handler=runtime_handler,
+    )
+
+
+def container_from_config(pod_id: str, config: cri.ContainerConfig) -> Container:
+    res = Resources.from_cri(config.linux.resources if config.linux.HasField("resources") else None)
+    return Container(
+        id="", pod_id=pod_id, name=config.metadata.name, attempt=config.metadata.attempt,
+        image=config.image.image, command=list(config.command), args=list(config.args),
+        labels=dict(config.labels), annotations=dict(config.annotations),
+        requested=res, resources=dataclasses.replace(res),
+    )

@@ -1,0 +1,53 @@
+"""Preparing the relay's listening socket."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+from pathlib import Path
+
+
+class SocketInUse(Exception):
+    pass
+
+
+def prepare(path: str) -> None:
+    """Create the socket's directory; remove a stale socket; refuse a live one."""
+    p = Path(path)
+    if not p.parent.exists():
+        p.parent.mkdir(parents=True, mode=0o711)
+    try:
+        st = p.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketInUse(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError as err:
+        if err.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            p.unlink(missing_ok=True)  # stale: nobody listens behind it
+            return
+        raise
+    finally:
+        probe.close()
+    raise SocketInUse(f"{path} already exists and a live server answers on it "
+                      "(another cri-resmgr running?)")
+
+
+def match_runtime(path: str, runtime_socket: str) -> None:
+    """Give the relay socket the owner, group and mode of the runtime socket (else 0660)."""
+    try:
+        st = os.stat(runtime_socket)
+    except OSError:
+        os.chmod(path, 0o660)
+        return
+    try:
+        os.chown(path, st.st_uid, st.st_gid)
+    except PermissionError:
+        pass
+    os.chmod(path, stat.S_IMODE(st.st_mode))
