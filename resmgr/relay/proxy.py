@@ -57,10 +57,10 @@ def _forward_metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any
 async def _reply_metadata(call: grpc.aio.Call, context: grpc.aio.ServicerContext) -> None:
     initial = await call.initial_metadata()
     if initial:
-        await context.send_initial_metadata(initial)
+        await context.send_initial_metadata(tuple(initial))
     trailing = await call.trailing_metadata()
     if trailing:
-        context.set_trailing_metadata(trailing)
+        context.set_trailing_metadata(tuple(trailing))
 
 
 async def _abort_like(err: grpc.aio.AioRpcError, context: grpc.aio.ServicerContext) -> None:
@@ -68,10 +68,10 @@ async def _abort_like(err: grpc.aio.AioRpcError, context: grpc.aio.ServicerConte
     initial = err.initial_metadata()
     if initial:
         try:
-            await context.send_initial_metadata(initial)
+            await context.send_initial_metadata(tuple(initial))
         except Exception:  # already sent, or the call is gone
             pass
-    await context.abort(err.code(), err.details() or "", err.trailing_metadata() or ())
+    await context.abort(err.code(), err.details() or "", tuple(err.trailing_metadata() or ()))
 
 
 class RuntimeUnavailable(Exception):
@@ -177,14 +177,14 @@ class Relay(grpc.GenericRpcHandler):
             try:
                 initial = await call.initial_metadata()
                 if initial:
-                    await context.send_initial_metadata(initial)
+                    await context.send_initial_metadata(tuple(initial))
                 async for reply in call:
                     yield reply
             except grpc.aio.AioRpcError as err:
                 await _abort_like(_name_socket(err, socket), context)
             trailing = await call.trailing_metadata()
             if trailing:
-                context.set_trailing_metadata(trailing)
+                context.set_trailing_metadata(tuple(trailing))
 
         return relay
 

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Relay overhead: CRI call latency direct to containerd vs through cri-resmgr.
+
+Brings up the private containerd (or uses --runtime-socket), starts the relay as a
+separate process, and measures Version, Status, ListContainers and ContainerStatus
+with 1 and 16 concurrent clients, both ways, in the same run. Prints p50/p99 per
+call, the overhead (relay - direct), calls per second, the relay's RSS with
+--pods pods known, and its start-up time to first served call.
+
+    python benchmarks/relay_overhead.py [--calls 2000] [--pods 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from resmgr.cri import api_pb2 as cri
+from resmgr.cri import api_pb2_grpc as cri_grpc
+from resmgr.testing.containerd import PrivateContainerd
+from resmgr.testing.images import BUSYBOX_IMAGE
+
+BASE = "/runtime.v1.RuntimeService/"
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start_relay(runtime_socket: str, workdir: str) -> tuple[subprocess.Popen, str, float]:
+    sock = os.path.join(workdir, "relay.sock")
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "resmgr", "--relay-socket", sock,
+                             "--runtime-socket", runtime_socket, "--relay-dir",
+                             os.path.join(workdir, "state"), "--dump", "off:.*",
+                             "--log-level", "WARNING"])
+    with grpc.insecure_channel("unix://" + sock) as ch:
+        stub = cri_grpc.RuntimeServiceStub(ch)
+        while True:
+            try:
+                stub.Version(cri.VersionRequest(), timeout=1, wait_for_ready=True)
+                break
+            except grpc.RpcError:
+                if proc.poll() is not None:
+                    raise RuntimeError("relay exited during start-up") from None
+                time.sleep(0.005)
+    return proc, sock, time.perf_counter() - started
+
+
+def make_pods(socket: str, count: int, logdir: str) -> str:
+    """Create count host-network pods with one running container each; returns one container ID."""
+    with grpc.insecure_channel("unix://" + socket) as ch:
+        rs = cri_grpc.RuntimeServiceStub(ch)
+        cid = ""
+        for i in range(count):
+            cfg = cri.PodSandboxConfig(
+                metadata=cri.PodSandboxMetadata(name=f"bench-{i}", uid=f"bench-uid-{i}", namespace="bench"),
+                log_directory=os.path.join(logdir, f"bench-{i}"),
+                linux=cri.LinuxPodSandboxConfig(
+                    cgroup_parent=f"/kubepods/besteffort/podbench-uid-{i}",
+                    security_context=cri.LinuxSandboxSecurityContext(
+                        namespace_options=cri.NamespaceOption(network=cri.NODE))))
+            pod = rs.RunPodSandbox(cri.RunPodSandboxRequest(config=cfg), timeout=60).pod_sandbox_id
+            if i < 3:  # a few real containers keep ListContainers realistic
+                cc = cri.ContainerConfig(metadata=cri.ContainerMetadata(name="sleeper"),
+                                         image=cri.ImageSpec(image=BUSYBOX_IMAGE),
+                                         command=["sleep", "3600"], log_path="sleeper.log")
+                cid = rs.CreateContainer(cri.CreateContainerRequest(
+                    pod_sandbox_id=pod, config=cc, sandbox_config=cfg), timeout=60).container_id
+                rs.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=60)
+        return cid
+
+
+async def measure(socket: str, method: str, request: bytes, calls: int, clients: int) -> tuple[list[float], float]:
+    async with grpc.aio.insecure_channel("unix://" + socket) as ch:
+        mc = ch.unary_unary(BASE + method)
+        for _ in range(50):  # warm up
+            await mc(request, timeout=10)
+        latencies: list[float] = []
+        per_client = max(1, calls // clients)
+
+        async def client() -> None:
+            for _ in range(per_client):
+                t = time.perf_counter()
+                await mc(request, timeout=10)
+                latencies.append(time.perf_counter() - t)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return latencies, len(latencies) / (time.perf_counter() - t0)
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=2000, help="calls per measurement (default 2000)")
+    ap.add_argument("--pods", type=int, default=100, help="pods created through the relay (default 100)")
+    ap.add_argument("--runtime-socket", help="use this containerd instead of a private one")
+    args = ap.parse_args()
+
+    ctrd = None
+    if args.runtime_socket:
+        runtime = args.runtime_socket
+    else:
+        ctrd = PrivateContainerd().start()
+        runtime = ctrd.socket
+    work = tempfile.mkdtemp(prefix="crirm-bench-")
+    relay, relay_sock, startup = start_relay(runtime, work)
+    try:
+        rss_start = rss_mb(relay.pid)
+        cid = make_pods(relay_sock, args.pods, os.path.join(work, "logs"))
+        rss_pods = rss_mb(relay.pid)
+        requests = {
+            "Version": cri.VersionRequest(version="v1"),
+            "Status": cri.StatusRequest(),
+            "ListContainers": cri.ListContainersRequest(),
+            "ContainerStatus": cri.ContainerStatusRequest(container_id=cid),
+        }
+        print(f"relay start-up to first served call: {startup * 1000:.0f} ms")
+        print(f"relay RSS: {rss_start:.1f} MB at start, {rss_pods:.1f} MB with {args.pods} pods known")
+        print()
+        header = (f"{'method':<16}{'clients':>8} | {'direct p50':>10}{'p99':>8} | {'relay p50':>10}{'p99':>8} | "
+                  f"{'overhead p50':>12}{'p99':>8} | {'ratio p50':>9} | {'direct/s':>9}{'relay/s':>9}")
+        print(header)
+        print("-" * len(header))
+        for method, req in requests.items():
+            raw = req.SerializeToString()
+            for clients in (1, 16):
+                d_lat, d_rate = asyncio.run(measure(runtime, method, raw, args.calls, clients))
+                r_lat, r_rate = asyncio.run(measure(relay_sock, method, raw, args.calls, clients))
+                d50, d99, r50, r99 = pct(d_lat, 50), pct(d_lat, 99), pct(r_lat, 50), pct(r_lat, 99)
+                print(f"{method:<16}{clients:>8} | {d50:>8.0f}us{d99:>6.0f}us | {r50:>8.0f}us{r99:>6.0f}us | "
+                      f"{r50 - d50:>10.0f}us{r99 - d99:>6.0f}us | {r50 / d50:>9.2f} | "
+                      f"{d_rate:>9.0f}{r_rate:>9.0f}")
+        print()
+        print(f"relay RSS after the run: {rss_mb(relay.pid):.1f} MB; "
+              f"median of medians overhead is the figure to compare with the 300 us target")
+    finally:
+        relay.terminate()
+        relay.wait(15)
+        if ctrd is not None:
+            ctrd.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from resmgr.testing.containerd import PrivateContainerd, missing_tools
+from tests.helpers import Cri, RelayProcess
+
+
+@pytest.fixture(scope="session")
+def containerd():
+    missing = missing_tools()
+    if missing:
+        pytest.fail("containerd harness tools missing: " + ", ".join(missing) + " (run scripts/setup.sh)")
+    ctrd = PrivateContainerd().start()
+    yield ctrd
+    ctrd.stop()
+
+
+@pytest.fixture
+def workdir():
+    # Short paths: unix socket paths are limited to 108 bytes.
+    with tempfile.TemporaryDirectory(prefix="crirm-") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+def relay(containerd, workdir):
+    proc = RelayProcess(workdir, containerd.socket).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def direct(containerd):
+    client = Cri(containerd.socket)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def via(relay):
+    client = Cri(relay.socket)
+    yield client
+    client.close()

@@ -1,0 +1,198 @@
+"""Shared test helpers: CRI configs, a relay process, a fake backend speaking real gRPC."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from resmgr.cri import api_pb2 as cri
+from resmgr.cri import api_pb2_grpc as cri_grpc
+from resmgr.testing.images import BUSYBOX_IMAGE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_socket(path: str, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
+    """Wait until something accepts connections on the unix socket."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before serving {path}")
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(path)
+            return
+        except OSError:
+            time.sleep(0.02)
+        finally:
+            s.close()
+    raise TimeoutError(f"nothing serves {path} after {timeout}s")
+
+
+class RelayProcess:
+    """cri-resmgr run as a real process, as kubelet would see it."""
+
+    def __init__(self, workdir: Path, runtime_socket: str, *extra: str,
+                 relay_dir: Path | None = None) -> None:
+        self.workdir = workdir
+        self.socket = str(workdir / "relay.sock")
+        self.relay_dir = relay_dir or workdir / "state"
+        self.log_path = workdir / f"relay-{uuid.uuid4().hex[:6]}.log"
+        self.args = [sys.executable, "-m", "resmgr", "--relay-socket", self.socket,
+                     "--runtime-socket", runtime_socket, "--relay-dir", str(self.relay_dir),
+                     "--log-level", "DEBUG", *extra]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> RelayProcess:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        log.close()
+        if wait:
+            wait_socket(self.socket, proc=self.proc)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout)
+        return rc
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel("unix://" + self.socket)
+
+
+def pod_config(name: str | None = None, namespace: str = "default", host_network: bool = True,
+               qos: str = "besteffort", logdir: str = "/tmp/crirm-test-logs",
+               annotations: dict[str, str] | None = None) -> cri.PodSandboxConfig:
+    name = name or f"pod-{uuid.uuid4().hex[:8]}"
+    uid = uuid.uuid4().hex
+    parent = f"/kubepods/pod{uid}" if qos == "guaranteed" else f"/kubepods/{qos}/pod{uid}"
+    ns = cri.NamespaceOption(network=cri.NODE if host_network else cri.POD)
+    return cri.PodSandboxConfig(
+        metadata=cri.PodSandboxMetadata(name=name, uid=uid, namespace=namespace),
+        hostname="" if host_network else name, log_directory=os.path.join(logdir, name),
+        labels={"app": name}, annotations=annotations or {},
+        linux=cri.LinuxPodSandboxConfig(
+            cgroup_parent=parent,
+            security_context=cri.LinuxSandboxSecurityContext(namespace_options=ns)))
+
+
+def container_config(name: str = "main", command: list[str] | None = None,
+                     resources: cri.LinuxContainerResources | None = None) -> cri.ContainerConfig:
+    return cri.ContainerConfig(
+        metadata=cri.ContainerMetadata(name=name),
+        image=cri.ImageSpec(image=BUSYBOX_IMAGE),
+        command=command or ["sleep", "3600"], log_path=f"{name}.log",
+        linux=cri.LinuxContainerConfig(resources=resources or cri.LinuxContainerResources()))
+
+
+class Cri:
+    """Thin typed client over one socket."""
+
+    def __init__(self, path: str) -> None:
+        self.channel = grpc.insecure_channel("unix://" + path)
+        self.rt = cri_grpc.RuntimeServiceStub(self.channel)
+        self.img = cri_grpc.ImageServiceStub(self.channel)
+
+    def run_pod(self, config: cri.PodSandboxConfig) -> str:
+        return self.rt.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60).pod_sandbox_id
+
+    def create(self, pod_id: str, pod: cri.PodSandboxConfig, config: cri.ContainerConfig) -> str:
+        return self.rt.CreateContainer(cri.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=config, sandbox_config=pod), timeout=60).container_id
+
+    def start(self, cid: str) -> None:
+        self.rt.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=60)
+
+    def run_container(self, pod_id: str, pod: cri.PodSandboxConfig, config: cri.ContainerConfig) -> str:
+        cid = self.create(pod_id, pod, config)
+        self.start(cid)
+        return cid
+
+    def remove_pod(self, pod_id: str) -> None:
+        self.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
+        self.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class FakeBackend:
+    """A real gRPC server with scripted behaviour, for what containerd cannot show.
+
+    Methods: any unary method echoes the request bytes and sends back the caller's
+    metadata (initial: x-echo-*, trailing: x-trail); `/test.Probe/Big` returns `size`
+    bytes; `/test.Probe/Slow` sleeps the number of ms in the request; `/test.Probe/Fail`
+    aborts with the rich status carried in grpc-status-details-bin; `/test.Probe/Chat`
+    is a bidi stream echoing each message.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seen_metadata: list[tuple[tuple[str, str], ...]] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(16), options=[
+            ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
+        self.server.add_generic_rpc_handlers([_FakeHandler(self)])
+        self.server.add_insecure_port("unix:" + path)
+
+    def start(self) -> FakeBackend:
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()
+
+
+class _FakeHandler(grpc.GenericRpcHandler):
+    def __init__(self, owner: FakeBackend) -> None:
+        self.owner = owner
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = details.method
+        if method == "/test.Probe/Chat":
+            def chat(requests, context):
+                for r in requests:
+                    yield r
+            return grpc.stream_stream_rpc_method_handler(chat)
+
+        def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
+            md = tuple(context.invocation_metadata())
+            self.owner.seen_metadata.append(md)
+            if method == "/test.Probe/Slow":
+                time.sleep(int(request or b"0") / 1000)
+                return b"slow-done"
+            if method == "/test.Probe/Big":
+                return b"x" * int(request)
+            if method == "/test.Probe/Fail":
+                context.abort_with_status(_RichStatus())
+            context.send_initial_metadata(tuple((k, v) for k, v in md if k.startswith("x-echo")))
+            context.set_trailing_metadata((("x-trail", "t1"), ("x-trail-bin", b"\x00\x01")))
+            return request
+
+        return grpc.unary_unary_rpc_method_handler(unary)
+
+
+class _RichStatus(grpc.Status):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    details = "rich failure"
+    trailing_metadata = (("grpc-status-details-bin", b"\x08\x09\x12\x0crich failure"),)
+
+
+def run_in_thread(fn, *args):
+    t = threading.Thread(target=fn, args=args, daemon=True)
+    t.start()
+    return t

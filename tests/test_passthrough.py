@@ -1,0 +1,134 @@
+"""Pass-through calls against the real containerd: the relay must be invisible."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from resmgr.cri import api_pb2 as cri
+from resmgr.testing.images import BUSYBOX_IMAGE, PAUSE_IMAGE
+from tests.helpers import container_config, pod_config
+
+
+def outcome(fn, *args, **kw):
+    """(code, details) of a call, or ('OK', reply)."""
+    try:
+        return "OK", fn(*args, **kw)
+    except grpc.RpcError as err:
+        return err.code().name, err.details()
+
+
+def test_version_status_and_images_match(direct, via):
+    assert via.rt.Version(cri.VersionRequest()) == direct.rt.Version(cri.VersionRequest())
+    assert via.rt.Status(cri.StatusRequest()).status == direct.rt.Status(cri.StatusRequest()).status
+    d_images = direct.img.ListImages(cri.ListImagesRequest())
+    assert via.img.ListImages(cri.ListImagesRequest()) == d_images
+    tags = {t for i in d_images.images for t in i.repo_tags}
+    assert {BUSYBOX_IMAGE, PAUSE_IMAGE} <= tags
+    req = cri.ImageStatusRequest(image=cri.ImageSpec(image=BUSYBOX_IMAGE), verbose=True)
+    assert via.img.ImageStatus(req) == direct.img.ImageStatus(req)
+    missing = cri.ImageStatusRequest(image=cri.ImageSpec(image="localhost/no/such:image"))
+    assert via.img.ImageStatus(missing) == direct.img.ImageStatus(missing)
+    fs_direct = direct.img.ImageFsInfo(cri.ImageFsInfoRequest())
+    fs_via = via.img.ImageFsInfo(cri.ImageFsInfoRequest())
+    assert [f.fs_id for f in fs_via.image_filesystems] == [f.fs_id for f in fs_direct.image_filesystems]
+
+
+@pytest.mark.parametrize("method,request_msg", [
+    ("ContainerStatus", cri.ContainerStatusRequest(container_id="no-such-container")),
+    ("PodSandboxStatus", cri.PodSandboxStatusRequest(pod_sandbox_id="no-such-pod")),
+    ("StartContainer", cri.StartContainerRequest(container_id="no-such-container")),
+    ("StopContainer", cri.StopContainerRequest(container_id="no-such-container")),
+    ("UpdateContainerResources", cri.UpdateContainerResourcesRequest(
+        container_id="no-such-container", linux=cri.LinuxContainerResources(cpu_shares=512))),
+    ("CreateContainer", cri.CreateContainerRequest(pod_sandbox_id="no-such-pod",
+                                                   config=container_config("x"))),
+    ("ExecSync", cri.ExecSyncRequest(container_id="no-such-container", cmd=["true"])),
+])
+def test_errors_reach_caller_unchanged(direct, via, method, request_msg):
+    d = outcome(getattr(direct.rt, method), request_msg, timeout=10)
+    v = outcome(getattr(via.rt, method), request_msg, timeout=10)
+    assert d[0] != "OK"
+    assert v == d
+
+
+@pytest.mark.parametrize("method", ["ContainerStatus", "CreateContainer", "RunPodSandbox"])
+def test_malformed_request_gets_the_runtime_answer(containerd, relay, method):
+    path = f"/runtime.v1.RuntimeService/{method}"
+    garbage = b"\xff\xff\xff\xff\x0f"
+    with grpc.insecure_channel("unix://" + containerd.socket) as d, relay.channel() as v:
+        d_out = outcome(d.unary_unary(path), garbage, timeout=10)
+        v_out = outcome(v.unary_unary(path), garbage, timeout=10)
+    assert v_out == d_out
+
+
+def test_lifecycle_through_relay_matches_direct(direct, via, relay, tmp_path):
+    for host_network in (True, False):
+        pod = pod_config(host_network=host_network, logdir=str(tmp_path))
+        pod_id = via.run_pod(pod)
+        status = direct.rt.PodSandboxStatus(cri.PodSandboxStatusRequest(pod_sandbox_id=pod_id))
+        assert status.status.state == cri.SANDBOX_READY
+        if not host_network:
+            assert status.status.network.ip.startswith("10.88.77."), status.status.network
+        cid = via.run_container(pod_id, pod, container_config(command=["sh", "-c", "echo hello-log; sleep 3600"]))
+        req = cri.ContainerStatusRequest(container_id=cid)
+        assert via.rt.ContainerStatus(req) == direct.rt.ContainerStatus(req)
+        assert via.rt.ContainerStatus(req).status.state == cri.CONTAINER_RUNNING
+        out = via.rt.ExecSync(cri.ExecSyncRequest(container_id=cid, cmd=["echo", "exec-ok"], timeout=10))
+        assert out.stdout == b"exec-ok\n" and out.exit_code == 0
+        failing = via.rt.ExecSync(cri.ExecSyncRequest(container_id=cid, cmd=["sh", "-c", "exit 3"], timeout=10))
+        assert failing.exit_code == 3
+        log_file = tmp_path / pod.metadata.name / "main.log"
+        deadline = time.monotonic() + 10
+        while "hello-log" not in (log_file.read_text() if log_file.exists() else ""):
+            assert time.monotonic() < deadline, "container log never appeared"
+            time.sleep(0.05)
+        listed = via.rt.ListContainers(cri.ListContainersRequest(
+            filter=cri.ContainerFilter(pod_sandbox_id=pod_id)))
+        assert [c.id for c in listed.containers] == [cid]
+        via.rt.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=1), timeout=30)
+        via.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid), timeout=30)
+        via.remove_pod(pod_id)
+        assert outcome(direct.rt.PodSandboxStatus, cri.PodSandboxStatusRequest(pod_sandbox_id=pod_id))[0] \
+            == "NOT_FOUND"
+
+
+def test_deadline_reaches_runtime_and_caller(direct, via, tmp_path):
+    pod = pod_config(logdir=str(tmp_path))
+    pod_id = via.run_pod(pod)
+    try:
+        cid = via.run_container(pod_id, pod, container_config())
+        req = cri.ExecSyncRequest(container_id=cid, cmd=["sleep", "5"])
+        started = time.monotonic()
+        code, _ = outcome(via.rt.ExecSync, req, timeout=0.5)
+        assert code == "DEADLINE_EXCEEDED"
+        assert time.monotonic() - started < 2.0
+    finally:
+        via.remove_pod(pod_id)
+
+
+def test_events_stream_is_relayed(direct, via, tmp_path):
+    def first_event(client):
+        stream = client.rt.GetContainerEvents(cri.GetEventsRequest(), timeout=20)
+        return stream
+
+    d_stream, v_stream = first_event(direct), first_event(via)
+    pod = pod_config(logdir=str(tmp_path))
+    pod_id = via.run_pod(pod)
+    try:
+        def next_or_error(stream):
+            try:
+                return "OK", next(stream).pod_sandbox_status.id
+            except grpc.RpcError as err:
+                return err.code().name, err.details()
+
+        d, v = next_or_error(d_stream), next_or_error(v_stream)
+        assert v == d
+        if d[0] == "OK":
+            assert d[1] == pod_id
+    finally:
+        d_stream.cancel()
+        v_stream.cancel()
+        via.remove_pod(pod_id)
