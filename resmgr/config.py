@@ -93,6 +93,8 @@ def validate(data: Any, origin: str = "config") -> Config:
             raise ConfigError(f"{origin}: policy.{key}: unknown key (known: "
                               f"{', '.join(sorted(_POLICY_KEYS | set(policies.REGISTRY)))})")
     if "Active" in pol:
+        if pol["Active"] is None:  # YAML reads `Active: null` as a null value: the null policy
+            pol = {**pol, "Active": "null"}
         if not isinstance(pol["Active"], str):
             raise ConfigError(f"{origin}: policy.Active: expected a policy name")
         try:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from resmgr.cri import api_pb2 as cri
 
 
-class QOSClass(str, Enum):
+class QOSClass(StrEnum):
     GUARANTEED = "Guaranteed"
     BURSTABLE = "Burstable"
     BEST_EFFORT = "BestEffort"
@@ -98,12 +98,12 @@ class Resources:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-class PodState(str, Enum):
+class PodState(StrEnum):
     READY = "ready"
     NOT_READY = "notready"
 
 
-class ContainerState(str, Enum):
+class ContainerState(StrEnum):
     PENDING = "pending"  # create in flight, no runtime ID yet
     CREATED = "created"
     RUNNING = "running"

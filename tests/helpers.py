@@ -165,8 +165,7 @@ class _FakeHandler(grpc.GenericRpcHandler):
         method = details.method
         if method == "/test.Probe/Chat":
             def chat(requests, context):
-                for r in requests:
-                    yield r
+                yield from requests
             return grpc.stream_stream_rpc_method_handler(chat)
 
         def unary(request: bytes, context: grpc.ServicerContext) -> bytes:

@@ -18,7 +18,6 @@ from resmgr.cri import api_pb2 as cri
 from tests.helpers import FakeBackend, RelayProcess, wait_socket
 
 
-
 @pytest.fixture
 def backend(workdir):
     fake = FakeBackend(str(workdir / "backend.sock")).start()

@@ -97,7 +97,7 @@ class PrivateContainerd:
         self.proc: subprocess.Popen | None = None
 
     # -- lifecycle ---------------------------------------------------------
-    def start(self, timeout: float = 30.0) -> "PrivateContainerd":
+    def start(self, timeout: float = 30.0) -> PrivateContainerd:
         missing = missing_tools()
         if missing:
             raise RuntimeError("containerd test harness needs: " + ", ".join(missing)
@@ -206,7 +206,7 @@ class PrivateContainerd:
         except OSError:
             return "(no log)"
 
-    def __enter__(self) -> "PrivateContainerd":
+    def __enter__(self) -> PrivateContainerd:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 PAUSE_IMAGE = "localhost/cri-resmgr/pause:test"
@@ -87,7 +88,7 @@ def write_oci_archive(path: Path, name: str, layer: bytes, config: dict) -> None
     tmp.replace(path)
 
 
-def _layer(build) -> bytes:
+def _layer(build: Callable[[tarfile.TarFile], None]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         build(tar)

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Bring up a private containerd, put cri-resmgr in front of it, run sample pods
+# through the relay and show what each container got.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+exec .venv/bin/python -m resmgr.demo "$@"

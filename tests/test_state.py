@@ -1,0 +1,83 @@
+"""Persisted state and reconciliation with the real containerd across relay restarts."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from resmgr.cri import api_pb2 as cri
+from tests.helpers import Cri, RelayProcess, container_config, pod_config
+
+
+def state_of(relay: RelayProcess) -> dict:
+    return json.loads((relay.relay_dir / "cache").read_text())
+
+
+def test_kill9_loses_nothing_and_restart_reconciles(containerd, workdir, direct):
+    relay = RelayProcess(workdir, containerd.socket).start()
+    via = Cri(relay.socket)
+    cfgs = [pod_config(qos=q, logdir=str(workdir / "logs")) for q in ("guaranteed", "burstable", "besteffort")]
+    pods = [via.run_pod(c) for c in cfgs]
+    c1 = via.run_container(pods[0], cfgs[0], container_config("app"))
+    state = state_of(relay)
+    assert {p["id"]: p["qos_class"] for p in state["pods"]} == dict(
+        zip(pods, ["Guaranteed", "Burstable", "BestEffort"], strict=True))
+    assert [(c["id"], c["state"]) for c in state["containers"]] == [(c1, "running")]
+    assert relay.stop(signal.SIGKILL) == -signal.SIGKILL
+    via.close()
+
+    # While the relay is down: one pod goes away, another appears behind our back.
+    direct.remove_pod(pods[1])
+    extra_cfg = pod_config(qos="burstable", logdir=str(workdir / "logs"))
+    extra = direct.run_pod(extra_cfg)
+    c_extra = direct.run_container(extra, extra_cfg, container_config(
+        "side", resources=cri.LinuxContainerResources(cpu_shares=256, cpuset_cpus="0")))
+
+    relay2 = RelayProcess(workdir, containerd.socket, relay_dir=relay.relay_dir).start()
+    try:
+        state = state_of(relay2)
+        by_id = {p["id"]: p for p in state["pods"]}
+        assert set(by_id) == {pods[0], pods[2], extra}
+        assert by_id[extra]["qos_class"] == "Burstable"
+        assert by_id[extra]["cgroup_parent"] == extra_cfg.linux.cgroup_parent
+        assert by_id[extra]["namespace"] == "default" and by_id[extra]["uid"] == extra_cfg.metadata.uid
+        ctrs = {c["id"]: c for c in state["containers"]}
+        assert set(ctrs) == {c1, c_extra}
+        assert ctrs[c_extra]["name"] == "side" and ctrs[c_extra]["state"] == "running"
+        assert ctrs[c_extra]["requested"]["cpu_shares"] == 256
+        assert ctrs[c_extra]["requested"]["cpuset_cpus"] == "0"
+        assert "adopted 1 pods, 1 containers; dropped 1 pods" in relay2.log()
+    finally:
+        relay2.stop()
+        for p in (pods[0], pods[2], extra):
+            direct.remove_pod(p)
+
+
+def test_broken_state_file_is_moved_aside_and_rebuilt(containerd, workdir, direct):
+    cfg = pod_config(logdir=str(workdir / "logs"))
+    pod = direct.run_pod(cfg)
+    state_dir = workdir / "state"
+    state_dir.mkdir()
+    (state_dir / "cache").write_text("{ this is not json")
+    relay = RelayProcess(workdir, containerd.socket).start()
+    try:
+        assert any(p.name.startswith("cache.broken-") for p in state_dir.iterdir())
+        assert "unusable" in relay.log()
+        assert pod in {p["id"] for p in state_of(relay)["pods"]}
+    finally:
+        relay.stop()
+        direct.remove_pod(pod)
+
+
+def test_stop_and_remove_update_state(containerd, relay, via, workdir):
+    cfg = pod_config(logdir=str(workdir / "logs"))
+    pod = via.run_pod(cfg)
+    cid = via.run_container(pod, cfg, container_config())
+    via.rt.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=1), timeout=30)
+    assert [c["state"] for c in state_of(relay)["containers"]] == ["exited"]
+    via.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid), timeout=30)
+    assert state_of(relay)["containers"] == []
+    via.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod), timeout=30)
+    assert [p["state"] for p in state_of(relay)["pods"]] == ["notready"]
+    via.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=30)
+    assert state_of(relay)["pods"] == []

@@ -1,0 +1,208 @@
+"""Pure pieces: QoS parsing, dump rules, config validation, store, policy registry, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import policies
+from resmgr import dump
+from resmgr.config import ConfigError, load_file, validate
+from resmgr.cri import api_pb2 as cri
+from resmgr.model import QOSClass, Resources, qos_class_from_cgroup_parent
+from resmgr.store import StateStore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("parent,qos", [
+    ("/kubepods/besteffort/pod123", QOSClass.BEST_EFFORT),
+    ("/kubepods/burstable/pod123", QOSClass.BURSTABLE),
+    ("/kubepods/pod123", QOSClass.GUARANTEED),
+    ("kubepods-besteffort-pod123.slice", QOSClass.BEST_EFFORT),
+    ("kubepods-burstable-pod123.slice", QOSClass.BURSTABLE),
+    ("kubepods-pod123.slice", QOSClass.GUARANTEED),
+    ("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice", QOSClass.BURSTABLE),
+    ("kubepods.slice/kubepods-pod1.slice", QOSClass.GUARANTEED),
+    ("/custom-root/kubepods/burstable/pod1", QOSClass.BURSTABLE),
+    ("", QOSClass.BEST_EFFORT),
+    ("/system.slice/foo", QOSClass.BEST_EFFORT),
+])
+def test_qos_class_from_cgroup_parent(parent, qos):
+    assert qos_class_from_cgroup_parent(parent) == qos
+
+
+def test_qos_class_skips_cgroup_root():
+    assert qos_class_from_cgroup_parent("/root/kubepods/pod1", cgroup_root="/root") == QOSClass.GUARANTEED
+
+
+@given(st.builds(Resources, cpu_period=st.integers(0, 10**6), cpu_quota=st.integers(-1, 10**7),
+                 cpu_shares=st.integers(0, 262144), memory_limit_in_bytes=st.integers(0, 2**40),
+                 cpuset_cpus=st.sampled_from(["", "0", "0-3,8"]), cpuset_mems=st.sampled_from(["", "0,1"]),
+                 hugepage_limits=st.dictionaries(st.sampled_from(["2MB", "1GB"]), st.integers(0, 2**30)),
+                 unified=st.dictionaries(st.sampled_from(["memory.high", "io.weight"]), st.text(max_size=5))))
+def test_resources_round_trip(res):
+    assert Resources.from_cri(res.to_cri()) == res
+    assert Resources.from_dict(json.loads(json.dumps(res.to_dict()))) == res
+
+
+def test_resources_to_cri_keeps_existing_message():
+    msg = cri.LinuxContainerResources(oom_score_adj=-997, cpu_shares=2)
+    Resources(cpuset_cpus="1", oom_score_adj=-997).to_cri(msg)
+    assert msg.cpuset_cpus == "1" and msg.oom_score_adj == -997 and msg.cpu_shares == 0
+
+
+def test_default_dump_rules():
+    d = dump.Dumper(dump.DEFAULT_RULES)
+    base = "/runtime.v1.RuntimeService/"
+    assert d.level(base + "CreateContainer") == dump.Level.SHORT
+    assert d.level(base + "RunPodSandbox") == dump.Level.SHORT
+    assert d.level(base + "ListContainers") == dump.Level.OFF
+    assert d.level("/runtime.v1.ImageService/RemoveImage") == dump.Level.OFF
+
+
+def test_dump_rules_later_win_and_reset():
+    d = dump.Dumper("full:.*,off:List.*,reset,short:Version")
+    assert d.level("/a.B/Version") == dump.Level.SHORT
+    assert d.level("/a.B/ListContainers") == dump.Level.OFF
+    d = dump.Dumper("full:.*,off:List.*")
+    assert d.level("/a.B/ListContainers") == dump.Level.OFF
+    assert d.level("/a.B/Status") == dump.Level.FULL
+
+
+@pytest.mark.parametrize("bad", ["loud:.*", "full", "full:(unclosed"])
+def test_bad_dump_rules_are_rejected(bad):
+    with pytest.raises(dump.RuleError):
+        dump.parse_rules(bad)
+
+
+def test_full_dump_is_readable(tmp_path):
+    out = tmp_path / "dump"
+    d = dump.Dumper("full:.*", str(out))
+    req = cri.ContainerStatusRequest(container_id="abc")
+    d.record("/runtime.v1.RuntimeService/ContainerStatus", "passthrough", 0.0,
+             raw_request=req.SerializeToString(), error=("NOT_FOUND", "no such container"))
+    d.close()
+    text = out.read_text()
+    assert "container_id: abc" in text and "code: NOT_FOUND" in text and "latency_ms" in text
+
+
+def test_config_defaults_and_sections():
+    cfg = validate({"policy": {"Active": "null"}, "dump": {"Config": "full:.*"}, "logger": {"Debug": "engine,relay"}})
+    assert cfg.policy_name == "none"
+    assert cfg.dump_rules == "full:.*"
+    assert cfg.debug_sources == ["engine", "relay"]
+    assert validate({}).policy_name == "none"
+    # Sections later modules own are accepted as they are.
+    assert validate({"rdt": {"options": {"mode": "Disabled"}}}).data["rdt"]["options"]["mode"] == "Disabled"
+
+
+@pytest.mark.parametrize("doc,needle", [
+    ({"polcy": {}}, "unknown section 'polcy'"),
+    ({"policy": {"Active": "fastest"}}, "policy.Active: unknown policy 'fastest'"),
+    ({"policy": {"Actve": "none"}}, "policy.Actve: unknown key"),
+    ({"policy": "none"}, "policy: expected a mapping"),
+    ({"dump": {"Config": "loud:.*"}}, "dump.Config"),
+    ({"logger": {"Debug": 3}}, "logger.Debug"),
+    ([1, 2], "expected a mapping"),
+])
+def test_config_errors_name_the_key(doc, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+        validate(doc, "cfg.yaml")
+
+
+def test_config_file_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file .*missing.yaml"):
+        load_file(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: [unclosed")
+    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
+        load_file(str(bad))
+
+
+def test_store_atomic_write_and_permissions(tmp_path):
+    store = StateStore(tmp_path)
+    store.write({"pods": []})
+    assert json.loads((tmp_path / "cache").read_text())["version"] == 1
+    assert oct((tmp_path / "cache").stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in tmp_path.iterdir()] == ["cache"]
+    os.chmod(tmp_path / "cache", 0o666)
+    assert store.load() is None  # world-writable state is not trusted
+    assert any(p.name.startswith("cache.broken-") for p in tmp_path.iterdir())
+
+
+def test_store_rejects_other_versions(tmp_path):
+    (tmp_path / "cache").write_text(json.dumps({"version": 99}))
+    (tmp_path / "cache").chmod(0o600)
+    assert StateStore(tmp_path).load() is None
+
+
+def test_registry_and_aliases():
+    assert policies.canonical("null") == "none"
+    assert policies.create("null").name == "none"
+    with pytest.raises(KeyError, match="available: none"):
+        policies.canonical("nope")
+
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "resmgr", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=30)
+
+
+def test_cli_list_policies():
+    out = _cli("--list-policies")
+    assert out.returncode == 0
+    assert out.stdout.splitlines()[0] == "Available policies:"
+    assert "  * none: " in out.stdout and "alias: null" in out.stdout
+
+
+def test_cli_print_config(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("policy:\n  Active: null\ndump:\n  Config: 'full:.*'\n")
+    out = _cli("--force-config", str(cfg), "--print-config")
+    assert out.returncode == 0
+    assert f"forced config file {cfg}" in out.stdout
+    assert "Active: none" in out.stdout and "full:.*" in out.stdout
+
+
+def test_cli_bad_config_stops_startup(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("policy:\n  Active: fastest\n")
+    out = _cli("--fallback-config", str(cfg), "--relay-socket", str(tmp_path / "s.sock"))
+    assert out.returncode == 2
+    assert str(cfg) in out.stderr and "fastest" in out.stderr
+    assert not (tmp_path / "s.sock").exists()
+
+
+def test_cli_force_and_fallback_together_is_an_error(tmp_path):
+    out = _cli("--force-config", "a", "--fallback-config", "b")
+    assert out.returncode == 2 and "not allowed with" in out.stderr
+
+
+def test_cli_help_explains_itself():
+    out = _cli("--help")
+    assert out.returncode == 0
+    for flag in ("--relay-socket", "--runtime-socket", "--image-socket", "--relay-dir", "--dump",
+                 "--dump-file", "--force-config", "--fallback-config", "--print-config", "--list-policies"):
+        assert flag in out.stdout
+
+
+def test_generated_protos_are_current():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import genproto
+    finally:
+        sys.path.pop(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in genproto.generate(Path(tmp)):
+            committed = ROOT / path.relative_to(tmp)
+            assert committed.read_text() == path.read_text(), \
+                f"{committed} is stale: run python scripts/genproto.py"
