@@ -45,16 +45,16 @@ def start_relay(runtime_socket: str, workdir: str) -> tuple[subprocess.Popen, st
                              "--runtime-socket", runtime_socket, "--relay-dir",
                              os.path.join(workdir, "state"), "--dump", "off:.*",
                              "--log-level", "WARNING"])
-    with grpc.insecure_channel("unix://" + sock) as ch:
-        stub = cri_grpc.RuntimeServiceStub(ch)
-        while True:
+    while True:
+        # A fresh channel per attempt: a channel's reconnect backoff would inflate the figure.
+        with grpc.insecure_channel("unix://" + sock) as ch:
             try:
-                stub.Version(cri.VersionRequest(), timeout=1, wait_for_ready=True)
+                cri_grpc.RuntimeServiceStub(ch).Version(cri.VersionRequest(), timeout=1)
                 break
             except grpc.RpcError:
                 if proc.poll() is not None:
                     raise RuntimeError("relay exited during start-up") from None
-                time.sleep(0.005)
+        time.sleep(0.005)
     return proc, sock, time.perf_counter() - started
 
 

@@ -254,13 +254,17 @@ class Relay(grpc.GenericRpcHandler):
             self.dumper.record(path, "intercepted", started, request=request, reply=reply, error=error)
 
 
+# How gRPC itself words a failure to reach the backend (as opposed to the runtime's own errors).
+_TRANSPORT_FAILURES = ("failed to connect to all addresses", "Socket closed", "Connection reset",
+                       "Broken pipe", "connections to all backends failing")
+
+
 def _name_socket(err: grpc.aio.AioRpcError, socket: str) -> grpc.aio.AioRpcError:
-    """Make a connection failure say which socket could not be reached."""
-    if err.code() == grpc.StatusCode.UNAVAILABLE and socket and socket not in (err.details() or ""):
-        if err.initial_metadata() or err.trailing_metadata():
-            return err  # the runtime itself answered UNAVAILABLE: keep its words
-        return grpc.aio.AioRpcError(
-            err.code(), err.initial_metadata(), err.trailing_metadata(),
-            details=f"runtime socket {socket} unavailable: {err.details()}",
-            debug_error_string=err.debug_error_string())
-    return err
+    """Make a failure to reach the runtime say which socket could not be reached."""
+    details = err.details() or ""
+    if err.code() != grpc.StatusCode.UNAVAILABLE or not socket or socket in details \
+            or not details.startswith(_TRANSPORT_FAILURES):
+        return err
+    return grpc.aio.AioRpcError(err.code(), err.initial_metadata(), err.trailing_metadata(),
+                                details=f"runtime socket {socket} unavailable: {details}",
+                                debug_error_string=err.debug_error_string())
