@@ -16,6 +16,7 @@ from resmgr.config import Config
 from resmgr.dump import Dumper
 from resmgr.engine import Engine
 from resmgr.relay import listen
+from resmgr.relay.intercept import Interceptor
 from resmgr.relay.proxy import CHANNEL_OPTIONS, SERVER_OPTIONS, Relay
 from resmgr.relay.runtime import RuntimeClient
 from resmgr.store import StateStore
@@ -105,7 +106,7 @@ class Daemon:
         rules = self.opts.dump if self.opts.dump is not None else self.config.dump_rules
         dump_file = self.opts.dump_file if self.opts.dump_file is not None else self.config.dump_file
         dumper = Dumper(rules, dump_file or None)
-        relay = Relay(runtime_ch, image_ch, engine, dumper, self.runtime_socket, self.image_socket)
+        interceptor = Interceptor(engine, runtime_ch, image_ch, dumper, self.runtime_socket, self.image_socket)
 
         background = None
         try:
@@ -119,7 +120,7 @@ class Daemon:
             background = asyncio.create_task(self._reconcile_until_done(engine))
 
         server = grpc.aio.server(options=SERVER_OPTIONS)
-        server.add_generic_rpc_handlers([relay])
+        server.add_generic_rpc_handlers([Relay(interceptor)])
         server.add_insecure_port("unix:" + self.relay_socket)
         await server.start()
         listen.match_runtime(self.relay_socket, self.runtime_socket)

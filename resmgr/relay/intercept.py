@@ -1,0 +1,165 @@
+"""Calls the relay handles itself rather than passing through as bytes.
+
+Lifecycle calls go to the engine, which performs the runtime call through `send`;
+pass-through unary calls that the dumper wants to see are forwarded here too, so
+they can be parsed. Both relay front ends (gRPC and splice) use this.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from resmgr.dump import Dumper, Level
+from resmgr.engine import Engine
+from resmgr.relay.methods import KNOWN, is_image_method
+
+log = logging.getLogger("cri-resmgr.relay")
+
+# How gRPC itself words a failure to reach the backend (as opposed to the runtime's own errors).
+_TRANSPORT_FAILURES = ("failed to connect to all addresses", "Socket closed", "Connection reset",
+                       "Broken pipe", "connections to all backends failing")
+
+
+def name_socket(err: grpc.aio.AioRpcError, socket: str) -> grpc.aio.AioRpcError:
+    """Make a failure to reach the runtime say which socket could not be reached."""
+    details = err.details() or ""
+    if err.code() != grpc.StatusCode.UNAVAILABLE or not socket or socket in details \
+            or not details.startswith(_TRANSPORT_FAILURES):
+        return err
+    return grpc.aio.AioRpcError(err.code(), err.initial_metadata(), err.trailing_metadata(),
+                                details=f"runtime socket {socket} unavailable: {details}",
+                                debug_error_string=err.debug_error_string())
+
+
+@dataclass
+class Outcome:
+    """How a call ended, ready to be written back in either front end's terms."""
+
+    code: grpc.StatusCode
+    details: str = ""
+    reply: bytes | None = None
+    initial: tuple = ()
+    trailing: tuple = ()
+
+
+def _lifecycle(engine: Engine) -> dict[str, Callable[..., Awaitable[Message]]]:
+    base = "/runtime.v1.RuntimeService/"
+    return {
+        base + "RunPodSandbox": engine.run_pod_sandbox,
+        base + "StopPodSandbox": engine.stop_pod_sandbox,
+        base + "RemovePodSandbox": engine.remove_pod_sandbox,
+        base + "CreateContainer": engine.create_container,
+        base + "StartContainer": engine.start_container,
+        base + "UpdateContainerResources": engine.update_container_resources,
+        base + "StopContainer": engine.stop_container,
+        base + "RemoveContainer": engine.remove_container,
+    }
+
+
+class Interceptor:
+    def __init__(self, engine: Engine | None, runtime_channel: grpc.aio.Channel,
+                 image_channel: grpc.aio.Channel, dumper: Dumper | None = None,
+                 runtime_socket: str = "", image_socket: str = "") -> None:
+        self.engine_calls = _lifecycle(engine) if engine is not None else {}
+        self.channels = (runtime_channel, image_channel)
+        self.sockets = (runtime_socket, image_socket or runtime_socket)
+        self.dumper = dumper
+        self._typed: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._raw: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+
+    def route(self, path: str) -> tuple[grpc.aio.Channel, str]:
+        i = 1 if is_image_method(path) else 0
+        return self.channels[i], self.sockets[i]
+
+    def intercepts(self, path: str) -> bool:
+        return path in self.engine_calls
+
+    def dumped(self, path: str) -> bool:
+        return self.dumper is not None and self.dumper.level(path) != Level.OFF
+
+    def wants(self, path: str) -> bool:
+        """Whether the call must be handled here (intercepted, or a dumped unary call)."""
+        if path in self.engine_calls:
+            return True
+        info = KNOWN.get(path)
+        return info is not None and not info.server_streaming and not info.client_streaming \
+            and self.dumped(path)
+
+    async def call(self, path: str, request: bytes, metadata: tuple | None,
+                   timeout: float | None) -> Outcome:
+        started = time.perf_counter()
+        engine_call = self.engine_calls.get(path)
+        msg = None
+        if engine_call is not None:
+            try:
+                msg = KNOWN[path].request.FromString(request)
+            except DecodeError:
+                engine_call = None  # not ours to judge: let the runtime answer it
+        if engine_call is None:
+            outcome = await self._forward_raw(path, request, metadata, timeout)
+            if self.dumped(path):
+                self._dump(path, started, "passthrough", None, request, outcome)
+            return outcome
+        calls: list[grpc.aio.Call] = []
+        channel, socket = self.route(path)
+        typed = self._typed.get(path)
+        if typed is None:
+            info = KNOWN[path]
+            typed = self._typed[path] = channel.unary_unary(
+                path, request_serializer=info.request.SerializeToString,
+                response_deserializer=info.response.FromString)
+
+        async def send(m: Message) -> Message:
+            call = typed(m, timeout=timeout, metadata=metadata)
+            calls.append(call)
+            try:
+                return await call
+            except grpc.aio.AioRpcError as err:
+                raise name_socket(err, socket) from None
+
+        try:
+            reply = await engine_call(msg, send)
+            outcome = Outcome(grpc.StatusCode.OK, reply=reply.SerializeToString())
+            if calls:
+                outcome.initial = tuple(await calls[-1].initial_metadata() or ())
+                outcome.trailing = tuple(await calls[-1].trailing_metadata() or ())
+        except grpc.aio.AioRpcError as err:
+            outcome = _failed(err)
+        except Exception as err:
+            log.exception("%s failed in the resource manager", path)
+            outcome = Outcome(grpc.StatusCode.INTERNAL, f"cri-resmgr: {path}: {err}")
+        if self.dumped(path):
+            self._dump(path, started, "intercepted", msg, request, outcome)
+        return outcome
+
+    async def _forward_raw(self, path: str, request: bytes, metadata: tuple | None,
+                           timeout: float | None) -> Outcome:
+        channel, socket = self.route(path)
+        raw = self._raw.get(path)
+        if raw is None:
+            raw = self._raw[path] = channel.unary_unary(path)
+        call = raw(request, timeout=timeout, metadata=metadata)
+        try:
+            reply = await call
+        except grpc.aio.AioRpcError as err:
+            return _failed(name_socket(err, socket))
+        return Outcome(grpc.StatusCode.OK, reply=reply, initial=tuple(await call.initial_metadata() or ()),
+                       trailing=tuple(await call.trailing_metadata() or ()))
+
+    def _dump(self, path: str, started: float, kind: str, msg: Message | None, raw: bytes,
+              outcome: Outcome) -> None:
+        assert self.dumper is not None
+        error = None if outcome.code == grpc.StatusCode.OK else (outcome.code.name, outcome.details)
+        self.dumper.record(path, kind, started, request=msg, raw_request=None if msg else raw,
+                           raw_reply=outcome.reply, error=error)
+
+
+def _failed(err: grpc.aio.AioRpcError) -> Outcome:
+    return Outcome(err.code(), err.details() or "", initial=tuple(err.initial_metadata() or ()),
+                   trailing=tuple(err.trailing_metadata() or ()))
