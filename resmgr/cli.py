@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relay to runtimes other than containerd and CRI-O")
     p.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace, metavar="SECONDS",
                    help="time in-flight calls get to finish on SIGTERM (default: %(default)s)")
+    p.add_argument("--relay-mode", choices=["splice", "grpc"], default=d.relay_mode,
+                   help="splice: forward HTTP/2 frames between paired connections, answering only "
+                        "intercepted calls (fast); grpc: a grpc.aio server and client (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log level (default: %(default)s)")
     p.add_argument("--logger-debug", metavar="SOURCES", default="",
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(relay_socket=args.relay_socket, runtime_socket=args.runtime_socket,
                    image_socket=args.image_socket, relay_dir=args.relay_dir, pid_file=args.pid_file,
                    allow_untested_runtimes=args.allow_untested_runtimes, dump=args.dump,
-                   dump_file=args.dump_file, shutdown_grace=args.shutdown_grace)
+                   dump_file=args.dump_file, shutdown_grace=args.shutdown_grace,
+                   relay_mode=args.relay_mode)
     try:
         return _run(Daemon(opts, config).run())
     except (SocketInUse, StartupError, ConfigError) as err:

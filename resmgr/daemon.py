@@ -19,6 +19,7 @@ from resmgr.relay import listen
 from resmgr.relay.intercept import Interceptor
 from resmgr.relay.proxy import CHANNEL_OPTIONS, SERVER_OPTIONS, Relay
 from resmgr.relay.runtime import RuntimeClient
+from resmgr.relay.splice import SpliceServer
 from resmgr.store import StateStore
 
 log = logging.getLogger("cri-resmgr")
@@ -38,6 +39,7 @@ class Options:
     dump: str | None = None
     dump_file: str | None = None
     shutdown_grace: float = 5.0
+    relay_mode: str = "splice"
 
 
 class StartupError(Exception):
@@ -119,22 +121,28 @@ class Daemon:
                         "it is back", self.runtime_socket, detail)
             background = asyncio.create_task(self._reconcile_until_done(engine))
 
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        server.add_generic_rpc_handlers([Relay(interceptor)])
-        server.add_insecure_port("unix:" + self.relay_socket)
-        await server.start()
+        if self.opts.relay_mode == "grpc":
+            server = grpc.aio.server(options=SERVER_OPTIONS)
+            server.add_generic_rpc_handlers([Relay(interceptor)])
+            server.add_insecure_port("unix:" + self.relay_socket)
+            await server.start()
+            stop_server = server.stop
+        else:
+            splice = SpliceServer(interceptor, self.runtime_socket, self.image_socket)
+            await splice.start(self.relay_socket)
+            stop_server = splice.stop
         listen.match_runtime(self.relay_socket, self.runtime_socket)
         if self.opts.pid_file:
             Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        log.info("relaying %s -> runtime %s, images %s, policy %s", self.relay_socket,
-                 self.runtime_socket, self.image_socket, policy.name)
+        log.info("relaying %s -> runtime %s, images %s, policy %s, %s front end", self.relay_socket,
+                 self.runtime_socket, self.image_socket, policy.name, self.opts.relay_mode)
 
         await self._stop.wait()
         log.info("shutting down: letting in-flight calls finish (grace %.1fs)", self.opts.shutdown_grace)
-        await server.stop(self.opts.shutdown_grace)
+        await stop_server(self.opts.shutdown_grace)
         if background is not None:
             background.cancel()
         try:
