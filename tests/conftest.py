@@ -26,9 +26,15 @@ def workdir():
         yield Path(d)
 
 
+@pytest.fixture(params=["splice", "grpc"])
+def relay_mode(request):
+    """Both relay front ends must behave the same."""
+    return request.param
+
+
 @pytest.fixture
-def relay(containerd, workdir):
-    proc = RelayProcess(workdir, containerd.socket).start()
+def relay(containerd, workdir, relay_mode):
+    proc = RelayProcess(workdir, containerd.socket, "--relay-mode", relay_mode).start()
     yield proc
     proc.stop()
 

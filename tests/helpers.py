@@ -137,7 +137,7 @@ class FakeBackend:
     Methods: any unary method echoes the request bytes and sends back the caller's
     metadata (initial: x-echo-*, trailing: x-trail); `/test.Probe/Big` returns `size`
     bytes; `/test.Probe/Slow` sleeps the number of ms in the request; `/test.Probe/Fail`
-    aborts with the rich status carried in grpc-status-details-bin; `/test.Probe/Chat`
+    (or any request b"FAIL") aborts with the rich status carried in grpc-status-details-bin; `/test.Probe/Chat`
     is a bidi stream echoing each message.
     """
 
@@ -176,7 +176,7 @@ class _FakeHandler(grpc.GenericRpcHandler):
                 return b"slow-done"
             if method == "/test.Probe/Big":
                 return b"x" * int(request)
-            if method == "/test.Probe/Fail":
+            if method == "/test.Probe/Fail" or request == b"FAIL":
                 context.abort_with_status(_RichStatus())
             context.send_initial_metadata(tuple((k, v) for k, v in md if k.startswith("x-echo")))
             context.set_trailing_metadata((("x-trail", "t1"), ("x-trail-bin", b"\x00\x01")))

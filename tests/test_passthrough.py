@@ -24,7 +24,10 @@ def test_version_status_and_images_match(direct, via):
     assert via.rt.Version(cri.VersionRequest()) == direct.rt.Version(cri.VersionRequest())
     assert via.rt.Status(cri.StatusRequest()).status == direct.rt.Status(cri.StatusRequest()).status
     d_images = direct.img.ListImages(cri.ListImagesRequest())
-    assert via.img.ListImages(cri.ListImagesRequest()) == d_images
+    # containerd lists images in map order, which differs from call to call.
+    v_images = via.img.ListImages(cri.ListImagesRequest())
+    assert sorted(i.SerializeToString() for i in v_images.images) == \
+        sorted(i.SerializeToString() for i in d_images.images)
     tags = {t for i in d_images.images for t in i.repo_tags}
     assert {BUSYBOX_IMAGE, PAUSE_IMAGE} <= tags
     req = cri.ImageStatusRequest(image=cri.ImageSpec(image=BUSYBOX_IMAGE), verbose=True)
@@ -95,6 +98,25 @@ def test_lifecycle_through_relay_matches_direct(direct, via, relay, tmp_path):
             == "NOT_FOUND"
 
 
+def test_many_lifecycle_calls_on_one_connection(direct, via, tmp_path):
+    # Calls answered by the relay alone must not upset the runtime's view of the
+    # connection (gRPC servers GOAWAY clients whose pings come with no calls).
+    pods = []
+    try:
+        for i in range(6):
+            cfg = pod_config(f"many-{i}", logdir=str(tmp_path))
+            pods.append(via.run_pod(cfg))
+            via.run_container(pods[-1], cfg, container_config())
+        listed = {p.id for p in direct.rt.ListPodSandbox(cri.ListPodSandboxRequest()).items}
+        assert set(pods) <= listed
+        names = [c.metadata.name for c in direct.rt.ListContainers(cri.ListContainersRequest()).containers
+                 if c.pod_sandbox_id in pods]
+        assert len(names) == 6  # each created exactly once
+    finally:
+        for p in pods:
+            via.remove_pod(p)
+
+
 def test_deadline_reaches_runtime_and_caller(direct, via, tmp_path):
     pod = pod_config(logdir=str(tmp_path))
     pod_id = via.run_pod(pod)
@@ -132,3 +154,21 @@ def test_events_stream_is_relayed(direct, via, tmp_path):
         d_stream.cancel()
         v_stream.cancel()
         via.remove_pod(pod_id)
+
+
+def test_separate_image_socket(containerd, direct, workdir, relay_mode):
+    from tests.helpers import Cri, RelayProcess
+
+    image_sock = workdir / "images.sock"
+    image_sock.symlink_to(containerd.socket)  # another path to the image service
+    relay = RelayProcess(workdir, containerd.socket, "--image-socket", str(image_sock),
+                         "--relay-mode", relay_mode).start()
+    via = Cri(relay.socket)
+    try:
+        req = cri.ImageStatusRequest(image=cri.ImageSpec(image=BUSYBOX_IMAGE))
+        assert via.img.ImageStatus(req) == direct.img.ImageStatus(req)
+        assert via.rt.Version(cri.VersionRequest()) == direct.rt.Version(cri.VersionRequest())
+        assert f"images {image_sock}" in relay.log()
+    finally:
+        via.close()
+        relay.stop()

@@ -26,8 +26,8 @@ def backend(workdir):
 
 
 @pytest.fixture
-def relay_to_fake(backend, workdir):
-    proc = RelayProcess(workdir, backend.path, "--allow-untested-runtimes").start()
+def relay_to_fake(backend, workdir, relay_mode):
+    proc = RelayProcess(workdir, backend.path, "--allow-untested-runtimes", "--relay-mode", relay_mode).start()
     yield proc
     proc.stop()
 
@@ -80,9 +80,9 @@ def test_deadline_is_enforced_through_the_relay(relay_to_fake):
         assert time.monotonic() - started < 1.0
 
 
-def test_runtime_down_fails_fast_then_recovers(workdir):
+def test_runtime_down_fails_fast_then_recovers(workdir, relay_mode):
     runtime = str(workdir / "later.sock")
-    relay = RelayProcess(workdir, runtime, "--allow-untested-runtimes").start()
+    relay = RelayProcess(workdir, runtime, "--allow-untested-runtimes", "--relay-mode", relay_mode).start()
     try:
         with relay.channel() as ch:
             version = ch.unary_unary("/runtime.v1.RuntimeService/Version")
@@ -194,3 +194,61 @@ def test_startup_is_fast(backend, workdir):
     # Reported, not asserted tightly: the benchmark measures start-up; this only
     # catches a start-up that waits on something it must not.
     assert elapsed < 5, elapsed
+
+
+def test_runtime_lost_mid_call_then_back(workdir, relay_mode):
+    runtime = str(workdir / "rt.sock")
+    fake = FakeBackend(runtime).start()
+    relay = RelayProcess(workdir, runtime, "--allow-untested-runtimes", "--relay-mode", relay_mode).start()
+    try:
+        with relay.channel() as ch:
+            assert ch.unary_unary("/x.Y/Z")(b"1", timeout=5) == b"1"
+            result = {}
+
+            def slow():
+                try:
+                    result["reply"] = ch.unary_unary("/test.Probe/Slow")(b"3000", timeout=10)
+                except grpc.RpcError as err:
+                    result["code"] = err.code()
+
+            t = threading.Thread(target=slow)
+            t.start()
+            time.sleep(0.5)
+            fake.server.stop(None)  # the runtime goes away with the call in flight
+            t.join(10)
+            assert result.get("code") == grpc.StatusCode.UNAVAILABLE, result
+            fake = FakeBackend(runtime).start()
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    assert ch.unary_unary("/x.Y/Z")(b"2", timeout=2) == b"2"
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < deadline, "relay did not recover"
+                    time.sleep(0.1)
+    finally:
+        fake.stop()
+        relay.stop()
+
+
+def test_dump_shows_passthrough_and_errors(backend, workdir, relay_mode):
+    dump_file = workdir / "dump.txt"
+    relay = RelayProcess(workdir, backend.path, "--allow-untested-runtimes", "--relay-mode", relay_mode,
+                         "--dump", "full:.*,short:Fail", "--dump-file", str(dump_file)).start()
+    try:
+        with relay.channel() as ch:
+            req = cri.ContainerStatusRequest(container_id="dumped-id").SerializeToString()
+            reply, call = ch.unary_unary("/runtime.v1.RuntimeService/ContainerStatus").with_call(
+                req, metadata=(("x-echo-a", "b"),), timeout=5)
+            assert reply == req  # dumping does not change what passes
+            assert dict(call.trailing_metadata())["x-trail"] == "t1"
+            with pytest.raises(grpc.RpcError) as info:
+                ch.unary_unary("/runtime.v1.RuntimeService/ListContainers")(b"FAIL", timeout=5)
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert dict(info.value.trailing_metadata())["grpc-status-details-bin"].endswith(b"rich failure")
+    finally:
+        relay.stop()
+    text = dump_file.read_text()
+    assert "method: /runtime.v1.RuntimeService/ContainerStatus" in text
+    assert "container_id: dumped-id" in text and "kind: passthrough" in text
+    assert "code: FAILED_PRECONDITION" in text and "message: rich failure" in text

@@ -122,7 +122,7 @@ class _Conn(asyncio.Protocol):
         self.last_stream = 0
         self.refuse_after: int | None = None
         self.local: dict[int, _Local] = {}
-        self.open: set[int] = set()
+        self.open: dict[int, bool] = {}  # pass-through calls in flight -> runtime sent headers
         # runtime -> client
         self.bin = bytearray()
         self.back_hdr_open = False
@@ -219,9 +219,11 @@ class _Conn(asyncio.Protocol):
                         if ls.task is not None:
                             ls.task.cancel()
                     elif self.failed is None:
-                        self.open.discard(sid)
+                        self.open.pop(sid, None)
                         out.append(buf[pos:end])
-                elif ftype == h2.PING and self.failed is not None:
+                elif ftype == h2.PING and (self.failed is not None or not flags & h2.ACK):
+                    # Answered here: the runtime would count the client's pings against calls it
+                    # never saw (gRPC servers send GOAWAY "too_many_pings" for that).
                     if not flags & h2.ACK:
                         self._inject(h2.frame(h2.PING, h2.ACK, 0, bytes(buf[pos + 9:end])))
                 elif self.failed is None:
@@ -294,7 +296,7 @@ class _Conn(asyncio.Protocol):
             if end_stream:
                 self._local_end(sid, ls)
             return
-        self.open.add(sid)
+        self.open[sid] = False
         out.append(h2.header_frames(sid, h2.encode_headers(headers), end_stream))
 
     # -- calls answered here ---------------------------------------------------------------
@@ -353,6 +355,8 @@ class _Conn(asyncio.Protocol):
 
     # -- runtime side ----------------------------------------------------------------------
     def on_backend(self, data: bytes) -> None:
+        if self.closed:
+            return
         buf = self.bin
         buf += data
         n = len(buf)
@@ -369,17 +373,29 @@ class _Conn(asyncio.Protocol):
             if ftype == h2.DATA:
                 flow = length
                 if flags & h2.END_STREAM:
-                    self.open.discard(int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF)
+                    self.open.pop(int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF, None)
             elif ftype == h2.HEADERS or ftype == h2.CONTINUATION:
                 self.back_hdr_open = not flags & h2.END_HEADERS
-                if ftype == h2.HEADERS and flags & h2.END_STREAM:
-                    self.open.discard(int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF)
+                if ftype == h2.HEADERS:
+                    sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                    if flags & h2.END_STREAM:
+                        self.open.pop(sid, None)
+                    elif sid in self.open:
+                        self.open[sid] = True
             elif ftype == h2.RST_STREAM:
-                self.open.discard(int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF)
+                self.open.pop(int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF, None)
             elif ftype == h2.SETTINGS and not flags & h2.ACK:
                 size = h2.parse_settings(bytes(buf[pos + 9:end])).get(h2.SETTINGS_HEADER_TABLE_SIZE)
                 if size is not None:
                     self.decoder.max_allowed_table_size = max(size, self.decoder.max_allowed_table_size)
+            elif ftype == h2.GOAWAY:
+                # Not forwarded: its last-stream-id knows nothing of the calls answered here.
+                if direct and pos > start:
+                    self.transport.write(bytes(buf[start:pos]))
+                direct = False
+                self._backend_goaway(int.from_bytes(buf[pos + 9:pos + 13], "big") & 0x7FFFFFFF)
+                pos = start = end
+                continue
             if direct and flow <= self.cwin:
                 self.cwin -= flow
             else:
@@ -402,10 +418,36 @@ class _Conn(asyncio.Protocol):
         if not direct:
             self._drain()
 
+    def _backend_goaway(self, last: int) -> None:
+        """The runtime takes no calls above `last`: refuse those (safe to retry), stop new ones."""
+        for sid in [sid for sid in self.open if sid > last]:
+            del self.open[sid]
+            self._inject(h2.rst_stream(sid, h2.REFUSED_STREAM))
+        self.goaway()
+
     def backend_lost(self) -> None:
-        if not self.closed and self.transport is not None:
+        """The runtime connection is gone: end its calls as UNAVAILABLE, finish ours, then close."""
+        if self.closed or self.transport is None:
+            return
+        if self.back_hdr_open:  # cut inside a header block: nothing sound can follow
             self._drain()
             self.transport.close()
+            return
+        self.goaway()
+        for sid, headers_sent in self.open.items():
+            fields = [] if headers_sent else list(_REPLY_HEADERS)
+            fields += [(b"grpc-status", str(grpc.StatusCode.UNAVAILABLE.value[0]).encode()),
+                       (b"grpc-message", h2.percent_encode(
+                           f"runtime socket {self.server.runtime_socket}: connection lost"))]
+            self._inject(h2.header_frames(sid, h2.encode_headers(fields), True))
+        self.open.clear()
+        self._drain()
+        asyncio.ensure_future(self._close_when_idle())
+
+    async def _close_when_idle(self) -> None:
+        while self.local and not self.closed:
+            await asyncio.sleep(0.01)
+        self.close()
 
     # -- writing to the client ---------------------------------------------------------------
     def _inject(self, data: bytes, flow: int = 0, sid: int = 0) -> None:
