@@ -135,8 +135,8 @@ class FakeBackend:
     """A real gRPC server with scripted behaviour, for what containerd cannot show.
 
     Methods: any unary method echoes the request bytes and sends back the caller's
-    metadata (initial: x-echo-*, trailing: x-trail); `/test.Probe/Big` returns `size`
-    bytes; `/test.Probe/Slow` sleeps the number of ms in the request; `/test.Probe/Fail`
+    metadata (initial: x-echo-*, trailing: x-trail); `/test.Probe/Big` (or a request b"BIG:<size>")
+    returns `size` bytes; `/test.Probe/Slow` sleeps the number of ms in the request; `/test.Probe/Fail`
     (or any request b"FAIL") aborts with the rich status carried in grpc-status-details-bin; `/test.Probe/Chat`
     is a bidi stream echoing each message.
     """
@@ -176,6 +176,8 @@ class _FakeHandler(grpc.GenericRpcHandler):
                 return b"slow-done"
             if method == "/test.Probe/Big":
                 return b"x" * int(request)
+            if request.startswith(b"BIG:"):
+                return b"y" * int(request[4:])
             if method == "/test.Probe/Fail" or request == b"FAIL":
                 context.abort_with_status(_RichStatus())
             context.send_initial_metadata(tuple((k, v) for k, v in md if k.startswith("x-echo")))

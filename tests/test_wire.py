@@ -246,6 +246,11 @@ def test_dump_shows_passthrough_and_errors(backend, workdir, relay_mode):
                 ch.unary_unary("/runtime.v1.RuntimeService/ListContainers")(b"FAIL", timeout=5)
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert dict(info.value.trailing_metadata())["grpc-status-details-bin"].endswith(b"rich failure")
+            # A large reply on a call the relay answers itself must respect flow control.
+            with grpc.insecure_channel("unix://" + relay.socket, options=[
+                    ("grpc.max_receive_message_length", 64 << 20)]) as big_ch:
+                big = big_ch.unary_unary("/runtime.v1.RuntimeService/ListContainers")(b"BIG:5000000", timeout=20)
+            assert big == b"y" * 5000000
     finally:
         relay.stop()
     text = dump_file.read_text()
