@@ -122,6 +122,9 @@ class _Conn(asyncio.Protocol):
         self.last_stream = 0
         self.refuse_after: int | None = None
         self.local: dict[int, _Local] = {}
+        # Streams answered here that have ended: late frames for them must not reach the
+        # runtime, which never saw the stream (an idle-stream frame is a connection error there).
+        self.local_done: dict[int, None] = {}
         self.open: dict[int, bool] = {}  # pass-through calls in flight -> runtime sent headers
         # runtime -> client
         self.bin = bytearray()
@@ -194,7 +197,10 @@ class _Conn(asyncio.Protocol):
                     break
                 ftype, flags = buf[pos + 3], buf[pos + 4]
                 sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
-                if ftype == h2.DATA:
+                if sid in self.local_done and ftype != h2.HEADERS and ftype != h2.CONTINUATION:
+                    if ftype == h2.DATA and length:
+                        self._inject(h2.window_update(0, length))  # still counts on the connection
+                elif ftype == h2.DATA:
                     if sid in self.local or self.failed is not None:
                         self._local_data(sid, flags, bytes(buf[pos + 9:end]), length)
                     else:
@@ -214,7 +220,7 @@ class _Conn(asyncio.Protocol):
                     if self.failed is None:
                         out.append(buf[pos:end])
                 elif ftype == h2.RST_STREAM:
-                    ls = self.local.pop(sid, None)
+                    ls = self._end_local(sid)
                     if ls is not None:
                         if ls.task is not None:
                             ls.task.cancel()
@@ -231,7 +237,8 @@ class _Conn(asyncio.Protocol):
                 pos = end
         except (HPACKError, ValueError) as err:
             log.warning("malformed HTTP/2 from client (%s); closing the connection", err)
-            self._inject(h2.goaway(self.last_stream, COMPRESSION_ERROR))
+            code = COMPRESSION_ERROR if isinstance(err, HPACKError) else h2.PROTOCOL_ERROR
+            self._inject(h2.goaway(self.last_stream, code))
             self._drain()
             self.transport.close()
             return
@@ -277,6 +284,8 @@ class _Conn(asyncio.Protocol):
             if end_stream:
                 self._local_end(sid, ls)
             return
+        if sid in self.local_done:
+            return
         if sid <= self.last_stream:  # client trailers on a pass-through call
             out.append(h2.header_frames(sid, h2.encode_headers(headers), end_stream))
             return
@@ -300,6 +309,14 @@ class _Conn(asyncio.Protocol):
         out.append(h2.header_frames(sid, h2.encode_headers(headers), end_stream))
 
     # -- calls answered here ---------------------------------------------------------------
+    def _end_local(self, sid: int) -> _Local | None:
+        ls = self.local.pop(sid, None)
+        if ls is not None:
+            self.local_done[sid] = None
+            if len(self.local_done) > 1024:
+                del self.local_done[next(iter(self.local_done))]
+        return ls
+
     def _local_data(self, sid: int, flags: int, payload: bytes, flow: int) -> None:
         if flow:  # consumed here: give the client its window back
             credit = h2.window_update(0, flow)
@@ -311,7 +328,7 @@ class _Conn(asyncio.Protocol):
             return
         ls.body += h2.unpad(flags, payload)
         if len(ls.body) > MAX_LOCAL_REQUEST:
-            del self.local[sid]
+            self._end_local(sid)
             self._answer(sid, Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                       f"request larger than {MAX_LOCAL_REQUEST} bytes"))
             return
@@ -332,7 +349,7 @@ class _Conn(asyncio.Protocol):
             timeout = next((h2.grpc_timeout(v) for k, v in ls.headers if k == b"grpc-timeout"), None)
             metadata = h2.headers_to_metadata(ls.headers, _GRPC_OWN)
             outcome = await self.server.interceptor.call(ls.path, body[5:], metadata or None, timeout)
-        if self.closed or self.local.pop(sid, None) is None:
+        if self.closed or self._end_local(sid) is None:
             return  # the client went away or cancelled the call
         self._answer(sid, outcome)
 
