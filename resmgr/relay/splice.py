@@ -197,7 +197,8 @@ class _Conn(asyncio.Protocol):
                     break
                 ftype, flags = buf[pos + 3], buf[pos + 4]
                 sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
-                if sid in self.local_done and ftype != h2.HEADERS and ftype != h2.CONTINUATION:
+                if sid in self.local_done and ftype != h2.HEADERS and ftype != h2.CONTINUATION \
+                        and sid not in self.swin:  # a reply still being sent needs its window updates
                     if ftype == h2.DATA and length:
                         self._inject(h2.window_update(0, length))  # still counts on the connection
                 elif ftype == h2.DATA:
