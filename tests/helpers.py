@@ -144,6 +144,7 @@ class FakeBackend:
     def __init__(self, path: str) -> None:
         self.path = path
         self.seen_metadata: list[tuple[tuple[str, str], ...]] = []
+        self.seen_requests: list[tuple[str, bytes]] = []
         self.server = grpc.server(futures.ThreadPoolExecutor(16), options=[
             ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
         self.server.add_generic_rpc_handlers([_FakeHandler(self)])
@@ -171,6 +172,7 @@ class _FakeHandler(grpc.GenericRpcHandler):
         def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
             md = tuple(context.invocation_metadata())
             self.owner.seen_metadata.append(md)
+            self.owner.seen_requests.append((method, request))
             if method == "/test.Probe/Slow":
                 time.sleep(int(request or b"0") / 1000)
                 return b"slow-done"

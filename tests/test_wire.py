@@ -257,3 +257,17 @@ def test_dump_shows_passthrough_and_errors(backend, workdir, relay_mode):
     assert "method: /runtime.v1.RuntimeService/ContainerStatus" in text
     assert "container_id: dumped-id" in text and "kind: passthrough" in text
     assert "code: FAILED_PRECONDITION" in text and "message: rich failure" in text
+
+
+def test_intercepted_requests_keep_fields_our_schema_lacks(backend, relay_to_fake):
+    # A newer kubelet may send fields this schema does not know; rewriting must keep them.
+    req = cri.CreateContainerRequest(pod_sandbox_id="pod-x", config=cri.ContainerConfig(
+        metadata=cri.ContainerMetadata(name="c")))
+    unknown = b"\xb8\x06\x2a"  # field 103, varint 42
+    raw = req.SerializeToString() + unknown
+    with relay_to_fake.channel() as ch:
+        ch.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(raw, timeout=5)
+    method, seen = backend.seen_requests[-1]
+    assert method == "/runtime.v1.RuntimeService/CreateContainer"
+    assert unknown in seen
+    assert cri.CreateContainerRequest.FromString(seen).pod_sandbox_id == "pod-x"
