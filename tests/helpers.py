@@ -195,7 +195,16 @@ class _RichStatus(grpc.Status):
     trailing_metadata = (("grpc-status-details-bin", b"\x08\x09\x12\x0crich failure"),)
 
 
-def run_in_thread(fn, *args):
-    t = threading.Thread(target=fn, args=args, daemon=True)
+def slow_call_in_thread(channel: grpc.Channel, ms: int, timeout: float = 10) -> tuple[threading.Thread, dict]:
+    """Start a FakeBackend /test.Probe/Slow call; the dict gets 'reply' or 'code' when it ends."""
+    result: dict = {}
+
+    def call() -> None:
+        try:
+            result["reply"] = channel.unary_unary("/test.Probe/Slow")(str(ms).encode(), timeout=timeout)
+        except grpc.RpcError as err:
+            result["code"] = err.code()
+
+    t = threading.Thread(target=call, daemon=True)
     t.start()
-    return t
+    return t, result

@@ -74,6 +74,14 @@ async def _run_pod(engine, name="p"):
     return f"pod-{name}", cfg
 
 
+async def _create(engine, pod_id, cfg, cid="c1", name="a"):
+    async def send(req):
+        return cri.CreateContainerResponse(container_id=cid)
+
+    await engine.create_container(cri.CreateContainerRequest(
+        pod_sandbox_id=pod_id, config=container_config(name), sandbox_config=cfg), send)
+
+
 async def test_lock_is_not_held_across_runtime_calls(engine):
     pod_id, cfg = await _run_pod(engine)
     both_inside = asyncio.Event()
@@ -128,12 +136,7 @@ async def test_failed_create_rolls_back(engine):
 
 async def test_kubelet_update_is_forwarded_with_pinning_kept(engine):
     pod_id, cfg = await _run_pod(engine)
-
-    async def create(req):
-        return cri.CreateContainerResponse(container_id="c1")
-
-    await engine.create_container(cri.CreateContainerRequest(
-        pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), create)
+    await _create(engine, pod_id, cfg)
     forwarded = []
 
     async def update(req):
@@ -149,12 +152,7 @@ async def test_kubelet_update_is_forwarded_with_pinning_kept(engine):
 
 async def test_stop_releases_even_when_runtime_fails(engine):
     pod_id, cfg = await _run_pod(engine)
-
-    async def create(req):
-        return cri.CreateContainerResponse(container_id="c1")
-
-    await engine.create_container(cri.CreateContainerRequest(
-        pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), create)
+    await _create(engine, pod_id, cfg)
 
     async def stop(req):
         raise RuntimeError("boom")
@@ -205,12 +203,7 @@ async def test_reconcile_drops_vanished_adopts_new_and_keeps_fresh(engine):
 
 async def test_state_round_trips_through_the_store(engine, tmp_path):
     pod_id, cfg = await _run_pod(engine)
-
-    async def create(req):
-        return cri.CreateContainerResponse(container_id="c1")
-
-    await engine.create_container(cri.CreateContainerRequest(
-        pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), create)
+    await _create(engine, pod_id, cfg)
     again = Engine(PinningPolicy(), StateStore(tmp_path), FakeRuntime())
     again.restore(StateStore(tmp_path).load())
     assert again.pods == engine.pods

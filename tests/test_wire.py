@@ -8,14 +8,13 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 
 import grpc
 import pytest
 
 from resmgr.cri import api_pb2 as cri
-from tests.helpers import FakeBackend, RelayProcess, wait_socket
+from tests.helpers import FakeBackend, RelayProcess, slow_call_in_thread, wait_socket
 
 
 @pytest.fixture
@@ -114,21 +113,12 @@ def test_runtime_down_fails_fast_then_recovers(workdir, relay_mode):
 
 
 def test_sigterm_lets_inflight_calls_finish(relay_to_fake):
-    results = {}
-
-    def slow_call():
-        with relay_to_fake.channel() as ch:
-            try:
-                results["reply"] = ch.unary_unary("/test.Probe/Slow")(b"1000", timeout=10)
-            except grpc.RpcError as err:
-                results["error"] = err.code()
-
-    t = threading.Thread(target=slow_call)
-    t.start()
-    time.sleep(0.3)
-    assert relay_to_fake.stop(signal.SIGTERM) == 0
-    t.join(5)
-    assert results == {"reply": b"slow-done"}
+    with relay_to_fake.channel() as ch:
+        t, result = slow_call_in_thread(ch, 1000)
+        time.sleep(0.3)
+        assert relay_to_fake.stop(signal.SIGTERM) == 0
+        t.join(5)
+    assert result == {"reply": b"slow-done"}
     assert not os.path.exists(relay_to_fake.socket)
 
 
@@ -203,16 +193,7 @@ def test_runtime_lost_mid_call_then_back(workdir, relay_mode):
     try:
         with relay.channel() as ch:
             assert ch.unary_unary("/x.Y/Z")(b"1", timeout=5) == b"1"
-            result = {}
-
-            def slow():
-                try:
-                    result["reply"] = ch.unary_unary("/test.Probe/Slow")(b"3000", timeout=10)
-                except grpc.RpcError as err:
-                    result["code"] = err.code()
-
-            t = threading.Thread(target=slow)
-            t.start()
+            t, result = slow_call_in_thread(ch, 3000)
             time.sleep(0.5)
             fake.server.stop(None)  # the runtime goes away with the call in flight
             t.join(10)

@@ -8,6 +8,7 @@ writes itself never change the peer's decoder state.
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -27,6 +28,17 @@ NO_ERROR, PROTOCOL_ERROR, CANCEL, REFUSED_STREAM = 0x0, 0x1, 0x8, 0x7
 
 DEFAULT_WINDOW = 65535
 DEFAULT_MAX_FRAME = 16384
+
+
+def split_frames(buf: bytearray, pos: int) -> Iterator[tuple[int, int, int, int]]:
+    """(start, end, type, flags) of each complete frame in buf from pos on."""
+    n = len(buf)
+    while n - pos >= 9:
+        end = pos + 9 + (buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2])
+        if end > n:
+            return
+        yield pos, end, buf[pos + 3], buf[pos + 4]
+        pos = end
 
 
 def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:

@@ -188,38 +188,34 @@ class _Conn(asyncio.Protocol):
             pos = len(h2.PREFACE)
             if self.failed is None:
                 out.append(h2.PREFACE)
-        n = len(buf)
+        consumed = pos
         try:
-            while n - pos >= 9:
-                length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
-                end = pos + 9 + length
-                if end > n:
-                    break
-                ftype, flags = buf[pos + 3], buf[pos + 4]
-                sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            for at, end, ftype, flags in h2.split_frames(buf, pos):
+                length = end - at - 9
+                sid = int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF
                 if sid in self.local_done and ftype != h2.HEADERS and ftype != h2.CONTINUATION \
                         and sid not in self.swin:  # a reply still being sent needs its window updates
                     if ftype == h2.DATA and length:
                         self._inject(h2.window_update(0, length))  # still counts on the connection
                 elif ftype == h2.DATA:
                     if sid in self.local or self.failed is not None:
-                        self._local_data(sid, flags, bytes(buf[pos + 9:end]), length)
+                        self._local_data(sid, flags, bytes(buf[at + 9:end]), length)
                     else:
-                        out.append(buf[pos:end])
+                        out.append(buf[at:end])
                 elif ftype == h2.HEADERS or ftype == h2.CONTINUATION:
-                    self._header_fragment(ftype, flags, sid, bytes(buf[pos + 9:end]), out)
+                    self._header_fragment(ftype, flags, sid, bytes(buf[at + 9:end]), out)
                 elif ftype == h2.WINDOW_UPDATE:
-                    self._client_window_update(sid, int.from_bytes(buf[pos + 9:pos + 13], "big") & 0x7FFFFFFF,
-                                               buf[pos:end], out)
+                    self._client_window_update(sid, int.from_bytes(buf[at + 9:at + 13], "big") & 0x7FFFFFFF,
+                                               buf[at:end], out)
                 elif ftype == h2.SETTINGS:
                     if not flags & h2.ACK:
-                        settings = h2.parse_settings(bytes(buf[pos + 9:end]))
+                        settings = h2.parse_settings(bytes(buf[at + 9:end]))
                         self.client_initial_window = settings.get(h2.SETTINGS_INITIAL_WINDOW_SIZE,
                                                                   self.client_initial_window)
                         if self.failed is not None:
                             self._inject(h2.frame(h2.SETTINGS, h2.ACK, 0))
                     if self.failed is None:
-                        out.append(buf[pos:end])
+                        out.append(buf[at:end])
                 elif ftype == h2.RST_STREAM:
                     ls = self._end_local(sid)
                     if ls is not None:
@@ -227,15 +223,15 @@ class _Conn(asyncio.Protocol):
                             ls.task.cancel()
                     elif self.failed is None:
                         self.open.pop(sid, None)
-                        out.append(buf[pos:end])
+                        out.append(buf[at:end])
                 elif ftype == h2.PING and (self.failed is not None or not flags & h2.ACK):
                     # Answered here: the runtime would count the client's pings against calls it
                     # never saw (gRPC servers send GOAWAY "too_many_pings" for that).
                     if not flags & h2.ACK:
-                        self._inject(h2.frame(h2.PING, h2.ACK, 0, bytes(buf[pos + 9:end])))
+                        self._inject(h2.frame(h2.PING, h2.ACK, 0, bytes(buf[at + 9:end])))
                 elif self.failed is None:
-                    out.append(buf[pos:end])  # PING, PRIORITY, GOAWAY, extensions
-                pos = end
+                    out.append(buf[at:end])  # PING, PRIORITY, GOAWAY, extensions
+                consumed = end
         except (HPACKError, ValueError) as err:
             log.warning("malformed HTTP/2 from client (%s); closing the connection", err)
             code = COMPRESSION_ERROR if isinstance(err, HPACKError) else h2.PROTOCOL_ERROR
@@ -243,7 +239,7 @@ class _Conn(asyncio.Protocol):
             self._drain()
             self.transport.close()
             return
-        del buf[:pos]
+        del buf[:consumed]
         if out and self.backend is not None and self.backend.transport is not None:
             self.backend.transport.write(b"".join(out))
         self._drain()
@@ -377,51 +373,45 @@ class _Conn(asyncio.Protocol):
             return
         buf = self.bin
         buf += data
-        n = len(buf)
-        pos = start = 0
+        start = consumed = 0  # start: first byte not yet written while writing straight through
         direct = not self.out and not self.parked
         queue = self.out
-        while n - pos >= 9:
-            length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
-            end = pos + 9 + length
-            if end > n:
-                break
-            ftype, flags = buf[pos + 3], buf[pos + 4]
+        for at, end, ftype, flags in h2.split_frames(buf, 0):
+            consumed = end
             flow = 0
             if ftype == h2.DATA:
-                flow = length
+                flow = end - at - 9
                 if flags & h2.END_STREAM:
-                    self.open.pop(int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF, None)
+                    self.open.pop(int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF, None)
             elif ftype == h2.HEADERS or ftype == h2.CONTINUATION:
                 self.back_hdr_open = not flags & h2.END_HEADERS
                 if ftype == h2.HEADERS:
-                    sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+                    sid = int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF
                     if flags & h2.END_STREAM:
                         self.open.pop(sid, None)
                     elif sid in self.open:
                         self.open[sid] = True
             elif ftype == h2.RST_STREAM:
-                self.open.pop(int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF, None)
+                self.open.pop(int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF, None)
             elif ftype == h2.SETTINGS and not flags & h2.ACK:
-                size = h2.parse_settings(bytes(buf[pos + 9:end])).get(h2.SETTINGS_HEADER_TABLE_SIZE)
+                size = h2.parse_settings(bytes(buf[at + 9:end])).get(h2.SETTINGS_HEADER_TABLE_SIZE)
                 if size is not None:
                     self.decoder.max_allowed_table_size = max(size, self.decoder.max_allowed_table_size)
             elif ftype == h2.GOAWAY:
                 # Not forwarded: its last-stream-id knows nothing of the calls answered here.
-                if direct and pos > start:
-                    self.transport.write(bytes(buf[start:pos]))
+                if direct and at > start:
+                    self.transport.write(bytes(buf[start:at]))
                 direct = False
-                self._backend_goaway(int.from_bytes(buf[pos + 9:pos + 13], "big") & 0x7FFFFFFF)
-                pos = start = end
+                self._backend_goaway(int.from_bytes(buf[at + 9:at + 13], "big") & 0x7FFFFFFF)
                 continue
             if direct and flow <= self.cwin:
                 self.cwin -= flow
             else:
                 if direct:  # from here on, order must go through the queue
-                    if pos > start:
-                        self.transport.write(bytes(buf[start:pos]))
+                    if at > start:
+                        self.transport.write(bytes(buf[start:at]))
                     direct = False
-                queue.append((bytes(buf[pos:end]), flow, 0))
+                queue.append((bytes(buf[at:end]), flow, 0))
             if not self.back_hdr_open and self.parked:
                 # The runtime's header block just ended: our held frames go right after it.
                 if direct:
@@ -429,10 +419,9 @@ class _Conn(asyncio.Protocol):
                     direct = False
                 queue.extend(self.parked)
                 self.parked.clear()
-            pos = end
-        if direct and pos > start:
-            self.transport.write(bytes(buf[start:pos]))
-        del buf[:pos]
+        if direct and consumed > start:
+            self.transport.write(bytes(buf[start:consumed]))
+        del buf[:consumed]
         if not direct:
             self._drain()
 
