@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for pkg in containerd runc containernetworking-plugins iptables busybox-static gcc libc6-dev; do
+for pkg in containerd runc containernetworking-plugins iptables busybox-static gcc libc6-dev curl; do
     have_pkg "$pkg" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -129,6 +129,7 @@ class _Conn(asyncio.Protocol):
         # runtime -> client
         self.bin = bytearray()
         self.back_hdr_open = False
+        self.back_ready = False  # the runtime's SETTINGS must be the first frame the client sees
         self.out: deque[tuple[bytes, int, int]] = deque()  # (bytes, flow-controlled length, stream)
         self.parked: list[tuple[bytes, int, int]] = []  # our frames waiting for a header block to end
         self.cwin = h2.DEFAULT_WINDOW  # the client's connection receive window, as it really is
@@ -152,6 +153,7 @@ class _Conn(asyncio.Protocol):
             log.debug("%s", self.failed)
             if not self.closed:
                 self.transport.write(h2.frame(h2.SETTINGS, 0, 0))
+            self.back_ready = True
         if self.closed:
             if self.backend is not None and self.backend.transport is not None:
                 self.backend.transport.close()
@@ -352,9 +354,9 @@ class _Conn(asyncio.Protocol):
 
     def _answer(self, sid: int, outcome: Outcome) -> None:
         initial = _REPLY_HEADERS + h2.metadata_to_headers(outcome.initial)
-        trailer = [(b"grpc-status", str(outcome.code.value[0]).encode())]
-        if outcome.details:
-            trailer.append((b"grpc-message", h2.percent_encode(outcome.details)))
+        # grpc-message always, empty when there is none, as gRPC's Go server writes it.
+        trailer = [(b"grpc-status", str(outcome.code.value[0]).encode()),
+                   (b"grpc-message", h2.percent_encode(outcome.details))]
         trailer += h2.metadata_to_headers(outcome.trailing)
         if outcome.code != grpc.StatusCode.OK or outcome.reply is None:
             self._inject(h2.header_frames(sid, h2.encode_headers(initial + trailer), True), 0, -sid)
@@ -378,6 +380,7 @@ class _Conn(asyncio.Protocol):
         queue = self.out
         for at, end, ftype, flags in h2.split_frames(buf, 0):
             consumed = end
+            self.back_ready = True
             flow = 0
             if ftype == h2.DATA:
                 flow = end - at - 9
@@ -458,8 +461,8 @@ class _Conn(asyncio.Protocol):
 
     # -- writing to the client ---------------------------------------------------------------
     def _inject(self, data: bytes, flow: int = 0, sid: int = 0) -> None:
-        """Queue a frame of our own; never inside the runtime's open header block."""
-        (self.parked if self.back_hdr_open else self.out).append((data, flow, sid))
+        """Queue a frame of our own; never before the runtime's SETTINGS or inside its header block."""
+        (self.parked if self.back_hdr_open or not self.back_ready else self.out).append((data, flow, sid))
 
     def _drain(self) -> None:
         if self.closed or self.transport is None:
