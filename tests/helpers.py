@@ -138,7 +138,7 @@ class FakeBackend:
     metadata (initial: x-echo-*, trailing: x-trail); `/test.Probe/Big` (or a request b"BIG:<size>")
     returns `size` bytes; `/test.Probe/Slow` sleeps the number of ms in the request; `/test.Probe/Fail`
     (or any request b"FAIL") aborts with the rich status carried in grpc-status-details-bin; `/test.Probe/Chat`
-    is a bidi stream echoing each message.
+    is a bidi stream echoing each message; GetContainerEvents streams three events.
     """
 
     def __init__(self, path: str) -> None:
@@ -154,6 +154,14 @@ class FakeBackend:
         self.server.start()
         return self
 
+    def wait_for_call(self, method: str, timeout: float = 10.0) -> None:
+        """Block until a call of method has reached this backend."""
+        deadline = time.monotonic() + timeout
+        while not any(m == method for m, _ in self.seen_requests):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{method} never reached the backend")
+            time.sleep(0.01)
+
     def stop(self) -> None:
         self.server.stop(0).wait()
 
@@ -164,6 +172,11 @@ class _FakeHandler(grpc.GenericRpcHandler):
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
+        if method == "/runtime.v1.RuntimeService/GetContainerEvents":
+            def events(request, context):
+                for i in range(3):
+                    yield cri.ContainerEventResponse(container_id=f"c{i}", created_at=i).SerializeToString()
+            return grpc.unary_stream_rpc_method_handler(events)
         if method == "/test.Probe/Chat":
             def chat(requests, context):
                 yield from requests
@@ -172,7 +185,7 @@ class _FakeHandler(grpc.GenericRpcHandler):
         def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
             md = tuple(context.invocation_metadata())
             self.owner.seen_metadata.append(md)
-            self.owner.seen_requests.append((method, request))
+            self.owner.seen_requests.append((method, request))  # before any scripted delay
             if method == "/test.Probe/Slow":
                 time.sleep(int(request or b"0") / 1000)
                 return b"slow-done"

@@ -61,6 +61,14 @@ def test_unknown_methods_are_relayed_raw(relay_to_fake):
         assert list(chat(iter([b"a", b"bb", b"ccc"]), timeout=5)) == [b"a", b"bb", b"ccc"]
 
 
+def test_event_stream_is_relayed(relay_to_fake):
+    from resmgr.cri import api_pb2_grpc as cri_grpc
+
+    with relay_to_fake.channel() as ch:
+        events = list(cri_grpc.RuntimeServiceStub(ch).GetContainerEvents(cri.GetEventsRequest(), timeout=5))
+    assert [e.container_id for e in events] == ["c0", "c1", "c2"]
+
+
 def test_large_messages_both_ways(relay_to_fake):
     size = 20 * 1024 * 1024
     with grpc.insecure_channel("unix://" + relay_to_fake.socket, options=[
@@ -112,10 +120,10 @@ def test_runtime_down_fails_fast_then_recovers(workdir, relay_mode):
         assert relay.stop() == 0
 
 
-def test_sigterm_lets_inflight_calls_finish(relay_to_fake):
+def test_sigterm_lets_inflight_calls_finish(relay_to_fake, backend):
     with relay_to_fake.channel() as ch:
         t, result = slow_call_in_thread(ch, 1000)
-        time.sleep(0.3)
+        backend.wait_for_call("/test.Probe/Slow")
         assert relay_to_fake.stop(signal.SIGTERM) == 0
         t.join(5)
     assert result == {"reply": b"slow-done"}
@@ -194,7 +202,7 @@ def test_runtime_lost_mid_call_then_back(workdir, relay_mode):
         with relay.channel() as ch:
             assert ch.unary_unary("/x.Y/Z")(b"1", timeout=5) == b"1"
             t, result = slow_call_in_thread(ch, 3000)
-            time.sleep(0.5)
+            fake.wait_for_call("/test.Probe/Slow")
             fake.server.stop(None)  # the runtime goes away with the call in flight
             t.join(10)
             assert result.get("code") == grpc.StatusCode.UNAVAILABLE, result
