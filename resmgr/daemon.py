@@ -117,7 +117,7 @@ class Daemon:
             raise
         except (grpc.aio.AioRpcError, TimeoutError) as err:
             detail = err.details() if isinstance(err, grpc.aio.AioRpcError) else "timed out"
-            log.warning("runtime on %s not reachable (%s); serving anyway, will reconcile once "
+            log.warning("runtime on %s not reachable or slow (%s); serving anyway, will reconcile once "
                         "it is back", self.runtime_socket, detail)
             background = asyncio.create_task(self._reconcile_until_done(engine))
 
