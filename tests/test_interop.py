@@ -47,3 +47,17 @@ def grpc_level(result: tuple[int, str, bytes]) -> tuple:
     rc, headers, body = result
     fields = dict(line.split(": ", 1) for line in headers.splitlines() if ": " in line)
     return rc, fields.get("grpc-status"), fields.get("grpc-message", ""), body
+
+
+def test_curl_gets_unavailable_when_runtime_is_down(workdir, relay_mode, tmp_path):
+    from tests.helpers import RelayProcess
+
+    missing = str(workdir / "no-runtime.sock")
+    relay = RelayProcess(workdir, missing, "--relay-mode", relay_mode).start()
+    try:
+        rc, headers, body = curl_grpc(relay.socket, "Version", cri.VersionRequest(), tmp_path)
+    finally:
+        relay.stop()
+    status = grpc_level((rc, headers, body))
+    assert status[:2] == (0, "14")  # UNAVAILABLE
+    assert missing in status[2]
