@@ -1,0 +1,1 @@
+"""Hardware topology: CPUs, packages, dies, cores, NUMA nodes, memory, caches, from sysfs."""
