@@ -55,7 +55,7 @@ def machine(tmp_path, spec: MachineSpec):
 
 def test_desktop_one_socket(tmp_path):
     t = machine(tmp_path, MachineSpec(cores_per_node=10, threads=2, numbering="linear"))
-    assert len(t.cpus) == 20 and len(t.packages()) == 1 and list(t.nodes) == [0]
+    assert len(t.cpus) == 20 and len(t.packages) == 1 and list(t.nodes) == [0]
     assert t.cpus[0].threads == CPUSet([0, 1])
     assert t.nodes[0].kind == MemoryType.DRAM and t.nodes[0].memory == 16 * GiB
     assert {c.level for c in t.caches} == {1, 2, 3}
@@ -64,7 +64,7 @@ def test_desktop_one_socket(tmp_path):
 def test_two_socket_sub_numa_clustering(tmp_path):
     t = machine(tmp_path, parse_spec("sockets=2,nodes=2,cores=14,threads=2,mem=96G"))
     assert len(t.cpus) == 112
-    assert t.packages() == {0: CPUSet.parse("0-27,56-83"), 1: CPUSet.parse("28-55,84-111")}
+    assert t.packages == {0: CPUSet.parse("0-27,56-83"), 1: CPUSet.parse("28-55,84-111")}
     assert t.package_nodes(0) == [0, 1] and t.package_nodes(1) == [2, 3]
     assert t.nodes[0].cpus == CPUSet.parse("0-13,56-69")
     assert t.nodes[0].distances == {0: 10, 1: 11, 2: 21, 3: 21}
@@ -73,7 +73,7 @@ def test_two_socket_sub_numa_clustering(tmp_path):
 
 def test_four_sockets(tmp_path):
     t = machine(tmp_path, parse_spec("sockets=4,cores=18,threads=2"))
-    assert len(t.cpus) == 144 and len(t.packages()) == 4 and len(t.nodes) == 4
+    assert len(t.cpus) == 144 and len(t.packages) == 4 and len(t.nodes) == 4
     assert all(len(n.cpus) == 36 for n in t.nodes.values())
 
 
@@ -113,7 +113,7 @@ def test_missing_optional_files(tmp_path):
     for p in cpu.glob("cpu*/cache"):
         shutil.rmtree(p)
     t = discover(root)
-    assert len(t.cpus) == 8 and len(t.packages()) == 2 and t.caches == ()
+    assert len(t.cpus) == 8 and len(t.packages) == 2 and t.caches == ()
     assert all(c.die == 0 and c.base_frequency == 0 for c in t.cpus.values())
 
 

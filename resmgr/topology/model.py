@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 from resmgr.topology.cpuset import EMPTY, CPUSet
 
@@ -58,23 +59,26 @@ class Topology:
     nodes: Mapping[int, Node]
     caches: tuple[Cache, ...] = ()
 
-    @property
+    @cached_property
     def online(self) -> CPUSet:
         return CPUSet(self.cpus)
 
     # -- grouping -------------------------------------------------------------------
+    @cached_property
     def packages(self) -> dict[int, CPUSet]:
         out: dict[int, set[int]] = {}
         for c in self.cpus.values():
             out.setdefault(c.package, set()).add(c.id)
         return {p: CPUSet(ids) for p, ids in sorted(out.items())}
 
+    @cached_property
     def dies(self) -> dict[tuple[int, int], CPUSet]:
         out: dict[tuple[int, int], set[int]] = {}
         for c in self.cpus.values():
             out.setdefault((c.package, c.die), set()).add(c.id)
         return {k: CPUSet(ids) for k, ids in sorted(out.items())}
 
+    @cached_property
     def cores(self) -> dict[tuple[int, int, int], CPUSet]:
         out: dict[tuple[int, int, int], set[int]] = {}
         for c in self.cpus.values():
@@ -92,9 +96,9 @@ class Topology:
         return [n for n in self.nodes.values() if n.memory and (kind is None or n.kind == kind)]
 
     def describe(self) -> str:
-        pk = self.packages()
-        lines = [f"{len(self.cpus)} online CPUs in {len(pk)} package(s), {len(self.dies())} die(s), "
-                 f"{len(self.cores())} core(s), {len(self.nodes)} NUMA node(s)"]
+        pk = self.packages
+        lines = [f"{len(self.cpus)} online CPUs in {len(pk)} package(s), {len(self.dies)} die(s), "
+                 f"{len(self.cores)} core(s), {len(self.nodes)} NUMA node(s)"]
         if self.offline:
             lines.append(f"offline CPUs: {self.offline}")
         if self.isolated:
