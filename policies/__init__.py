@@ -6,10 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from policies.base import Decision, Policy, View
+from policies.base import Decision, Policy, PolicyError, View
 from policies.none import NonePolicy
+from policies.static import StaticPolicy
+from policies.static_plus import StaticPlusPolicy
+from resmgr.topology.model import Topology
 
-__all__ = ["Decision", "Policy", "View", "REGISTRY", "create", "names", "describe"]
+__all__ = ["Decision", "Policy", "PolicyError", "View", "REGISTRY", "create", "names", "describe"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ def register(factory: type[Policy], aliases: tuple[str, ...] = ()) -> None:
 
 
 register(NonePolicy, aliases=("null",))
+register(StaticPolicy)
+register(StaticPlusPolicy)
 
 
 def canonical(name: str) -> str:
@@ -46,8 +51,9 @@ def names() -> list[str]:
     return sorted(REGISTRY) + sorted(_ALIASES)
 
 
-def create(name: str, config: Mapping[str, Any] | None = None) -> Policy:
-    return REGISTRY[canonical(name)].factory(config)
+def create(name: str, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> Policy:
+    """A policy instance; config is the whole `policy` section (PolicyError if unacceptable)."""
+    return REGISTRY[canonical(name)].factory(config, topology)
 
 
 def describe() -> str:

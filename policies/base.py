@@ -7,6 +7,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resmgr.model import Container, Pod, Resources
+from resmgr.requirements import effective_annotation
+from resmgr.topology.model import Topology
+
+RDT_ANNOTATION = "rdtclass.cri-resource-manager.intel.com"
+BLOCKIO_ANNOTATION = "blockioclass.cri-resource-manager.intel.com"
+
+
+class PolicyError(Exception):
+    """A request the policy cannot satisfy, or a configuration it cannot accept."""
+
+
+def class_names(container: Container, pod: Pod) -> tuple[str, str]:
+    """The container's RDT and block-I/O class: annotation, else the pod's QoS class name."""
+    annotations = {**container.annotations, **pod.annotations}
+    qos = pod.qos_class.value
+    return (effective_annotation(annotations, RDT_ANNOTATION, container.name) or qos,
+            effective_annotation(annotations, BLOCKIO_ANNOTATION, container.name) or qos)
 
 
 @dataclass
@@ -37,8 +54,12 @@ class Policy:
     name: str = ""
     description: str = ""
 
-    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         self.config = dict(config or {})
+        self.topology = topology
+
+    def rename(self, old_key: str, new_key: str) -> None:
+        """A container's key changed (its runtime ID became known)."""
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
         return Decision()

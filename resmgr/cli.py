@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--relay-dir", default=d.relay_dir,
                    help="directory for persisted state (default: %(default)s)")
     p.add_argument("--pid-file", default="", help="write the daemon's PID here")
+    p.add_argument("--host-root", default=d.host_root, metavar="DIR",
+                   help="root of the host filesystem; topology is read from DIR/sys (default: %(default)s)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--force-config", metavar="FILE",
                      help="YAML configuration that overrides any other source")
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                    image_socket=args.image_socket, relay_dir=args.relay_dir, pid_file=args.pid_file,
                    allow_untested_runtimes=args.allow_untested_runtimes, dump=args.dump,
                    dump_file=args.dump_file, shutdown_grace=args.shutdown_grace,
-                   relay_mode=args.relay_mode)
+                   relay_mode=args.relay_mode, host_root=args.host_root)
     try:
         return _run(Daemon(opts, config).run())
     except (SocketInUse, StartupError, ConfigError) as err:

@@ -42,10 +42,6 @@ class Config:
         return self.data["policy"]["Active"]
 
     @property
-    def policy_section(self) -> dict[str, Any]:
-        return dict(self.data["policy"].get(self.policy_name) or {})
-
-    @property
     def dump_rules(self) -> str:
         return self.data["dump"]["Config"]
 

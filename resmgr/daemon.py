@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 
 import policies
+from policies import PolicyError
 from resmgr.config import Config
 from resmgr.dump import Dumper
 from resmgr.engine import Engine
@@ -21,6 +22,7 @@ from resmgr.relay.proxy import CHANNEL_OPTIONS, SERVER_OPTIONS, Relay
 from resmgr.relay.runtime import RuntimeClient
 from resmgr.relay.splice import SpliceServer
 from resmgr.store import StateStore
+from resmgr.topology.sysfs import TopologyError, discover
 
 log = logging.getLogger("cri-resmgr")
 
@@ -40,6 +42,7 @@ class Options:
     dump_file: str | None = None
     shutdown_grace: float = 5.0
     relay_mode: str = "splice"
+    host_root: str = "/"
 
 
 class StartupError(Exception):
@@ -102,7 +105,11 @@ class Daemon:
         runtime_ch = grpc.aio.insecure_channel(_target(self.runtime_socket), options=CHANNEL_OPTIONS)
         image_ch = runtime_ch if self.image_socket == self.runtime_socket else \
             grpc.aio.insecure_channel(_target(self.image_socket), options=CHANNEL_OPTIONS)
-        policy = policies.create(self.config.policy_name, self.config.policy_section)
+        try:
+            topology = discover(self.opts.host_root)
+            policy = policies.create(self.config.policy_name, self.config.data["policy"], topology)
+        except (TopologyError, PolicyError) as err:
+            raise StartupError(f"{self.config.policy_name} policy ({self.config.source}): {err}") from None
         engine = Engine(policy, store, RuntimeClient(runtime_ch))
         engine.restore(store.load())
         rules = self.opts.dump if self.opts.dump is not None else self.config.dump_rules

@@ -61,6 +61,10 @@ class Engine:
         self._lock = asyncio.Lock()
         self._seq = 0
         self.reconciled = asyncio.Event()
+        # Updates for containers whose create was still in flight, applied once it lands.
+        self._deferred: dict[str, Resources] = {}
+        # Known containers the policy holds nothing for (it changed, or its data was lost).
+        self._unallocated: set[str] = set()
 
     # -- state -------------------------------------------------------------
     def view(self) -> View:
@@ -91,10 +95,16 @@ class Engine:
         self._seq = max([p.seq for p in pods] + [c.seq for c in containers] + [0])
         pdata = data.get("policy") or {}
         if pdata.get("name") == self.policy.name:
-            self.policy.restore_state(pdata.get("data") or {})
+            try:
+                self.policy.restore_state(pdata.get("data") or {})
+                return
+            except Exception as err:
+                log.error("persisted %s policy data is unusable (%s); re-allocating every container",
+                          self.policy.name, err)
         elif pdata.get("name"):
-            log.warning("active policy changed from %s to %s; dropping old policy data",
+            log.warning("active policy changed from %s to %s; re-allocating every container",
                         pdata.get("name"), self.policy.name)
+        self._unallocated = {k for k, c in self.containers.items() if c.state != ContainerState.EXITED}
 
     async def save(self) -> None:
         await self.store.save(self.snapshot)
@@ -121,7 +131,10 @@ class Engine:
         """Push changed resources of other containers to the runtime (no lock held)."""
         for key, res in decision.updates.items():
             c = self.containers.get(key)
-            if c is None or not c.id or c.state == ContainerState.EXITED:
+            if c is not None and not c.id:
+                self._deferred[key] = res
+                continue
+            if c is None or c.state == ContainerState.EXITED:
                 continue
             try:
                 await self.runtime.update_resources(c.id, res.to_cri())
@@ -194,7 +207,11 @@ class Engine:
                         if o.pod_id == pod.id and o.name == c.name and o.key != c.key]:
                 decision.updates.update(self._release(old).updates)  # re-creation
             self.containers[c.key] = c
-            alloc = self.policy.allocate(c, pod, self.view())
+            try:
+                alloc = self.policy.allocate(c, pod, self.view())
+            except BaseException:
+                del self.containers[c.key]
+                raise
             decision.updates.update(alloc.updates)
             self._apply_decision(c, alloc)
             if alloc.resources is not None:
@@ -205,13 +222,19 @@ class Engine:
         except BaseException:
             async with self._lock:
                 pending = self.containers.pop(c.key, None)
+                self._deferred.pop(c.key, None)
                 undo = self.policy.release(pending, self.view()) if pending else Decision()
             await self._apply_updates(undo)
             raise
         async with self._lock:
-            self.containers.pop(c.key, None)
+            pending_key = c.key
+            self.containers.pop(pending_key, None)
             c.id, c.state = resp.container_id, ContainerState.CREATED
             self.containers[c.key] = c
+            self.policy.rename(pending_key, c.key)
+            late = self._deferred.pop(pending_key, None)
+            if late is not None:  # the policy moved it while the runtime was creating it
+                decision.updates[c.key] = late
         await self._apply_updates(decision)
         await self._run_hooks("post-create", c, pod)
         await self.save()
@@ -337,11 +360,27 @@ class Engine:
                     continue
                 c.seq = self._next_seq()
                 self.containers[cid] = c
-                alloc = self.policy.allocate(c, self.pods[c.pod_id], self.view())
+                self._unallocated.add(cid)
+            # Allocate in a stable order: Guaranteed first, then by size, so big exclusive
+            # requests are placed before the shared pool is carved up.
+            order = {"Guaranteed": 0, "Burstable": 1, "BestEffort": 2}
+            todo = [self.containers[k] for k in self._unallocated
+                    if k in self.containers and self.containers[k].state != ContainerState.EXITED]
+            todo.sort(key=lambda c: (order[self.pods[c.pod_id].qos_class.value] if c.pod_id in self.pods else 3,
+                                     -c.requested.memory_limit_in_bytes, -c.requested.cpu_shares, c.key))
+            self._unallocated.clear()
+            for c in todo:
+                if c.pod_id not in self.pods:
+                    continue
+                try:
+                    alloc = self.policy.allocate(c, self.pods[c.pod_id], self.view())
+                except Exception as err:  # keep it running as it is rather than fail start-up
+                    log.error("cannot allocate container %s (%s/%s): %s", c.id, c.pod_id, c.name, err)
+                    continue
                 self._apply_decision(c, alloc)
                 decision.updates.update(alloc.updates)
                 if alloc.resources is not None:
-                    decision.updates[cid] = alloc.resources
+                    decision.updates[c.key] = alloc.resources
         await self._apply_updates(decision)
         await self.save()
         self.reconciled.set()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from policies import PolicyError
 from resmgr.dump import Dumper, Level
 from resmgr.engine import Engine
 from resmgr.relay.methods import KNOWN, is_image_method
@@ -131,6 +132,9 @@ class Interceptor:
                 outcome.trailing = tuple(await calls[-1].trailing_metadata() or ())
         except grpc.aio.AioRpcError as err:
             outcome = _failed(err)
+        except PolicyError as err:
+            log.error("%s refused: %s", path, err)
+            outcome = Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, f"cri-resmgr: {err}")
         except Exception as err:
             log.exception("%s failed in the resource manager", path)
             outcome = Outcome(grpc.StatusCode.INTERNAL, f"cri-resmgr: {path}: {err}")

@@ -1,0 +1,136 @@
+"""Machinery shared by the pool-based policies (static, static-plus).
+
+A grant records what one container holds: CPUs of its own (exclusive) and/or a place
+in a shared pool whose CPU set moves as exclusive grants come and go. After every
+change, each container whose effective CPU set moved is reported as an update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from policies.base import Decision, Policy, PolicyError, View, class_names
+from resmgr.model import Container, Pod, Resources
+from resmgr.requirements import RequirementError, Requirements, effective_annotation, requirements
+from resmgr.topology.cpuset import EMPTY, CPUSet
+from resmgr.topology.model import Topology
+
+PREFER_ISOLATED = "prefer-isolated-cpus.cri-resource-manager.intel.com"
+LEGACY_PREFER_ISOLATED = "cri-resource-manager.intel.com/prefer-isolated-cpus"
+
+
+@dataclass(frozen=True)
+class Grant:
+    pool: str  # shared pool the container runs in ("" for exclusive-only)
+    exclusive: CPUSet = EMPTY
+    milli: int = 0  # CPU request, for accounting
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "exclusive": str(self.exclusive), "milli": self.milli}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Grant:
+        return cls(str(d["pool"]), CPUSet.parse(str(d.get("exclusive", ""))), int(d.get("milli", 0)))
+
+
+def prefer_isolated(container: Container, pod: Pod) -> bool | None:
+    """The prefer-isolated-cpus annotation as a bool, or None when absent."""
+    annotations = {**container.annotations, **pod.annotations}
+    value = effective_annotation(annotations, PREFER_ISOLATED, container.name)
+    if value is None:
+        value = effective_annotation(annotations, LEGACY_PREFER_ISOLATED, container.name)
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v in ("true", "yes", "1"):
+        return True
+    if v in ("false", "no", "0"):
+        return False
+    raise PolicyError(f"annotation {PREFER_ISOLATED} of container {container.name}: "
+                      f"{value!r} is not true or false")
+
+
+class PoolPolicy(Policy):
+    def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
+        super().__init__(config, topology)
+        if topology is None:
+            raise PolicyError(f"policy {self.name} needs the machine topology")
+        self.grants: dict[str, Grant] = {}
+
+    # -- to be provided ------------------------------------------------------------------
+    def pool_cpus(self) -> dict[str, CPUSet]:
+        """Current CPU set of every shared pool."""
+        raise NotImplementedError
+
+    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
+        raise NotImplementedError
+
+    # -- common --------------------------------------------------------------------------
+    def taken(self) -> CPUSet:
+        out = EMPTY
+        for g in self.grants.values():
+            out |= g.exclusive
+        return out
+
+    def effective(self, pools: Mapping[str, CPUSet] | None = None) -> dict[str, CPUSet]:
+        pools = self.pool_cpus() if pools is None else pools
+        return {k: g.exclusive | pools.get(g.pool, EMPTY) for k, g in self.grants.items()}
+
+    def cpus_of(self, key: str) -> CPUSet | None:
+        g = self.grants.get(key)
+        return None if g is None else g.exclusive | self.pool_cpus().get(g.pool, EMPTY)
+
+    def _updates(self, before: Mapping[str, CPUSet], view: View, skip: str) -> dict[str, Resources]:
+        updates = {}
+        for key, cpus in self.effective().items():
+            c = view.containers.get(key)
+            if key == skip or c is None or before.get(key) == cpus:
+                continue
+            updates[key] = dataclasses.replace(c.resources, cpuset_cpus=str(cpus))
+        return updates
+
+    def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
+        try:
+            req = requirements(container, pod)
+        except RequirementError as err:
+            raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: {err}") from None
+        before = self.effective()
+        self.grants.pop(container.key, None)
+        grant = self.place(container, pod, req)
+        self.grants[container.key] = grant
+        cpus = self.cpus_of(container.key)
+        rdt, blockio = class_names(container, pod)
+        return Decision(resources=dataclasses.replace(container.requested, cpuset_cpus=str(cpus)),
+                        rdt_class=rdt, blockio_class=blockio,
+                        updates=self._updates(before, view, container.key))
+
+    def release(self, container: Container, view: View) -> Decision:
+        if container.key not in self.grants:
+            return Decision()
+        before = self.effective()
+        del self.grants[container.key]
+        return Decision(updates=self._updates(before, view, container.key))
+
+    def update(self, container: Container, requested: Resources, view: View) -> Decision:
+        cpus = self.cpus_of(container.key)
+        if cpus is None:
+            return Decision()
+        return Decision(resources=dataclasses.replace(requested, cpuset_cpus=str(cpus)))
+
+    def rename(self, old_key: str, new_key: str) -> None:
+        if old_key in self.grants:
+            self.grants[new_key] = self.grants.pop(old_key)
+
+    def export_state(self) -> dict[str, Any]:
+        return {"grants": {k: g.to_dict() for k, g in sorted(self.grants.items())}}
+
+    def restore_state(self, data: Mapping[str, Any]) -> None:
+        grants = {k: Grant.from_dict(v) for k, v in (data.get("grants") or {}).items()}
+        online = self.topology.online
+        for k, g in grants.items():
+            if not g.exclusive <= online:
+                raise PolicyError(f"persisted grant of {k} uses CPUs {g.exclusive - online} not online now")
+        self.grants = grants

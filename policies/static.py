@@ -1,0 +1,78 @@
+"""The `static` policy: kubelet's CPU manager static policy.
+
+Available CPUs are the online ones minus isolated ones (narrowed by AvailableResources);
+reserved CPUs are part of the shared default set. Guaranteed containers with an integer
+CPU request get exclusive CPUs out of (default set - reserved), from the isolated CPUs
+when preferred; every other container runs on the default set, which shrinks and grows
+as exclusive grants come and go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from policies import cpuconfig
+from policies.allocator import take_cpus
+from policies.base import PolicyError
+from policies.pools import Grant, PoolPolicy, prefer_isolated
+from resmgr.model import Container, Pod, QOSClass
+from resmgr.requirements import Requirements
+from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.model import Topology
+
+DEFAULT = "default"
+
+
+def cpu_resources(config: Mapping[str, Any], section: str) -> object | None:
+    res = config.get(section) or {}
+    if not isinstance(res, Mapping):
+        raise PolicyError(f"policy.{section}: expected a mapping like {{cpu: 2}}")
+    return res.get("cpu", res.get("CPU"))
+
+
+class StaticPolicy(PoolPolicy):
+    name = "static"
+    description = ("kubelet CPU manager static policy: exclusive CPUs for Guaranteed integer requests, "
+                   "a shared default set for the rest")
+
+    def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
+        super().__init__(config, topology)
+        options = self.config.get(self.name) or {}
+        self.relaxed = bool(options.get("RelaxedIsolation", False))
+        online = topology.online
+        available = online - topology.isolated
+        isolated = topology.isolated
+        avail_cfg = cpu_resources(self.config, "AvailableResources")
+        if avail_cfg is not None:
+            limit = cpuconfig.resolve(avail_cfg, "policy.AvailableResources.cpu", topology, online)
+            available &= limit
+            isolated &= limit
+        reserved_cfg = cpu_resources(self.config, "ReservedResources")
+        self.reserved = cpuconfig.resolve(reserved_cfg, "policy.ReservedResources.cpu", topology, available) \
+            if reserved_cfg is not None else CPUSet()
+        self.available = available
+        self.isolated = isolated
+
+    def pool_cpus(self) -> dict[str, CPUSet]:
+        return {DEFAULT: self.available - self.taken()}
+
+    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
+        if req.qos != QOSClass.GUARANTEED or req.cpu_request <= 0 or req.fraction:
+            return Grant(DEFAULT, milli=req.cpu_request)
+        count = req.whole_cpus
+        taken = self.taken()
+        free_isolated = self.isolated - taken
+        preferred = prefer_isolated(container, pod)
+        want_isolated = preferred if preferred is not None else (
+            self.relaxed or (count == 1 and bool(self.isolated)))
+        if want_isolated and len(free_isolated) >= count:
+            return Grant("", take_cpus(self.topology, free_isolated, count), req.cpu_request)
+        free = self.available - taken - self.reserved
+        # Without reserved CPUs the default set must keep one CPU: an empty cpuset would
+        # mean "any CPU" to the runtime.
+        spare = 0 if self.reserved else 1
+        if len(free) - spare < count:
+            raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name} needs {count} exclusive "
+                              f"CPUs; only {max(len(free) - spare, 0)} can be given ({free or 'none'} free)")
+        return Grant("", take_cpus(self.topology, free, count), req.cpu_request)

@@ -1,0 +1,72 @@
+"""The `static-plus` policy: reserved, isolated and shared pools.
+
+The CPU request decides, whatever the QoS class: kube-system (and other reserved
+namespaces) run on the reserved CPUs; requests under one CPU share the shared pool;
+whole CPUs go to isolated CPUs when enough are free (unless the container opts out
+with prefer-isolated-cpus: "false"), else they are sliced exclusively off the shared
+pool; mixed requests get the whole part exclusively plus the shared pool. The shared
+pool always keeps at least one CPU. Shared users never spill onto reserved CPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from policies import cpuconfig
+from policies.allocator import take_cpus
+from policies.base import PolicyError
+from policies.pools import Grant, PoolPolicy, prefer_isolated
+from policies.static import cpu_resources
+from resmgr.model import Container, Pod
+from resmgr.requirements import Requirements
+from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.model import Topology
+
+RESERVED, SHARED = "reserved", "shared"
+
+
+class StaticPlusPolicy(PoolPolicy):
+    name = "static-plus"
+    description = ("reserved, isolated and shared pools: exclusive CPUs for any whole-CPU request, "
+                   "isolated CPUs first, kube-system on reserved CPUs")
+
+    def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
+        super().__init__(config, topology)
+        options = self.config.get(self.name) or {}
+        online = topology.online
+        avail_cfg = cpu_resources(self.config, "AvailableResources")
+        available = cpuconfig.resolve(avail_cfg, "policy.AvailableResources.cpu", topology, online) \
+            if avail_cfg is not None else online
+        self.isolated = available & topology.isolated
+        general = available - self.isolated
+        reserved_cfg = cpu_resources(self.config, "ReservedResources")
+        self.reserved = cpuconfig.resolve(reserved_cfg, "policy.ReservedResources.cpu", topology, general) \
+            if reserved_cfg is not None else CPUSet()
+        self.shared_base = general - self.reserved
+        if not self.shared_base:
+            raise PolicyError("static-plus: no CPUs left for the shared pool "
+                              f"(available {available}, isolated {self.isolated}, reserved {self.reserved})")
+        namespaces = self.config.get("ReservedPoolNamespaces", options.get("ReservedPoolNamespaces"))
+        self.reserved_namespaces = set(namespaces if namespaces is not None else ["kube-system"])
+
+    def pool_cpus(self) -> dict[str, CPUSet]:
+        return {RESERVED: self.reserved, SHARED: self.shared_base - self.taken()}
+
+    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
+        who = f"container {pod.namespace}/{pod.name}/{container.name}"
+        if pod.namespace in self.reserved_namespaces:
+            return Grant(RESERVED if self.reserved else SHARED, milli=req.cpu_request)
+        count = req.whole_cpus
+        if count == 0:
+            return Grant(SHARED, milli=req.cpu_request)
+        taken = self.taken()
+        free_isolated = self.isolated - taken
+        pool = SHARED if req.fraction else ""
+        if prefer_isolated(container, pod) is not False and len(free_isolated) >= count:
+            return Grant(pool, take_cpus(self.topology, free_isolated, count), req.cpu_request)
+        shared = self.shared_base - taken
+        if len(shared) <= count:  # keep one CPU for the shared pool
+            raise PolicyError(f"{who} needs {count} exclusive CPUs; the shared pool has {len(shared)} "
+                              f"({shared or 'none'}) and must keep one")
+        return Grant(pool, take_cpus(self.topology, shared, count), req.cpu_request)

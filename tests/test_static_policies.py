@@ -1,0 +1,209 @@
+"""static and static-plus on generated topologies: placements, errors, invariants."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import policies
+from policies import PolicyError, View
+from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
+from resmgr.requirements import milli_to_shares
+from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.generate import generate, parse_spec
+from resmgr.topology.sysfs import discover
+
+# 2 sockets x 4 cores x 2 threads: socket 0 = 0-3,8-11; socket 1 = 4-7,12-15; 7 and 15 isolated.
+TOPO = discover(generate(parse_spec("sockets=2,cores=4,threads=2,isolated=7;15"),
+                         tempfile.mkdtemp(prefix="crirm-topo-")))
+
+
+class World:
+    """Pods and containers as the engine would hold them, driving one policy."""
+
+    def __init__(self, name: str, **config) -> None:
+        self.policy = policies.create(name, {"Active": name, **config}, TOPO)
+        self.pods: dict[str, Pod] = {}
+        self.containers: dict[str, Container] = {}
+        self.n = 0
+
+    def view(self) -> View:
+        return View(self.pods, self.containers)
+
+    def add(self, qos: QOSClass, milli: int, namespace: str = "default", annotations=None) -> Container:
+        self.n += 1
+        pod = Pod(id=f"pod{self.n}", uid=f"uid{self.n}", name=f"p{self.n}", namespace=namespace, qos_class=qos,
+                  annotations=annotations or {})
+        res = Resources(cpu_shares=milli_to_shares(milli), cpu_quota=milli * 100 if milli else 0,
+                        cpu_period=100000)
+        c = Container(id=f"c{self.n}", pod_id=pod.id, name="app", state=ContainerState.RUNNING,
+                      requested=res, resources=res)
+        self.pods[pod.id] = pod
+        self.containers[c.key] = c
+        try:
+            d = self.policy.allocate(c, pod, self.view())
+        except PolicyError:
+            del self.containers[c.key], self.pods[pod.id]
+            raise
+        c.resources = d.resources
+        for k, r in d.updates.items():
+            self.containers[k].resources = r
+        return c
+
+    def remove(self, c: Container) -> None:
+        d = self.policy.release(c, self.view())
+        del self.containers[c.key], self.pods[c.pod_id]
+        for k, r in d.updates.items():
+            self.containers[k].resources = r
+
+    def cpus(self, c: Container) -> CPUSet:
+        return CPUSet.parse(self.containers[c.key].resources.cpuset_cpus)
+
+
+def test_static_exclusive_and_default_set():
+    w = World("static", ReservedResources={"cpu": "cpuset:0"})
+    be = w.add(QOSClass.BEST_EFFORT, 0)
+    assert w.cpus(be) == CPUSet.parse("0-6,8-14")  # isolated CPUs are not in the default set
+    g = w.add(QOSClass.GUARANTEED, 2000)
+    assert len(w.cpus(g)) == 2 and 0 not in w.cpus(g) and w.cpus(g).isdisjoint(TOPO.isolated)
+    assert w.cpus(be) == CPUSet.parse("0-6,8-14") - w.cpus(g)  # the shared container was updated
+    burst = w.add(QOSClass.BURSTABLE, 1000)
+    assert w.cpus(burst) == w.cpus(be)
+    w.remove(g)
+    assert w.cpus(be) == CPUSet.parse("0-6,8-14") == w.cpus(burst)
+
+
+def test_static_single_cpu_prefers_isolated():
+    w = World("static")
+    g = w.add(QOSClass.GUARANTEED, 1000)
+    assert w.cpus(g) <= TOPO.isolated
+    opted_out = w.add(QOSClass.GUARANTEED, 1000, annotations={
+        "prefer-isolated-cpus.cri-resource-manager.intel.com": "false"})
+    assert w.cpus(opted_out).isdisjoint(TOPO.isolated)
+
+
+def test_static_fractional_guaranteed_is_shared():
+    w = World("static")
+    g = w.add(QOSClass.GUARANTEED, 1500)
+    assert len(w.cpus(g)) == 14
+
+
+def test_static_plus_pools():
+    w = World("static-plus", ReservedResources={"cpu": 1})
+    system = w.add(QOSClass.BURSTABLE, 100, namespace="kube-system")
+    reserved = w.cpus(system)
+    assert len(reserved) == 1 and reserved.isdisjoint(TOPO.isolated)
+    small = w.add(QOSClass.BURSTABLE, 500)
+    assert w.cpus(small).isdisjoint(reserved | TOPO.isolated)
+    iso = w.add(QOSClass.BURSTABLE, 2000)  # any QoS class gets exclusive CPUs
+    assert w.cpus(iso) == TOPO.isolated
+    sliced = w.add(QOSClass.GUARANTEED, 2000)
+    assert len(w.cpus(sliced)) == 2 and w.cpus(sliced).isdisjoint(w.cpus(small))
+    mixed = w.add(QOSClass.BURSTABLE, 1500)
+    shared_now = w.cpus(small)
+    assert w.cpus(mixed) - shared_now and shared_now <= w.cpus(mixed)
+    assert len(w.cpus(mixed) - shared_now) == 1
+
+
+def test_requests_that_cannot_fit_name_the_container():
+    w = World("static", ReservedResources={"cpu": 2})
+    with pytest.raises(PolicyError, match=r"default/p1/app needs 20 exclusive CPUs"):
+        w.add(QOSClass.GUARANTEED, 20000)
+    assert w.containers == {}
+
+
+@pytest.mark.parametrize("name", ["static", "static-plus"])
+def test_bad_reserved_cpus_are_rejected(name):
+    with pytest.raises(PolicyError, match="CPUs 64 are not available"):
+        World(name, ReservedResources={"cpu": "cpuset:0,64"})
+    with pytest.raises(PolicyError, match="ReservedResources.cpu"):
+        World(name, ReservedResources={"cpu": "lots"})
+
+
+@pytest.mark.parametrize("name", ["static", "static-plus"])
+def test_state_round_trip(name):
+    w = World(name, ReservedResources={"cpu": "750m"})
+    g = w.add(QOSClass.GUARANTEED, 2000)
+    again = policies.create(name, {"Active": name, "ReservedResources": {"cpu": "750m"}}, TOPO)
+    again.restore_state(w.policy.export_state())
+    assert again.cpus_of(g.key) == w.cpus(g)
+
+
+class PolicyMachine(RuleBasedStateMachine):
+    """Random create/release sequences must keep every policy's promises."""
+
+    policy_name = "static"
+    config: dict = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World(self.policy_name, **self.config)
+        self.initial = self.world.policy.pool_cpus()
+        self.live: list[Container] = []
+
+    @rule(qos=st.sampled_from(list(QOSClass)), milli=st.sampled_from([0, 100, 500, 1000, 1500, 2000, 3000]),
+          system=st.booleans())
+    def create(self, qos, milli, system):
+        if qos == QOSClass.BEST_EFFORT:
+            milli = 0
+        try:
+            self.live.append(self.world.add(qos, milli, namespace="kube-system" if system else "default"))
+        except PolicyError:
+            pass
+
+    @precondition(lambda self: self.live)
+    @rule(index=st.integers(0, 100))
+    def release(self, index):
+        self.world.remove(self.live.pop(index % len(self.live)))
+
+    @invariant()
+    def exclusive_cpus_are_never_shared_out(self):
+        grants = self.world.policy.grants
+        seen = CPUSet()
+        for g in grants.values():
+            assert seen.isdisjoint(g.exclusive)
+            seen |= g.exclusive
+        for c in self.live:
+            cpus = self.world.cpus(c)
+            assert cpus, "an empty cpuset would mean every CPU"
+            assert cpus <= TOPO.online
+            others = seen - grants[c.key].exclusive
+            assert cpus.isdisjoint(others)
+
+    @invariant()
+    def reserved_cpus_only_for_the_reserved_class(self):
+        policy = self.world.policy
+        for c in self.live:
+            g = policy.grants[c.key]
+            if self.world.pods[c.pod_id].namespace == "kube-system" and self.policy_name == "static-plus":
+                continue
+            if g.exclusive:
+                assert g.exclusive.isdisjoint(policy.reserved)
+            if self.policy_name == "static-plus":
+                assert self.world.cpus(c).isdisjoint(policy.reserved)
+
+    def teardown(self):
+        for c in list(self.live):
+            self.world.remove(c)
+        assert self.world.policy.grants == {}
+        assert self.world.policy.pool_cpus() == self.initial
+
+
+class StaticMachine(PolicyMachine):
+    policy_name = "static"
+    config = {"ReservedResources": {"cpu": "cpuset:0,8"}}
+
+
+class StaticPlusMachine(PolicyMachine):
+    policy_name = "static-plus"
+    config = {"ReservedResources": {"cpu": 1}}
+
+
+TestStatic = StaticMachine.TestCase
+TestStatic.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestStaticPlus = StaticPlusMachine.TestCase
+TestStaticPlus.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
