@@ -290,15 +290,10 @@ class _Conn(asyncio.Protocol):
             return
         self.last_stream = sid
         path = next((v for k, v in headers if k == b":path"), b"").decode("latin-1")
-        if self.failed is not None:
-            self._answer(sid, Outcome(grpc.StatusCode.UNAVAILABLE, self.failed))
-            if self.refuse_after is None:
-                self.goaway()
-            return
         if self.refuse_after is not None and sid > self.refuse_after:
             self._inject(h2.rst_stream(sid, h2.REFUSED_STREAM))
             return
-        if self.server.local_route(path):
+        if self.failed is not None or self.server.local_route(path):
             ls = self.local[sid] = _Local(path, headers)
             self.swin[sid] = self.client_initial_window
             if end_stream:
@@ -340,7 +335,9 @@ class _Conn(asyncio.Protocol):
 
     async def _run_local(self, sid: int, ls: _Local) -> None:
         body = bytes(ls.body)
-        if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
+        if self.failed is not None:  # answered once the whole request is in, like a server would
+            outcome = Outcome(grpc.StatusCode.UNAVAILABLE, self.failed)
+        elif len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             outcome = Outcome(grpc.StatusCode.INTERNAL, "malformed gRPC request framing")
         elif body[0] != 0:
             outcome = Outcome(grpc.StatusCode.UNIMPLEMENTED, "compressed requests are not supported")
@@ -351,6 +348,8 @@ class _Conn(asyncio.Protocol):
         if self.closed or self._end_local(sid) is None:
             return  # the client went away or cancelled the call
         self._answer(sid, outcome)
+        if self.failed is not None:
+            self.goaway()  # new calls should come on a new connection, which tries the runtime again
 
     def _answer(self, sid: int, outcome: Outcome) -> None:
         initial = _REPLY_HEADERS + h2.metadata_to_headers(outcome.initial)
