@@ -55,7 +55,8 @@ class StaticPolicy(PoolPolicy):
         self.isolated = isolated
 
     def pool_cpus(self) -> dict[str, CPUSet]:
-        return {DEFAULT: self.available - self.taken()}
+        taken = self.taken()
+        return {DEFAULT: self.available - taken, "isolated": self.isolated - taken}
 
     def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
         if req.qos != QOSClass.GUARANTEED or req.cpu_request <= 0 or req.fraction:

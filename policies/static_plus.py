@@ -51,7 +51,8 @@ class StaticPlusPolicy(PoolPolicy):
         self.reserved_namespaces = set(namespaces if namespaces is not None else ["kube-system"])
 
     def pool_cpus(self) -> dict[str, CPUSet]:
-        return {RESERVED: self.reserved, SHARED: self.shared_base - self.taken()}
+        taken = self.taken()
+        return {RESERVED: self.reserved, SHARED: self.shared_base - taken, "isolated": self.isolated - taken}
 
     def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
         who = f"container {pod.namespace}/{pod.name}/{container.name}"

@@ -17,7 +17,9 @@ from resmgr.relay.listen import SocketInUse
 DESCRIPTION = """\
 CRI resource manager: a CRI relay between kubelet and the container runtime.
 Point kubelet's --container-runtime-endpoint at the relay socket; pod and container
-lifecycle calls are handed to the active policy, everything else passes through."""
+lifecycle calls are handed to the active policy, everything else passes through.
+
+`cri-resmgr simulate --help` runs a policy over a list of pods without a runtime."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +87,11 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["simulate"]:
+        from resmgr import simulate
+
+        return simulate.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.list_policies:
         print(policies.describe())

@@ -1,0 +1,205 @@
+"""`cri-resmgr simulate`: run a policy over a list of pods without any runtime.
+
+Pods come from a YAML list; each is turned into what kubelet would send over CRI
+(cgroup parent by QoS class, CPU shares from the request, CFS quota from the limit,
+the memory limit), handed to the policy in order, and every container's final
+placement is printed.
+
+    cri-resmgr simulate --machine sockets=2,nodes=2,cores=14,threads=2 \\
+        --config policy.yaml --pods pods.yaml [--output json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+import policies
+from policies import PolicyError, View
+from policies.pools import PoolPolicy
+from resmgr.config import Config, ConfigError, load_file
+from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
+from resmgr.requirements import RequirementError, milli_to_shares, parse_cpu, parse_memory
+from resmgr.topology.generate import generate, parse_spec
+from resmgr.topology.model import Topology
+from resmgr.topology.sysfs import TopologyError, discover
+
+
+class SimulationError(Exception):
+    pass
+
+
+@dataclass
+class Simulation:
+    """The engine's bookkeeping, minus the runtime: decisions are applied in place."""
+
+    policy: policies.Policy
+    pods: dict[str, Pod] = field(default_factory=dict)
+    containers: dict[str, Container] = field(default_factory=dict)
+
+    def view(self) -> View:
+        return View(self.pods, self.containers)
+
+    def add(self, pod: Pod, container: Container) -> Container:
+        self.pods.setdefault(pod.id, pod)
+        self.containers[container.key] = container
+        try:
+            decision = self.policy.allocate(container, pod, self.view())
+        except BaseException:
+            del self.containers[container.key]
+            raise
+        if decision.resources is not None:
+            container.resources = decision.resources
+        container.rdt_class, container.blockio_class = decision.rdt_class, decision.blockio_class
+        self._apply(decision.updates)
+        return container
+
+    def remove(self, container: Container) -> None:
+        decision = self.policy.release(container, self.view())
+        del self.containers[container.key]
+        if not any(c.pod_id == container.pod_id for c in self.containers.values()):
+            self.pods.pop(container.pod_id, None)
+        self._apply(decision.updates)
+
+    def _apply(self, updates: dict[str, Resources]) -> None:
+        for key, res in updates.items():
+            self.containers[key].resources = res
+
+
+def _quantities(spec: dict[str, Any], where: str) -> tuple[int, int]:
+    try:
+        cpu = parse_cpu(spec["cpu"]) if "cpu" in spec else 0
+        mem = parse_memory(spec["memory"]) if "memory" in spec else 0
+    except RequirementError as err:
+        raise SimulationError(f"{where}: {err}") from None
+    return cpu, mem
+
+
+def _qos(containers: list[dict[str, Any]]) -> QOSClass:
+    """kubelet's rule: all limits equal requests -> Guaranteed; nothing set -> BestEffort."""
+    any_set, guaranteed = False, True
+    for c in containers:
+        requests, limits = c.get("requests") or {}, c.get("limits") or {}
+        any_set = any_set or bool(requests) or bool(limits)
+        for res in ("cpu", "memory"):
+            if res not in limits or requests.get(res, limits[res]) != limits[res]:
+                guaranteed = False
+    if not any_set:
+        return QOSClass.BEST_EFFORT
+    return QOSClass.GUARANTEED if guaranteed else QOSClass.BURSTABLE
+
+
+def load_pods(doc: Any) -> list[tuple[Pod, list[Container]]]:
+    if not isinstance(doc, list):
+        raise SimulationError("pods file: expected a YAML list of pods")
+    out = []
+    for i, p in enumerate(doc):
+        if not isinstance(p, dict) or "name" not in p:
+            raise SimulationError(f"pods file: entry {i} needs at least a name")
+        name, ns = str(p["name"]), str(p.get("namespace", "default"))
+        ctrs = p.get("containers") or [{"name": name}]
+        qos = QOSClass(p["qos"]) if "qos" in p else _qos(ctrs)
+        uid = f"uid-{i}"
+        parent = {QOSClass.GUARANTEED: f"/kubepods/pod{uid}",
+                  QOSClass.BURSTABLE: f"/kubepods/burstable/pod{uid}",
+                  QOSClass.BEST_EFFORT: f"/kubepods/besteffort/pod{uid}"}[qos]
+        pod = Pod(id=f"pod-{i}", uid=uid, name=name, namespace=ns, qos_class=qos, cgroup_parent=parent,
+                  annotations={str(k): str(v) for k, v in (p.get("annotations") or {}).items()})
+        containers = []
+        for j, c in enumerate(ctrs):
+            cname = str(c.get("name", f"c{j}"))
+            where = f"pod {ns}/{name} container {cname}"
+            req_cpu, req_mem = _quantities(c.get("requests") or {}, where)
+            lim_cpu, lim_mem = _quantities(c.get("limits") or {}, where)
+            if qos == QOSClass.GUARANTEED:
+                req_cpu = req_cpu or lim_cpu
+            res = Resources(cpu_shares=milli_to_shares(req_cpu), cpu_period=100000,
+                            cpu_quota=lim_cpu * 100 if lim_cpu else 0, memory_limit_in_bytes=lim_mem)
+            containers.append(Container(
+                id=f"{pod.id}-{cname}", pod_id=pod.id, name=cname, state=ContainerState.RUNNING,
+                annotations={str(k): str(v) for k, v in (c.get("annotations") or {}).items()},
+                requested=res, resources=res))
+        out.append((pod, containers))
+    return out
+
+
+def run(topology: Topology, config: Config, pods: list[tuple[Pod, list[Container]]]) -> dict[str, Any]:
+    try:
+        policy = policies.create(config.policy_name, config.data["policy"], topology)
+    except PolicyError as err:
+        raise SimulationError(f"policy {config.policy_name}: {err}") from None
+    sim = Simulation(policy)
+    for pod, containers in pods:
+        for c in containers:
+            try:
+                sim.add(pod, c)
+            except PolicyError as err:
+                who = f"{pod.namespace}/{pod.name}/{c.name}"
+                raise SimulationError(str(err) if who in str(err) else f"container {who}: {err}") from None
+    pools = []
+    if isinstance(policy, PoolPolicy):
+        pools = [{"name": name, "cpus": str(cpus), "mems": ""} for name, cpus in policy.pool_cpus().items()]
+    result = []
+    for pod, containers in pods:
+        for c in containers:
+            grant = getattr(policy, "grants", {}).get(c.key)
+            pool = (grant.pool or "exclusive") if grant is not None else ""
+            result.append({"pod": f"{pod.namespace}/{pod.name}", "name": c.name,
+                           "cpus": c.resources.cpuset_cpus or str(topology.online),
+                           "mems": c.resources.cpuset_mems, "rdt_class": c.rdt_class,
+                           "blockio_class": c.blockio_class, "pool": pool})
+    return {"policy": policy.name, "pools": pools, "containers": result}
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"policy: {result['policy']}"]
+    for p in result["pools"]:
+        lines.append(f"pool {p['name']}: cpus {p['cpus'] or '-'}")
+    rows = [("POD", "CONTAINER", "POOL", "CPUS", "MEMS", "RDT", "BLOCKIO")]
+    rows += [(c["pod"], c["name"], c["pool"] or "-", c["cpus"] or "-", c["mems"] or "-", c["rdt_class"] or "-",
+              c["blockio_class"] or "-") for c in result["containers"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="cri-resmgr simulate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    machine = ap.add_mutually_exclusive_group()
+    machine.add_argument("--host-root", metavar="DIR", help="read the topology from DIR/sys (default: /)")
+    machine.add_argument("--machine", metavar="SPEC",
+                         help="generate a machine: sockets=N,dies=N,nodes=N,cores=N,threads=N,mem=SIZE,"
+                              "pmem=NxSIZE,hbm=NxSIZE,isolated=LIST,offline=LIST (';' separates list items)")
+    ap.add_argument("--config", metavar="FILE", help="YAML configuration (policy section); default: none policy")
+    ap.add_argument("--pods", metavar="FILE", required=True, help="YAML list of pods to place, in order")
+    ap.add_argument("--output", choices=["table", "json"], default="table")
+    args = ap.parse_args(argv)
+    try:
+        if args.machine:
+            root = tempfile.mkdtemp(prefix="crirm-machine-")
+            try:
+                generate(parse_spec(args.machine), root)
+            except ValueError as err:
+                raise SimulationError(f"--machine: {err}") from None
+        else:
+            root = args.host_root or "/"
+        topology = discover(root)
+        config = load_file(args.config) if args.config else Config()
+        try:
+            with open(args.pods) as f:
+                doc = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError) as err:
+            raise SimulationError(f"pods file {args.pods}: {err}") from None
+        result = run(topology, config, load_pods(doc))
+    except (SimulationError, ConfigError, TopologyError) as err:
+        print(f"cri-resmgr simulate: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.output == "json" else table(result))
+    return 0

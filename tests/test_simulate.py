@@ -1,0 +1,127 @@
+"""`cri-resmgr simulate` and the CRI-to-requirements estimation it relies on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from resmgr.model import Container, Pod, QOSClass, Resources
+from resmgr.requirements import (
+    RequirementError,
+    milli_to_shares,
+    parse_cpu,
+    parse_memory,
+    requirements,
+    shares_to_milli,
+)
+from tests.helpers import ROOT
+
+PODS = """\
+- name: system
+  namespace: kube-system
+  containers:
+    - name: dns
+      requests: {cpu: 100m, memory: 70Mi}
+      limits: {memory: 170Mi}
+- name: db
+  containers:
+    - name: postgres
+      requests: {cpu: 4, memory: 8Gi}
+      limits: {cpu: 4, memory: 8Gi}
+- name: web
+  containers:
+    - name: nginx
+      requests: {cpu: 500m}
+- name: batch
+  annotations:
+    rdtclass.cri-resource-manager.intel.com/pod: gold
+"""
+
+
+def simulate(tmp_path, *args, pods=PODS, config="policy:\n  Active: static-plus\n  ReservedResources:\n    cpu: 2\n"):
+    (tmp_path / "pods.yaml").write_text(pods)
+    (tmp_path / "config.yaml").write_text(config)
+    return subprocess.run([sys.executable, "-m", "resmgr", "simulate", "--config", str(tmp_path / "config.yaml"),
+                           "--pods", str(tmp_path / "pods.yaml"), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+
+
+def test_simulate_json(tmp_path):
+    out = simulate(tmp_path, "--machine", "sockets=2,nodes=2,cores=14,threads=2", "--output", "json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["policy"] == "static-plus"
+    pools = {p["name"]: p["cpus"] for p in result["pools"]}
+    assert pools["reserved"] == "0,56"
+    by_name = {c["name"]: c for c in result["containers"]}
+    assert by_name["dns"]["cpus"] == "0,56" and by_name["dns"]["pool"] == "reserved"
+    assert by_name["postgres"]["pool"] == "exclusive" and by_name["postgres"]["cpus"] == "1-2,57-58"
+    assert by_name["nginx"]["cpus"] == pools["shared"]
+    assert by_name["batch"]["rdt_class"] == "gold" and by_name["batch"]["blockio_class"] == "BestEffort"
+    assert set(by_name["postgres"]) == {"pod", "name", "cpus", "mems", "rdt_class", "blockio_class", "pool"}
+
+
+def test_simulate_table_from_a_host_root(tmp_path):
+    from resmgr.topology.generate import MachineSpec, generate
+
+    generate(MachineSpec(cores_per_node=4, threads=2), tmp_path / "host")
+    out = simulate(tmp_path, "--host-root", str(tmp_path / "host"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "policy: static-plus"
+    assert "default/db" in out.stdout and "POOL" in out.stdout
+
+
+@pytest.mark.parametrize("config,pods,needle", [
+    ("policy:\n  Active: fastest\n", PODS, "unknown policy 'fastest'"),
+    ("policy:\n  Active: static\n  ReservedResources:\n    cpu: cpuset:0,99\n", PODS, "CPUs 99 are not available"),
+    ("policy:\n  Active: static\n",
+     "- name: huge\n  containers:\n    - name: c\n      limits: {cpu: 64, memory: 1Gi}\n",
+     "default/huge/c needs 64 exclusive CPUs"),
+    ("policy:\n  Active: static\n", "- name: bad\n  containers:\n    - name: c\n      requests: {cpu: lots}\n",
+     "pod default/bad container c: bad CPU quantity"),
+    ("policy:\n  Active: static\n", "name: not-a-list\n", "expected a YAML list"),
+])
+def test_simulate_bad_input_names_what_is_wrong(tmp_path, config, pods, needle):
+    out = simulate(tmp_path, "--machine", "sockets=1,cores=4,threads=2", config=config, pods=pods)
+    assert out.returncode != 0
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_shares_round_trip():
+    for milli in (0, 100, 250, 500, 1000, 1500, 2000, 64000):
+        assert shares_to_milli(milli_to_shares(milli)) == milli
+    assert shares_to_milli(2) == 0 and milli_to_shares(0) == 2
+
+
+def test_quantities():
+    assert parse_cpu("500m") == 500 and parse_cpu("2") == 2000 and parse_cpu(1.5) == 1500
+    assert parse_memory("1Gi") == 1 << 30 and parse_memory("1G") == 10**9 and parse_memory(123) == 123
+    for bad in ("1.5.5", "ten", "5x"):
+        with pytest.raises(RequirementError):
+            parse_cpu(bad)
+
+
+def _ctr(res: Resources, annotations=None) -> Container:
+    return Container(id="c", pod_id="p", name="app", requested=res, annotations=annotations or {})
+
+
+def test_requirements_from_cri_and_annotation():
+    pod = Pod(id="p", uid="u", name="n", namespace="ns", qos_class=QOSClass.BURSTABLE)
+    req = requirements(_ctr(Resources(cpu_shares=512, cpu_quota=150000, cpu_period=100000,
+                                      memory_limit_in_bytes=1 << 30)), pod)
+    assert (req.cpu_request, req.cpu_limit, req.memory_limit, req.memory_request) == (500, 1500, 1 << 30, 0)
+    gpod = Pod(id="p", uid="u", name="n", namespace="ns", qos_class=QOSClass.GUARANTEED)
+    greq = requirements(_ctr(Resources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000,
+                                       memory_limit_in_bytes=1 << 30)), gpod)
+    assert (greq.cpu_request, greq.cpu_limit, greq.memory_request) == (2000, 2000, 1 << 30)
+    annotated = Pod(id="p", uid="u", name="n", namespace="ns", qos_class=QOSClass.BURSTABLE, annotations={
+        "intel.com/resources": json.dumps({"app": {"requests": {"cpu": "3"}, "limits": {"memory": "2Gi"}}})})
+    areq = requirements(_ctr(Resources(cpu_shares=2)), annotated)
+    assert (areq.cpu_request, areq.memory_limit) == (3000, 2 << 30)
+    broken = Pod(id="p", uid="u", name="n", namespace="ns", annotations={"intel.com/resources": "{nope"})
+    with pytest.raises(RequirementError, match="not JSON"):
+        requirements(_ctr(Resources()), broken)
