@@ -35,23 +35,25 @@ def take_cpus(topology: Topology, available: CPUSet, count: int) -> CPUSet:
     if len(taken) == count:
         return taken
 
-    def package_rank(pkg: int) -> tuple[int, int, int]:
-        return (0 if taken & packages[pkg] else 1, len(free & packages[pkg]), pkg)
+    def package_ranks() -> dict[int, tuple[int, int, int]]:
+        return {p: (0 if taken & cpus else 1, len(free & cpus), p) for p, cpus in packages.items()}
 
     # 2. Whole idle cores, grouped by package in preference order.
     cores = topology.cores
-    idle = [(key, cpus) for key, cpus in cores.items() if cpus <= free]
-    idle.sort(key=lambda kc: (package_rank(kc[0][0]), kc[0]))
-    for _, cpus in idle:
-        if count - len(taken) >= len(cpus) and cpus <= free:
+    ranks = package_ranks()
+    idle = sorted((key for key, cpus in cores.items() if cpus <= free), key=lambda k: (ranks[k[0]], k))
+    for key in idle:
+        cpus = cores[key]
+        if count - len(taken) >= len(cpus):
             taken |= cpus
             free -= cpus
-        if len(taken) == count:
-            return taken
+            if len(taken) == count:
+                return taken
 
     # 3. Single threads: same package preference; within it, cores with fewer free threads
     #    first, so idle cores stay whole.
-    core_of = {cpu: key for key, cpus in cores.items() for cpu in cpus}
-    remaining = sorted(free, key=lambda c: (package_rank(core_of[c][0]) if c in core_of else (1, 0, 0),
-                                           len(cores[core_of[c]] & free) if c in core_of else 0, c))
+    ranks = package_ranks()
+    core_of = topology.core_of
+    free_in_core = {key: len(cpus & free) for key, cpus in cores.items()}
+    remaining = sorted(free, key=lambda c: (ranks[core_of[c][0]], free_in_core[core_of[c]], c))
     return taken | CPUSet(remaining[:count - len(taken)])

@@ -7,7 +7,6 @@ change, each container whose effective CPU set moved is reported as an update.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +58,7 @@ class PoolPolicy(Policy):
         if topology is None:
             raise PolicyError(f"policy {self.name} needs the machine topology")
         self.grants: dict[str, Grant] = {}
+        self._taken = EMPTY
 
     # -- to be provided ------------------------------------------------------------------
     def pool_cpus(self) -> dict[str, CPUSet]:
@@ -70,10 +70,15 @@ class PoolPolicy(Policy):
 
     # -- common --------------------------------------------------------------------------
     def taken(self) -> CPUSet:
-        out = EMPTY
-        for g in self.grants.values():
-            out |= g.exclusive
-        return out
+        """Every CPU held exclusively (grants never overlap, so this is kept incrementally)."""
+        return self._taken
+
+    def _set_grants(self, grants: dict[str, Grant]) -> None:
+        self.grants = grants
+        taken = EMPTY
+        for g in grants.values():
+            taken |= g.exclusive
+        self._taken = taken
 
     def effective(self, pools: Mapping[str, CPUSet] | None = None) -> dict[str, CPUSet]:
         pools = self.pool_cpus() if pools is None else pools
@@ -84,12 +89,21 @@ class PoolPolicy(Policy):
         return None if g is None else g.exclusive | self.pool_cpus().get(g.pool, EMPTY)
 
     def _updates(self, before: Mapping[str, CPUSet], view: View, skip: str) -> dict[str, Resources]:
-        updates = {}
-        for key, cpus in self.effective().items():
-            c = view.containers.get(key)
-            if key == skip or c is None or before.get(key) == cpus:
+        """Containers whose shared pool moved; only pools change under other containers."""
+        after = self.pool_cpus()
+        moved = {name for name, cpus in after.items() if before.get(name) != cpus}
+        updates: dict[str, Resources] = {}
+        if not moved:
+            return updates
+        pool_text = {name: str(after[name]) for name in moved}
+        containers = view.containers
+        for key, g in self.grants.items():
+            text = pool_text.get(g.pool)
+            if text is None or key == skip:
                 continue
-            updates[key] = dataclasses.replace(c.resources, cpuset_cpus=str(cpus))
+            c = containers.get(key)
+            if c is not None:
+                updates[key] = c.resources.with_cpus(text if not g.exclusive else str(g.exclusive | after[g.pool]))
         return updates
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
@@ -97,28 +111,33 @@ class PoolPolicy(Policy):
             req = requirements(container, pod)
         except RequirementError as err:
             raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: {err}") from None
-        before = self.effective()
-        self.grants.pop(container.key, None)
+        old = self.grants.pop(container.key, None)
+        if old is not None:
+            self._taken -= old.exclusive
+        before = self.pool_cpus()
         grant = self.place(container, pod, req)
         self.grants[container.key] = grant
+        self._taken |= grant.exclusive
         cpus = self.cpus_of(container.key)
         rdt, blockio = class_names(container, pod)
-        return Decision(resources=dataclasses.replace(container.requested, cpuset_cpus=str(cpus)),
+        return Decision(resources=container.requested.with_cpus(str(cpus)),
                         rdt_class=rdt, blockio_class=blockio,
                         updates=self._updates(before, view, container.key))
 
     def release(self, container: Container, view: View) -> Decision:
-        if container.key not in self.grants:
+        grant = self.grants.get(container.key)
+        if grant is None:
             return Decision()
-        before = self.effective()
+        before = self.pool_cpus()
         del self.grants[container.key]
+        self._taken -= grant.exclusive
         return Decision(updates=self._updates(before, view, container.key))
 
     def update(self, container: Container, requested: Resources, view: View) -> Decision:
         cpus = self.cpus_of(container.key)
         if cpus is None:
             return Decision()
-        return Decision(resources=dataclasses.replace(requested, cpuset_cpus=str(cpus)))
+        return Decision(resources=requested.with_cpus(str(cpus)))
 
     def rename(self, old_key: str, new_key: str) -> None:
         if old_key in self.grants:
@@ -133,4 +152,4 @@ class PoolPolicy(Policy):
         for k, g in grants.items():
             if not g.exclusive <= online:
                 raise PolicyError(f"persisted grant of {k} uses CPUs {g.exclusive - online} not online now")
-        self.grants = grants
+        self._set_grants(grants)

@@ -89,6 +89,13 @@ class Resources:
         msg.unified.update(self.unified)
         return msg
 
+    def with_cpus(self, cpuset_cpus: str) -> Resources:
+        """A copy with another cpuset (cheaper than dataclasses.replace, used per shared container)."""
+        out = object.__new__(Resources)
+        out.__dict__.update(self.__dict__)
+        out.cpuset_cpus = cpuset_cpus
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v}
 

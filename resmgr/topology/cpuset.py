@@ -6,6 +6,7 @@ integer operations even on machines with hundreds of CPUs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 
 
@@ -121,19 +122,23 @@ class CPUSet:
         return CPUSet.from_bits(out)
 
     def __str__(self) -> str:
-        parts = []
-        ids = list(self)
-        i = 0
-        while i < len(ids):
-            j = i
-            while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-                j += 1
-            parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-            i = j + 1
-        return ",".join(parts)
+        return _format(self._bits)
 
     def __repr__(self) -> str:
         return f"CPUSet({str(self)!r})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _format(bits: int) -> str:
+    """Kernel list syntax, one run at a time (policies format the same sets over and over)."""
+    parts = []
+    while bits:
+        start = (bits & -bits).bit_length() - 1
+        x = bits >> start
+        run = ((x + 1) & ~x).bit_length() - 1  # trailing ones of x
+        parts.append(str(start) if run == 1 else f"{start}-{start + run - 1}")
+        bits &= ~(((1 << run) - 1) << start)
+    return ",".join(parts)
 
 
 EMPTY = CPUSet()

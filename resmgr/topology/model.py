@@ -85,6 +85,11 @@ class Topology:
             out.setdefault((c.package, c.die, c.core), set()).add(c.id)
         return {k: CPUSet(ids) for k, ids in sorted(out.items())}
 
+    @cached_property
+    def core_of(self) -> dict[int, tuple[int, int, int]]:
+        """CPU -> (package, die, core)."""
+        return {c.id: (c.package, c.die, c.core) for c in self.cpus.values()}
+
     def package_nodes(self, package: int) -> list[int]:
         return sorted({c.node for c in self.cpus.values() if c.package == package and c.node >= 0})
 
