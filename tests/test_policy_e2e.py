@@ -88,3 +88,30 @@ def test_request_that_cannot_fit_fails_create(containerd, workdir):
     finally:
         via.close()
         relay.stop()
+
+
+@pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
+def test_containers_started_while_down_are_allocated(containerd, workdir, direct):
+    config = workdir / "static.yaml"
+    config.write_text("policy:\n  Active: static\n")
+    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config)).start()
+    relay.stop()
+    # Behind the relay's back: a Guaranteed 1-CPU container and a shared one, both unpinned.
+    g_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+    s_cfg = pod_config(qos="besteffort", logdir=str(workdir / "logs"))
+    pods = [direct.run_pod(g_cfg), direct.run_pod(s_cfg)]
+    try:
+        g = direct.run_container(pods[0], g_cfg, container_config(resources=resources(1000, True)))
+        s = direct.run_container(pods[1], s_cfg, container_config(resources=resources(0, False)))
+        assert cgroup_cpus(g_cfg, g) == ONLINE
+        relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config),
+                             relay_dir=relay.relay_dir).start()
+        try:
+            mine = cgroup_cpus(g_cfg, g)
+            assert len(mine) == 1
+            assert cgroup_cpus(s_cfg, s) == ONLINE - mine
+        finally:
+            relay.stop()
+    finally:
+        for p in pods:
+            direct.remove_pod(p)
