@@ -87,6 +87,18 @@ def test_deadline_is_enforced_through_the_relay(relay_to_fake):
         assert time.monotonic() - started < 1.0
 
 
+def wait_for_echo(call, payload: bytes, timeout: float = 5) -> None:
+    """Retry until the relay reaches the (restarted) backend again and the call echoes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            assert call(payload, timeout=2) == payload
+            return
+        except grpc.RpcError:
+            assert time.monotonic() < deadline, "relay did not recover"
+            time.sleep(0.1)
+
+
 def test_runtime_down_fails_fast_then_recovers(workdir, relay_mode):
     runtime = str(workdir / "later.sock")
     relay = RelayProcess(workdir, runtime, "--allow-untested-runtimes", "--relay-mode", relay_mode).start()
@@ -106,14 +118,7 @@ def test_runtime_down_fails_fast_then_recovers(workdir, relay_mode):
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             fake = FakeBackend(runtime).start()
             try:
-                deadline = time.monotonic() + 5
-                while True:
-                    try:
-                        assert version(b"\x0a\x01x", timeout=2) == b"\x0a\x01x"
-                        break
-                    except grpc.RpcError:
-                        assert time.monotonic() < deadline, "relay did not recover"
-                        time.sleep(0.1)
+                wait_for_echo(version, b"\x0a\x01x")
             finally:
                 fake.stop()
     finally:
@@ -207,14 +212,7 @@ def test_runtime_lost_mid_call_then_back(workdir, relay_mode):
             t.join(10)
             assert result.get("code") == grpc.StatusCode.UNAVAILABLE, result
             fake = FakeBackend(runtime).start()
-            deadline = time.monotonic() + 5
-            while True:
-                try:
-                    assert ch.unary_unary("/x.Y/Z")(b"2", timeout=2) == b"2"
-                    break
-                except grpc.RpcError:
-                    assert time.monotonic() < deadline, "relay did not recover"
-                    time.sleep(0.1)
+            wait_for_echo(ch.unary_unary("/x.Y/Z"), b"2")
     finally:
         fake.stop()
         relay.stop()
