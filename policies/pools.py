@@ -147,7 +147,10 @@ class PoolPolicy(Policy):
         return {"grants": {k: g.to_dict() for k, g in sorted(self.grants.items())}}
 
     def restore_state(self, data: Mapping[str, Any]) -> None:
-        grants = {k: Grant.from_dict(v) for k, v in (data.get("grants") or {}).items()}
+        # A grant of a create still in flight when the state was saved is not restored: if the
+        # runtime did create the container, reconciliation adopts and allocates it anew.
+        grants = {k: Grant.from_dict(v) for k, v in (data.get("grants") or {}).items()
+                  if not k.startswith("pending:")}
         online = self.topology.online
         for k, g in grants.items():
             if not g.exclusive <= online:

@@ -124,6 +124,15 @@ def test_bad_reserved_cpus_are_rejected(name):
         World(name, ReservedResources={"cpu": "lots"})
 
 
+def test_grants_of_creates_in_flight_are_not_restored():
+    w = World("static")
+    data = w.policy.export_state()
+    data["grants"]["pending:pod9:app:0"] = {"pool": "", "exclusive": "1", "milli": 1000}
+    again = policies.create("static", {"Active": "static"}, TOPO)
+    again.restore_state(data)
+    assert again.grants == {} and 1 in again.pool_cpus()["default"]
+
+
 @pytest.mark.parametrize("name", ["static", "static-plus"])
 def test_state_round_trip(name):
     w = World(name, ReservedResources={"cpu": "750m"})
