@@ -65,6 +65,9 @@ class Engine:
         self._deferred: dict[str, Resources] = {}
         # Known containers the policy holds nothing for (it changed, or its data was lost).
         self._unallocated: set[str] = set()
+        # Runtime updates: one at a time per container, a bounded number at once overall.
+        self._push_locks: dict[str, asyncio.Lock] = {}
+        self._push_slots = asyncio.Semaphore(16)
 
     # -- state -------------------------------------------------------------
     def view(self) -> View:
@@ -127,20 +130,39 @@ class Engine:
         c.state = ContainerState.EXITED
         return decision
 
-    async def _apply_updates(self, decision: Decision) -> None:
-        """Push changed resources of other containers to the runtime (no lock held)."""
-        for key, res in decision.updates.items():
+    def _record(self, updates: dict[str, Resources]) -> None:
+        """Take a decision's updates as the containers' desired resources (caller holds the lock).
+
+        Recording under the lock, and pushing whatever is desired at push time, keeps an
+        older decision from overwriting a newer one in the runtime.
+        """
+        for key, res in updates.items():
             c = self.containers.get(key)
-            if c is not None and not c.id:
-                self._deferred[key] = res
+            if c is None:
                 continue
-            if c is None or c.state == ContainerState.EXITED:
-                continue
-            try:
-                await self.runtime.update_resources(c.id, res.to_cri())
+            if not c.id:
+                self._deferred[key] = res  # pushed once its create lands
+            else:
                 c.resources = res
+
+    async def _apply_updates(self, decision: Decision) -> None:
+        """Push the desired resources of the containers a decision moved (no engine lock held)."""
+        keys = [k for k in decision.updates if (c := self.containers.get(k)) is not None and c.id]
+        if keys:
+            await asyncio.gather(*(self._push(k) for k in keys))
+
+    async def _push(self, key: str) -> None:
+        lock = self._push_locks.setdefault(key, asyncio.Lock())
+        async with self._push_slots, lock:
+            c = self.containers.get(key)
+            if c is None or not c.id or c.state == ContainerState.EXITED:
+                return
+            try:
+                await self.runtime.update_resources(c.id, c.resources.to_cri())
             except Exception as err:
                 log.error("updating resources of container %s failed: %s", c.id, err)
+        if not lock.locked() and key not in self.containers:
+            self._push_locks.pop(key, None)
 
     # -- pod lifecycle ---------------------------------------------------------
     async def run_pod_sandbox(self, req: cri.RunPodSandboxRequest,
@@ -154,6 +176,7 @@ class Engine:
             for old in stale:
                 decision.updates.update(self._drop_pod(old).updates)
             self.pods[pod.id] = pod
+            self._record(decision.updates)
         await self._apply_updates(decision)
         await self.save()
         return resp
@@ -176,6 +199,7 @@ class Engine:
                 pod.state = PodState.NOT_READY
                 for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
                     decision.updates.update(self._release(c).updates)
+            self._record(decision.updates)
         await self._apply_updates(decision)
         await self.save()
         return resp
@@ -186,6 +210,7 @@ class Engine:
         async with self._lock:
             pod = self.pods.get(req.pod_sandbox_id)
             decision = self._drop_pod(pod) if pod is not None else Decision()
+            self._record(decision.updates)
         await self._apply_updates(decision)
         await self.save()
         return resp
@@ -214,6 +239,7 @@ class Engine:
                 raise
             decision.updates.update(alloc.updates)
             self._apply_decision(c, alloc)
+            self._record(decision.updates)
             if alloc.resources is not None:
                 alloc.resources.to_cri(req.config.linux.resources)
         await self._run_hooks("pre-create", c, pod)
@@ -224,6 +250,7 @@ class Engine:
                 pending = self.containers.pop(c.key, None)
                 self._deferred.pop(c.key, None)
                 undo = self.policy.release(pending, self.view()) if pending else Decision()
+                self._record(undo.updates)
             await self._apply_updates(undo)
             raise
         async with self._lock:
@@ -234,6 +261,7 @@ class Engine:
             self.policy.rename(pending_key, c.key)
             late = self._deferred.pop(pending_key, None)
             if late is not None:  # the policy moved it while the runtime was creating it
+                c.resources = late
                 decision.updates[c.key] = late
         await self._apply_updates(decision)
         await self._run_hooks("post-create", c, pod)
@@ -276,9 +304,14 @@ class Engine:
         if c is not None and req.HasField("linux"):
             async with self._lock:
                 c.requested = requested
-                c.resources = Resources.from_cri(req.linux)
-                self._apply_decision(c, Decision(rdt_class=decision.rdt_class,
-                                                 blockio_class=decision.blockio_class))
+                sent = Resources.from_cri(req.linux)
+                # Ask again: another decision may have moved this container meanwhile.
+                now = self.policy.update(c, requested, self.view())
+                c.resources = now.resources or sent
+                self._apply_decision(c, Decision(rdt_class=now.rdt_class, blockio_class=now.blockio_class))
+                self._record(decision.updates)
+                if c.resources != sent:
+                    decision.updates[c.key] = c.resources
             await self._apply_updates(decision)
             await self._run_hooks("post-update", c, self.pods.get(c.pod_id))
             await self.save()
@@ -293,6 +326,7 @@ class Engine:
             async with self._lock:
                 c = self._find(req.container_id)
                 decision = self._release(c) if c is not None else Decision()
+                self._record(decision.updates)
             await self._apply_updates(decision)
             if c is not None:
                 await self._run_hooks("post-stop", c, self.pods.get(c.pod_id))
@@ -309,6 +343,7 @@ class Engine:
                 if c is not None:
                     decision = self._release(c)
                     del self.containers[c.key]
+                self._record(decision.updates)
             await self._apply_updates(decision)
             if c is not None:
                 await self._run_hooks("post-remove", c, self.pods.get(c.pod_id))
@@ -381,6 +416,7 @@ class Engine:
                 decision.updates.update(alloc.updates)
                 if alloc.resources is not None:
                     decision.updates[c.key] = alloc.resources
+            self._record(decision.updates)
         await self._apply_updates(decision)
         await self.save()
         self.reconciled.set()

@@ -208,3 +208,27 @@ async def test_state_round_trips_through_the_store(engine, tmp_path):
     again.restore(StateStore(tmp_path).load())
     assert again.pods == engine.pods
     assert again.containers == engine.containers
+
+
+async def test_runtime_ends_with_the_latest_decision(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="shared")
+    release_a = asyncio.Event()
+
+    async def send(req):
+        name = req.config.metadata.name
+        if name == "a":
+            await release_a.wait()  # A's create lands after B's
+        return cri.CreateContainerResponse(container_id=f"c-{name}")
+
+    def req(name):
+        return cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config(name), sandbox_config=cfg)
+
+    task_a = asyncio.create_task(engine.create_container(req("a"), send))
+    await asyncio.sleep(0)  # A has decided and is inside the runtime
+    await engine.create_container(req("b"), send)
+    release_a.set()
+    await task_a
+    pushed = [r.cpuset_cpus for cid, r in engine.runtime.updates if cid == "c1"]
+    assert pushed[-1] == "0-2"  # B decided last: everyone else on 0-2
+    assert engine.containers["c1"].resources.cpuset_cpus == "0-2"
