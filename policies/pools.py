@@ -13,7 +13,13 @@ from typing import Any
 
 from policies.base import Decision, Policy, PolicyError, View, class_names
 from resmgr.model import Container, Pod, Resources
-from resmgr.requirements import RequirementError, Requirements, effective_annotation, requirements
+from resmgr.requirements import (
+    RequirementError,
+    Requirements,
+    effective_annotation,
+    milli_to_shares,
+    requirements,
+)
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
 
@@ -120,7 +126,9 @@ class PoolPolicy(Policy):
         self._taken |= grant.exclusive
         cpus = self.cpus_of(container.key)
         rdt, blockio = class_names(container, pod)
-        return Decision(resources=container.requested.with_cpus(str(cpus)),
+        resources = container.requested.with_cpus(str(cpus))
+        resources.cpu_shares = milli_to_shares(req.cpu_request)  # the annotation may know better
+        return Decision(resources=resources,
                         rdt_class=rdt, blockio_class=blockio,
                         updates=self._updates(before, view, container.key))
 

@@ -124,6 +124,27 @@ def test_bad_reserved_cpus_are_rejected(name):
         World(name, ReservedResources={"cpu": "lots"})
 
 
+@pytest.mark.parametrize("name", ["static", "static-plus"])
+def test_decisions_are_deterministic(name):
+    def run():
+        w = World(name, ReservedResources={"cpu": 1})
+        mix = [(QOSClass.GUARANTEED, 2000), (QOSClass.BURSTABLE, 500), (QOSClass.GUARANTEED, 1000),
+               (QOSClass.BEST_EFFORT, 0), (QOSClass.BURSTABLE, 1500)] * 2
+        placed = [w.add(q, m) for q, m in mix]
+        w.remove(placed[2])
+        w.add(QOSClass.GUARANTEED, 3000)
+        return {k: c.resources.cpuset_cpus for k, c in w.containers.items()}
+
+    assert run() == run()
+
+
+def test_cpu_shares_follow_the_annotated_request():
+    w = World("static")
+    c = w.add(QOSClass.BURSTABLE, 0, annotations={
+        "intel.com/resources": '{"app": {"requests": {"cpu": "1500m"}}}'})
+    assert c.resources.cpu_shares == 1536
+
+
 def test_grants_of_creates_in_flight_are_not_restored():
     w = World("static")
     data = w.policy.export_state()

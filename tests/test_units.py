@@ -148,7 +148,7 @@ def test_store_rejects_other_versions(tmp_path):
 def test_registry_and_aliases():
     assert policies.canonical("null") == "none"
     assert policies.create("null").name == "none"
-    with pytest.raises(KeyError, match="available: none"):
+    with pytest.raises(KeyError, match="available: none, static, static-plus"):
         policies.canonical("nope")
 
 
@@ -162,6 +162,7 @@ def test_cli_list_policies():
     assert out.returncode == 0
     assert out.stdout.splitlines()[0] == "Available policies:"
     assert "  * none: " in out.stdout and "alias: null" in out.stdout
+    assert "  * static: " in out.stdout and "  * static-plus: " in out.stdout
 
 
 def test_cli_print_config(tmp_path):
