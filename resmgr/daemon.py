@@ -106,7 +106,13 @@ class Daemon:
         image_ch = runtime_ch if self.image_socket == self.runtime_socket else \
             grpc.aio.insecure_channel(_target(self.image_socket), options=CHANNEL_OPTIONS)
         try:
-            topology = discover(self.opts.host_root)
+            try:
+                topology = discover(self.opts.host_root)
+            except TopologyError as err:
+                if self.config.policy_name != "none":
+                    raise
+                log.warning("no topology (%s); the none policy does not need one", err)
+                topology = None
             policy = policies.create(self.config.policy_name, self.config.data["policy"], topology)
         except (TopologyError, PolicyError) as err:
             raise StartupError(f"{self.config.policy_name} policy ({self.config.source}): {err}") from None

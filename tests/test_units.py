@@ -207,3 +207,12 @@ def test_generated_protos_are_current():
             committed = ROOT / path.relative_to(tmp)
             assert committed.read_text() == path.read_text(), \
                 f"{committed} is stale: run python scripts/genproto.py"
+
+
+def test_cli_policy_config_the_machine_cannot_meet(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("policy:\n  Active: static\n  ReservedResources:\n    cpu: cpuset:0,999\n")
+    out = _cli("--force-config", str(cfg), "--relay-socket", str(tmp_path / "s.sock"),
+               "--relay-dir", str(tmp_path / "state"), "--runtime-socket", str(tmp_path / "none.sock"))
+    assert out.returncode == 1
+    assert str(cfg) in out.stderr and "policy.ReservedResources.cpu: CPUs 999 are not available" in out.stderr
