@@ -10,6 +10,7 @@ from policies.base import Decision, Policy, PolicyError, View
 from policies.none import NonePolicy
 from policies.static import StaticPolicy
 from policies.static_plus import StaticPlusPolicy
+from policies.topology_aware import TopologyAwarePolicy
 from resmgr.topology.model import Topology
 
 __all__ = ["Decision", "Policy", "PolicyError", "View", "REGISTRY", "create", "names", "describe"]
@@ -37,6 +38,7 @@ def register(factory: type[Policy], aliases: tuple[str, ...] = ()) -> None:
 register(NonePolicy, aliases=("null",))
 register(StaticPolicy)
 register(StaticPlusPolicy)
+register(TopologyAwarePolicy)
 
 
 def canonical(name: str) -> str:

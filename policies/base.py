@@ -70,6 +70,18 @@ class Policy:
     def update(self, container: Container, requested: Resources, view: View) -> Decision:
         return Decision()
 
+    def rebalance(self, view: View) -> Decision:
+        """Re-place containers for a better fit; updates name every container that moved."""
+        return Decision()
+
+    def reconfigure(self, config: Mapping[str, Any], view: View) -> Decision:
+        """Take a new policy configuration, or raise PolicyError and change nothing."""
+        raise PolicyError(f"policy {self.name} cannot be reconfigured while running")
+
+    def describe_pools(self) -> list[dict[str, Any]]:
+        """The policy's pools (name, cpus, mems, ...) for simulate and introspection."""
+        return []
+
     def export_state(self) -> dict[str, Any]:
         """Opaque policy data persisted with the engine state."""
         return {}

@@ -13,18 +13,9 @@ from typing import Any
 
 from policies.base import Decision, Policy, PolicyError, View, class_names
 from resmgr.model import Container, Pod, Resources
-from resmgr.requirements import (
-    RequirementError,
-    Requirements,
-    effective_annotation,
-    milli_to_shares,
-    requirements,
-)
+from resmgr.requirements import RequirementError, Requirements, milli_to_shares, requirements
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
-
-PREFER_ISOLATED = "prefer-isolated-cpus.cri-resource-manager.intel.com"
-LEGACY_PREFER_ISOLATED = "cri-resource-manager.intel.com/prefer-isolated-cpus"
 
 
 @dataclass(frozen=True)
@@ -39,23 +30,6 @@ class Grant:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Grant:
         return cls(str(d["pool"]), CPUSet.parse(str(d.get("exclusive", ""))), int(d.get("milli", 0)))
-
-
-def prefer_isolated(container: Container, pod: Pod) -> bool | None:
-    """The prefer-isolated-cpus annotation as a bool, or None when absent."""
-    annotations = {**container.annotations, **pod.annotations}
-    value = effective_annotation(annotations, PREFER_ISOLATED, container.name)
-    if value is None:
-        value = effective_annotation(annotations, LEGACY_PREFER_ISOLATED, container.name)
-    if value is None:
-        return None
-    v = value.strip().lower()
-    if v in ("true", "yes", "1"):
-        return True
-    if v in ("false", "no", "0"):
-        return False
-    raise PolicyError(f"annotation {PREFER_ISOLATED} of container {container.name}: "
-                      f"{value!r} is not true or false")
 
 
 class PoolPolicy(Policy):
@@ -150,6 +124,9 @@ class PoolPolicy(Policy):
     def rename(self, old_key: str, new_key: str) -> None:
         if old_key in self.grants:
             self.grants[new_key] = self.grants.pop(old_key)
+
+    def describe_pools(self) -> list[dict[str, Any]]:
+        return [{"name": name, "cpus": str(cpus), "mems": ""} for name, cpus in self.pool_cpus().items()]
 
     def export_state(self) -> dict[str, Any]:
         return {"grants": {k: g.to_dict() for k, g in sorted(self.grants.items())}}

@@ -14,8 +14,9 @@ from typing import Any
 
 from policies import cpuconfig
 from policies.allocator import take_cpus
+from policies.annotations import prefer_isolated
 from policies.base import PolicyError
-from policies.pools import Grant, PoolPolicy, prefer_isolated
+from policies.pools import Grant, PoolPolicy
 from resmgr.model import Container, Pod, QOSClass
 from resmgr.requirements import Requirements
 from resmgr.topology.cpuset import CPUSet

@@ -15,8 +15,9 @@ from typing import Any
 
 from policies import cpuconfig
 from policies.allocator import take_cpus
+from policies.annotations import prefer_isolated
 from policies.base import PolicyError
-from policies.pools import Grant, PoolPolicy, prefer_isolated
+from policies.pools import Grant, PoolPolicy
 from policies.static import cpu_resources
 from resmgr.model import Container, Pod
 from resmgr.requirements import Requirements

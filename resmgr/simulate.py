@@ -22,7 +22,6 @@ import yaml
 
 import policies
 from policies import PolicyError, View
-from policies.pools import PoolPolicy
 from resmgr.config import Config, ConfigError, load_file
 from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
 from resmgr.requirements import RequirementError, milli_to_shares, parse_cpu, parse_memory
@@ -142,9 +141,7 @@ def run(topology: Topology, config: Config, pods: list[tuple[Pod, list[Container
             except PolicyError as err:
                 who = f"{pod.namespace}/{pod.name}/{c.name}"
                 raise SimulationError(str(err) if who in str(err) else f"container {who}: {err}") from None
-    pools = []
-    if isinstance(policy, PoolPolicy):
-        pools = [{"name": name, "cpus": str(cpus), "mems": ""} for name, cpus in policy.pool_cpus().items()]
+    pools = policy.describe_pools()
     result = []
     for pod, containers in pods:
         for c in containers:
@@ -160,7 +157,8 @@ def run(topology: Topology, config: Config, pods: list[tuple[Pod, list[Container
 def table(result: dict[str, Any]) -> str:
     lines = [f"policy: {result['policy']}"]
     for p in result["pools"]:
-        lines.append(f"pool {p['name']}: cpus {p['cpus'] or '-'}")
+        extra = "".join(f", {k} {p[k] or '-'}" for k in ("mems", "shared", "isolated") if k in p)
+        lines.append(f"pool {p['name']}: cpus {p['cpus'] or '-'}{extra}")
     rows = [("POD", "CONTAINER", "POOL", "CPUS", "MEMS", "RDT", "BLOCKIO")]
     rows += [(c["pod"], c["name"], c["pool"] or "-", c["cpus"] or "-", c["mems"] or "-", c["rdt_class"] or "-",
               c["blockio_class"] or "-") for c in result["containers"]]

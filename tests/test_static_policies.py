@@ -2,66 +2,24 @@
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import policies
-from policies import PolicyError, View
-from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
-from resmgr.requirements import milli_to_shares
+from policies import PolicyError
+from resmgr.model import Container, QOSClass
 from resmgr.topology.cpuset import CPUSet
-from resmgr.topology.generate import generate, parse_spec
-from resmgr.topology.sysfs import discover
+from tests import world
+from tests.world import machine
 
 # 2 sockets x 4 cores x 2 threads: socket 0 = 0-3,8-11; socket 1 = 4-7,12-15; 7 and 15 isolated.
-TOPO = discover(generate(parse_spec("sockets=2,cores=4,threads=2,isolated=7;15"),
-                         tempfile.mkdtemp(prefix="crirm-topo-")))
+TOPO = machine("sockets=2,cores=4,threads=2,isolated=7;15")
 
 
-class World:
-    """Pods and containers as the engine would hold them, driving one policy."""
-
-    def __init__(self, name: str, **config) -> None:
-        self.policy = policies.create(name, {"Active": name, **config}, TOPO)
-        self.pods: dict[str, Pod] = {}
-        self.containers: dict[str, Container] = {}
-        self.n = 0
-
-    def view(self) -> View:
-        return View(self.pods, self.containers)
-
-    def add(self, qos: QOSClass, milli: int, namespace: str = "default", annotations=None) -> Container:
-        self.n += 1
-        pod = Pod(id=f"pod{self.n}", uid=f"uid{self.n}", name=f"p{self.n}", namespace=namespace, qos_class=qos,
-                  annotations=annotations or {})
-        res = Resources(cpu_shares=milli_to_shares(milli), cpu_quota=milli * 100 if milli else 0,
-                        cpu_period=100000)
-        c = Container(id=f"c{self.n}", pod_id=pod.id, name="app", state=ContainerState.RUNNING,
-                      requested=res, resources=res)
-        self.pods[pod.id] = pod
-        self.containers[c.key] = c
-        try:
-            d = self.policy.allocate(c, pod, self.view())
-        except PolicyError:
-            del self.containers[c.key], self.pods[pod.id]
-            raise
-        c.resources = d.resources
-        for k, r in d.updates.items():
-            self.containers[k].resources = r
-        return c
-
-    def remove(self, c: Container) -> None:
-        d = self.policy.release(c, self.view())
-        del self.containers[c.key], self.pods[c.pod_id]
-        for k, r in d.updates.items():
-            self.containers[k].resources = r
-
-    def cpus(self, c: Container) -> CPUSet:
-        return CPUSet.parse(self.containers[c.key].resources.cpuset_cpus)
+def World(name: str, **config) -> world.World:  # noqa: N802 - reads like the class it builds
+    return world.World(name, TOPO, **config)
 
 
 def test_static_exclusive_and_default_set():

@@ -1,0 +1,564 @@
+"""The `topology-aware` policy: each container in the tightest pool of the hardware tree.
+
+Every container gets a grant in one pool of the tree (see tree.py): reserved CPUs
+(kube-system and containers asking for them), exclusive CPUs (kernel-isolated or sliced
+off the pool's shared CPUs) and/or a share of the pool's shared CPUs, and the pool's
+memory nodes of the requested memory types. A pool's shared CPUs are its general CPUs
+minus every exclusive grant, so they shrink and grow as exclusive grants come and go,
+and every shared user of a pool is re-pinned when they do.
+
+Capacity is accounted in milli-CPU: a pool can give shared capacity only while, for it
+and each of its ancestors, the shared requests granted below it fit its shared CPUs, and
+an exclusive slice never leaves a pool with shared users without a shared CPU. Memory
+is accounted the same way over the pool and its ancestors; a grant whose memory no
+longer fits where it is has its memory widened to the nearest pool up the tree where it
+does.
+
+The pool is chosen by filtering the pools that can take the request and ranking them:
+affinity, has all requested memory types, gets the preferred kind of CPU, depth (the
+tightest fit), capacity left, fewest colocated containers, lowest pool ID.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from policies import annotations, cpuconfig
+from policies.allocator import take_cpus
+from policies.base import Decision, Policy, PolicyError, View, class_names
+from policies.static import cpu_resources
+from policies.topology_aware.affinity import affinities
+from policies.topology_aware.tree import Pool, TreeError, build, owner
+from resmgr.model import Container, Pod, QOSClass, Resources
+from resmgr.requirements import RequirementError, Requirements, milli_to_shares, requirements
+from resmgr.topology.cpuset import EMPTY, CPUSet
+from resmgr.topology.model import MemoryType, Topology
+
+OPTIONS = {"PinCPU": True, "PinMemory": True, "PreferIsolatedCPUs": True, "PreferSharedCPUs": False,
+           "ReservedPoolNamespaces": ["kube-system"], "ColocatePods": False, "ColocateNamespaces": False}
+
+
+@dataclass(frozen=True)
+class Grant:
+    pool: str
+    exclusive: CPUSet = EMPTY  # isolated or sliced off the pool's shared CPUs
+    shared: int = 0  # milli-CPU taken from the pool's shared capacity
+    on_shared: bool = False  # runs on the pool's shared CPUs (shared or mixed grant)
+    reserved: bool = False  # runs on the reserved CPUs
+    memory: int = 0  # bytes accounted against the memory pool
+    mem_types: frozenset[MemoryType] = annotations.DEFAULT_MEMORY
+    mem_pool: str = ""  # whose memory nodes it uses: the pool, or an ancestor after an OOM guard move
+
+    @property
+    def memory_pool(self) -> str:
+        return self.mem_pool or self.pool
+
+    @property
+    def kind(self) -> str:
+        if self.reserved:
+            return "reserved"
+        if self.exclusive:
+            return "mixed" if self.on_shared else "exclusive"
+        return "shared"
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"pool": self.pool, "exclusive": str(self.exclusive), "shared": self.shared,
+                             "on_shared": self.on_shared, "reserved": self.reserved, "memory": self.memory,
+                             "mem_types": sorted(t.value for t in self.mem_types)}
+        if self.mem_pool:
+            d["mem_pool"] = self.mem_pool
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Grant:
+        return cls(str(d["pool"]), CPUSet.parse(str(d.get("exclusive", ""))), int(d.get("shared", 0)),
+                   bool(d.get("on_shared", False)), bool(d.get("reserved", False)), int(d.get("memory", 0)),
+                   frozenset(MemoryType(t) for t in d.get("mem_types", ["dram", "pmem"])),
+                   str(d.get("mem_pool", "")))
+
+
+@dataclass
+class Request:
+    """What one container asks of a pool."""
+
+    who: str
+    milli: int
+    exclusive: int = 0  # whole CPUs to hold exclusively
+    shared: int = 0  # milli-CPU from the shared CPUs
+    on_shared: bool = True
+    reserved: bool = False
+    isolated: bool = False  # exclusive CPUs preferably from the isolated ones
+    memory: int = 0
+    mem_types: frozenset[MemoryType] = annotations.DEFAULT_MEMORY
+    explicit_types: bool = False  # asked for by annotation: pools having them all rank higher
+    lift: int = 0  # pools above the best fit (prefer-shared-cpus: -N)
+    affinity: dict[str, float] = field(default_factory=dict)  # container key -> weight
+
+    def describe(self) -> str:
+        parts = []
+        if self.reserved:
+            parts.append("reserved CPUs")
+        if self.exclusive:
+            parts.append(f"{self.exclusive} exclusive CPU(s)" + (" (isolated preferred)" if self.isolated else ""))
+        if self.on_shared and not self.reserved:
+            parts.append(f"{self.shared}m shared CPU")
+        if self.memory:
+            parts.append(f"{self.memory >> 20} MiB of {'/'.join(sorted(self.mem_types))} memory")
+        return ", ".join(parts)
+
+
+def _option(options: Mapping[str, Any], name: str, kind: type) -> Any:
+    value = options.get(name, OPTIONS[name])
+    if kind is bool and not isinstance(value, bool):
+        raise PolicyError(f"policy.topology-aware.{name}: expected true or false, got {value!r}")
+    return value
+
+
+class TopologyAwarePolicy(Policy):
+    name = "topology-aware"
+    description = ("pools from the hardware tree (sockets, dies, NUMA nodes): each container in the tightest "
+                   "pool that fits, with CPUs and memory from the same place")
+
+    def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
+        super().__init__(config, topology)
+        if topology is None:
+            raise PolicyError(f"policy {self.name} needs the machine topology")
+        options = self.config.get(self.name) or {}
+        if not isinstance(options, Mapping):
+            raise PolicyError(f"policy.{self.name}: expected a mapping of options")
+        unknown = set(options) - set(OPTIONS)
+        if unknown:
+            raise PolicyError(f"policy.{self.name}.{sorted(unknown)[0]}: unknown option "
+                              f"(known: {', '.join(sorted(OPTIONS))})")
+        self.pin_cpu = _option(options, "PinCPU", bool)
+        self.pin_memory = _option(options, "PinMemory", bool)
+        self.prefer_isolated = _option(options, "PreferIsolatedCPUs", bool)
+        self.prefer_shared = _option(options, "PreferSharedCPUs", bool)
+        self.colocate_pods = _option(options, "ColocatePods", bool)
+        self.colocate_namespaces = _option(options, "ColocateNamespaces", bool)
+        namespaces = self.config.get("ReservedPoolNamespaces", options.get("ReservedPoolNamespaces"))
+        namespaces = OPTIONS["ReservedPoolNamespaces"] if namespaces is None else namespaces
+        if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
+            raise PolicyError("policy.ReservedPoolNamespaces: expected a list of namespaces (globs allowed)")
+        self.reserved_namespaces = list(namespaces)
+
+        online = topology.online
+        avail_cfg = cpu_resources(self.config, "AvailableResources")
+        available = cpuconfig.resolve(avail_cfg, "policy.AvailableResources.cpu", topology, online) \
+            if avail_cfg is not None else online
+        isolated = available & topology.isolated
+        reserved_cfg = cpu_resources(self.config, "ReservedResources")
+        reserved = cpuconfig.resolve(reserved_cfg, "policy.ReservedResources.cpu", topology, available - isolated) \
+            if reserved_cfg is not None else EMPTY
+        if not available - isolated - reserved:
+            raise PolicyError(f"{self.name}: no CPUs left to share (available {available}, isolated "
+                              f"{isolated or 'none'}, reserved {reserved or 'none'})")
+        try:
+            self.pools = build(topology, available, isolated, reserved)
+        except TreeError as err:
+            raise PolicyError(f"{self.name}: {err}") from None
+        self.by_name = {p.name: p for p in self.pools}
+        self.available, self.isolated, self.reserved = available, isolated, reserved
+        self.reserved_pool = owner(self.pools, reserved) if reserved else None
+        self.memory_types_present = frozenset(self.pools[0].mems)
+        self.grants: dict[str, Grant] = {}
+        self._taken = EMPTY
+        n = len(self.pools)
+        self._milli = [0] * n  # shared milli-CPU granted at each pool
+        self._users: list[set[str]] = [set() for _ in range(n)]  # grants on each pool's shared CPUs
+        self._count = [0] * n  # grants at each pool
+        self._mem: list[dict[frozenset[MemoryType], int]] = [{} for _ in range(n)]
+        self._sharable = [p.general for p in self.pools]
+
+    # -- accounting ------------------------------------------------------------------------
+    def _account(self, key: str, g: Grant, sign: int) -> None:
+        pool = self.by_name[g.pool]
+        self._milli[pool.id] += sign * g.shared
+        self._count[pool.id] += sign
+        if g.on_shared:
+            (self._users[pool.id].add if sign > 0 else self._users[pool.id].discard)(key)
+        if g.memory:
+            mem = self._mem[self.by_name[g.memory_pool].id]
+            mem[g.mem_types] = mem.get(g.mem_types, 0) + sign * g.memory
+        if g.exclusive:
+            self._taken = self._taken | g.exclusive if sign > 0 else self._taken - g.exclusive
+            self._sharable = [p.general - self._taken for p in self.pools]
+
+    def _add(self, key: str, g: Grant) -> None:
+        self.grants[key] = g
+        self._account(key, g, 1)
+
+    def _remove(self, key: str) -> Grant | None:
+        g = self.grants.pop(key, None)
+        if g is not None:
+            self._account(key, g, -1)
+        return g
+
+    def sharable(self, pool: Pool) -> CPUSet:
+        return self._sharable[pool.id]
+
+    def _subtree_milli(self, pool: Pool) -> int:
+        return sum(self._milli[q.id] for q in pool.subtree)
+
+    def _has_users(self, pool: Pool) -> bool:
+        return any(self._users[q.id] for q in pool.subtree)
+
+    def _spare_own(self, pool: Pool, milli: int = 0, user: bool = False) -> int:
+        """CPUs the pool's shared set can lose and still serve the shared users below it."""
+        m = self._subtree_milli(pool) + milli
+        need = max(-(-m // 1000), 1 if user or self._has_users(pool) else 0)
+        return len(self._sharable[pool.id]) - need
+
+    def _spare(self, pool: Pool) -> int:
+        own = self._spare_own(pool)
+        if not pool.children:
+            return own
+        return min(own, sum(max(self._spare(c), 0) for c in pool.children))
+
+    def _shared_free(self, pool: Pool) -> int:
+        """Shared milli-CPU the pool can still give (min over it and its ancestors)."""
+        return min(1000 * len(self._sharable[a.id]) - self._subtree_milli(a) for a in pool.ancestors)
+
+    def _memory_free(self, pool: Pool, types: frozenset[MemoryType]) -> int:
+        free = None
+        for a in pool.ancestors:
+            used = sum(v for q in a.subtree for t, v in self._mem[q.id].items() if t & types)
+            left = a.memory_of(types) - used
+            free = left if free is None else min(free, left)
+        return free or 0
+
+    # -- choosing a pool ----------------------------------------------------------------
+    def _request(self, container: Container, pod: Pod, req: Requirements, view: View) -> Request:
+        who = f"{pod.namespace}/{pod.name}/{container.name}"
+        types = annotations.memory_types(container, pod)
+        if types is not None and self.memory_types_present and not types & self.memory_types_present:
+            raise PolicyError(f"container {who}: asks for {'/'.join(sorted(types))} memory; this machine has "
+                              f"{'/'.join(sorted(self.memory_types_present))}")
+        r = Request(who, req.cpu_request, memory=req.memory_limit or req.memory_request,
+                    mem_types=types if types is not None else annotations.DEFAULT_MEMORY,
+                    explicit_types=types is not None)
+        reserved_hint = annotations.bool_hint(container, pod, annotations.PREFER_RESERVED)
+        if self.reserved_pool is not None and (
+                reserved_hint or (reserved_hint is None and self._reserved_namespace(pod.namespace))):
+            r.reserved, r.on_shared = True, False
+            return r
+        r.affinity = self._affinity(container, pod, view)
+        shared_hint, r.lift = annotations.prefer_shared(container, pod)
+        all_shared = shared_hint if shared_hint is not None else self.prefer_shared
+        whole, fraction = req.whole_cpus, req.fraction
+        # Only Guaranteed containers get exclusive CPUs; 2 CPUs or more only for whole CPUs,
+        # unless the pod explicitly says prefer-shared-cpus: false.
+        if (req.qos != QOSClass.GUARANTEED or whole == 0 or all_shared
+                or (whole >= 2 and fraction and shared_hint is not False)):
+            r.shared = req.cpu_request
+            return r
+        r.exclusive, r.shared, r.on_shared = whole, fraction, bool(fraction)
+        iso_hint = annotations.prefer_isolated(container, pod)
+        r.isolated = iso_hint if iso_hint is not None else (self.prefer_isolated and whole == 1)
+        return r
+
+    def _reserved_namespace(self, namespace: str) -> bool:
+        return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in self.reserved_namespaces)
+
+    def _affinity(self, container: Container, pod: Pod, view: View) -> dict[str, float]:
+        """Weight towards each placed container (ColocatePods/Namespaces add 1 each)."""
+        rules = affinities(container, pod)
+        if not rules and not self.colocate_pods and not self.colocate_namespaces:
+            return {}
+        out: dict[str, float] = {}
+        for key in self.grants:
+            other = view.containers.get(key)
+            if other is None or key == container.key:
+                continue
+            other_pod = view.pods.get(other.pod_id)
+            weight = 0.0
+            for a in rules:
+                if a.in_scope(container, other, other_pod) and a.match(other, other_pod):
+                    weight += a.weight
+            if self.colocate_pods and other.pod_id == container.pod_id:
+                weight += 1
+            if self.colocate_namespaces and other_pod is not None and other_pod.namespace == pod.namespace:
+                weight += 1
+            if weight:
+                out[key] = weight
+        return out
+
+    def _fit(self, pool: Pool, r: Request) -> tuple[bool, int] | None:
+        """(isolated?, capacity left) if the pool can take the request, else None."""
+        if self.memory_types_present:  # without NUMA information memory is not placed at all
+            if r.memory and self._memory_free(pool, r.mem_types) < r.memory:
+                return None
+            if not pool.mems_of(r.mem_types) and not r.reserved:
+                return None
+        if r.reserved:
+            return (False, 0) if pool is self.reserved_pool else None
+        isolated = False
+        if r.exclusive:
+            free_iso = pool.isolated - self._taken
+            if r.isolated and len(free_iso) >= r.exclusive:
+                isolated = True
+            elif any(self._spare_own(a, r.shared, r.on_shared) < r.exclusive for a in pool.ancestors[1:]) \
+                    or self._spare_after(pool, r) < r.exclusive:
+                return None
+        if r.on_shared and not self._sharable[pool.id]:
+            return None
+        take = 0 if isolated else 1000 * r.exclusive
+        left = self._shared_free(pool) - take - (r.shared if r.on_shared else 0)
+        if left < 0:
+            return None
+        if isolated:
+            return True, len(pool.isolated - self._taken) - r.exclusive
+        return False, left
+
+    def _spare_after(self, pool: Pool, r: Request) -> int:
+        own = self._spare_own(pool, r.shared, r.on_shared)
+        return own if not pool.children else min(own, sum(max(self._spare(c), 0) for c in pool.children))
+
+    def _choose(self, r: Request) -> Pool:
+        ranked = []
+        for pool in self.pools:
+            fit = self._fit(pool, r)
+            if fit is None:
+                continue
+            isolated, left = fit
+            affinity = 0.0
+            for key, weight in r.affinity.items():
+                g = self.grants.get(key)
+                if g is not None:
+                    affinity += weight * pool.overlap(self.by_name[g.pool])
+            all_types = not r.explicit_types or all(pool.mems.get(t) for t in r.mem_types)
+            preferred_cpu = isolated == r.isolated
+            ranked.append(((-affinity, not all_types, not preferred_cpu, -pool.depth, -left,
+                            self._count[pool.id], pool.id), pool))
+        if not ranked:
+            raise PolicyError(f"container {r.who}: no pool can take {r.describe() or 'it'}; free: {self._free()}")
+        best = min(ranked, key=lambda x: x[0])[1]
+        for _ in range(r.lift):  # prefer-shared-cpus: -N places it N pools further up
+            if best.parent is None or self._fit(best.parent, r) is None:
+                break
+            best = best.parent
+        return best
+
+    def _free(self) -> str:
+        parts = []
+        for p in self.pools:
+            mem = ", ".join(f"{self._memory_free(p, frozenset((t,))) >> 20} MiB {t}" for t in sorted(p.mems))
+            parts.append(f"{p.name}: {len(self._sharable[p.id])} shared CPUs ({self._shared_free(p)}m unclaimed), "
+                         f"{len(p.isolated - self._taken)} isolated" + (f", {mem}" if mem else ""))
+        return "; ".join(parts)
+
+    def _grant(self, pool: Pool, r: Request) -> Grant:
+        exclusive = EMPTY
+        if r.reserved:
+            return Grant(pool.name, reserved=True, memory=r.memory, mem_types=r.mem_types)
+        if r.exclusive:
+            free_iso = pool.isolated - self._taken
+            if r.isolated and len(free_iso) >= r.exclusive:
+                exclusive = take_cpus(self.topology, free_iso, r.exclusive)
+            else:
+                exclusive = self._slice(pool, r.exclusive)
+        return Grant(pool.name, exclusive, r.shared if r.on_shared else 0, r.on_shared, False, r.memory, r.mem_types)
+
+    def _slice(self, pool: Pool, count: int) -> CPUSet:
+        """count CPUs off the pool's shared set, spread over children as their spare allows."""
+        if not pool.children:
+            return take_cpus(self.topology, self._sharable[pool.id], count)
+        out = EMPTY
+        for child in sorted(pool.children, key=lambda c: (-self._spare(c), c.id)):
+            n = min(max(self._spare(child), 0), count - len(out))
+            if n:
+                out |= self._slice(child, n)
+            if len(out) == count:
+                break
+        return out
+
+    # -- resources -------------------------------------------------------------------------
+    def cpus_of_grant(self, g: Grant) -> CPUSet:
+        pool = self.by_name[g.pool]
+        cpus = g.exclusive
+        if g.reserved:
+            cpus |= self.reserved
+        if g.on_shared:
+            cpus |= self._sharable[pool.id]
+        return cpus
+
+    def mems_of_grant(self, g: Grant) -> CPUSet:
+        pool = self.by_name[g.memory_pool]
+        mems = pool.mems_of(g.mem_types)
+        return mems or pool.all_mems
+
+    def _resources(self, base: Resources, g: Grant) -> Resources:
+        out = base.with_cpus(str(self.cpus_of_grant(g))) if self.pin_cpu else base.with_cpus(base.cpuset_cpus)
+        if self.pin_memory:
+            mems = self.mems_of_grant(g)
+            if mems:
+                out.cpuset_mems = str(mems)
+        return out
+
+    def _snapshot(self) -> list[CPUSet]:
+        return list(self._sharable)
+
+    def _updates(self, before: list[CPUSet], view: View, skip: str) -> dict[str, Resources]:
+        """Shared users of every pool whose shared CPUs moved."""
+        updates: dict[str, Resources] = {}
+        if not self.pin_cpu:
+            return updates
+        for pool in self.pools:
+            if before[pool.id] == self._sharable[pool.id]:
+                continue
+            for key in sorted(self._users[pool.id]):
+                c = view.containers.get(key)
+                if key != skip and c is not None:
+                    updates[key] = self._resources(c.resources, self.grants[key])
+        return updates
+
+    # -- the policy interface -------------------------------------------------------------
+    def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
+        try:
+            req = requirements(container, pod)
+        except RequirementError as err:
+            raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: {err}") from None
+        before = self._snapshot()
+        old = self._remove(container.key)
+        try:
+            r = self._request(container, pod, req, view)
+            grant = self._grant(self._choose(r), r)
+        except PolicyError:
+            if old is not None:
+                self._add(container.key, old)
+            raise
+        self._add(container.key, grant)
+        rdt, blockio = class_names(container, pod)
+        resources = self._resources(container.requested, grant)
+        resources.cpu_shares = milli_to_shares(req.cpu_request)
+        return Decision(resources=resources, rdt_class=rdt, blockio_class=blockio,
+                        updates=self._updates(before, view, container.key))
+
+    def release(self, container: Container, view: View) -> Decision:
+        before = self._snapshot()
+        if self._remove(container.key) is None:
+            return Decision()
+        return Decision(updates=self._updates(before, view, container.key))
+
+    def update(self, container: Container, requested: Resources, view: View) -> Decision:
+        g = self.grants.get(container.key)
+        if g is None:
+            return Decision()
+        memory = requested.memory_limit_in_bytes
+        if memory > 0 and memory != g.memory:
+            self._remove(container.key)
+            self._add(container.key, replace(g, memory=memory))
+            self._guard_memory([container.key])
+            g = self.grants[container.key]
+        return Decision(resources=self._resources(requested, g))
+
+    def _guard_memory(self, keys: list[str]) -> list[str]:
+        """Widen the memory of grants that no longer fit to the nearest pool up that fits."""
+        moved = []
+        for key in keys:
+            g = self.grants[key]
+            if not g.memory:
+                continue
+            pool = self.by_name[g.memory_pool]
+            self._remove(key)
+            target = pool
+            while self._memory_free(target, g.mem_types) < g.memory and target.parent is not None:
+                target = target.parent
+            new = replace(g, mem_pool="" if target.name == g.pool else target.name)
+            self._add(key, new)
+            if new != g:
+                moved.append(key)
+        return moved
+
+    def rename(self, old_key: str, new_key: str) -> None:
+        g = self._remove(old_key)
+        if g is not None:
+            self._add(new_key, g)
+
+    def rebalance(self, view: View) -> Decision:
+        """Place every shared-only container anew, biggest first; exclusive grants stay."""
+        movable = [k for k, g in self.grants.items() if g.kind == "shared" and k in view.containers
+                   and view.containers[k].pod_id in view.pods]
+        before = {k: (self.cpus_of_grant(g), self.mems_of_grant(g)) for k, g in self.grants.items()}
+        old = {k: self._remove(k) for k in movable}
+        movable.sort(key=lambda k: (-old[k].shared, -old[k].memory, k))
+        for key in movable:
+            c = view.containers[key]
+            pod = view.pods[c.pod_id]
+            try:
+                r = self._request(c, pod, requirements(c, pod), view)
+                self._add(key, self._grant(self._choose(r), r))
+            except (PolicyError, RequirementError):
+                self._add(key, old[key])
+        updates = {}
+        for key, g in self.grants.items():
+            c = view.containers.get(key)
+            if c is not None and before.get(key) != (self.cpus_of_grant(g), self.mems_of_grant(g)):
+                updates[key] = self._resources(c.resources, g)
+        return Decision(updates=updates)
+
+    def reconfigure(self, config: Mapping[str, Any], view: View) -> Decision:
+        """Take a new configuration keeping every grant where it is, or raise and change nothing."""
+        fresh = type(self)(config, self.topology)
+        fresh.restore_state(self.export_state())
+        updates = {}
+        for key, g in fresh.grants.items():
+            c = view.containers.get(key)
+            if c is None:
+                continue
+            now = fresh._resources(c.resources, g)
+            if (now.cpuset_cpus, now.cpuset_mems) != (c.resources.cpuset_cpus, c.resources.cpuset_mems):
+                updates[key] = now
+        self.__dict__.update(fresh.__dict__)
+        return Decision(updates=updates)
+
+    def export_state(self) -> dict[str, Any]:
+        return {"grants": {k: g.to_dict() for k, g in sorted(self.grants.items())}}
+
+    def restore_state(self, data: Mapping[str, Any]) -> None:
+        """Reinstate persisted grants exactly; PolicyError (nothing kept) if any cannot be."""
+        grants = {k: Grant.from_dict(v) for k, v in (data.get("grants") or {}).items()
+                  if not k.startswith("pending:")}
+        for key in list(self.grants):
+            self._remove(key)
+        try:
+            for key, g in sorted(grants.items()):
+                self._restore_one(key, g)
+            for pool in self.pools:
+                if self._users[pool.id] and not self._sharable[pool.id]:
+                    raise PolicyError(f"pool {pool.name} has shared users and no shared CPU left")
+                if 1000 * len(self._sharable[pool.id]) < self._subtree_milli(pool):
+                    raise PolicyError(f"pool {pool.name}: {self._subtree_milli(pool)}m shared CPU granted, "
+                                      f"only {len(self._sharable[pool.id])} shared CPUs")
+        except PolicyError:
+            for key in list(self.grants):
+                self._remove(key)
+            raise
+        self._guard_memory(sorted(self.grants))
+
+    def _restore_one(self, key: str, g: Grant) -> None:
+        if g.reserved:
+            if self.reserved_pool is None:
+                raise PolicyError(f"grant of {key} is on reserved CPUs; none are reserved now")
+            g = replace(g, pool=self.reserved_pool.name, mem_pool="")
+        pool = self.by_name.get(g.pool)
+        if pool is None:
+            raise PolicyError(f"grant of {key} is in pool {g.pool!r}, which does not exist now")
+        if g.mem_pool and g.mem_pool not in self.by_name:
+            g = replace(g, mem_pool="")
+        if not g.exclusive <= pool.cpus - pool.reserved:
+            raise PolicyError(f"grant of {key} holds CPUs {g.exclusive - (pool.cpus - pool.reserved)} outside "
+                              f"pool {pool.name}'s unreserved CPUs")
+        if not g.exclusive.isdisjoint(self._taken):
+            raise PolicyError(f"grant of {key} holds CPUs {g.exclusive & self._taken} another grant holds")
+        self._add(key, g)
+
+    def describe_pools(self) -> list[dict[str, Any]]:
+        return [{"name": p.name, "cpus": str(p.cpus), "mems": str(p.all_mems),
+                 "parent": p.parent.name if p.parent else "", "shared": str(self._sharable[p.id]),
+                 "isolated": str(p.isolated - self._taken), "reserved": str(p.reserved),
+                 "memory": {t.value: p.memory[t] for t in sorted(p.memory)}} for p in self.pools]
+
