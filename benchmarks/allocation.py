@@ -46,9 +46,9 @@ def main() -> int:
     args = ap.parse_args()
     topology = discover(generate(parse_spec(MACHINE), tempfile.mkdtemp(prefix="crirm-bench-")))
     print(f"machine: {MACHINE} ({len(topology.cpus)} CPUs, {len(topology.nodes)} NUMA nodes)")
-    print(f"{'policy':<12}{'live':>6} | {'all p50':>8}{'p99':>8} | {'shared p50':>10}{'p99':>8} | "
+    print(f"{'policy':<15}{'live':>6} | {'all p50':>8}{'p99':>8} | {'shared p50':>10}{'p99':>8} | "
           f"{'exclusive p50':>13}{'p99':>8} | {'release p50':>11}{'p99':>8}")
-    for name in ("static", "static-plus"):
+    for name in ("static", "static-plus", "topology-aware"):
         for count in (int(c) for c in args.counts.split(",")):
             policy = policies.create(name, {"Active": name, "ReservedResources": {"cpu": 2}}, topology)
             sim = Simulation(policy)
@@ -66,7 +66,7 @@ def main() -> int:
                 sim.remove(c)
                 release.append(time.perf_counter() - t)
             both = shared + exclusive
-            print(f"{name:<12}{count:>6} | {pct(both, 50):>6.0f}us{pct(both, 99):>6.0f}us | "
+            print(f"{name:<15}{count:>6} | {pct(both, 50):>6.0f}us{pct(both, 99):>6.0f}us | "
                   f"{pct(shared, 50):>8.0f}us{pct(shared, 99):>6.0f}us | "
                   f"{pct(exclusive, 50):>11.0f}us{pct(exclusive, 99):>6.0f}us | "
                   f"{pct(release, 50):>9.0f}us{pct(release, 99):>6.0f}us")

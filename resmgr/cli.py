@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from collections.abc import Coroutine
 from typing import Any
@@ -20,6 +21,17 @@ Point kubelet's --container-runtime-endpoint at the relay socket; pod and contai
 lifecycle calls are handed to the active policy, everything else passes through.
 
 `cri-resmgr simulate --help` runs a policy over a list of pods without a runtime."""
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
+
+
+def duration(text: str) -> float:
+    """Seconds from '30', '30s', '500ms', '5m' or '1h'."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r} (use e.g. 30s, 500ms, 5m)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--relay-mode", choices=["splice", "grpc"], default=d.relay_mode,
                    help="splice: forward HTTP/2 frames between paired connections, answering only "
                         "intercepted calls (fast); grpc: a grpc.aio server and client (default: %(default)s)")
+    p.add_argument("--rebalance-interval", type=duration, default=0.0, metavar="DURATION",
+                   help="re-place shared containers for a better fit this often, e.g. 30s or 5m "
+                        "(policies that support it: topology-aware; default: off)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log level (default: %(default)s)")
     p.add_argument("--logger-debug", metavar="SOURCES", default="",
@@ -113,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                    image_socket=args.image_socket, relay_dir=args.relay_dir, pid_file=args.pid_file,
                    allow_untested_runtimes=args.allow_untested_runtimes, dump=args.dump,
                    dump_file=args.dump_file, shutdown_grace=args.shutdown_grace,
-                   relay_mode=args.relay_mode, host_root=args.host_root)
+                   relay_mode=args.relay_mode, host_root=args.host_root,
+                   rebalance_interval=args.rebalance_interval)
     try:
         return _run(Daemon(opts, config).run())
     except (SocketInUse, StartupError, ConfigError) as err:

@@ -43,6 +43,7 @@ class Options:
     shutdown_grace: float = 5.0
     relay_mode: str = "splice"
     host_root: str = "/"
+    rebalance_interval: float = 0.0  # seconds; 0: off
 
 
 class StartupError(Exception):
@@ -97,6 +98,17 @@ class Daemon:
             except Exception:
                 log.exception("reconciliation with the runtime failed; retrying")
             await asyncio.sleep(RETRY_INTERVAL)
+
+    async def _rebalance(self, engine: Engine) -> None:
+        while True:
+            await asyncio.sleep(self.opts.rebalance_interval)
+            try:
+                moved = await engine.rebalance()
+            except Exception:  # a failed round must not stop the next one
+                log.exception("rebalancing failed")
+                continue
+            if moved:
+                log.info("rebalanced: %d container(s) moved", moved)
 
     async def run(self) -> int:
         listen.prepare(self.relay_socket)
@@ -153,7 +165,10 @@ class Daemon:
         log.info("relaying %s -> runtime %s, images %s, policy %s, %s front end", self.relay_socket,
                  self.runtime_socket, self.image_socket, policy.name, self.opts.relay_mode)
 
+        rebalancer = asyncio.create_task(self._rebalance(engine)) if self.opts.rebalance_interval > 0 else None
         await self._stop.wait()
+        if rebalancer is not None:
+            rebalancer.cancel()
         log.info("shutting down: letting in-flight calls finish (grace %.1fs)", self.opts.shutdown_grace)
         await stop_server(self.opts.shutdown_grace)
         if background is not None:

@@ -1,11 +1,11 @@
 """Demo: cri-resmgr in front of a private containerd, with a few sample pods.
 
-Runs pods of each QoS class through the relay, then prints for every container
-what it actually got: the CPUs and memory nodes its processes may use (read from
-/proc inside the container), its cgroup's cpuset.cpus and cpu.shares, and the
-QoS class the relay derived. Everything is removed at the end.
+Runs pods of each QoS class through the relay, then, once all are running, prints
+for every container what it got: the CPUs and memory nodes its processes may use
+(read from /proc inside the container), its cgroup's cpuset.cpus, cpuset.mems and
+cpu.shares, and the QoS class the relay derived. Everything is removed at the end.
 
-    python -m resmgr.demo [--policy none] [--keep]
+    python -m resmgr.demo [--policy topology-aware] [--keep]
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,16 +46,18 @@ def cgroup_value(parent: str, cid: str, controller: str, name: str) -> str:
 
 
 def proc_status(rt: cri_grpc.RuntimeServiceStub, cid: str) -> dict[str, str]:
-    out = rt.ExecSync(cri.ExecSyncRequest(container_id=cid, cmd=["cat", "/proc/1/status"], timeout=10))
+    out = rt.ExecSync(cri.ExecSyncRequest(container_id=cid, cmd=["cat", "/proc/self/status"], timeout=10))
     fields = dict(line.split(":\t", 1) for line in out.stdout.decode().splitlines() if ":\t" in line)
     return {k: v.strip() for k, v in fields.items()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policy", default="none", help="policy for the relay (default: none)")
+    ap.add_argument("--policy", default="topology-aware", help="policy for the relay (default: %(default)s)")
     ap.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
     args = ap.parse_args()
+    # SIGTERM tears down like Ctrl-C: the private containerd and its containers go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     work = Path(tempfile.mkdtemp(prefix="crirm-demo-"))
     print(f"starting a private containerd in {work} ...", flush=True)
@@ -80,7 +83,7 @@ def main() -> int:
                     return 1
         print(f"cri-resmgr serving on {relay_sock}, relaying to {version.runtime_name} "
               f"{version.runtime_version}\n", flush=True)
-        rows = []
+        started_containers = []
         for name, qos, res in SAMPLES:
             uid = f"demo-{name}"
             parent = f"/kubepods/{qos}/pod{uid}" if qos else f"/kubepods/pod{uid}"
@@ -96,15 +99,21 @@ def main() -> int:
             cid = rt.CreateContainer(cri.CreateContainerRequest(
                 pod_sandbox_id=pod_id, config=cfg, sandbox_config=pod), timeout=60).container_id
             rt.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=60)
+            started_containers.append((name, parent, cid))
+        # Read back only now: later grants move the shared containers' CPUs.
+        rows = []
+        for name, parent, cid in started_containers:
             status = proc_status(rt, cid)
             rows.append((name, cid[:12], status.get("Cpus_allowed_list", "?"),
                          status.get("Mems_allowed_list", "?"),
                          cgroup_value(parent, cid, "cpuset", "cpuset.cpus"),
+                         cgroup_value(parent, cid, "cpuset", "cpuset.mems"),
                          cgroup_value(parent, cid, "cpu", "cpu.shares")))
         state = json.loads((work / "state" / "cache").read_text())
         qos_of = {p["name"]: p["qos_class"] for p in state["pods"]}
         print()
-        header = ("pod", "container", "QoS (relay)", "Cpus_allowed", "Mems_allowed", "cpuset.cpus", "cpu.shares")
+        header = ("pod", "container", "QoS (relay)", "Cpus_allowed", "Mems_allowed", "cpuset.cpus", "cpuset.mems",
+                  "cpu.shares")
         table = [header] + [(r[0], r[1], qos_of.get(r[0], "?"), *r[2:]) for r in rows]
         widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
         for row in table:

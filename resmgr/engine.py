@@ -349,6 +349,24 @@ class Engine:
                 await self._run_hooks("post-remove", c, self.pods.get(c.pod_id))
                 await self.save()
 
+    async def reconfigure(self, policy_config: dict[str, Any]) -> None:
+        """Hand the policy a new configuration (PolicyError: rejected, nothing changed)."""
+        async with self._lock:
+            decision = self.policy.reconfigure(policy_config, self.view())
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+        await self.save()
+
+    async def rebalance(self) -> int:
+        """Let the policy re-place containers; returns how many moved."""
+        async with self._lock:
+            decision = self.policy.rebalance(self.view())
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+        if decision.updates:
+            await self.save()
+        return len(decision.updates)
+
     # -- reconciliation ------------------------------------------------------------
     async def reconcile(self) -> None:
         """Bring the state in line with what the runtime actually runs."""

@@ -232,3 +232,48 @@ async def test_runtime_ends_with_the_latest_decision(engine):
     pushed = [r.cpuset_cpus for cid, r in engine.runtime.updates if cid == "c1"]
     assert pushed[-1] == "0-2"  # B decided last: everyone else on 0-2
     assert engine.containers["c1"].resources.cpuset_cpus == "0-2"
+
+
+
+async def test_reconfigure_and_rebalance_push_what_moved(tmp_path):
+    from policies import PolicyError, create
+    from tests.world import machine
+
+    topo = machine("sockets=1,nodes=2,cores=2,threads=1")  # node 0 = CPUs 0-1, node 1 = 2-3
+    store = StateStore(tmp_path)
+    store.prepare()
+    runtime = FakeRuntime()
+    eng = Engine(create("topology-aware", {"Active": "topology-aware"}, topo), store, runtime)
+    cfg = pod_config("p", qos="guaranteed")
+
+    async def run(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod")
+
+    await eng.run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
+
+    async def create_as(cid, name, resources):
+        async def send(req):
+            return cri.CreateContainerResponse(container_id=cid)
+
+        await eng.create_container(cri.CreateContainerRequest(
+            pod_sandbox_id="pod", config=container_config(name, resources=resources), sandbox_config=cfg), send)
+
+    await create_as("g", "big", cri.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000))
+    await create_as("s", "small", cri.LinuxContainerResources(cpu_shares=512))
+    assert eng.containers["g"].resources.cpuset_cpus == "0-1"
+    assert eng.containers["s"].resources.cpuset_cpus == "2-3"
+    # A reserved CPU under the exclusive grant is refused and nothing changes.
+    with pytest.raises(PolicyError, match="grant of g"):
+        await eng.reconfigure({"Active": "topology-aware", "ReservedResources": {"cpu": "cpuset:0"}})
+    assert runtime.updates == []
+    await eng.reconfigure({"Active": "topology-aware", "ReservedResources": {"cpu": "cpuset:3"}})
+    assert [(cid, r.cpuset_cpus) for cid, r in runtime.updates] == [("s", "2")]
+    assert eng.store.load()["policy"]["data"]["grants"]["g"]["exclusive"] == "0-1"
+
+    async def removed(req):
+        return cri.RemoveContainerResponse()
+
+    await eng.remove_container(cri.RemoveContainerRequest(container_id="g"), removed)
+    assert await eng.rebalance() == 1  # node 0 is free now and has more room
+    assert runtime.updates[-1][0] == "s" and runtime.updates[-1][1].cpuset_cpus == "0-1"
+    assert await eng.rebalance() == 0

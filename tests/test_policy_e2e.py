@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -10,17 +11,23 @@ import pytest
 from resmgr.cri import api_pb2 as cri
 from resmgr.requirements import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.sysfs import discover
 from tests.helpers import Cri, RelayProcess, container_config, pod_config
 
-ONLINE = discover("/").online
+TOPOLOGY = discover("/")
+ONLINE = TOPOLOGY.online
+
+
+def cgroup_cpuset(pod: cri.PodSandboxConfig, cid: str, name: str = "cpus") -> CPUSet:
+    base = Path("/sys/fs/cgroup/cpuset") / pod.linux.cgroup_parent.lstrip("/") / cid / f"cpuset.{name}"
+    if not base.exists():  # cgroup v2
+        base = Path("/sys/fs/cgroup") / pod.linux.cgroup_parent.lstrip("/") / cid / f"cpuset.{name}"
+    return CPUSet.parse(base.read_text())
 
 
 def cgroup_cpus(pod: cri.PodSandboxConfig, cid: str) -> CPUSet:
-    base = Path("/sys/fs/cgroup/cpuset") / pod.linux.cgroup_parent.lstrip("/") / cid / "cpuset.cpus"
-    if not base.exists():  # cgroup v2
-        base = Path("/sys/fs/cgroup") / pod.linux.cgroup_parent.lstrip("/") / cid / "cpuset.cpus"
-    return CPUSet.parse(base.read_text())
+    return cgroup_cpuset(pod, cid, "cpus")
 
 
 def resources(milli: int, guaranteed: bool) -> cri.LinuxContainerResources:
@@ -30,9 +37,10 @@ def resources(milli: int, guaranteed: bool) -> cri.LinuxContainerResources:
 
 
 @pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
-def test_static_policy_pins_and_restores(containerd, workdir, direct):
-    config = workdir / "static.yaml"
-    config.write_text("policy:\n  Active: static\n")
+@pytest.mark.parametrize("policy", ["static", "topology-aware"])
+def test_policy_pins_and_restores(containerd, workdir, direct, policy):
+    config = workdir / "policy.yaml"
+    config.write_text(f"policy:\n  Active: {policy}\n")
     relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config)).start()
     via = Cri(relay.socket)
     pods = []
@@ -49,6 +57,9 @@ def test_static_policy_pins_and_restores(containerd, workdir, direct):
         assert len(mine) == 1
         # The shared container was moved off the exclusive CPU in the runtime.
         assert cgroup_cpus(shared_cfg, shared) == ONLINE - mine
+        if policy == "topology-aware":  # memory pinned to the pool's nodes
+            mems = CPUSet(n.id for n in TOPOLOGY.memory_nodes() if n.cpus & mine)
+            assert cgroup_cpuset(exclusive_cfg, exclusive, "mems") == mems
 
         # kill -9 and restart: every cgroup stays as it was.
         assert relay.stop(signal.SIGKILL) == -signal.SIGKILL
@@ -115,3 +126,37 @@ def test_containers_started_while_down_are_allocated(containerd, workdir, direct
     finally:
         for p in pods:
             direct.remove_pod(p)
+
+
+@pytest.mark.skipif(ONLINE != CPUSet.parse("0-1"), reason="the generated machine's CPUs must exist here")
+def test_topology_aware_rebalance_moves_a_shared_container(containerd, workdir):
+    # Two NUMA nodes of one CPU each (memory not pinned: node 1 does not exist here).
+    root = generate(parse_spec("sockets=1,nodes=2,cores=1,threads=1"), workdir / "host")
+    config = workdir / "ta.yaml"
+    config.write_text("policy:\n  Active: topology-aware\n  topology-aware:\n    PinMemory: false\n")
+    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config), "--host-root", str(root),
+                         "--rebalance-interval", "200ms").start()
+    via = Cri(relay.socket)
+    pods = []
+    try:
+        g_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(g_cfg))
+        g = via.run_container(pods[-1], g_cfg, container_config(resources=resources(1000, True)))
+        assert cgroup_cpus(g_cfg, g) == CPUSet((0,))
+        s_cfg = pod_config(qos="besteffort", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(s_cfg))
+        s = via.run_container(pods[-1], s_cfg, container_config(resources=resources(0, False)))
+        assert cgroup_cpus(s_cfg, s) == CPUSet((1,))  # the only pool with a shared CPU left
+        via.remove_pod(pods.pop(0))
+        # Both pools are free now; rebalancing moves the shared container to the first one.
+        deadline = time.monotonic() + 10
+        moved = "rebalanced: 1 container(s) moved"
+        while moved not in relay.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert moved in relay.log()
+        assert cgroup_cpus(s_cfg, s) == CPUSet((0,))
+    finally:
+        for p in pods:
+            via.remove_pod(p)
+        via.close()
+        relay.stop()

@@ -64,6 +64,25 @@ def test_simulate_json(tmp_path):
     assert set(by_name["postgres"]) == {"pod", "name", "cpus", "mems", "rdt_class", "blockio_class", "pool"}
 
 
+def test_simulate_topology_aware_json(tmp_path):
+    config = "policy:\n  Active: topology-aware\n  ReservedResources:\n    cpu: 1\n"
+    out = simulate(tmp_path, "--machine", "sockets=2,nodes=2,cores=14,threads=2,pmem=2x512G", "--output", "json",
+                   config=config)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["policy"] == "topology-aware"
+    pools = {p["name"]: p for p in result["pools"]}
+    assert len(pools) == 7 and pools["root"]["cpus"] == "0-111"
+    assert {len(p["cpus"].split(",")) for n, p in pools.items() if n.startswith("NUMA")} == {2}
+    assert pools["NUMA node #0"]["mems"] == "0,4" and pools["NUMA node #0"]["parent"] == "socket #0"
+    by_name = {c["name"]: c for c in result["containers"]}
+    assert by_name["dns"]["cpus"] == "0"  # kube-system on the reserved CPU
+    postgres = by_name["postgres"]
+    assert postgres["pool"].startswith("NUMA node #") and len(postgres["cpus"].split(",")) == 2
+    assert by_name["nginx"]["pool"].startswith("NUMA node #")
+    assert "topology-aware" in out.stdout
+
+
 def test_simulate_table_from_a_host_root(tmp_path):
     from resmgr.topology.generate import MachineSpec, generate
 
@@ -82,6 +101,11 @@ def test_simulate_table_from_a_host_root(tmp_path):
      "default/huge/c needs 64 exclusive CPUs"),
     ("policy:\n  Active: static\n", "- name: bad\n  containers:\n    - name: c\n      requests: {cpu: lots}\n",
      "pod default/bad container c: bad CPU quantity"),
+    ("policy:\n  Active: topology-aware\n",
+     "- name: huge\n  containers:\n    - name: c\n      limits: {cpu: 64, memory: 1Gi}\n",
+     "container default/huge/c: no pool can take 64 exclusive CPU(s)"),
+    ("policy:\n  Active: topology-aware\n  topology-aware:\n    PinCPUs: true\n", PODS,
+     "policy.topology-aware.PinCPUs: unknown option"),
     ("policy:\n  Active: static\n", "name: not-a-list\n", "expected a YAML list"),
 ])
 def test_simulate_bad_input_names_what_is_wrong(tmp_path, config, pods, needle):

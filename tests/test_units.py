@@ -163,6 +163,7 @@ def test_cli_list_policies():
     assert out.stdout.splitlines()[0] == "Available policies:"
     assert "  * none: " in out.stdout and "alias: null" in out.stdout
     assert "  * static: " in out.stdout and "  * static-plus: " in out.stdout
+    assert "  * topology-aware: " in out.stdout
 
 
 def test_cli_print_config(tmp_path):
