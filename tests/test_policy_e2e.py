@@ -81,9 +81,13 @@ def test_policy_pins_and_restores(containerd, workdir, direct, policy):
         relay.stop()
 
 
-def test_request_that_cannot_fit_fails_create(containerd, workdir):
-    config = workdir / "static.yaml"
-    config.write_text("policy:\n  Active: static\n")
+@pytest.mark.parametrize("policy, message", [
+    ("static", "default/{pod}/main needs 64 exclusive CPUs"),
+    ("topology-aware", "container default/{pod}/main: no pool can take 64 exclusive CPU(s)"),
+])
+def test_request_that_cannot_fit_fails_create(containerd, workdir, policy, message):
+    config = workdir / "policy.yaml"
+    config.write_text(f"policy:\n  Active: {policy}\n")
     relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config)).start()
     via = Cri(relay.socket)
     try:
@@ -94,7 +98,7 @@ def test_request_that_cannot_fit_fails_create(containerd, workdir):
         with pytest.raises(grpc.RpcError) as info:
             via.create(pod, cfg, container_config(resources=resources(64000, True)))
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert f"default/{cfg.metadata.name}/main needs 64 exclusive CPUs" in info.value.details()
+        assert message.format(pod=cfg.metadata.name) in info.value.details()
         via.remove_pod(pod)
     finally:
         via.close()

@@ -191,6 +191,8 @@ def test_reserved_class():
     assert w.cpus(asked) == CPUSet.parse("0,16")
     ordinary = w.add(B, 100)
     assert w.cpus(ordinary).isdisjoint(CPUSet.parse("0,16"))
+    huge = w.add(B, 100, namespace="kube-system", memory=100 * GiB)  # system pods are never refused
+    assert w.cpus(huge) == CPUSet.parse("0,16")
     glob = World(TA, SNC, ReservedResources={"cpu": 1}, ReservedPoolNamespaces=["kube-*"])
     assert len(glob.cpus(glob.add(BE, 0, namespace="kube-public"))) == 1
 

@@ -288,13 +288,13 @@ class TopologyAwarePolicy(Policy):
 
     def _fit(self, pool: Pool, r: Request) -> tuple[bool, int] | None:
         """(isolated?, capacity left) if the pool can take the request, else None."""
+        if r.reserved:  # system containers always run, on the reserved CPUs, whatever the memory
+            return (False, 0) if pool is self.reserved_pool else None
         if self.memory_types_present:  # without NUMA information memory is not placed at all
             if r.memory and self._memory_free(pool, r.mem_types) < r.memory:
                 return None
-            if not pool.mems_of(r.mem_types) and not r.reserved:
+            if not pool.mems_of(r.mem_types):
                 return None
-        if r.reserved:
-            return (False, 0) if pool is self.reserved_pool else None
         isolated = False
         if r.exclusive:
             free_iso = pool.isolated - self._taken
