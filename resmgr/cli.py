@@ -11,16 +11,19 @@ from typing import Any
 
 import policies
 from resmgr import __version__, log
-from resmgr.config import Config, ConfigError, load_file
+from resmgr.config import ConfigError
+from resmgr.control import Sources
 from resmgr.daemon import Daemon, Options, StartupError
-from resmgr.relay.listen import SocketInUse
+from resmgr.relay.listen import SocketInUse, prepare
+from resmgr.store import StateStore
 
 DESCRIPTION = """\
 CRI resource manager: a CRI relay between kubelet and the container runtime.
 Point kubelet's --container-runtime-endpoint at the relay socket; pod and container
 lifecycle calls are handed to the active policy, everything else passes through.
 
-`cri-resmgr simulate --help` runs a policy over a list of pods without a runtime."""
+`cri-resmgr simulate --help` runs a policy over a list of pods without a runtime;
+`cri-resmgr status --help` shows what a running relay has in force."""
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
@@ -51,11 +54,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="root of the host filesystem; topology is read from DIR/sys (default: %(default)s)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--force-config", metavar="FILE",
-                     help="YAML configuration that overrides any other source")
+                     help="YAML configuration that overrides any other source; reloaded on SIGHUP")
     src.add_argument("--fallback-config", metavar="FILE",
-                     help="YAML configuration used when no other source provides one")
+                     help="YAML configuration used when the node agent has not pushed one")
     p.add_argument("--print-config", action="store_true",
                    help="print the effective configuration and where it came from, then exit")
+    p.add_argument("--reset-config", action="store_true",
+                   help="forget the configuration the node agent pushed last, then exit")
+    p.add_argument("--reset-policy", action="store_true",
+                   help="drop the persisted policy allocations (containers are re-allocated at the next "
+                        "start), then exit")
+    p.add_argument("--disable-policy-switch", action="store_true",
+                   help="refuse any change of the active policy, at start-up and from pushed configuration")
+    p.add_argument("--config-socket", default=d.config_socket,
+                   help="socket the node agent pushes configuration to ('disabled': none; default: %(default)s)")
+    p.add_argument("--agent-socket", default=d.agent_socket,
+                   help="the node agent's socket for cluster operations (default: %(default)s)")
     p.add_argument("--list-policies", action="store_true", help="list the available policies and exit")
     p.add_argument("--dump", metavar="RULES",
                    help="CRI message dump rules, e.g. 'off:.*,full:Create.*' "
@@ -80,16 +94,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_config(args: argparse.Namespace) -> Config:
-    if args.force_config:
-        cfg = load_file(args.force_config)
-        cfg.source = f"forced config file {args.force_config}"
-    elif args.fallback_config:
-        cfg = load_file(args.fallback_config)
-        cfg.source = f"fallback config file {args.fallback_config}"
-    else:
-        cfg = Config()
-    return cfg
+def _reset(args: argparse.Namespace, sources: Sources) -> int:
+    """--reset-config / --reset-policy: only while no relay runs on this socket."""
+    try:
+        prepare(args.relay_socket)
+    except SocketInUse as err:
+        print(f"cri-resmgr: cannot reset while the relay runs: {err}", file=sys.stderr)
+        return 1
+    if args.reset_config:
+        done = sources.reset_pushed()
+        print("pushed configuration removed" if done else "no pushed configuration to remove")
+    if args.reset_policy:
+        store = StateStore(args.relay_dir)
+        state = store.load() if store.path.exists() else None
+        if state and state.pop("policy", None) is not None:
+            state.pop("version", None)
+            store.write(state)
+            print("policy allocations dropped; containers are re-allocated at the next start")
+        else:
+            print("no policy allocations to drop")
+    return 0
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
@@ -107,12 +131,19 @@ def main(argv: list[str] | None = None) -> int:
         from resmgr import simulate
 
         return simulate.main(argv[1:])
+    if argv[:1] == ["status"]:
+        from resmgr import status
+
+        return status.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.list_policies:
         print(policies.describe())
         return 0
+    sources = Sources(args.force_config, args.fallback_config, args.relay_dir)
+    if args.reset_config or args.reset_policy:
+        return _reset(args, sources)
     try:
-        config = load_config(args)
+        config = sources.effective()
     except ConfigError as err:
         print(f"cri-resmgr: {err}", file=sys.stderr)
         return 2
@@ -121,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         print(config.to_yaml(), end="")
         return 0
     debug = [s.strip() for s in args.logger_debug.split(",") if s.strip()]
-    log.setup(args.log_level, config.debug_sources + debug)
+    log.setup(args.log_level, debug)
+    log.set_debug(config.debug_sources)
     if config.source == "built-in defaults":
         log.logging.getLogger("cri-resmgr").warning("no configuration given; using built-in defaults")
     opts = Options(relay_socket=args.relay_socket, runtime_socket=args.runtime_socket,
@@ -129,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                    allow_untested_runtimes=args.allow_untested_runtimes, dump=args.dump,
                    dump_file=args.dump_file, shutdown_grace=args.shutdown_grace,
                    relay_mode=args.relay_mode, host_root=args.host_root,
-                   rebalance_interval=args.rebalance_interval)
+                   rebalance_interval=args.rebalance_interval, config_socket=args.config_socket,
+                   agent_socket=args.agent_socket, disable_policy_switch=args.disable_policy_switch)
     try:
-        return _run(Daemon(opts, config).run())
+        return _run(Daemon(opts, sources, config).run())
     except (SocketInUse, StartupError, ConfigError) as err:
         print(f"cri-resmgr: {err}", file=sys.stderr)
         return 1

@@ -1,31 +1,37 @@
-"""Configuration: a YAML document with cri-resmgr's module sections.
+"""Configuration: cri-resmgr's module sections, each validated by a JSON Schema.
 
-Sections: `policy` (Active, AvailableResources, ReservedResources and one section per
-policy), `dump` (Config rules, File), `logger` (Debug). The sections later modules
-own (rdt, blockio, resource-manager.control, instrumentation) are accepted as
-mappings and kept, so configs written for cri-resmgr load here.
+Sections (modules): `policy`, `dump`, `logger`, `rdt`, `blockio`, `instrumentation`,
+`resource-manager.control`; their schemas live in `config/schemas/`. A configuration
+comes either as one YAML document (a file) or as a map of key -> YAML text (a
+ConfigMap's data), where a key names a section or a dotted path into one
+(`policy.topology-aware`). Unknown keys, wrong types and bad values are errors that
+name the key path; nothing is applied from a configuration with any error.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import yaml
 
 import policies
 from resmgr import dump
+
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "config" / "schemas"
+MODULES = ("policy", "dump", "logger", "rdt", "blockio", "instrumentation", "resource-manager.control")
 
 DEFAULTS: dict[str, Any] = {
     "policy": {"Active": "none", "AvailableResources": {}, "ReservedResources": {}},
     "dump": {"Config": dump.DEFAULT_RULES, "File": ""},
     "logger": {"Debug": []},
 }
-
-_LATER_SECTIONS = {"rdt", "blockio", "resource-manager.control", "instrumentation"}
-_POLICY_KEYS = {"Active", "AvailableResources", "ReservedResources", "ReservedPoolNamespaces"}
 
 
 class ConfigError(Exception):
@@ -75,54 +81,100 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+@functools.cache
+def _validator(module: str) -> jsonschema.protocols.Validator:
+    schema = json.loads((SCHEMA_DIR / f"{module}.schema.json").read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def _describe(error: jsonschema.ValidationError, module: str) -> str:
+    """`path: problem` for the first schema violation, with unknown keys named."""
+    path = ".".join([module, *(str(p) for p in error.absolute_path)])
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = sorted(error.schema.get("properties", {}))
+        unknown = sorted(str(k) for k in error.instance if k not in known)
+        if unknown:
+            hint = f" (known: {', '.join(known)})" if known else ""
+            return f"{path}.{unknown[0]}: unknown key{hint}"
+    return f"{path}: {error.message}"
+
+
+def _check(module: str, section: dict[str, Any], origin: str) -> None:
+    errors = sorted(_validator(module).iter_errors(section), key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        raise ConfigError(f"{origin}: {_describe(errors[0], module)}")
+
+
 def validate(data: Any, origin: str = "config") -> Config:
-    """Check the document's shape and merge it over the defaults."""
+    """Check the document against the module schemas and merge it over the defaults."""
     doc = _mapping(data, origin)
     for key in doc:
-        if key not in DEFAULTS and key not in _LATER_SECTIONS:
-            raise ConfigError(f"{origin}: unknown section {key!r} (known: "
-                              f"{', '.join(sorted(set(DEFAULTS) | _LATER_SECTIONS))})")
-        _mapping(doc[key], f"{origin}: {key}")
-    pol = _mapping(doc.get("policy"), f"{origin}: policy")
-    for key in pol:
-        if key not in _POLICY_KEYS and key not in policies.REGISTRY:
-            raise ConfigError(f"{origin}: policy.{key}: unknown key (known: "
-                              f"{', '.join(sorted(_POLICY_KEYS | set(policies.REGISTRY)))})")
+        if key not in MODULES:
+            raise ConfigError(f"{origin}: unknown section {key!r} (known: {', '.join(sorted(MODULES))})")
+    doc = {key: _mapping(value, f"{origin}: {key}") for key, value in doc.items()}
+    for key, section in doc.items():
+        _check(key, section, origin)
+    pol = doc.get("policy", {})
     if "Active" in pol:
         if pol["Active"] is None:  # YAML reads `Active: null` as a null value: the null policy
             pol = {**pol, "Active": "null"}
-        if not isinstance(pol["Active"], str):
-            raise ConfigError(f"{origin}: policy.Active: expected a policy name")
         try:
             pol = {**pol, "Active": policies.canonical(pol["Active"])}
         except KeyError as err:
             raise ConfigError(f"{origin}: policy.Active: {err.args[0]}") from None
-    dmp = _mapping(doc.get("dump"), f"{origin}: dump")
-    for key in dmp:
-        if key not in ("Config", "File"):
-            raise ConfigError(f"{origin}: dump.{key}: unknown key (known: Config, File)")
+    dmp = doc.get("dump", {})
     if "Config" in dmp:
-        if not isinstance(dmp["Config"], str):
-            raise ConfigError(f"{origin}: dump.Config: expected a rule string")
         try:
             dump.parse_rules(dmp["Config"])
         except dump.RuleError as err:
             raise ConfigError(f"{origin}: dump.Config: {err}") from None
-    if "File" in dmp and not isinstance(dmp["File"] or "", str):
-        raise ConfigError(f"{origin}: dump.File: expected a path")
-    lg = _mapping(doc.get("logger"), f"{origin}: logger")
-    for key in lg:
-        if key != "Debug":
-            raise ConfigError(f"{origin}: logger.{key}: unknown key (known: Debug)")
-    if "Debug" in lg:
-        debug = lg["Debug"]
-        if isinstance(debug, str):
-            debug = [s.strip() for s in debug.split(",") if s.strip()]
-        if not isinstance(debug, list) or not all(isinstance(s, str) for s in debug):
-            raise ConfigError(f"{origin}: logger.Debug: expected a list of sources or '*'")
-        lg = {**lg, "Debug": debug}
+    lg = doc.get("logger", {})
+    if isinstance(lg.get("Debug"), str):
+        lg = {**lg, "Debug": [s.strip() for s in lg["Debug"].split(",") if s.strip()]}
+    elif "Debug" in lg and lg["Debug"] is None:
+        lg = {**lg, "Debug": []}
     doc = {**doc, "policy": pol, "dump": dmp, "logger": lg}
     return Config(_merge(DEFAULTS, doc), origin)
+
+
+def _split(key: str) -> list[str]:
+    """A ConfigMap key as a path: the longest section name it starts with, then dotted parts."""
+    for module in sorted(MODULES, key=len, reverse=True):
+        if key == module:
+            return [module]
+        if key.startswith(module + "."):
+            return [module, *key[len(module) + 1:].split(".")]
+    return [key]
+
+
+def from_map(data: Mapping[str, str], origin: str = "ConfigMap") -> Config:
+    """Validate ConfigMap data: each key a section or dotted path, each value YAML text."""
+    doc: dict[str, Any] = {}
+    for key in sorted(data, key=lambda k: (k.count("."), k)):  # sections before their sub-keys
+        try:
+            value = yaml.safe_load(data[key])
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{origin}: {key}: not valid YAML: {err}") from None
+        path = _split(key)
+        node = doc
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{origin}: {key}: {part} is not a mapping")
+            node = child
+        if isinstance(node.get(path[-1]), dict) and isinstance(value, dict):
+            node[path[-1]] = _merge(node[path[-1]], value)
+        else:
+            node[path[-1]] = value
+    return validate(doc, origin)
+
+
+def to_map(config: Config) -> dict[str, str]:
+    """ConfigMap data for a configuration: one YAML text per section."""
+    return {key: yaml.safe_dump(value, sort_keys=False, default_flow_style=False)
+            for key, value in config.data.items()}
 
 
 def load_file(path: str) -> Config:

@@ -13,7 +13,9 @@ import grpc
 
 import policies
 from policies import PolicyError
+from resmgr import configserver
 from resmgr.config import Config
+from resmgr.control import Control, Rejected, Sources
 from resmgr.dump import Dumper
 from resmgr.engine import Engine
 from resmgr.relay import listen
@@ -43,6 +45,9 @@ class Options:
     shutdown_grace: float = 5.0
     relay_mode: str = "splice"
     host_root: str = "/"
+    config_socket: str = "/var/run/cri-resmgr/cri-resmgr-config.sock"
+    agent_socket: str = "/var/run/cri-resmgr/cri-resmgr-agent.sock"
+    disable_policy_switch: bool = False
     rebalance_interval: float = 0.0  # seconds; 0: off
 
 
@@ -62,8 +67,9 @@ def _path(endpoint: str) -> str:
 
 
 class Daemon:
-    def __init__(self, opts: Options, config: Config) -> None:
+    def __init__(self, opts: Options, sources: Sources, config: Config) -> None:
         self.opts = opts
+        self.sources = sources
         self.config = config
         self.relay_socket = _path(opts.relay_socket)
         self.runtime_socket = _path(opts.runtime_socket)
@@ -129,11 +135,26 @@ class Daemon:
         except (TopologyError, PolicyError) as err:
             raise StartupError(f"{self.config.policy_name} policy ({self.config.source}): {err}") from None
         engine = Engine(policy, store, RuntimeClient(runtime_ch))
-        engine.restore(store.load())
-        rules = self.opts.dump if self.opts.dump is not None else self.config.dump_rules
-        dump_file = self.opts.dump_file if self.opts.dump_file is not None else self.config.dump_file
-        dumper = Dumper(rules, dump_file or None)
-        interceptor = Interceptor(engine, runtime_ch, image_ch, dumper, self.runtime_socket, self.image_socket)
+        state = store.load()
+        persisted = ((state or {}).get("policy") or {}).get("name")
+        if self.opts.disable_policy_switch and persisted and persisted != policy.name:
+            raise StartupError(f"the containers were allocated by the {persisted} policy and {self.config.source} "
+                               f"asks for {policy.name}; policy switching is disabled (--disable-policy-switch; "
+                               "--reset-policy drops the old allocations)")
+        engine.restore(state)
+        interceptor = Interceptor(engine, runtime_ch, image_ch, None, self.runtime_socket, self.image_socket)
+
+        def set_dumper(dumper: Dumper) -> None:
+            old, interceptor.dumper = interceptor.dumper, dumper
+            if old is not None:
+                old.close()
+
+        control = Control(self.sources, self.config, engine, topology, set_dumper,
+                          self.opts.disable_policy_switch, (self.opts.dump, self.opts.dump_file))
+        try:
+            set_dumper(control.dumper_for(self.config))
+        except Rejected as err:
+            raise StartupError(str(err)) from None
 
         background = None
         try:
@@ -162,6 +183,17 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        reloads: set[asyncio.Task] = set()
+
+        def reload() -> None:
+            task = asyncio.create_task(control.reload_forced())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, reload)
+        config_server = None
+        if self.opts.config_socket and self.opts.config_socket != "disabled":
+            config_server = await configserver.serve(control, _path(self.opts.config_socket))
         log.info("relaying %s -> runtime %s, images %s, policy %s, %s front end", self.relay_socket,
                  self.runtime_socket, self.image_socket, policy.name, self.opts.relay_mode)
 
@@ -171,6 +203,9 @@ class Daemon:
             rebalancer.cancel()
         log.info("shutting down: letting in-flight calls finish (grace %.1fs)", self.opts.shutdown_grace)
         await stop_server(self.opts.shutdown_grace)
+        if config_server is not None:
+            await config_server.stop(1.0)
+            Path(_path(self.opts.config_socket)).unlink(missing_ok=True)
         if background is not None:
             background.cancel()
         try:
@@ -179,7 +214,8 @@ class Daemon:
             Path(self.relay_socket).unlink(missing_ok=True)
             if self.opts.pid_file:
                 Path(self.opts.pid_file).unlink(missing_ok=True)
-            dumper.close()
+            if interceptor.dumper is not None:
+                interceptor.dumper.close()
             await runtime_ch.close()
             if image_ch is not runtime_ch:
                 await image_ch.close()

@@ -9,9 +9,10 @@ lifecycle calls for different pods run in parallel.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 from policies import Decision, Policy, View
@@ -349,6 +350,39 @@ class Engine:
                 await self._run_hooks("post-remove", c, self.pods.get(c.pod_id))
                 await self.save()
 
+    async def switch_policy(self, new: Policy) -> None:
+        """Re-allocate every container under another policy (PolicyError: nothing changed)."""
+        async with self._lock:
+            # Decide on copies, so a refusal half-way leaves the engine as it was.
+            shadow = {k: dataclasses.replace(c) for k, c in self.containers.items()}
+            view = View(self.pods, shadow)
+            for c in self._allocation_order(shadow.values()):
+                decision = new.allocate(c, self.pods[c.pod_id], view)
+                self._apply_decision(c, decision)
+                for key, res in decision.updates.items():
+                    if key in shadow:
+                        shadow[key].resources = res
+            updates = {}
+            for key, c in shadow.items():
+                old = self.containers[key]
+                if c.state != ContainerState.EXITED and c.resources != old.resources:
+                    updates[key] = c.resources
+                old.rdt_class, old.blockio_class = c.rdt_class, c.blockio_class
+            log.info("policy switched from %s to %s; %d container(s) move", self.policy.name, new.name,
+                     len(updates))
+            self.policy = new
+            self._unallocated.clear()
+            self._record(updates)
+        await self._apply_updates(Decision(updates=updates))
+        await self.save()
+
+    def _allocation_order(self, containers: Iterable[Container]) -> list[Container]:
+        """Live containers, Guaranteed first, then by size: big exclusive grants before the rest."""
+        order = {"Guaranteed": 0, "Burstable": 1, "BestEffort": 2}
+        live = [c for c in containers if c.state != ContainerState.EXITED and c.pod_id in self.pods]
+        return sorted(live, key=lambda c: (order[self.pods[c.pod_id].qos_class.value],
+                                           -c.requested.memory_limit_in_bytes, -c.requested.cpu_shares, c.key))
+
     async def reconfigure(self, policy_config: dict[str, Any]) -> None:
         """Hand the policy a new configuration (PolicyError: rejected, nothing changed)."""
         async with self._lock:
@@ -414,17 +448,9 @@ class Engine:
                 c.seq = self._next_seq()
                 self.containers[cid] = c
                 self._unallocated.add(cid)
-            # Allocate in a stable order: Guaranteed first, then by size, so big exclusive
-            # requests are placed before the shared pool is carved up.
-            order = {"Guaranteed": 0, "Burstable": 1, "BestEffort": 2}
-            todo = [self.containers[k] for k in self._unallocated
-                    if k in self.containers and self.containers[k].state != ContainerState.EXITED]
-            todo.sort(key=lambda c: (order[self.pods[c.pod_id].qos_class.value] if c.pod_id in self.pods else 3,
-                                     -c.requested.memory_limit_in_bytes, -c.requested.cpu_shares, c.key))
+            todo = self._allocation_order(self.containers[k] for k in self._unallocated if k in self.containers)
             self._unallocated.clear()
             for c in todo:
-                if c.pod_id not in self.pods:
-                    continue
                 try:
                     alloc = self.policy.allocate(c, self.pods[c.pod_id], self.view())
                 except Exception as err:  # keep it running as it is rather than fail start-up

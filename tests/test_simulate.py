@@ -105,7 +105,7 @@ def test_simulate_table_from_a_host_root(tmp_path):
      "- name: huge\n  containers:\n    - name: c\n      limits: {cpu: 64, memory: 1Gi}\n",
      "container default/huge/c: no pool can take 64 exclusive CPU(s)"),
     ("policy:\n  Active: topology-aware\n  topology-aware:\n    PinCPUs: true\n", PODS,
-     "policy.topology-aware.PinCPUs: unknown option"),
+     "policy.topology-aware.PinCPUs: unknown"),
     ("policy:\n  Active: static\n", "name: not-a-list\n", "expected a YAML list"),
 ])
 def test_simulate_bad_input_names_what_is_wrong(tmp_path, config, pods, needle):

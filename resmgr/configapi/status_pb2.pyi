@@ -1,0 +1,25 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusReply(_message.Message):
+    __slots__ = ("config", "source", "policy", "last_error", "pods", "containers")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    PODS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    config: str
+    source: str
+    policy: str
+    last_error: str
+    pods: int
+    containers: int
+    def __init__(self, config: _Optional[str] = ..., source: _Optional[str] = ..., policy: _Optional[str] = ..., last_error: _Optional[str] = ..., pods: _Optional[int] = ..., containers: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,158 @@
+"""Live configuration: pushes over the config link, SIGHUP reloads, policy switches, persistence."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from resmgr.configapi import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
+from tests.helpers import ROOT, Cri, RelayProcess, container_config, pod_config
+from tests.test_policy_e2e import ONLINE, cgroup_cpus, cgroup_cpuset, resources
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "resmgr", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60)
+
+
+class Link:
+    """The agent's side of the config link, plus the status service."""
+
+    def __init__(self, path: str) -> None:
+        self.channel = grpc.insecure_channel("unix://" + path)
+        self.config = api_pb2_grpc.ConfigStub(self.channel)
+        self.status_stub = status_pb2_grpc.StatusStub(self.channel)
+
+    def push(self, data: dict[str, str], node: str = "node-1") -> str:
+        return self.config.SetConfig(api_pb2.SetConfigRequest(node_name=node, config=data), timeout=30).error
+
+    def status(self) -> status_pb2.GetStatusReply:
+        return self.status_stub.GetStatus(status_pb2.GetStatusRequest(), timeout=10)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def start(workdir, containerd, *extra, relay_dir=None) -> tuple[RelayProcess, Link]:
+    relay = RelayProcess(workdir, containerd.socket, "--config-socket", str(workdir / "cfg" / "config.sock"),
+                         *extra, relay_dir=relay_dir).start()
+    deadline = time.monotonic() + 10
+    while not (workdir / "cfg" / "config.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return relay, Link(str(workdir / "cfg" / "config.sock"))
+
+
+@pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
+def test_pushed_configuration_switches_policies_and_survives_restarts(containerd, workdir):
+    relay, link = start(workdir, containerd)
+    via = Cri(relay.socket)
+    pods = []
+    try:
+        sock = workdir / "cfg" / "config.sock"
+        assert sock.stat().st_mode & 0o777 == 0o600
+        assert link.status().policy == "none"
+        g_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(g_cfg))
+        g = via.run_container(pods[-1], g_cfg, container_config(resources=resources(1000, True)))
+        s_cfg = pod_config(qos="besteffort", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(s_cfg))
+        s = via.run_container(pods[-1], s_cfg, container_config(resources=resources(0, False)))
+        assert cgroup_cpus(g_cfg, g) == ONLINE == cgroup_cpus(s_cfg, s)
+
+        # none -> static: running containers are re-allocated and re-pinned.
+        assert link.push({"policy": "Active: static\n"}) == ""
+        mine = cgroup_cpus(g_cfg, g)
+        assert len(mine) == 1 and cgroup_cpus(s_cfg, s) == ONLINE - mine
+        status = link.status()
+        assert status.policy == "static" and status.source == "agent (node node-1)" and not status.last_error
+
+        # Bad input is refused with the reason, and nothing changes.
+        error = link.push({"policy": "Active: [static"})
+        assert "not valid YAML" in error
+        error = link.push({"policy.static": "RelaxedIsolation: perhaps\n"})
+        assert "policy.static.RelaxedIsolation" in error
+        everything = f"{min(ONLINE)}-{max(ONLINE)}"
+        error = link.push({"policy": f"Active: topology-aware\nReservedResources:\n  cpu: cpuset:{everything}\n"})
+        assert error and link.status().policy == "static" and link.status().last_error == error
+        assert cgroup_cpus(g_cfg, g) == mine and cgroup_cpus(s_cfg, s) == ONLINE - mine
+
+        # static -> topology-aware: memory gets pinned too.
+        assert link.push({"policy": "Active: topology-aware\n", "logger": "Debug: [config]\n"}) == ""
+        mine = cgroup_cpus(g_cfg, g)
+        assert len(mine) == 1 and cgroup_cpus(s_cfg, s) == ONLINE - mine
+        assert cgroup_cpuset(g_cfg, g, "mems")
+        link.close()
+
+        # The pushed configuration is used again after a restart, even a kill -9.
+        relay.stop(signal.SIGKILL)
+        via.close()
+        relay, link = start(workdir, containerd, relay_dir=relay.relay_dir)
+        via = Cri(relay.socket)
+        status = link.status()
+        assert status.policy == "topology-aware" and "persisted" in status.source
+        assert cgroup_cpus(g_cfg, g) == mine
+        link.close()
+        relay.stop()
+
+        # With policy switching disabled, a push that switches is refused.
+        relay, link = start(workdir, containerd, "--disable-policy-switch", relay_dir=relay.relay_dir)
+        via.close()
+        via = Cri(relay.socket)
+        assert "disabled" in link.push({"policy": "Active: static\n"})
+        assert link.status().policy == "topology-aware"
+    finally:
+        for p in pods:
+            via.remove_pod(p)
+        via.close()
+        link.close()
+        relay.stop()
+
+
+def test_forced_configuration_reloads_on_sighup_and_refuses_pushes(containerd, workdir):
+    forced = workdir / "forced.yaml"
+    forced.write_text("policy:\n  Active: none\n")
+    relay, link = start(workdir, containerd, "--force-config", str(forced))
+    try:
+        assert "forced by" in link.push({"policy": "Active: static\n"})
+        forced.write_text("policy:\n  Active: static\n")
+        relay.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while link.status().policy != "static" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert link.status().policy == "static"
+        forced.write_text("policy:\n  Active: [broken\n")
+        relay.proc.send_signal(signal.SIGHUP)
+        while not link.status().last_error and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "not valid YAML" in link.status().last_error and link.status().policy == "static"
+        out = cli("status", "--config-socket", str(workdir / "cfg" / "config.sock"))
+        assert out.returncode == 3 and "policy: static" in out.stdout and "rejected" in out.stdout
+        assert f"source: forced config file {forced}" in out.stdout
+        out = cli("--reset-config", "--relay-socket", relay.socket, "--relay-dir", str(relay.relay_dir))
+        assert out.returncode == 1 and "cannot reset while the relay runs" in out.stderr
+    finally:
+        link.close()
+        assert relay.stop() == 0
+
+
+def test_reset_config_and_print_config_use_the_persisted_push(tmp_path):
+    from resmgr.control import Sources
+
+    Sources(relay_dir=str(tmp_path)).pushed_store().write(
+        {"node_name": "n1", "config": {"policy": "Active: static-plus\n"}})
+    args = ("--relay-dir", str(tmp_path), "--relay-socket", str(tmp_path / "relay.sock"))
+    out = cli("--print-config", *args)
+    assert out.returncode == 0 and "Active: static-plus" in out.stdout and "agent (node n1" in out.stdout
+    fallback = tmp_path / "fallback.yaml"
+    fallback.write_text("policy:\n  Active: static\n")
+    out = cli("--print-config", "--fallback-config", str(fallback), *args)
+    assert "Active: static-plus" in out.stdout  # a push wins over the fallback file
+    out = cli("--reset-config", *args)
+    assert out.returncode == 0 and "pushed configuration removed" in out.stdout
+    out = cli("--print-config", "--fallback-config", str(fallback), *args)
+    assert "Active: static\n" in out.stdout and "fallback config file" in out.stdout
