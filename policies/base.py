@@ -75,8 +75,12 @@ class Policy:
         return Decision()
 
     def reconfigure(self, config: Mapping[str, Any], view: View) -> Decision:
-        """Take a new policy configuration, or raise PolicyError and change nothing."""
-        raise PolicyError(f"policy {self.name} cannot be reconfigured while running")
+        """Take a new policy configuration keeping grants in place, or raise PolicyError and change nothing.
+
+        NotImplementedError: the policy cannot keep its grants across a new configuration; the
+        caller re-allocates every container under a new instance instead.
+        """
+        raise NotImplementedError
 
     def describe_pools(self) -> list[dict[str, Any]]:
         """The policy's pools (name, cpus, mems, ...) for simulate and introspection."""

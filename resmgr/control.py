@@ -139,7 +139,11 @@ class Control:
                     raise Rejected(f"policy {wanted}: {err}") from None
             elif config.data["policy"] != self.config.data["policy"]:
                 try:
-                    await self.engine.reconfigure(config.data["policy"])
+                    try:
+                        await self.engine.reconfigure(config.data["policy"])
+                    except NotImplementedError:  # re-allocate everything under the new settings
+                        new = policies.create(wanted, config.data["policy"], self.topology)
+                        await self.engine.switch_policy(new)
                 except PolicyError as err:
                     raise Rejected(f"policy {wanted}: {err}") from None
         except BaseException:

@@ -114,3 +114,12 @@ async def test_a_policy_that_refuses_leaves_everything_as_it_was(tmp_path):
     with pytest.raises(Rejected, match="switching the policy from topology-aware to static is disabled"):
         control.disable_policy_switch = True
         await control.push("n1", {"policy": "Active: static\n"})
+
+
+async def test_static_reconfiguration_re_allocates_under_the_new_settings(tmp_path):
+    control = _control(tmp_path, "static")
+    await control.push("n1", {"policy": "Active: static\nReservedResources:\n  cpu: cpuset:0\n"})
+    assert control.engine.policy.reserved == control.engine.policy.reserved.parse("0")
+    with pytest.raises(Rejected, match="CPUs 7 are not available"):
+        await control.push("n1", {"policy": "Active: static\nReservedResources:\n  cpu: cpuset:7\n"})
+    assert str(control.engine.policy.reserved) == "0"
