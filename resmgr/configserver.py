@@ -6,8 +6,6 @@ Served on a root-only unix socket: the agent runs as root, nobody else may recon
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 
 import grpc
 
@@ -47,18 +45,9 @@ class StatusService(status_pb2_grpc.StatusServicer):
 
 
 async def serve(control: Control, path: str) -> grpc.aio.Server:
-    """Serve on path: the socket is root-only (0600), its directory 0700 when created here."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    listen.prepare(path)
     server = grpc.aio.server()
     api_pb2_grpc.add_ConfigServicer_to_server(ConfigService(control), server)
     status_pb2_grpc.add_StatusServicer_to_server(StatusService(control), server)
-    old = os.umask(0o177)  # the socket is born 0600: no window in which others can connect
-    try:
-        server.add_insecure_port("unix:" + path)
-        await server.start()
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
+    await listen.start_private(server, path)
     log.info("config link serving on %s", path)
     return server

@@ -8,6 +8,8 @@ import socket
 import stat
 from pathlib import Path
 
+import grpc
+
 
 class SocketInUse(Exception):
     pass
@@ -51,3 +53,15 @@ def match_runtime(path: str, runtime_socket: str) -> None:
     except PermissionError:
         pass
     os.chmod(path, stat.S_IMODE(st.st_mode))
+
+
+async def start_private(server: grpc.aio.Server, path: str) -> None:
+    """Start server on a root-only (0600) socket; its directory is created 0700 if missing."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    prepare(path)
+    old = os.umask(0o177)  # the socket is born 0600: no window in which others can connect
+    try:
+        server.add_insecure_port("unix:" + path)
+        await server.start()
+    finally:
+        os.umask(old)

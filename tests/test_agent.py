@@ -1,0 +1,259 @@
+"""cri-resmgr-agent against a Kubernetes API test server and a real cri-resmgr."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.api import api_pb2, api_pb2_grpc
+from resmgr.configapi import status_pb2, status_pb2_grpc
+from tests.helpers import ROOT, RelayProcess, wait_socket
+from tests.kubeapi import KubeAPI
+
+NS = "kube-system"
+NODE = "node-1"
+LABEL = "cri-resource-manager.intel.com/group"
+STATUS = "cri-resource-manager.intel.com/config-status"
+
+
+def wait_for(check: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class AgentProcess:
+    def __init__(self, workdir: Path, kubeconfig: str, relay_config_socket: str) -> None:
+        self.socket = str(workdir / "agent" / "agent.sock")
+        self.log_path = workdir / f"agent-{uuid.uuid4().hex[:6]}.log"
+        self.args = [sys.executable, "-m", "agent", "--kubeconfig", kubeconfig, "--config-ns", NS,
+                     "--cri-resmgr-socket", relay_config_socket, "--agent-socket", self.socket,
+                     "--debounce", "0.1", "--retry-max", "0.5", "--log-level", "DEBUG"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> AgentProcess:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                         env={**os.environ, "NODE_NAME": NODE})
+        wait_socket(self.socket, proc=self.proc)
+        return self
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(15)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stub(self) -> api_pb2_grpc.AgentStub:
+        return api_pb2_grpc.AgentStub(grpc.insecure_channel("unix://" + self.socket))
+
+
+class Env:
+    """A test API server, a cri-resmgr (no runtime behind it) and an agent between them."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.api = KubeAPI().start()
+        self.api.node(NODE)
+        self.config_socket = str(workdir / "cfg" / "config.sock")
+        self.relay: RelayProcess | None = None
+        self.agent = AgentProcess(workdir, self.api.kubeconfig(str(workdir / "kubeconfig")), self.config_socket)
+
+    def start_relay(self) -> None:
+        self.relay = RelayProcess(self.workdir, str(self.workdir / "no-runtime.sock"), "--config-socket",
+                                  self.config_socket, relay_dir=self.workdir / "state").start()
+        wait_socket(self.config_socket, proc=self.relay.proc)
+
+    def status(self) -> status_pb2.GetStatusReply:
+        with grpc.insecure_channel("unix://" + self.config_socket) as ch:
+            return status_pb2_grpc.StatusStub(ch).GetStatus(status_pb2.GetStatusRequest(), timeout=5)
+
+    def active(self) -> str:
+        return self.status().policy
+
+    def node_status(self) -> dict:
+        node = self.api.get("nodes", NODE) or {}
+        text = node.get("metadata", {}).get("annotations", {}).get(STATUS)
+        return json.loads(text) if text else {}
+
+    def label(self, group: str | None) -> None:
+        node = self.api.get("nodes", NODE)
+        labels = node["metadata"].setdefault("labels", {})
+        if group is None:
+            labels.pop(LABEL, None)
+        else:
+            labels[LABEL] = group
+        self.api.store.put("nodes", node)
+
+    def close(self) -> None:
+        self.agent.stop()
+        if self.relay is not None:
+            self.relay.stop()
+        self.api.stop()
+
+
+@pytest.fixture
+def env(workdir):
+    e = Env(workdir)
+    yield e
+    e.close()
+
+
+def policy_map(policy: str, extra: str = "") -> dict[str, str]:
+    return {"policy": f"Active: {policy}\n{extra}"}
+
+
+def applied(env: Env, name: str) -> Callable[[], bool]:
+    return lambda: env.node_status().get("configMap") == f"{NS}/{name}" and env.node_status().get("applied")
+
+
+def test_node_group_default_precedence_and_edits(env):
+    env.start_relay()
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.api.configmap(NS, "cri-resmgr-config.group.gold", policy_map("static-plus"))
+    env.agent.start()
+    wait_for(lambda: env.active() == "static", what="the default map")
+    wait_for(applied(env, "cri-resmgr-config.default"), what="the status annotation")
+    assert env.status().source == f"agent (node {NODE})"
+
+    env.label("gold")  # the node joins a group: its map wins over the default
+    wait_for(lambda: env.active() == "static-plus", what="the group map")
+    env.api.configmap(NS, f"cri-resmgr-config.node.{NODE}", policy_map("topology-aware"))
+    wait_for(lambda: env.active() == "topology-aware", what="the node map")
+    wait_for(applied(env, f"cri-resmgr-config.node.{NODE}"))
+
+    # Editing the map in force is pushed; editing one that does not apply is not.
+    env.api.configmap(NS, f"cri-resmgr-config.node.{NODE}",
+                      policy_map("topology-aware", "topology-aware:\n  PinMemory: false\n"))
+    wait_for(lambda: "PinMemory: false" in env.status().config, what="the edit")
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("none"))
+    time.sleep(0.5)
+    assert env.active() == "topology-aware"
+
+    env.api.store.delete("configmaps", NS, f"cri-resmgr-config.node.{NODE}")
+    wait_for(lambda: env.active() == "static-plus", what="back to the group map")
+    env.label("silver")  # a group without a map: the default applies
+    wait_for(lambda: env.active() == "none", what="the default map again")
+    env.api.configmap(NS, "cri-resmgr-config.group.silver", policy_map("static"))
+    wait_for(lambda: env.active() == "static", what="the new group's map")
+    env.label(None)
+    wait_for(lambda: env.active() == "none", what="no group")
+
+    # Only this node's objects are ever listed or watched, by name.
+    reads = [r for r in env.api.requests if r.method == "GET" and r.path in (
+        "/api/v1/nodes", f"/api/v1/namespaces/{NS}/configmaps")]
+    assert reads and all(r.query.get("fieldSelector", "").startswith("metadata.name=") for r in reads)
+    names = {r.query["fieldSelector"] for r in reads}
+    assert names <= {f"metadata.name={n}" for n in (NODE, "cri-resmgr-config.default", f"cri-resmgr-config.node.{NODE}",
+                                                    "cri-resmgr-config.group.gold", "cri-resmgr-config.group.silver")}
+
+
+def test_rejected_configuration_is_reported_and_the_relay_keeps_its_own(env):
+    env.start_relay()
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.agent.start()
+    wait_for(lambda: env.active() == "static")
+    env.api.configmap(NS, "cri-resmgr-config.default", {"policy": "Active: [static"})
+    wait_for(lambda: env.node_status().get("applied") is False, what="the rejection annotation")
+    assert "not valid YAML" in env.node_status()["error"]
+    assert env.active() == "static"
+    events = wait_for(env.api.events, what="an Event")
+    event = events[0]
+    assert event["reason"] == "ConfigRejected" and event["type"] == "Warning"
+    assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == NODE
+    assert "not valid YAML" in event["message"]
+    probe = subprocess.run([sys.executable, "-m", "agent", "probe", "--agent-socket", env.agent.socket],
+                           capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert probe.returncode == 1 and "rejected cri-resmgr-config.default" in probe.stderr
+
+    env.api.configmap(NS, "cri-resmgr-config.default", {"policy.static": "RelaxedIsolation: sometimes\n"})
+    wait_for(lambda: "RelaxedIsolation" in env.node_status().get("error", ""), what="a value error")
+    assert env.active() == "static"
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
+    wait_for(lambda: env.node_status().get("applied") is True)
+    probe = subprocess.run([sys.executable, "-m", "agent", "probe", "--agent-socket", env.agent.socket],
+                           capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert probe.returncode == 0, probe.stderr
+
+
+def test_watches_survive_drops_restarts_and_expiry(env):
+    env.start_relay()
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.agent.start()
+    wait_for(lambda: env.active() == "static")
+    env.api.drop_watches()
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
+    wait_for(lambda: env.active() == "static-plus", what="a change after the watches dropped")
+
+    # The API server restarts and its history is gone: resuming watches get 410 Gone, relist.
+    env.api.stop()
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("topology-aware"))
+    env.api.compact()
+    time.sleep(0.3)
+    env.api.start()
+    wait_for(lambda: env.active() == "topology-aware", what="the change made while the server was down")
+    assert "410 Gone" in env.agent.log()
+    wait_for(lambda: env.agent.stub().HealthCheck(api_pb2.HealthCheckRequest(), timeout=5).error == "",
+             what="healthy again")
+
+
+def test_a_change_while_the_relay_is_down_is_pushed_when_it_returns(env):
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.agent.start()
+    wait_for(lambda: "not reachable" in env.agent.stub().HealthCheck(api_pb2.HealthCheckRequest(), timeout=5).error,
+             what="the agent to notice")
+    env.start_relay()
+    wait_for(lambda: env.active() == "static", what="the push once the relay is up")
+    env.relay.stop()
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
+    time.sleep(0.5)
+    env.start_relay()  # a restart keeps the pushed configuration, then gets the newer one
+    wait_for(lambda: env.active() == "static-plus", what="the change made while the relay was down")
+
+
+def test_agent_service_cluster_operations(env):
+    env.agent.start()
+    stub = env.agent.stub()
+    node = json.loads(stub.GetNode(api_pb2.GetNodeRequest(), timeout=10).node)
+    assert node["metadata"]["name"] == NODE
+    stub.PatchNode(api_pb2.PatchNodeRequest(patches=[
+        api_pb2.JsonPatch(op="add", path="/metadata/labels/example.com~1pool", value='"fast"')]), timeout=10)
+    assert env.api.get("nodes", NODE)["metadata"]["labels"]["example.com/pool"] == "fast"
+    stub.UpdateNodeCapacity(api_pb2.UpdateNodeCapacityRequest(capacities={"example.com/widget": "4"}), timeout=10)
+    assert env.api.get("nodes", NODE)["status"]["capacity"] == {"cpu": "2", "example.com/widget": "4"}
+    with pytest.raises(grpc.RpcError) as info:
+        stub.UpdateNodeCapacity(api_pb2.UpdateNodeCapacityRequest(capacities={"cpu": "64"}), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as info:
+        stub.PatchNode(api_pb2.PatchNodeRequest(patches=[
+            api_pb2.JsonPatch(op="remove", path="/metadata/labels/missing")]), timeout=10)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    wait_for(lambda: stub.GetConfig(api_pb2.GetConfigRequest(), timeout=5).config.get("policy") == "Active: static\n")
+    assert oct(os.stat(env.agent.socket).st_mode & 0o777) == "0o600"
+
+
+def test_agent_needs_a_node_name(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "agent"], capture_output=True, text=True, cwd=ROOT, timeout=30,
+                         env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
+    assert out.returncode == 2 and "NODE_NAME" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "agent", "--kubeconfig", str(tmp_path / "missing")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=30, env={**os.environ, "NODE_NAME": "n"})
+    assert out.returncode == 2 and "cannot load kubeconfig" in out.stderr
