@@ -123,3 +123,24 @@ async def test_static_reconfiguration_re_allocates_under_the_new_settings(tmp_pa
     with pytest.raises(Rejected, match="CPUs 7 are not available"):
         await control.push("n1", {"policy": "Active: static\nReservedResources:\n  cpu: cpuset:7\n"})
     assert str(control.engine.policy.reserved) == "0"
+
+
+def test_shipped_samples_are_valid():
+    from pathlib import Path
+
+    from resmgr.config import load_file
+
+    root = Path(__file__).resolve().parent.parent / "config"
+    load_file(str(root / "cri-resmgr.sample.yaml"))
+    maps = [d for d in yaml.safe_load_all((root / "kubernetes" / "configmaps.yaml").read_text()) if d]
+    assert {m["metadata"]["name"].split(".")[1] for m in maps} == {"default", "group", "node"}
+    for m in maps:
+        from_map(m["data"], m["metadata"]["name"])
+    rbac = {(d["kind"], d["metadata"]["name"]): d for d in
+            yaml.safe_load_all((root / "kubernetes" / "agent-rbac.yaml").read_text())}
+    role = rbac[("Role", "cri-resmgr-agent")]["rules"]
+    assert {tuple(r["resources"]): r["verbs"] for r in role} == {
+        ("configmaps",): ["get", "list", "watch"], ("events",): ["create"]}
+    daemonset = yaml.safe_load((root / "kubernetes" / "agent-daemonset.yaml").read_text())
+    env = daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env[0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
