@@ -17,8 +17,9 @@ import pytest
 
 from agent.api import api_pb2, api_pb2_grpc
 from resmgr.configapi import status_pb2, status_pb2_grpc
-from tests.helpers import ROOT, RelayProcess, wait_socket
+from tests.helpers import ROOT, Cri, RelayProcess, container_config, pod_config, wait_socket
 from tests.kubeapi import KubeAPI
+from tests.test_policy_e2e import ONLINE, cgroup_cpus, cgroup_cpuset, resources
 
 NS = "kube-system"
 NODE = "node-1"
@@ -76,9 +77,10 @@ class Env:
         self.relay: RelayProcess | None = None
         self.agent = AgentProcess(workdir, self.api.kubeconfig(str(workdir / "kubeconfig")), self.config_socket)
 
-    def start_relay(self) -> None:
-        self.relay = RelayProcess(self.workdir, str(self.workdir / "no-runtime.sock"), "--config-socket",
-                                  self.config_socket, relay_dir=self.workdir / "state").start()
+    def start_relay(self, runtime_socket: str | None = None) -> None:
+        runtime_socket = runtime_socket or str(self.workdir / "no-runtime.sock")
+        self.relay = RelayProcess(self.workdir, runtime_socket, "--config-socket", self.config_socket,
+                                  relay_dir=self.workdir / "state").start()
         wait_socket(self.config_socket, proc=self.relay.proc)
 
     def status(self) -> status_pb2.GetStatusReply:
@@ -257,3 +259,38 @@ def test_agent_needs_a_node_name(tmp_path):
     out = subprocess.run([sys.executable, "-m", "agent", "--kubeconfig", str(tmp_path / "missing")],
                          capture_output=True, text=True, cwd=ROOT, timeout=30, env={**os.environ, "NODE_NAME": "n"})
     assert out.returncode == 2 and "cannot load kubeconfig" in out.stderr
+
+
+@pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
+def test_configmap_change_re_pins_running_containers(env, containerd):
+    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.start_relay(containerd.socket)
+    env.agent.start()
+    wait_for(lambda: env.active() == "static", what="the default map")
+    via = Cri(env.relay.socket)
+    pods = []
+    try:
+        g_cfg = pod_config(qos="guaranteed", logdir=str(env.workdir / "logs"))
+        pods.append(via.run_pod(g_cfg))
+        g = via.run_container(pods[-1], g_cfg, container_config(resources=resources(1000, True)))
+        s_cfg = pod_config(qos="besteffort", logdir=str(env.workdir / "logs"))
+        pods.append(via.run_pod(s_cfg))
+        s = via.run_container(pods[-1], s_cfg, container_config(resources=resources(0, False)))
+        mine = cgroup_cpus(g_cfg, g)
+        assert len(mine) == 1 and cgroup_cpus(s_cfg, s) == ONLINE - mine
+        # Reserving the shared CPU leaves no room for both containers: refused, nothing moves.
+        env.api.configmap(NS, "cri-resmgr-config.default", policy_map(
+            "topology-aware", f"ReservedResources:\n  cpu: cpuset:{min(ONLINE - mine)}\n"))
+        wait_for(lambda: env.node_status().get("applied") is False, what="the rejection")
+        assert env.active() == "static" and "no pool can take" in env.node_status()["error"]
+        assert cgroup_cpus(g_cfg, g) == mine and cgroup_cpus(s_cfg, s) == ONLINE - mine
+        # A switch that keeps every container placeable is applied and re-pins the cgroups.
+        env.api.configmap(NS, "cri-resmgr-config.default", policy_map("topology-aware"))
+        wait_for(lambda: env.active() == "topology-aware" and env.node_status().get("applied"), what="the switch")
+        mine = cgroup_cpus(g_cfg, g)
+        assert len(mine) == 1 and cgroup_cpus(s_cfg, s) == ONLINE - mine
+        assert cgroup_cpuset(g_cfg, g, "mems")  # topology-aware pins memory as well
+    finally:
+        for p in pods:
+            via.remove_pod(p)
+        via.close()

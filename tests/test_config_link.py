@@ -156,3 +156,26 @@ def test_reset_config_and_print_config_use_the_persisted_push(tmp_path):
     assert out.returncode == 0 and "pushed configuration removed" in out.stdout
     out = cli("--print-config", "--fallback-config", str(fallback), *args)
     assert "Active: static\n" in out.stdout and "fallback config file" in out.stdout
+
+
+def test_disabled_policy_switch_refuses_to_start_on_another_policys_allocations(containerd, workdir):
+    config = workdir / "policy.yaml"
+    config.write_text("policy:\n  Active: static\n")
+    relay, link = start(workdir, containerd, "--force-config", str(config))
+    link.close()
+    assert relay.stop() == 0
+    config.write_text("policy:\n  Active: topology-aware\n")
+    out = cli("--force-config", str(config), "--disable-policy-switch", "--relay-dir", str(relay.relay_dir),
+              "--relay-socket", str(workdir / "again.sock"), "--runtime-socket", containerd.socket,
+              "--config-socket", str(workdir / "cfg2" / "config.sock"))
+    assert out.returncode == 1
+    assert "allocated by the static policy" in out.stderr and "--disable-policy-switch" in out.stderr
+    out = cli("--reset-policy", "--relay-dir", str(relay.relay_dir), "--relay-socket", str(workdir / "again.sock"))
+    assert out.returncode == 0 and "policy allocations dropped" in out.stdout
+    relay, link = start(workdir, containerd, "--force-config", str(config), "--disable-policy-switch",
+                        relay_dir=relay.relay_dir)
+    try:
+        assert link.status().policy == "topology-aware"
+    finally:
+        link.close()
+        relay.stop()
