@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resmgr.model import Container, Pod, Resources
-from resmgr.requirements import effective_annotation
+from resmgr.requirements import RequirementError, Requirements, effective_annotation, requirements
 from resmgr.topology.model import Topology
 
 RDT_ANNOTATION = "rdtclass.cri-resource-manager.intel.com"
@@ -24,6 +24,14 @@ def class_names(container: Container, pod: Pod) -> tuple[str, str]:
     qos = pod.qos_class.value
     return (effective_annotation(annotations, RDT_ANNOTATION, container.name) or qos,
             effective_annotation(annotations, BLOCKIO_ANNOTATION, container.name) or qos)
+
+
+def container_requirements(container: Container, pod: Pod) -> Requirements:
+    """What the container asks for; PolicyError naming it when that cannot be read."""
+    try:
+        return requirements(container, pod)
+    except RequirementError as err:
+        raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: {err}") from None
 
 
 @dataclass

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from policies.base import Decision, Policy, PolicyError, View, class_names
+from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from resmgr.model import Container, Pod, Resources
-from resmgr.requirements import RequirementError, Requirements, milli_to_shares, requirements
+from resmgr.requirements import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
 
@@ -87,10 +87,7 @@ class PoolPolicy(Policy):
         return updates
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
-        try:
-            req = requirements(container, pod)
-        except RequirementError as err:
-            raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: {err}") from None
+        req = container_requirements(container, pod)
         old = self.grants.pop(container.key, None)
         if old is not None:
             self._taken -= old.exclusive

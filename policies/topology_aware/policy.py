@@ -28,12 +28,12 @@ from typing import Any
 
 from policies import annotations, cpuconfig
 from policies.allocator import take_cpus
-from policies.base import Decision, Policy, PolicyError, View, class_names
+from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from policies.static import cpu_resources
 from policies.topology_aware.affinity import affinities
 from policies.topology_aware.tree import Pool, TreeError, build, owner
 from resmgr.model import Container, Pod, QOSClass, Resources
-from resmgr.requirements import RequirementError, Requirements, milli_to_shares, requirements
+from resmgr.requirements import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import MemoryType, Topology
 
@@ -417,10 +417,7 @@ class TopologyAwarePolicy(Policy):
 
     # -- the policy interface -------------------------------------------------------------
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
-        try:
-            req = requirements(container, pod)
-        except RequirementError as err:
-            raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: {err}") from None
+        req = container_requirements(container, pod)
         before = self._snapshot()
         old = self._remove(container.key)
         try:
@@ -489,9 +486,9 @@ class TopologyAwarePolicy(Policy):
             c = view.containers[key]
             pod = view.pods[c.pod_id]
             try:
-                r = self._request(c, pod, requirements(c, pod), view)
+                r = self._request(c, pod, container_requirements(c, pod), view)
                 self._add(key, self._grant(self._choose(r), r))
-            except (PolicyError, RequirementError):
+            except PolicyError:
                 self._add(key, old[key])
         updates = {}
         for key, g in self.grants.items():
