@@ -20,6 +20,7 @@ import policies
 from policies import PolicyError
 from resmgr import log as logsetup
 from resmgr.config import Config, ConfigError, from_map, load_file
+from resmgr.controllers import ControllerError
 from resmgr.dump import Dumper
 from resmgr.engine import Engine
 from resmgr.store import StateStore
@@ -126,6 +127,10 @@ class Control:
     async def _apply(self, config: Config) -> None:
         current = self.engine.policy.name
         wanted = config.policy_name
+        try:
+            commit_controllers = self.engine.controllers.prepare(config.data)
+        except ControllerError as err:
+            raise Rejected(str(err)) from None
         dumper = self.dumper_for(config)
         try:
             if wanted != current:
@@ -151,6 +156,8 @@ class Control:
             raise
         self.set_dumper(dumper)
         logsetup.set_debug(config.debug_sources)
+        commit_controllers()
+        self.engine.reapply()
         self.config = config
 
     async def push(self, node_name: str, data: dict[str, str]) -> None:

@@ -16,6 +16,8 @@ from policies import PolicyError
 from resmgr import configserver
 from resmgr.config import Config
 from resmgr.control import Control, Rejected, Sources
+from resmgr.controllers import ControllerError, Controllers
+from resmgr.controllers.blockio import BlockIOController
 from resmgr.dump import Dumper
 from resmgr.engine import Engine
 from resmgr.relay import listen
@@ -48,6 +50,8 @@ class Options:
     config_socket: str = "/var/run/cri-resmgr/cri-resmgr-config.sock"
     agent_socket: str = "/var/run/cri-resmgr/cri-resmgr-agent.sock"
     disable_policy_switch: bool = False
+    cgroup_root: str = "/sys/fs/cgroup"
+    resctrl_root: str = "/sys/fs/resctrl"
     rebalance_interval: float = 0.0  # seconds; 0: off
 
 
@@ -134,7 +138,12 @@ class Daemon:
             policy = policies.create(self.config.policy_name, self.config.data["policy"], topology)
         except (TopologyError, PolicyError) as err:
             raise StartupError(f"{self.config.policy_name} policy ({self.config.source}): {err}") from None
-        engine = Engine(policy, store, RuntimeClient(runtime_ch))
+        controllers = Controllers([BlockIOController(self.opts.cgroup_root)])
+        try:
+            controllers.prepare(self.config.data)()
+        except ControllerError as err:
+            raise StartupError(f"{self.config.source}: {err}") from None
+        engine = Engine(policy, store, RuntimeClient(runtime_ch), controllers)
         state = store.load()
         persisted = ((state or {}).get("policy") or {}).get("name")
         if self.opts.disable_policy_switch and persisted and persisted != policy.name:

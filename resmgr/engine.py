@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 from policies import Decision, Policy, View
+from resmgr.controllers import Controllers
 from resmgr.cri import api_pb2 as cri
 from resmgr.model import (
     Container,
@@ -52,8 +53,10 @@ class Runtime(Protocol):
 
 
 class Engine:
-    def __init__(self, policy: Policy, store: StateStore, runtime: Runtime) -> None:
+    def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
+                 controllers: Controllers | None = None) -> None:
         self.policy = policy
+        self.controllers = controllers or Controllers([])
         self.store = store
         self.runtime = runtime
         self.pods: dict[str, Pod] = {}
@@ -227,6 +230,7 @@ class Engine:
                 pod.seq = self._next_seq()
                 self.pods[pod.id] = pod
             c = container_from_config(pod.id, req.config)
+            self.controllers.check(c, pod)  # an annotation naming a class that does not exist
             c.seq = self._next_seq()
             decision = Decision()
             for old in [o for o in self.containers.values()
@@ -238,8 +242,8 @@ class Engine:
             except BaseException:
                 del self.containers[c.key]
                 raise
-            decision.updates.update(alloc.updates)
             self._apply_decision(c, alloc)
+            decision.updates.update(alloc.updates)
             self._record(decision.updates)
             if alloc.resources is not None:
                 alloc.resources.to_cri(req.config.linux.resources)
@@ -284,6 +288,7 @@ class Engine:
             if c is not None:
                 c.state = ContainerState.RUNNING
         if c is not None:
+            self._controllers_apply(c)
             await self._run_hooks("post-start", c, self.pods.get(c.pod_id))
             await self.save()
         return resp
@@ -314,6 +319,7 @@ class Engine:
                 if c.resources != sent:
                     decision.updates[c.key] = c.resources
             await self._apply_updates(decision)
+            self._controllers_apply(c)
             await self._run_hooks("post-update", c, self.pods.get(c.pod_id))
             await self.save()
         return resp
@@ -344,6 +350,7 @@ class Engine:
                 if c is not None:
                     decision = self._release(c)
                     del self.containers[c.key]
+                    self.controllers.forget(c.id)
                 self._record(decision.updates)
             await self._apply_updates(decision)
             if c is not None:
@@ -390,6 +397,16 @@ class Engine:
             self._record(decision.updates)
         await self._apply_updates(decision)
         await self.save()
+
+    def _controllers_apply(self, c: Container) -> None:
+        pod = self.pods.get(c.pod_id)
+        if pod is not None and c.id and c.state == ContainerState.RUNNING:
+            self.controllers.apply(c, pod)
+
+    def reapply(self) -> None:
+        """Put every running container into its classes again (after a configuration change)."""
+        for c in list(self.containers.values()):
+            self._controllers_apply(c)
 
     async def rebalance(self) -> int:
         """Let the policy re-place containers; returns how many moved."""
@@ -462,6 +479,7 @@ class Engine:
                     decision.updates[c.key] = alloc.resources
             self._record(decision.updates)
         await self._apply_updates(decision)
+        self.reapply()  # containers started while we were away join their classes too
         await self.save()
         self.reconciled.set()
         log.info("reconciled with the runtime: %d pods, %d containers known; adopted %d pods, "

@@ -16,6 +16,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from policies import PolicyError
+from resmgr.controllers import ControllerError
 from resmgr.dump import Dumper, Level
 from resmgr.engine import Engine
 from resmgr.relay.methods import KNOWN, is_image_method
@@ -135,6 +136,9 @@ class Interceptor:
         except PolicyError as err:
             log.error("%s refused: %s", path, err)
             outcome = Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, f"cri-resmgr: {err}")
+        except ControllerError as err:
+            log.error("%s refused: %s", path, err)
+            outcome = Outcome(grpc.StatusCode.INVALID_ARGUMENT, f"cri-resmgr: {err}")
         except Exception as err:
             log.exception("%s failed in the resource manager", path)
             outcome = Outcome(grpc.StatusCode.INTERNAL, f"cri-resmgr: {path}: {err}")
