@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--relay-mode", choices=["splice", "grpc"], default=d.relay_mode,
                    help="splice: forward HTTP/2 frames between paired connections, answering only "
                         "intercepted calls (fast); grpc: a grpc.aio server and client (default: %(default)s)")
+    p.add_argument("--resctrl-path", default=d.resctrl_root, metavar="DIR",
+                   help="where the resctrl filesystem is mounted, for RDT classes (default: %(default)s)")
+    p.add_argument("--cgroup-root", default=d.cgroup_root, metavar="DIR",
+                   help="where the cgroup hierarchies are mounted (default: %(default)s)")
     p.add_argument("--rebalance-interval", type=duration, default=0.0, metavar="DURATION",
                    help="re-place shared containers for a better fit this often, e.g. 30s or 5m "
                         "(policies that support it: topology-aware; default: off)")
@@ -162,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                    dump_file=args.dump_file, shutdown_grace=args.shutdown_grace,
                    relay_mode=args.relay_mode, host_root=args.host_root,
                    rebalance_interval=args.rebalance_interval, config_socket=args.config_socket,
-                   agent_socket=args.agent_socket, disable_policy_switch=args.disable_policy_switch)
+                   agent_socket=args.agent_socket, disable_policy_switch=args.disable_policy_switch,
+                   resctrl_root=args.resctrl_path, cgroup_root=args.cgroup_root)
     try:
         return _run(Daemon(opts, sources, config).run())
     except (SocketInUse, StartupError, ConfigError) as err:

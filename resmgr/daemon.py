@@ -18,6 +18,7 @@ from resmgr.config import Config
 from resmgr.control import Control, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers
 from resmgr.controllers.blockio import BlockIOController
+from resmgr.controllers.rdt import RDTController
 from resmgr.dump import Dumper
 from resmgr.engine import Engine
 from resmgr.relay import listen
@@ -138,7 +139,8 @@ class Daemon:
             policy = policies.create(self.config.policy_name, self.config.data["policy"], topology)
         except (TopologyError, PolicyError) as err:
             raise StartupError(f"{self.config.policy_name} policy ({self.config.source}): {err}") from None
-        controllers = Controllers([BlockIOController(self.opts.cgroup_root)])
+        controllers = Controllers([BlockIOController(self.opts.cgroup_root),
+                                   RDTController(self.opts.resctrl_root, self.opts.cgroup_root)])
         try:
             controllers.prepare(self.config.data)()
         except ControllerError as err:

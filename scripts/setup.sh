@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for pkg in containerd runc containernetworking-plugins iptables busybox-static gcc libc6-dev curl; do
+# fuse3/libfuse3-3: the tests serve a resctrl filesystem with FUSE (this kernel has no RDT).
+for pkg in containerd runc containernetworking-plugins iptables busybox-static gcc libc6-dev curl fuse3 libfuse3-3; do
     have_pkg "$pkg" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
