@@ -125,32 +125,13 @@ class Control:
         log.info("configuration from %s applied (policy %s)", config.source, config.policy_name)
 
     async def _apply(self, config: Config) -> None:
-        current = self.engine.policy.name
-        wanted = config.policy_name
         try:
             commit_controllers = self.engine.controllers.prepare(config.data)
         except ControllerError as err:
             raise Rejected(str(err)) from None
         dumper = self.dumper_for(config)
         try:
-            if wanted != current:
-                if self.disable_policy_switch:
-                    raise Rejected(f"switching the policy from {current} to {wanted} is disabled "
-                                   "(--disable-policy-switch)")
-                try:
-                    new = policies.create(wanted, config.data["policy"], self.topology)
-                    await self.engine.switch_policy(new)
-                except PolicyError as err:
-                    raise Rejected(f"policy {wanted}: {err}") from None
-            elif config.data["policy"] != self.config.data["policy"]:
-                try:
-                    try:
-                        await self.engine.reconfigure(config.data["policy"])
-                    except NotImplementedError:  # re-allocate everything under the new settings
-                        new = policies.create(wanted, config.data["policy"], self.topology)
-                        await self.engine.switch_policy(new)
-                except PolicyError as err:
-                    raise Rejected(f"policy {wanted}: {err}") from None
+            await self._apply_policy(config)
         except BaseException:
             dumper.close()
             raise
@@ -159,6 +140,24 @@ class Control:
         commit_controllers()
         self.engine.reapply()
         self.config = config
+
+    async def _apply_policy(self, config: Config) -> None:
+        """Reconfigure the policy in place, or switch to a new instance that re-allocates everyone."""
+        current, wanted, section = self.engine.policy.name, config.policy_name, config.data["policy"]
+        if wanted != current and self.disable_policy_switch:
+            raise Rejected(f"switching the policy from {current} to {wanted} is disabled (--disable-policy-switch)")
+        try:
+            if wanted == current:
+                if section == self.config.data["policy"]:
+                    return
+                try:
+                    await self.engine.reconfigure(section)
+                    return
+                except NotImplementedError:
+                    pass  # the policy cannot keep its grants: re-allocate under the new settings
+            await self.engine.switch_policy(policies.create(wanted, section, self.topology))
+        except PolicyError as err:
+            raise Rejected(f"policy {wanted}: {err}") from None
 
     async def push(self, node_name: str, data: dict[str, str]) -> None:
         """A configuration pushed by the agent: validated, applied, persisted (Rejected if not)."""
