@@ -44,7 +44,8 @@ def start_relay(runtime_socket: str, workdir: str, mode: str) -> tuple[subproces
     proc = subprocess.Popen([sys.executable, "-m", "resmgr", "--relay-socket", sock,
                              "--runtime-socket", runtime_socket, "--relay-dir",
                              os.path.join(workdir, "state"), "--dump", "off:.*",
-                             "--log-level", "WARNING", "--relay-mode", mode])
+                             "--log-level", "WARNING", "--relay-mode", mode,
+                             "--config-socket", os.path.join(workdir, "config.sock")])
     while True:
         # A fresh channel per attempt: a channel's reconnect backoff would inflate the figure.
         with grpc.insecure_channel("unix://" + sock) as ch:

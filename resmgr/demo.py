@@ -68,7 +68,7 @@ def main() -> int:
     config.write_text(f"policy:\n  Active: {args.policy}\ndump:\n  Config: '{rules}'\n")
     relay = subprocess.Popen([sys.executable, "-m", "resmgr", "--relay-socket", relay_sock,
                               "--runtime-socket", ctrd.socket, "--relay-dir", str(work / "state"),
-                              "--force-config", str(config)])
+                              "--force-config", str(config), "--config-socket", str(work / "config.sock")])
     try:
         channel = grpc.insecure_channel("unix://" + relay_sock)
         rt = cri_grpc.RuntimeServiceStub(channel)

@@ -50,7 +50,7 @@ class RelayProcess:
         self.log_path = workdir / f"relay-{uuid.uuid4().hex[:6]}.log"
         self.args = [sys.executable, "-m", "resmgr", "--relay-socket", self.socket,
                      "--runtime-socket", runtime_socket, "--relay-dir", str(self.relay_dir),
-                     "--log-level", "DEBUG", *extra]
+                     "--log-level", "DEBUG", "--config-socket", str(workdir / "config.sock"), *extra]
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait: bool = True) -> RelayProcess:

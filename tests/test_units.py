@@ -214,6 +214,7 @@ def test_cli_policy_config_the_machine_cannot_meet(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("policy:\n  Active: static\n  ReservedResources:\n    cpu: cpuset:0,999\n")
     out = _cli("--force-config", str(cfg), "--relay-socket", str(tmp_path / "s.sock"),
-               "--relay-dir", str(tmp_path / "state"), "--runtime-socket", str(tmp_path / "none.sock"))
+               "--relay-dir", str(tmp_path / "state"), "--runtime-socket", str(tmp_path / "none.sock"),
+               "--config-socket", str(tmp_path / "config.sock"))
     assert out.returncode == 1
     assert str(cfg) in out.stderr and "policy.ReservedResources.cpu: CPUs 999 are not available" in out.stderr

@@ -155,7 +155,8 @@ def test_stale_socket_is_replaced(backend, workdir):
 
 def test_live_socket_is_refused(relay_to_fake, backend, workdir):
     second = subprocess.run([sys.executable, "-m", "resmgr", "--relay-socket", relay_to_fake.socket,
-                             "--runtime-socket", backend.path, "--relay-dir", str(workdir / "s2")],
+                             "--runtime-socket", backend.path, "--relay-dir", str(workdir / "s2"),
+                             "--config-socket", str(workdir / "s2.sock")],
                             capture_output=True, text=True, timeout=20)
     assert second.returncode == 1
     assert "already exists" in second.stderr and relay_to_fake.socket in second.stderr
