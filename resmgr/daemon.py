@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -27,6 +28,7 @@ from resmgr.relay.proxy import CHANNEL_OPTIONS, SERVER_OPTIONS, Relay
 from resmgr.relay.runtime import RuntimeClient
 from resmgr.relay.splice import SpliceServer
 from resmgr.store import StateStore
+from resmgr.topology.hints import hints as device_hints
 from resmgr.topology.sysfs import TopologyError, discover
 
 log = logging.getLogger("cri-resmgr")
@@ -146,6 +148,7 @@ class Daemon:
         except ControllerError as err:
             raise StartupError(f"{self.config.source}: {err}") from None
         engine = Engine(policy, store, RuntimeClient(runtime_ch), controllers)
+        engine.device_hints = functools.partial(device_hints, host_root=self.opts.host_root)
         state = store.load()
         persisted = ((state or {}).get("policy") or {}).get("name")
         if self.opts.disable_policy_switch and persisted and persisted != policy.name:

@@ -57,6 +57,8 @@ class Engine:
                  controllers: Controllers | None = None) -> None:
         self.policy = policy
         self.controllers = controllers or Controllers([])
+        # Device host paths -> {path: NUMA nodes}; the daemon reads sysfs, tests may stub it.
+        self.device_hints: Callable[[list[str]], dict[str, list[int]]] = lambda paths: {}
         self.store = store
         self.runtime = runtime
         self.pods: dict[str, Pod] = {}
@@ -230,6 +232,7 @@ class Engine:
                 pod.seq = self._next_seq()
                 self.pods[pod.id] = pod
             c = container_from_config(pod.id, req.config)
+            c.hints = self.device_hints([d.host_path for d in req.config.devices])
             self.controllers.check(c, pod)  # an annotation naming a class that does not exist
             c.seq = self._next_seq()
             decision = Decision()
@@ -512,10 +515,12 @@ class Engine:
                                  if st.status.resources.HasField("linux") else None)
         info = json.loads(st.info.get("info", "{}") or "{}")
         config = info.get("config") or {}
+        devices = [d.get("host_path", "") for d in config.get("devices") or [] if isinstance(d, dict)]
         return Container(
             id=c.id, pod_id=c.pod_sandbox_id, name=c.metadata.name, attempt=c.metadata.attempt,
             state=ContainerState.RUNNING if c.state == cri.CONTAINER_RUNNING else ContainerState.CREATED,
             image=c.image.image, command=list(config.get("command") or []),
             args=list(config.get("args") or []), labels=dict(c.labels),
             annotations=dict(c.annotations), requested=res, resources=Resources.from_dict(res.to_dict()),
+            hints=self.device_hints([d for d in devices if d]),
         )

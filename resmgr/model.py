@@ -161,6 +161,8 @@ class Container:
     rdt_class: str = ""
     blockio_class: str = ""
     seq: int = 0
+    # Topology hints: device host path -> the NUMA nodes it is attached to.
+    hints: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:

@@ -80,6 +80,17 @@ def _quantities(spec: dict[str, Any], where: str) -> tuple[int, int]:
     return cpu, mem
 
 
+def _hints(devices: Any, where: str) -> dict[str, list[int]]:
+    """`devices: {/dev/x: [NUMA nodes]}`: the topology hints a real device would give."""
+    if not devices:
+        return {}
+    try:
+        return {str(dev): [int(n) for n in nodes] for dev, nodes in devices.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise SimulationError(f"{where}: devices: expected a mapping of device path to a list of NUMA "
+                              "nodes") from None
+
+
 def _qos(containers: list[dict[str, Any]]) -> QOSClass:
     """kubelet's rule: all limits equal requests -> Guaranteed; nothing set -> BestEffort."""
     any_set, guaranteed = False, True
@@ -123,7 +134,7 @@ def load_pods(doc: Any) -> list[tuple[Pod, list[Container]]]:
             containers.append(Container(
                 id=f"{pod.id}-{cname}", pod_id=pod.id, name=cname, state=ContainerState.RUNNING,
                 annotations={str(k): str(v) for k, v in (c.get("annotations") or {}).items()},
-                requested=res, resources=res))
+                requested=res, resources=res, hints=_hints(c.get("devices"), where)))
         out.append((pod, containers))
     return out
 

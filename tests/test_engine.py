@@ -277,3 +277,18 @@ async def test_reconfigure_and_rebalance_push_what_moved(tmp_path):
     assert await eng.rebalance() == 1  # node 0 is free now and has more room
     assert runtime.updates[-1][0] == "s" and runtime.updates[-1][1].cpuset_cpus == "0-1"
     assert await eng.rebalance() == 0
+
+
+async def test_create_records_device_topology_hints(engine):
+    engine.device_hints = lambda paths: {p: [1] for p in paths if p.startswith("/dev/")}
+    pod_id, cfg = await _run_pod(engine)
+
+    async def send(req):
+        return cri.CreateContainerResponse(container_id="c-dev")
+
+    config = container_config("gpu")
+    config.devices.add(container_path="/dev/nvidia0", host_path="/dev/nvidia0", permissions="rw")
+    await engine.create_container(cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=config,
+                                                             sandbox_config=cfg), send)
+    assert engine.containers["c-dev"].hints == {"/dev/nvidia0": [1]}
+    assert engine.snapshot()["containers"][0]["hints"] == {"/dev/nvidia0": [1]}

@@ -491,3 +491,36 @@ class TopologyAwareMachine(RuleBasedStateMachine):
 
 TestTopologyAware = TopologyAwareMachine.TestCase
 TestTopologyAware.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+
+
+def test_device_hints_pull_towards_their_numa_node():
+    w = World(TA, SNC)
+    pod = w.pod(G)
+    c = w.add(G, 1000, pod=pod, name="warmup")  # takes node 0 otherwise first in line
+    assert pool_of(w, c) == "NUMA node #0"
+    from resmgr.model import ContainerState, Resources
+    from resmgr.requirements import milli_to_shares
+
+    res = Resources(cpu_shares=milli_to_shares(2000), cpu_quota=200000, cpu_period=100000)
+    gpu = Container(id="gpu", pod_id=pod.id, name="gpu", state=ContainerState.RUNNING, requested=res,
+                    resources=res, hints={"/dev/nvidia0": [3]})
+    w.containers[gpu.key] = gpu
+    d = w.policy.allocate(gpu, pod, w.view())
+    assert w.policy.grants[gpu.key].pool == "NUMA node #3"
+    assert CPUSet.parse(d.resources.cpuset_cpus) <= LEAVES[3] and d.resources.cpuset_mems == "3"
+
+
+def test_device_numa_nodes_from_sysfs(tmp_path):
+    import os
+
+    from resmgr.topology.hints import hints
+
+    st = os.stat("/dev/null")
+    pci = tmp_path / "sys/devices/pci0000:00/0000:00:05.0"
+    (pci / "misc/thing").mkdir(parents=True)
+    (pci / "numa_node").write_text("1\n")
+    (tmp_path / "sys/dev/char").mkdir(parents=True)
+    (tmp_path / f"sys/dev/char/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}").symlink_to(pci / "misc/thing")
+    assert hints(["/dev/null", "/dev/does-not-exist", "/etc/hostname"], str(tmp_path)) == {"/dev/null": [1]}
+    (pci / "numa_node").write_text("-1\n")  # the kernel does not know
+    assert hints(["/dev/null"], str(tmp_path)) == {}

@@ -15,8 +15,9 @@ longer fits where it is has its memory widened to the nearest pool up the tree w
 does.
 
 The pool is chosen by filtering the pools that can take the request and ranking them:
-affinity, has all requested memory types, gets the preferred kind of CPU, depth (the
-tightest fit), capacity left, fewest colocated containers, lowest pool ID.
+affinity, has all requested memory types, holds the NUMA nodes of the container's devices,
+gets the preferred kind of CPU, depth (the tightest fit), capacity left, fewest colocated
+containers, lowest pool ID.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class Request:
     mem_types: frozenset[MemoryType] = annotations.DEFAULT_MEMORY
     explicit_types: bool = False  # asked for by annotation: pools having them all rank higher
     lift: int = 0  # pools above the best fit (prefer-shared-cpus: -N)
+    hints: dict[str, list[int]] = field(default_factory=dict)  # device -> its NUMA nodes
     affinity: dict[str, float] = field(default_factory=dict)  # container key -> weight
 
     def describe(self) -> str:
@@ -239,7 +241,7 @@ class TopologyAwarePolicy(Policy):
                               f"{'/'.join(sorted(self.memory_types_present))}")
         r = Request(who, req.cpu_request, memory=req.memory_limit or req.memory_request,
                     mem_types=types if types is not None else annotations.DEFAULT_MEMORY,
-                    explicit_types=types is not None)
+                    explicit_types=types is not None, hints=container.hints)
         reserved_hint = annotations.bool_hint(container, pod, annotations.PREFER_RESERVED)
         if self.reserved_pool is not None and (
                 reserved_hint or (reserved_hint is None and self._reserved_namespace(pod.namespace))):
@@ -331,7 +333,9 @@ class TopologyAwarePolicy(Policy):
                     affinity += weight * pool.overlap(self.by_name[g.pool])
             all_types = not r.explicit_types or all(pool.mems.get(t) for t in r.mem_types)
             preferred_cpu = isolated == r.isolated
-            ranked.append(((-affinity, not all_types, not preferred_cpu, -pool.depth, -left,
+            mems = pool.all_mems
+            hinted = sum(1 for nodes in r.hints.values() if any(n in mems for n in nodes))
+            ranked.append(((-affinity, not all_types, -hinted, not preferred_cpu, -pool.depth, -left,
                             self._count[pool.id], pool.id), pool))
         if not ranked:
             raise PolicyError(f"container {r.who}: no pool can take {r.describe() or 'it'}; free: {self._free()}")
