@@ -221,3 +221,14 @@ def slow_call_in_thread(channel: grpc.Channel, ms: int, timeout: float = 10) -> 
     t = threading.Thread(target=call, daemon=True)
     t.start()
     return t, result
+
+
+def refused_create(via: Cri, workdir: Path, pods: list[str], annotations: dict[str, str]) -> grpc.RpcError:
+    """CreateContainer in a new pod with these annotations, which the relay must refuse."""
+    import pytest
+
+    cfg = pod_config(qos="burstable", logdir=str(workdir / "logs"), annotations=annotations)
+    pods.append(via.run_pod(cfg))
+    with pytest.raises(grpc.RpcError) as info:
+        via.create(pods[-1], cfg, container_config())
+    return info.value

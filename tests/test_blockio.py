@@ -11,7 +11,7 @@ import pytest
 
 from resmgr.controllers import ControllerError
 from resmgr.controllers.blockio import cgroup_dir, parse_classes
-from tests.helpers import Cri, container_config, pod_config
+from tests.helpers import Cri, container_config, pod_config, refused_create
 from tests.test_config_link import start
 
 
@@ -66,13 +66,9 @@ def test_block_io_classes_reach_the_cgroups(containerd, workdir):
         assert throttle(slow_cfg, slow, "write_iops") == {}
 
         # An annotation naming a class that does not exist fails CreateContainer, clearly.
-        bad_cfg = pod_config(qos="burstable", logdir=str(workdir / "logs"),
-                             annotations={"blockioclass.cri-resource-manager.intel.com": "fast"})
-        pods.append(via.run_pod(bad_cfg))
-        with pytest.raises(grpc.RpcError) as info:
-            via.create(pods[-1], bad_cfg, container_config())
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "block-I/O class 'fast' does not exist (classes: BestEffort, slow)" in info.value.details()
+        err = refused_create(via, workdir, pods, {"blockioclass.cri-resource-manager.intel.com": "fast"})
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "block-I/O class 'fast' does not exist (classes: BestEffort, slow)" in err.details()
 
         # A bad class is refused with the class named, and nothing changes.
         error = link.push({"blockio": "Classes:\n  slow:\n    - Devices: [/dev/x]\n      ThrottleReadBps: lots\n"})

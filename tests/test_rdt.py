@@ -15,7 +15,7 @@ import yaml
 
 from resmgr.controllers import ControllerError
 from resmgr.controllers.rdt import Info, Plan, RDTController
-from tests.helpers import ROOT, Cri, container_config, pod_config
+from tests.helpers import ROOT, Cri, container_config, pod_config, refused_create
 from tests.test_config_link import start
 
 INFO = Info(cbm_bits=12, min_cbm_bits=2, l3_ids=(0, 1), mb_ids=(0, 1), mb_gran=10, mb_min=10, closids=8)
@@ -172,13 +172,9 @@ def test_container_threads_join_their_class_also_across_restarts(containerd, wor
         pods.append(via.run_pod(gold_cfg))
         b = via.run_container(pods[-1], gold_cfg, container_config())
         assert in_group(resctrl, "cri-resmgr.BestEffort", gold_cfg, b)
-        bad_cfg = pod_config(qos="burstable", logdir=str(workdir / "logs"),
-                             annotations={"rdtclass.cri-resource-manager.intel.com": "platinum"})
-        pods.append(via.run_pod(bad_cfg))
-        with pytest.raises(grpc.RpcError) as info:
-            via.create(pods[-1], bad_cfg, container_config())
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "RDT class 'platinum' does not exist" in info.value.details()
+        err = refused_create(via, workdir, pods, {"rdtclass.cri-resource-manager.intel.com": "platinum"})
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "RDT class 'platinum' does not exist" in err.details()
 
         # Started behind the relay's back while it is down: assigned once it is back.
         relay.stop(signal.SIGKILL)
