@@ -39,6 +39,7 @@ class Settings:
     label: str = "cri-resource-manager.intel.com/group"
     relay_socket: str = "/var/run/cri-resmgr/cri-resmgr-config.sock"
     debounce: float = 0.5  # seconds to let a burst of changes settle before pushing
+    resync: float = 60.0  # push the configuration in force again this often
     push_timeout: float = 5.0
     retry_first: float = 0.2
     retry_most: float = 10.0
@@ -155,17 +156,22 @@ class ConfigAgent:
         async with grpc.aio.insecure_channel("unix://" + self.settings.relay_socket) as channel:
             stub = api_pb2_grpc.ConfigStub(channel)
             while True:
-                await self._changed.wait()
-                await asyncio.sleep(self.settings.debounce)
+                try:
+                    await asyncio.wait_for(self._changed.wait(), self.settings.resync)
+                    await asyncio.sleep(self.settings.debounce)
+                    resync = False
+                except TimeoutError:
+                    resync = True  # push the same again: cri-resmgr may have restarted without it
                 self._changed.clear()
                 if not self.known():
                     continue
                 choice = self.choice()
                 if choice is None:
-                    log.info("no ConfigMap applies to node %s; cri-resmgr keeps its configuration",
-                             self.settings.node_name)
+                    if not resync:
+                        log.info("no ConfigMap applies to node %s; cri-resmgr keeps its configuration",
+                                 self.settings.node_name)
                     continue
-                if choice == self.pushed:
+                if choice == self.pushed and not resync:
                     continue
                 await self._push(stub, choice)
 
@@ -188,6 +194,8 @@ class ConfigAgent:
                 except TimeoutError:
                     continue
         self.relay_reachable = True
+        if (choice, reply.error) == (self.pushed, self.push_error):
+            return  # a resync with the same outcome: nothing new to report
         self.pushed = choice
         self.push_error = reply.error
         if reply.error:

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let changes settle this long before pushing (default: %(default)s)")
     p.add_argument("--push-timeout", type=float, default=d.push_timeout, metavar="SECONDS",
                    help="how long one push may take (default: %(default)s)")
+    p.add_argument("--resync-interval", type=float, default=d.resync, metavar="SECONDS",
+                   help="push the configuration in force again this often, in case cri-resmgr restarted "
+                        "without it (default: %(default)s)")
     p.add_argument("--retry-max", type=float, default=d.retry_most, metavar="SECONDS",
                    help="longest wait between retries of a failed watch or push (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = Settings(node_name=node_name, namespace=args.config_ns, configmap=args.configmap_name,
                         label=args.label_name, relay_socket=args.cri_resmgr_socket, debounce=args.debounce,
-                        push_timeout=args.push_timeout, retry_most=args.retry_max)
+                        push_timeout=args.push_timeout, retry_most=args.retry_max, resync=args.resync_interval)
     return asyncio.run(run(settings, client.CoreV1Api(), args.agent_socket))
 
 

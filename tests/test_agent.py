@@ -43,7 +43,7 @@ class AgentProcess:
         self.log_path = workdir / f"agent-{uuid.uuid4().hex[:6]}.log"
         self.args = [sys.executable, "-m", "agent", "--kubeconfig", kubeconfig, "--config-ns", NS,
                      "--cri-resmgr-socket", relay_config_socket, "--agent-socket", self.socket,
-                     "--debounce", "0.1", "--retry-max", "0.5", "--log-level", "DEBUG"]
+                     "--debounce", "0.1", "--retry-max", "0.5", "--resync-interval", "1", "--log-level", "DEBUG"]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> AgentProcess:
@@ -77,10 +77,10 @@ class Env:
         self.relay: RelayProcess | None = None
         self.agent = AgentProcess(workdir, self.api.kubeconfig(str(workdir / "kubeconfig")), self.config_socket)
 
-    def start_relay(self, runtime_socket: str | None = None) -> None:
+    def start_relay(self, runtime_socket: str | None = None, state: str = "state") -> None:
         runtime_socket = runtime_socket or str(self.workdir / "no-runtime.sock")
         self.relay = RelayProcess(self.workdir, runtime_socket, "--config-socket", self.config_socket,
-                                  relay_dir=self.workdir / "state").start()
+                                  relay_dir=self.workdir / state).start()
         wait_socket(self.config_socket, proc=self.relay.proc)
 
     def status(self) -> status_pb2.GetStatusReply:
@@ -228,6 +228,16 @@ def test_a_change_while_the_relay_is_down_is_pushed_when_it_returns(env):
     time.sleep(0.5)
     env.start_relay()  # a restart keeps the pushed configuration, then gets the newer one
     wait_for(lambda: env.active() == "static-plus", what="the change made while the relay was down")
+
+    # A relay that comes back without the pushed configuration (its state gone) gets it again.
+    env.relay.stop()
+    env.start_relay(state="fresh-state")
+    assert env.active() == "none"
+    wait_for(lambda: env.active() == "static-plus", what="the periodic resync")
+    wait_for(applied(env, "cri-resmgr-config.default"))
+    recorded = env.node_status()
+    time.sleep(2.5)  # resyncs with the same outcome write nothing to the cluster
+    assert env.node_status() == recorded
 
 
 def test_agent_service_cluster_operations(env):
