@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rebalance-interval", type=duration, default=0.0, metavar="DURATION",
                    help="re-place shared containers for a better fit this often, e.g. 30s or 5m "
                         "(policies that support it: topology-aware; default: off)")
+    p.add_argument("--exit-poll-interval", type=duration, default=d.exit_poll_interval, metavar="DURATION",
+                   help="how often to look for containers that exited on their own and release what they "
+                        "held (0: only when kubelet stops or removes them; default: %(default)ss)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log level (default: %(default)s)")
     p.add_argument("--logger-debug", metavar="SOURCES", default="",
@@ -165,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                    allow_untested_runtimes=args.allow_untested_runtimes, dump=args.dump,
                    dump_file=args.dump_file, shutdown_grace=args.shutdown_grace,
                    relay_mode=args.relay_mode, host_root=args.host_root,
-                   rebalance_interval=args.rebalance_interval, config_socket=args.config_socket,
+                   rebalance_interval=args.rebalance_interval, exit_poll_interval=args.exit_poll_interval,
+                   config_socket=args.config_socket,
                    agent_socket=args.agent_socket, disable_policy_switch=args.disable_policy_switch,
                    resctrl_root=args.resctrl_path, cgroup_root=args.cgroup_root)
     try:

@@ -56,6 +56,7 @@ class Options:
     cgroup_root: str = "/sys/fs/cgroup"
     resctrl_root: str = "/sys/fs/resctrl"
     rebalance_interval: float = 0.0  # seconds; 0: off
+    exit_poll_interval: float = 10.0  # seconds; 0: off
 
 
 class StartupError(Exception):
@@ -122,6 +123,16 @@ class Daemon:
                 continue
             if moved:
                 log.info("rebalanced: %d container(s) moved", moved)
+
+    async def _watch_exits(self, engine: Engine) -> None:
+        while True:
+            await asyncio.sleep(self.opts.exit_poll_interval)
+            try:
+                await engine.release_exited()
+            except grpc.aio.AioRpcError as err:
+                log.debug("checking for exited containers: %s", err.details())
+            except Exception:  # the next round tries again
+                log.exception("checking for exited containers failed")
 
     async def run(self) -> int:
         listen.prepare(self.relay_socket)
@@ -211,10 +222,14 @@ class Daemon:
         log.info("relaying %s -> runtime %s, images %s, policy %s, %s front end", self.relay_socket,
                  self.runtime_socket, self.image_socket, policy.name, self.opts.relay_mode)
 
-        rebalancer = asyncio.create_task(self._rebalance(engine)) if self.opts.rebalance_interval > 0 else None
+        loops = []
+        if self.opts.rebalance_interval > 0:
+            loops.append(asyncio.create_task(self._rebalance(engine)))
+        if self.opts.exit_poll_interval > 0:
+            loops.append(asyncio.create_task(self._watch_exits(engine)))
         await self._stop.wait()
-        if rebalancer is not None:
-            rebalancer.cancel()
+        for task in loops:
+            task.cancel()
         log.info("shutting down: letting in-flight calls finish (grace %.1fs)", self.opts.shutdown_grace)
         await stop_server(self.opts.shutdown_grace)
         if config_server is not None:

@@ -421,6 +421,21 @@ class Engine:
             await self.save()
         return len(decision.updates)
 
+    async def release_exited(self) -> int:
+        """Release containers that exited on their own (kubelet only removes them later)."""
+        exited = {c.id for c in await self.runtime.list_containers() if c.state == cri.CONTAINER_EXITED}
+        async with self._lock:
+            decision = Decision()
+            gone = [c for c in self.containers.values() if c.id in exited and c.state != ContainerState.EXITED]
+            for c in gone:
+                decision.updates.update(self._release(c).updates)
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+        if gone:
+            log.info("released %d container(s) that exited: %s", len(gone), ", ".join(c.id[:12] for c in gone))
+            await self.save()
+        return len(gone)
+
     # -- reconciliation ------------------------------------------------------------
     async def reconcile(self) -> None:
         """Bring the state in line with what the runtime actually runs."""

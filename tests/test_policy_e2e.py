@@ -164,3 +164,33 @@ def test_topology_aware_rebalance_moves_a_shared_container(containerd, workdir):
             via.remove_pod(p)
         via.close()
         relay.stop()
+
+
+@pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
+def test_a_container_that_exits_on_its_own_gives_its_cpus_back(containerd, workdir):
+    config = workdir / "static.yaml"
+    config.write_text("policy:\n  Active: static\n")
+    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config),
+                         "--exit-poll-interval", "200ms").start()
+    via = Cri(relay.socket)
+    pods = []
+    try:
+        s_cfg = pod_config(qos="besteffort", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(s_cfg))
+        shared = via.run_container(pods[-1], s_cfg, container_config(resources=resources(0, False)))
+        job_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(job_cfg))
+        # A job that runs a moment and exits; kubelet would leave it until the pod goes.
+        via.run_container(pods[-1], job_cfg, container_config(command=["sleep", "1"],
+                                                              resources=resources(1000, True)))
+        assert len(ONLINE - cgroup_cpus(s_cfg, shared)) == 1  # the job holds a CPU
+        deadline = time.monotonic() + 15
+        while cgroup_cpus(s_cfg, shared) != ONLINE and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cgroup_cpus(s_cfg, shared) == ONLINE
+        assert "released 1 container(s) that exited" in relay.log()
+    finally:
+        for p in pods:
+            via.remove_pod(p)
+        via.close()
+        relay.stop()
