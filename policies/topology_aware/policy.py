@@ -86,7 +86,6 @@ class Request:
     """What one container asks of a pool."""
 
     who: str
-    milli: int
     exclusive: int = 0  # whole CPUs to hold exclusively
     shared: int = 0  # milli-CPU from the shared CPUs
     on_shared: bool = True
@@ -112,9 +111,9 @@ class Request:
         return ", ".join(parts)
 
 
-def _option(options: Mapping[str, Any], name: str, kind: type) -> Any:
+def _flag(options: Mapping[str, Any], name: str) -> bool:
     value = options.get(name, OPTIONS[name])
-    if kind is bool and not isinstance(value, bool):
+    if not isinstance(value, bool):
         raise PolicyError(f"policy.topology-aware.{name}: expected true or false, got {value!r}")
     return value
 
@@ -135,12 +134,12 @@ class TopologyAwarePolicy(Policy):
         if unknown:
             raise PolicyError(f"policy.{self.name}.{sorted(unknown)[0]}: unknown option "
                               f"(known: {', '.join(sorted(OPTIONS))})")
-        self.pin_cpu = _option(options, "PinCPU", bool)
-        self.pin_memory = _option(options, "PinMemory", bool)
-        self.prefer_isolated = _option(options, "PreferIsolatedCPUs", bool)
-        self.prefer_shared = _option(options, "PreferSharedCPUs", bool)
-        self.colocate_pods = _option(options, "ColocatePods", bool)
-        self.colocate_namespaces = _option(options, "ColocateNamespaces", bool)
+        self.pin_cpu = _flag(options, "PinCPU")
+        self.pin_memory = _flag(options, "PinMemory")
+        self.prefer_isolated = _flag(options, "PreferIsolatedCPUs")
+        self.prefer_shared = _flag(options, "PreferSharedCPUs")
+        self.colocate_pods = _flag(options, "ColocatePods")
+        self.colocate_namespaces = _flag(options, "ColocateNamespaces")
         namespaces = self.config.get("ReservedPoolNamespaces", options.get("ReservedPoolNamespaces"))
         namespaces = OPTIONS["ReservedPoolNamespaces"] if namespaces is None else namespaces
         if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
@@ -214,8 +213,12 @@ class TopologyAwarePolicy(Policy):
         need = max(-(-m // 1000), 1 if user or self._has_users(pool) else 0)
         return len(self._sharable[pool.id]) - need
 
-    def _spare(self, pool: Pool) -> int:
-        own = self._spare_own(pool)
+    def _spare(self, pool: Pool, milli: int = 0, user: bool = False) -> int:
+        """CPUs an exclusive slice may take from the pool: its own spare, and what its children can give.
+
+        milli and user are a new grant's shared part at this pool, counted before it exists.
+        """
+        own = self._spare_own(pool, milli, user)
         if not pool.children:
             return own
         return min(own, sum(max(self._spare(c), 0) for c in pool.children))
@@ -239,7 +242,7 @@ class TopologyAwarePolicy(Policy):
         if types is not None and self.memory_types_present and not types & self.memory_types_present:
             raise PolicyError(f"container {who}: asks for {'/'.join(sorted(types))} memory; this machine has "
                               f"{'/'.join(sorted(self.memory_types_present))}")
-        r = Request(who, req.cpu_request, memory=req.memory_limit or req.memory_request,
+        r = Request(who, memory=req.memory_limit or req.memory_request,
                     mem_types=types if types is not None else annotations.DEFAULT_MEMORY,
                     explicit_types=types is not None, hints=container.hints)
         reserved_hint = annotations.bool_hint(container, pod, annotations.PREFER_RESERVED)
@@ -303,7 +306,7 @@ class TopologyAwarePolicy(Policy):
             if r.isolated and len(free_iso) >= r.exclusive:
                 isolated = True
             elif any(self._spare_own(a, r.shared, r.on_shared) < r.exclusive for a in pool.ancestors[1:]) \
-                    or self._spare_after(pool, r) < r.exclusive:
+                    or self._spare(pool, r.shared, r.on_shared) < r.exclusive:
                 return None
         if r.on_shared and not self._sharable[pool.id]:
             return None
@@ -314,10 +317,6 @@ class TopologyAwarePolicy(Policy):
         if isolated:
             return True, len(pool.isolated - self._taken) - r.exclusive
         return False, left
-
-    def _spare_after(self, pool: Pool, r: Request) -> int:
-        own = self._spare_own(pool, r.shared, r.on_shared)
-        return own if not pool.children else min(own, sum(max(self._spare(c), 0) for c in pool.children))
 
     def _choose(self, r: Request) -> Pool:
         ranked = []
@@ -456,9 +455,8 @@ class TopologyAwarePolicy(Policy):
             g = self.grants[container.key]
         return Decision(resources=self._resources(requested, g))
 
-    def _guard_memory(self, keys: list[str]) -> list[str]:
+    def _guard_memory(self, keys: list[str]) -> None:
         """Widen the memory of grants that no longer fit to the nearest pool up that fits."""
-        moved = []
         for key in keys:
             g = self.grants[key]
             if not g.memory:
@@ -468,11 +466,7 @@ class TopologyAwarePolicy(Policy):
             target = pool
             while self._memory_free(target, g.mem_types) < g.memory and target.parent is not None:
                 target = target.parent
-            new = replace(g, mem_pool="" if target.name == g.pool else target.name)
-            self._add(key, new)
-            if new != g:
-                moved.append(key)
-        return moved
+            self._add(key, replace(g, mem_pool="" if target.name == g.pool else target.name))
 
     def rename(self, old_key: str, new_key: str) -> None:
         g = self._remove(old_key)
