@@ -171,12 +171,6 @@ def from_map(data: Mapping[str, str], origin: str = "ConfigMap") -> Config:
     return validate(doc, origin)
 
 
-def to_map(config: Config) -> dict[str, str]:
-    """ConfigMap data for a configuration: one YAML text per section."""
-    return {key: yaml.safe_dump(value, sort_keys=False, default_flow_style=False)
-            for key, value in config.data.items()}
-
-
 def load_file(path: str) -> Config:
     """Load and validate a YAML config file; errors name the file and the problem."""
     try:

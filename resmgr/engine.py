@@ -353,7 +353,6 @@ class Engine:
                 if c is not None:
                     decision = self._release(c)
                     del self.containers[c.key]
-                    self.controllers.forget(c.id)
                 self._record(decision.updates)
             await self._apply_updates(decision)
             if c is not None:

@@ -22,8 +22,6 @@ from resmgr.model import Container, Pod
 
 log = logging.getLogger("cri-resmgr.control")
 
-MODES = ("relaxed", "required", "disabled")
-
 
 class ControllerError(Exception):
     """A configuration or a container request a controller cannot accept."""
@@ -42,10 +40,6 @@ class Controller(Protocol):
 
     def apply(self, container: Container, pod: Pod) -> None:
         """Put a running container into its class."""
-        ...
-
-    def forget(self, container_id: str) -> None:
-        """The container is gone."""
         ...
 
 
@@ -76,10 +70,6 @@ class Controllers:
     def check(self, container: Container, pod: Pod) -> None:
         for c in self.controllers:
             c.check(container, pod)
-
-    def forget(self, container_id: str) -> None:
-        for c in self.controllers:
-            c.forget(container_id)
 
     def apply(self, container: Container, pod: Pod) -> None:
         for c in self.controllers:

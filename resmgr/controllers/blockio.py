@@ -178,9 +178,6 @@ class BlockIOController:
         wanted = settings_for(rules or [], self.dev_root)
         self._write(pod.cgroup_parent, container.id, wanted)
 
-    def forget(self, container_id: str) -> None:
-        pass  # the cgroup goes with the container
-
     def _write(self, cgroup_parent: str, container_id: str, s: Settings) -> None:
         rel = cgroup_dir(cgroup_parent, container_id)
         base = self.cgroup_root / "blkio" / rel if self.v1 else self.cgroup_root / rel

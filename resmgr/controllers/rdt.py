@@ -349,6 +349,3 @@ class RDTController:
             except FileNotFoundError:
                 continue
         raise ControllerError(f"no cgroup for container {container_id} under {self.cgroup_root}")
-
-    def forget(self, container_id: str) -> None:
-        pass  # resctrl drops exited tasks itself
