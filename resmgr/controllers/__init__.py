@@ -76,5 +76,4 @@ class Controllers:
             try:
                 c.apply(container, pod)
             except Exception as err:  # one container's trouble must not break its lifecycle call
-                log.error("%s: cannot put container %s into class %s: %s", c.name, container.id,
-                          container.rdt_class if c.name == "rdt" else container.blockio_class, err)
+                log.error("%s: cannot put container %s into its class: %s", c.name, container.id, err)
