@@ -109,6 +109,8 @@ class KubeAPI:
             self.drop_watches()
             self._server.shutdown()
             self._server.server_close()
+            # Watches that connected while shutting down go too: a stopped server serves nothing.
+            self.drop_watches()
             self._server = None
 
     def drop_watches(self) -> None:
