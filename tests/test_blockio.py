@@ -74,6 +74,10 @@ def test_block_io_classes_reach_the_cgroups(containerd, workdir):
         error = link.push({"blockio": "Classes:\n  slow:\n    - Devices: [/dev/x]\n      ThrottleReadBps: lots\n"})
         assert "class slow, rule 0: ThrottleReadBps" in error
         assert throttle(slow_cfg, slow, "read_bps") == {key: 3_000_000}
+
+        # No classes any more: every limit is lifted.
+        assert link.push({"blockio": "Classes: {}\n"}) == ""
+        assert throttle(slow_cfg, slow, "read_bps") == {} and throttle(be_cfg, be, "write_bps") == {}
     finally:
         for p in pods:
             via.remove_pod(p)

@@ -123,6 +123,7 @@ class BlockIOController:
         self.cgroup_root = Path(cgroup_root)
         self.dev_root = dev_root
         self.classes: dict[str, list[Rule]] = {}
+        self.touched = False  # some configuration had classes: cgroups may hold limits to lift
         self.mode = "relaxed"
         self.v1 = (self.cgroup_root / "blkio").is_dir()
         self._warned: set[str] = set()
@@ -150,6 +151,7 @@ class BlockIOController:
             if problem and classes and mode == "relaxed":
                 self._warn_once(f"block-I/O classes are configured but {problem}; they are not applied")
             self.classes, self.mode = classes, mode
+            self.touched = self.touched or bool(classes)
         return commit
 
     def _warn_once(self, message: str) -> None:
@@ -169,8 +171,8 @@ class BlockIOController:
                                   f"{named!r} does not exist (classes: {known})")
 
     def apply(self, container: Container, pod: Pod) -> None:
-        if self.mode == "disabled" or not container.id or self.available():
-            return
+        if self.mode == "disabled" or not container.id or not self.touched or self.available():
+            return  # no class was ever configured here: nothing to write, nothing to lift
         name = container.blockio_class
         rules = self.classes.get(name)
         if rules is None and name not in {q.value for q in QOSClass}:
