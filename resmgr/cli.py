@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the resctrl filesystem is mounted, for RDT classes (default: %(default)s)")
     p.add_argument("--cgroup-root", default=d.cgroup_root, metavar="DIR",
                    help="where the cgroup hierarchies are mounted (default: %(default)s)")
-    p.add_argument("--rebalance-interval", type=duration, default=0.0, metavar="DURATION",
+    p.add_argument("--rebalance-interval", type=duration, default=d.rebalance_interval, metavar="DURATION",
                    help="re-place shared containers for a better fit this often, e.g. 30s or 5m "
                         "(policies that support it: topology-aware; default: off)")
     p.add_argument("--exit-poll-interval", type=duration, default=d.exit_poll_interval, metavar="DURATION",

@@ -224,6 +224,7 @@ class Engine:
     # -- container lifecycle -----------------------------------------------------
     async def create_container(self, req: cri.CreateContainerRequest,
                                send: Send) -> cri.CreateContainerResponse:
+        hints = self.device_hints([d.host_path for d in req.config.devices])  # sysfs reads: not under the lock
         async with self._lock:
             pod = self.pods.get(req.pod_sandbox_id)
             if pod is None:
@@ -232,7 +233,7 @@ class Engine:
                 pod.seq = self._next_seq()
                 self.pods[pod.id] = pod
             c = container_from_config(pod.id, req.config)
-            c.hints = self.device_hints([d.host_path for d in req.config.devices])
+            c.hints = hints
             self.controllers.check(c, pod)  # an annotation naming a class that does not exist
             c.seq = self._next_seq()
             decision = Decision()
@@ -245,8 +246,8 @@ class Engine:
             except BaseException:
                 del self.containers[c.key]
                 raise
-            self._apply_decision(c, alloc)
             decision.updates.update(alloc.updates)
+            self._apply_decision(c, alloc)
             self._record(decision.updates)
             if alloc.resources is not None:
                 alloc.resources.to_cri(req.config.linux.resources)

@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from resmgr.controllers import ControllerError
-from resmgr.controllers.blockio import cgroup_dir, parse_classes
+from resmgr.controllers import ControllerError, cgroup_dir
+from resmgr.controllers.blockio import parse_classes
 from tests.helpers import Cri, container_config, pod_config, refused_create
 from tests.test_config_link import start
 

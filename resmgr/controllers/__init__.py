@@ -43,6 +43,17 @@ class Controller(Protocol):
         ...
 
 
+def cgroup_dir(cgroup_parent: str, container_id: str) -> str:
+    """The container's cgroup below a hierarchy root, for the cgroupfs and systemd drivers."""
+    if cgroup_parent.endswith(".slice") and "/" not in cgroup_parent.strip("/"):
+        # systemd: kubepods-burstable-pod1.slice -> kubepods.slice/kubepods-burstable.slice/...
+        name = cgroup_parent.strip("/")
+        parts = name[:-len(".slice")].split("-")
+        slices = ["-".join(parts[:i + 1]) + ".slice" for i in range(len(parts))]
+        return "/".join(slices) + f"/cri-containerd-{container_id}.scope"
+    return f"{cgroup_parent.strip('/')}/{container_id}"
+
+
 def mode_of(config_data: dict[str, Any], name: str) -> str:
     control = config_data.get("resource-manager.control") or {}
     return str((control.get(name) or {}).get("Mode", "relaxed"))

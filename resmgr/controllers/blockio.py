@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import BLOCKIO_ANNOTATION
-from resmgr.controllers import ControllerError
+from resmgr.controllers import ControllerError, cgroup_dir
 from resmgr.model import Container, Pod, QOSClass
 from resmgr.requirements import RequirementError, effective_annotation, parse_memory
 
@@ -103,17 +103,6 @@ def settings_for(rules: list[Rule], dev_root: str = "/") -> Settings:
         for d in devices:
             s.throttles.setdefault(d, {}).update(dict(rule.throttles))
     return s
-
-
-def cgroup_dir(cgroup_parent: str, container_id: str) -> str:
-    """The container's cgroup below a hierarchy root, for the cgroupfs and systemd drivers."""
-    if cgroup_parent.endswith(".slice") and "/" not in cgroup_parent.strip("/"):
-        # systemd: kubepods-burstable-pod1.slice -> kubepods.slice/kubepods-burstable.slice/...
-        name = cgroup_parent.strip("/")
-        parts = name[:-len(".slice")].split("-")
-        slices = ["-".join(parts[:i + 1]) + ".slice" for i in range(len(parts))]
-        return "/".join(slices) + f"/cri-containerd-{container_id}.scope"
-    return f"{cgroup_parent.strip('/')}/{container_id}"
 
 
 class BlockIOController:

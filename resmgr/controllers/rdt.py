@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import RDT_ANNOTATION
-from resmgr.controllers import ControllerError
-from resmgr.controllers.blockio import cgroup_dir
+from resmgr.controllers import ControllerError, cgroup_dir
 from resmgr.model import Container, Pod, QOSClass
 from resmgr.requirements import effective_annotation
 
