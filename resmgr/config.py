@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,10 @@ import yaml
 import policies
 from resmgr import dump
 
-SCHEMA_DIR = Path(__file__).resolve().parents[1] / "config" / "schemas"
+# A source checkout has them in config/schemas; an installed copy in <prefix>/share/cri-resmgr/schemas.
+SCHEMA_DIR = next((d for d in (Path(__file__).resolve().parents[1] / "config" / "schemas",
+                               Path(sys.prefix) / "share" / "cri-resmgr" / "schemas") if d.is_dir()),
+                  Path(sys.prefix) / "share" / "cri-resmgr" / "schemas")
 MODULES = ("policy", "dump", "logger", "rdt", "blockio", "instrumentation", "resource-manager.control")
 
 DEFAULTS: dict[str, Any] = {
