@@ -72,6 +72,14 @@ class Policy:
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
         return Decision()
 
+    def adopt(self, container: Container, pod: Pod, view: View) -> Decision:
+        """Allocate a container found running, whose resources say what it runs with now.
+
+        Policies keep it where it runs when that is consistent with every other grant
+        (a restart must not shuffle exclusive CPUs); the default allocates afresh.
+        """
+        return self.allocate(container, pod, view)
+
     def release(self, container: Container, view: View) -> Decision:
         return Decision()
 

@@ -18,6 +18,13 @@ from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
 
 
+def _cpus(text: str) -> CPUSet:
+    try:
+        return CPUSet.parse(text)
+    except ValueError:
+        return EMPTY
+
+
 @dataclass(frozen=True)
 class Grant:
     pool: str  # shared pool the container runs in ("" for exclusive-only)
@@ -46,6 +53,10 @@ class PoolPolicy(Policy):
         raise NotImplementedError
 
     def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
+        raise NotImplementedError
+
+    def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
+        """The free CPU sets exclusive grants are taken from, each with how many CPUs it must keep."""
         raise NotImplementedError
 
     # -- common --------------------------------------------------------------------------
@@ -87,12 +98,28 @@ class PoolPolicy(Policy):
         return updates
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
+        return self._allocate(container, pod, view, keep=EMPTY)
+
+    def adopt(self, container: Container, pod: Pod, view: View) -> Decision:
+        return self._allocate(container, pod, view, keep=_cpus(container.resources.cpuset_cpus))
+
+    def _allocate(self, container: Container, pod: Pod, view: View, keep: CPUSet) -> Decision:
+        """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""
         req = container_requirements(container, pod)
         old = self.grants.pop(container.key, None)
         if old is not None:
             self._taken -= old.exclusive
         before = self.pool_cpus()
-        grant = self.place(container, pod, req)
+        try:
+            grant = self.place(container, pod, req)
+        except PolicyError:
+            if old is not None:  # a failed re-allocation keeps what it had
+                self.grants[container.key] = old
+                self._taken |= old.exclusive
+            raise
+        if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
+            if any(keep <= free and len(free) - len(keep) >= spare for free, spare in self.exclusive_sources()):
+                grant = Grant(grant.pool, keep, grant.milli)
         self.grants[container.key] = grant
         self._taken |= grant.exclusive
         cpus = self.cpus_of(container.key)

@@ -59,6 +59,10 @@ class StaticPolicy(PoolPolicy):
         taken = self.taken()
         return {DEFAULT: self.available - taken, "isolated": self.isolated - taken}
 
+    def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
+        taken = self.taken()
+        return [(self.isolated - taken, 0), (self.available - taken - self.reserved, 0 if self.reserved else 1)]
+
     def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
         if req.qos != QOSClass.GUARANTEED or req.cpu_request <= 0 or req.fraction:
             return Grant(DEFAULT, milli=req.cpu_request)

@@ -55,6 +55,10 @@ class StaticPlusPolicy(PoolPolicy):
         taken = self.taken()
         return {RESERVED: self.reserved, SHARED: self.shared_base - taken, "isolated": self.isolated - taken}
 
+    def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
+        taken = self.taken()
+        return [(self.isolated - taken, 0), (self.shared_base - taken, 1)]
+
     def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
         who = f"container {pod.namespace}/{pod.name}/{container.name}"
         if pod.namespace in self.reserved_namespaces:

@@ -90,9 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rebalance-interval", type=duration, default=d.rebalance_interval, metavar="DURATION",
                    help="re-place shared containers for a better fit this often, e.g. 30s or 5m "
                         "(policies that support it: topology-aware; default: off)")
-    p.add_argument("--exit-poll-interval", type=duration, default=d.exit_poll_interval, metavar="DURATION",
-                   help="how often to look for containers that exited on their own and release what they "
-                        "held (0: only when kubelet stops or removes them; default: %(default)ss)")
+    p.add_argument("--reconcile-interval", "--exit-poll-interval", type=duration, default=d.reconcile_interval,
+                   metavar="DURATION", dest="reconcile_interval",
+                   help="how often to compare the state with what the runtime runs and repair the difference: "
+                        "release containers that exited or vanished, adopt ones made behind our back, update "
+                        "containers whose CPUs or memory nodes differ from their grant (0: only after a failed "
+                        "runtime call; default: %(default)ss)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log level (default: %(default)s)")
     p.add_argument("--logger-debug", metavar="SOURCES", default="",
@@ -162,13 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     log.setup(args.log_level, debug)
     log.set_debug(config.debug_sources)
     if config.source == "built-in defaults":
-        log.logging.getLogger("cri-resmgr").warning("no configuration given; using built-in defaults")
+        log.logging.getLogger("cri-resmgr").warning(
+            "no configuration given; using built-in defaults (or the policy that allocated the running containers)")
     opts = Options(relay_socket=args.relay_socket, runtime_socket=args.runtime_socket,
                    image_socket=args.image_socket, relay_dir=args.relay_dir, pid_file=args.pid_file,
                    allow_untested_runtimes=args.allow_untested_runtimes, dump=args.dump,
                    dump_file=args.dump_file, shutdown_grace=args.shutdown_grace,
                    relay_mode=args.relay_mode, host_root=args.host_root,
-                   rebalance_interval=args.rebalance_interval, exit_poll_interval=args.exit_poll_interval,
+                   rebalance_interval=args.rebalance_interval, reconcile_interval=args.reconcile_interval,
                    config_socket=args.config_socket,
                    agent_socket=args.agent_socket, disable_policy_switch=args.disable_policy_switch,
                    resctrl_root=args.resctrl_path, cgroup_root=args.cgroup_root)

@@ -160,7 +160,9 @@ def from_map(data: Mapping[str, str], origin: str = "ConfigMap") -> Config:
         try:
             value = yaml.safe_load(data[key])
         except yaml.YAMLError as err:
-            raise ConfigError(f"{origin}: {key}: not valid YAML: {err}") from None
+            raise ConfigError(f"{origin}: {key}: not valid YAML: {_one_line(str(err))}") from None
+        except RecursionError:
+            raise ConfigError(f"{origin}: {key}: nested too deeply") from None
         path = _split(key)
         node = doc
         for part in path[:-1]:
@@ -178,11 +180,25 @@ def from_map(data: Mapping[str, str], origin: str = "ConfigMap") -> Config:
 def load_file(path: str) -> Config:
     """Load and validate a YAML config file; errors name the file and the problem."""
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {err.start}: {raw[err.start:err.start + 1]!r})"
+                          ) from None
+    try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {_one_line(str(err))}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} is nested too deeply") from None
+    if data is None:
+        # An empty file is far more likely a truncated write than a wish for the defaults.
+        raise ConfigError(f"config file {path} is empty (write `{{}}` for the built-in defaults)")
     return validate(data, origin=path)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

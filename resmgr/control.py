@@ -35,6 +35,13 @@ class Rejected(Exception):
     """A configuration that was not applied; the message says why."""
 
 
+def _check_pushed(data: Any) -> None:
+    config = data.get("config")
+    if not isinstance(data.get("node_name", ""), str) or not isinstance(config, dict) or \
+            not all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()):
+        raise ValueError("expected {node_name: text, config: {key: YAML text}}")
+
+
 @dataclass
 class Sources:
     forced: str | None = None
@@ -42,13 +49,13 @@ class Sources:
     relay_dir: str = "/var/lib/cri-resmgr"
 
     def pushed_store(self) -> StateStore:
-        return StateStore(self.relay_dir, PUSHED)
+        return StateStore(self.relay_dir, PUSHED, "starting without it until the node agent pushes again")
 
     def load_pushed(self) -> Config | None:
         store = self.pushed_store()
         if not store.path.exists():
             return None
-        data = store.load()  # a broken file is moved aside and logged
+        data = store.load(_check_pushed)  # a broken file is moved aside and logged
         if data is None:
             return None
         try:

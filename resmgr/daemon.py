@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import logging
 import os
@@ -14,8 +15,8 @@ import grpc
 
 import policies
 from policies import PolicyError
-from resmgr import configserver
-from resmgr.config import Config
+from resmgr import configserver, statefile
+from resmgr.config import Config, ConfigError, validate
 from resmgr.control import Control, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers
 from resmgr.controllers.blockio import BlockIOController
@@ -56,11 +57,25 @@ class Options:
     cgroup_root: str = "/sys/fs/cgroup"
     resctrl_root: str = "/sys/fs/resctrl"
     rebalance_interval: float = 0.0  # seconds; 0: off
-    exit_poll_interval: float = 10.0  # seconds; 0: off
+    reconcile_interval: float = 10.0  # seconds; 0: only when something failed
 
 
 class StartupError(Exception):
     pass
+
+
+def return_freed_memory() -> None:
+    """Make glibc hand big freed buffers back to the system.
+
+    By default glibc raises its mmap threshold after freeing a big buffer, so later ones
+    (a large request, a burst of them) come from a heap it seldom trims, and the relay
+    keeps that memory for good. A fixed threshold keeps them in their own mappings.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD; setting it turns the dynamic one off
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
 
 
 def _target(path: str) -> str:
@@ -124,20 +139,46 @@ class Daemon:
             if moved:
                 log.info("rebalanced: %d container(s) moved", moved)
 
-    async def _watch_exits(self, engine: Engine) -> None:
+    @staticmethod
+    async def _watch_runtime(channel: grpc.aio.Channel, engine: Engine) -> None:
+        """Reconcile as soon as the runtime is back after its connection was lost (a restart)."""
+        lost = False
+        state = channel.get_state(try_to_connect=True)
         while True:
-            await asyncio.sleep(self.opts.exit_poll_interval)
-            try:
-                await engine.release_exited()
-            except grpc.aio.AioRpcError as err:
-                log.debug("checking for exited containers: %s", err.details())
-            except Exception:  # the next round tries again
-                log.exception("checking for exited containers failed")
+            if state == grpc.ChannelConnectivity.READY:
+                if lost:
+                    log.info("runtime connection is back; reconciling")
+                    engine.wake()
+                lost = False
+            elif state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.IDLE):
+                lost = True
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=True)
+
+    def _keep_persisted_policy(self, state: dict | None, store: StateStore) -> None:
+        """Without any configuration, keep the policy (and its settings) that allocated the running
+        containers rather than silently switching to the default one."""
+        persisted = (state or {}).get("policy") or {}
+        name, section = persisted.get("name"), persisted.get("config")
+        if self.config.source != "built-in defaults" or not name or name == self.config.policy_name:
+            return
+        try:
+            kept = validate({"policy": section or {"Active": name}}, f"policy kept from {store.path}")
+        except ConfigError as err:
+            log.error("no configuration given, and the persisted %s policy settings are unusable (%s); "
+                      "re-allocating every container under the %s policy", name, err, self.config.policy_name)
+            return
+        log.warning("no configuration given; keeping the %s policy and its settings that allocated the running "
+                    "containers (from %s)", name, store.path)
+        self.config = kept
 
     async def run(self) -> int:
+        return_freed_memory()
         listen.prepare(self.relay_socket)
         store = StateStore(self.opts.relay_dir)
         store.prepare()
+        state = store.load(statefile.check)
+        self._keep_persisted_policy(state, store)
         runtime_ch = grpc.aio.insecure_channel(_target(self.runtime_socket), options=CHANNEL_OPTIONS)
         image_ch = runtime_ch if self.image_socket == self.runtime_socket else \
             grpc.aio.insecure_channel(_target(self.image_socket), options=CHANNEL_OPTIONS)
@@ -158,9 +199,9 @@ class Daemon:
             controllers.prepare(self.config.data)()
         except ControllerError as err:
             raise StartupError(f"{self.config.source}: {err}") from None
-        engine = Engine(policy, store, RuntimeClient(runtime_ch), controllers)
+        engine = Engine(policy, store, RuntimeClient(runtime_ch), controllers, cgroup_root=self.opts.cgroup_root,
+                        gated=True)
         engine.device_hints = functools.partial(device_hints, host_root=self.opts.host_root)
-        state = store.load()
         persisted = ((state or {}).get("policy") or {}).get("name")
         if self.opts.disable_policy_switch and persisted and persisted != policy.name:
             raise StartupError(f"the containers were allocated by the {persisted} policy and {self.config.source} "
@@ -186,10 +227,10 @@ class Daemon:
             await asyncio.wait_for(self._check_runtime(engine), timeout=2.0)
         except StartupError:
             raise
-        except (grpc.aio.AioRpcError, TimeoutError) as err:
-            detail = err.details() if isinstance(err, grpc.aio.AioRpcError) else "timed out"
-            log.warning("runtime on %s not reachable or slow (%s); serving anyway, will reconcile once "
-                        "it is back", self.runtime_socket, detail)
+        except Exception as err:  # whatever the runtime holds or does, start-up goes on
+            detail = err.details() if isinstance(err, grpc.aio.AioRpcError) else str(err) or "timed out"
+            log.warning("runtime on %s not reachable, slow or odd (%s); serving anyway, lifecycle calls wait "
+                        "until it is reconciled", self.runtime_socket, detail)
             background = asyncio.create_task(self._reconcile_until_done(engine))
 
         if self.opts.relay_mode == "grpc":
@@ -222,11 +263,10 @@ class Daemon:
         log.info("relaying %s -> runtime %s, images %s, policy %s, %s front end", self.relay_socket,
                  self.runtime_socket, self.image_socket, policy.name, self.opts.relay_mode)
 
-        loops = []
+        loops = [asyncio.create_task(engine.run_reconciler(self.opts.reconcile_interval)),
+                 asyncio.create_task(self._watch_runtime(runtime_ch, engine))]
         if self.opts.rebalance_interval > 0:
             loops.append(asyncio.create_task(self._rebalance(engine)))
-        if self.opts.exit_poll_interval > 0:
-            loops.append(asyncio.create_task(self._watch_exits(engine)))
         await self._stop.wait()
         for task in loops:
             task.cancel()

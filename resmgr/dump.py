@@ -9,7 +9,9 @@ the whole method name (e.g. CreateContainer).
 from __future__ import annotations
 
 import logging
+import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -73,6 +75,19 @@ def _to_text(msg: Message | None, raw: bytes | None, cls: type[Message] | None) 
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 
+def _private_file(path: str) -> IO[str]:
+    """The dump file, readable by its owner only: full dumps hold container environments (secrets)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)  # an older file made with a looser mode
+        return os.fdopen(fd, "a", buffering=1)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class Dumper:
     def __init__(self, rules: str = DEFAULT_RULES, path: str | None = None) -> None:
         self.rules = parse_rules(rules)
@@ -81,7 +96,7 @@ class Dumper:
         self._out: IO[str] | None = None
         self._out_lock = threading.Lock()
         if path:
-            self._out = sys.stdout if path == "-" else open(path, "a", buffering=1)
+            self._out = sys.stdout if path == "-" else _private_file(path)
 
     def level(self, path: str) -> Level:
         lvl = self._levels.get(path)

@@ -4,13 +4,16 @@ Front ends (the CRI relay, later NRI) translate their protocol into calls here a
 pass a `send` coroutine that performs the runtime call. The engine decides under
 its lock, calls the runtime without it, then commits or rolls back under it, so
 lifecycle calls for different pods run in parallel.
+
+What a container holds is given back only once the runtime confirms it is gone: a stop,
+remove or create whose runtime call failed or was cancelled may or may not have happened,
+so its grant stays until reconciliation (reconcile.py) has asked the runtime.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
@@ -26,8 +29,8 @@ from resmgr.model import (
     Resources,
     container_from_config,
     pod_from_config,
-    qos_class_from_cgroup_parent,
 )
+from resmgr.reconcile import Reconciling
 from resmgr.store import StateStore
 
 log = logging.getLogger("cri-resmgr.engine")
@@ -40,6 +43,35 @@ Hook = Callable[[Container, Pod | None], Awaitable[None]]
 HOOK_POINTS = ("pre-create", "post-create", "post-start", "pre-update", "post-update",
                "post-stop", "post-remove")
 
+READY_WAIT = 10.0  # how long a call waits for the first reconciliation before it is refused
+
+# Status codes (by name, so the engine needs no gRPC) meaning the runtime refused a call
+# without doing anything; after any other failure the call may or may not have happened.
+_REFUSALS = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
+                       "FAILED_PRECONDITION", "OUT_OF_RANGE", "UNIMPLEMENTED", "RESOURCE_EXHAUSTED",
+                       "UNAUTHENTICATED"})
+
+
+class NotReady(Exception):
+    """The engine cannot decide yet: its state is not reconciled with the runtime."""
+
+
+def refused(err: BaseException) -> bool:
+    """Whether a failed runtime call certainly changed nothing."""
+    code = getattr(err, "code", None)
+    code = code() if callable(code) else code
+    return getattr(code, "name", None) in _REFUSALS
+
+
+def _failure(err: BaseException) -> str:
+    if isinstance(err, asyncio.CancelledError):
+        return "was cancelled by the caller"
+    details = getattr(err, "details", None)
+    code = getattr(err, "code", None)
+    if callable(details) and callable(code):
+        return f"failed: {code().name}: {details()}"
+    return f"failed: {err}"
+
 
 class Runtime(Protocol):
     """The runtime calls the engine makes on its own behalf."""
@@ -47,30 +79,41 @@ class Runtime(Protocol):
     async def version(self) -> cri.VersionResponse: ...
     async def list_pods(self) -> list[cri.PodSandbox]: ...
     async def pod_status(self, pod_id: str) -> cri.PodSandboxStatusResponse: ...
-    async def list_containers(self) -> list[cri.Container]: ...
-    async def container_status(self, container_id: str) -> cri.ContainerStatusResponse: ...
+    async def list_containers(self, pod_id: str = "") -> list[cri.Container]: ...
+    async def container_status(self, container_id: str, verbose: bool = True) -> cri.ContainerStatusResponse: ...
     async def update_resources(self, container_id: str, res: cri.LinuxContainerResources) -> None: ...
 
 
-class Engine:
+class Engine(Reconciling):
     def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
-                 controllers: Controllers | None = None) -> None:
+                 controllers: Controllers | None = None, cgroup_root: str = "", gated: bool = False) -> None:
+        """gated: lifecycle decisions wait for the first reconciliation (the daemon's case)."""
         self.policy = policy
         self.controllers = controllers or Controllers([])
         # Device host paths -> {path: NUMA nodes}; the daemon reads sysfs, tests may stub it.
         self.device_hints: Callable[[list[str]], dict[str, list[int]]] = lambda paths: {}
         self.store = store
         self.runtime = runtime
+        self.cgroup_root = cgroup_root  # where container cgroups are read back ("": not at all)
         self.pods: dict[str, Pod] = {}
         self.containers: dict[str, Container] = {}  # by Container.key
         self.hooks: dict[str, list[Hook]] = {p: [] for p in HOOK_POINTS}
         self._lock = asyncio.Lock()
         self._seq = 0
         self.reconciled = asyncio.Event()
+        if not gated:
+            self.reconciled.set()
+        self._swept = False
+        self._sweep_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
         # Updates for containers whose create was still in flight, applied once it lands.
         self._deferred: dict[str, Resources] = {}
-        # Known containers the policy holds nothing for (it changed, or its data was lost).
+        # Known containers the policy holds nothing for (it changed, its data was lost, no room).
         self._unallocated: set[str] = set()
+        # Containers running as plain shared ones because what they ask for did not fit.
+        self._degraded: set[str] = set()
+        # Pending creates whose runtime call failed or was cancelled: created or not, nobody knows yet.
+        self._unsettled: set[str] = set()
         # Runtime updates: one at a time per container, a bounded number at once overall.
         self._push_locks: dict[str, asyncio.Lock] = {}
         self._push_slots = asyncio.Semaphore(16)
@@ -84,24 +127,26 @@ class Engine:
         return self._seq
 
     def snapshot(self) -> dict[str, Any]:
+        ids = {c.key for c in self.containers.values() if c.id}
         return {
             "pods": [p.to_dict() for p in self.pods.values()],
             "containers": [c.to_dict() for c in self.containers.values() if c.id],
-            "policy": {"name": self.policy.name, "data": self.policy.export_state()},
+            "policy": {"name": self.policy.name, "data": self.policy.export_state(), "config": self.policy.config},
+            "unallocated": sorted(self._unallocated & ids),
+            "degraded": sorted(self._degraded & ids),
         }
 
     def restore(self, data: dict[str, Any] | None) -> None:
+        """Take a persisted state (validated by resmgr.statefile) as the starting point."""
         if not data:
             return
-        try:
-            pods = [Pod.from_dict(p) for p in data.get("pods", [])]
-            containers = [Container.from_dict(c) for c in data.get("containers", [])]
-        except (KeyError, TypeError, ValueError) as err:
-            log.error("persisted state does not parse (%s); rebuilding from the runtime", err)
-            return
+        pods = [Pod.from_dict(p) for p in data.get("pods", [])]
+        containers = [Container.from_dict(c) for c in data.get("containers", [])]
         self.pods = {p.id: p for p in pods}
         self.containers = {c.key: c for c in containers}
         self._seq = max([p.seq for p in pods] + [c.seq for c in containers] + [0])
+        self._unallocated = set(data.get("unallocated", [])) & set(self.containers)
+        self._degraded = set(data.get("degraded", [])) & set(self.containers)
         pdata = data.get("policy") or {}
         if pdata.get("name") == self.policy.name:
             try:
@@ -113,6 +158,7 @@ class Engine:
         elif pdata.get("name"):
             log.warning("active policy changed from %s to %s; re-allocating every container",
                         pdata.get("name"), self.policy.name)
+        self._degraded.clear()
         self._unallocated = {k for k, c in self.containers.items() if c.state != ContainerState.EXITED}
 
     async def save(self) -> None:
@@ -128,19 +174,38 @@ class Engine:
     def _find(self, container_id: str) -> Container | None:
         return self.containers.get(container_id)
 
+    async def _until_reconciled(self) -> None:
+        if self.reconciled.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.reconciled.wait(), READY_WAIT)
+        except TimeoutError:
+            raise NotReady("cri-resmgr has not yet reconciled its state with the runtime (is the runtime "
+                           "reachable?); try again") from None
+
     def _release(self, c: Container) -> Decision:
         """Release c's resources if it still holds them (caller holds the lock)."""
         if c.state in (ContainerState.EXITED,):
             return Decision()
         decision = self.policy.release(c, self.view())
         c.state = ContainerState.EXITED
+        c.pending = False
+        return decision
+
+    def _forget(self, c: Container) -> Decision:
+        """Release c and drop it from the state (caller holds the lock)."""
+        decision = self._release(c)
+        self.containers.pop(c.key, None)
+        for keys in (self._unallocated, self._degraded, self._unsettled):
+            keys.discard(c.key)
         return decision
 
     def _record(self, updates: dict[str, Resources]) -> None:
         """Take a decision's updates as the containers' desired resources (caller holds the lock).
 
         Recording under the lock, and pushing whatever is desired at push time, keeps an
-        older decision from overwriting a newer one in the runtime.
+        older decision from overwriting a newer one in the runtime. A recorded update is
+        pending (and persisted as such) until the runtime has taken it.
         """
         for key, res in updates.items():
             c = self.containers.get(key)
@@ -150,10 +215,17 @@ class Engine:
                 self._deferred[key] = res  # pushed once its create lands
             else:
                 c.resources = res
+                c.pending = c.state != ContainerState.EXITED
 
     async def _apply_updates(self, decision: Decision) -> None:
         """Push the desired resources of the containers a decision moved (no engine lock held)."""
-        keys = [k for k in decision.updates if (c := self.containers.get(k)) is not None and c.id]
+        await self._push_all(decision.updates)
+
+    async def _push_pending(self) -> None:
+        await self._push_all([k for k, c in self.containers.items() if c.pending and c.id])
+
+    async def _push_all(self, keys: Iterable[str]) -> None:
+        keys = [k for k in keys if (c := self.containers.get(k)) is not None and c.id]
         if keys:
             await asyncio.gather(*(self._push(k) for k in keys))
 
@@ -161,12 +233,17 @@ class Engine:
         lock = self._push_locks.setdefault(key, asyncio.Lock())
         async with self._push_slots, lock:
             c = self.containers.get(key)
-            if c is None or not c.id or c.state == ContainerState.EXITED:
-                return
+            if c is None or not c.id or not c.pending:
+                return  # gone, or an earlier push already sent the latest
+            res = c.resources
             try:
-                await self.runtime.update_resources(c.id, c.resources.to_cri())
+                await self.runtime.update_resources(c.id, res.to_cri())
             except Exception as err:
-                log.error("updating resources of container %s failed: %s", c.id, err)
+                log.error("updating resources of container %s failed (will retry): %s", c.id, err)
+                self.wake()
+                return
+            if c.resources is res:
+                c.pending = False
         if not lock.locked() and key not in self.containers:
             self._push_locks.pop(key, None)
 
@@ -190,14 +267,22 @@ class Engine:
     def _drop_pod(self, pod: Pod) -> Decision:
         decision = Decision()
         for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
-            decision.updates.update(self._release(c).updates)
-            del self.containers[c.key]
+            decision.updates.update(self._forget(c).updates)
         self.pods.pop(pod.id, None)
         return decision
 
+    async def _send_or_wake(self, what: str, req: Req, send: Send) -> Resp:
+        """The runtime call of a stop or remove; if it fails, its outcome is left to reconciliation."""
+        try:
+            return await send(req)
+        except BaseException as err:
+            log.warning("%s %s; what it holds stays held until the runtime shows it gone", what, _failure(err))
+            self.wake()
+            raise
+
     async def stop_pod_sandbox(self, req: cri.StopPodSandboxRequest,
                                send: Send) -> cri.StopPodSandboxResponse:
-        resp = await send(req)
+        resp = await self._send_or_wake(f"StopPodSandbox {req.pod_sandbox_id}", req, send)
         async with self._lock:
             decision = Decision()
             pod = self.pods.get(req.pod_sandbox_id)
@@ -212,7 +297,7 @@ class Engine:
 
     async def remove_pod_sandbox(self, req: cri.RemovePodSandboxRequest,
                                  send: Send) -> cri.RemovePodSandboxResponse:
-        resp = await send(req)
+        resp = await self._send_or_wake(f"RemovePodSandbox {req.pod_sandbox_id}", req, send)
         async with self._lock:
             pod = self.pods.get(req.pod_sandbox_id)
             decision = self._drop_pod(pod) if pod is not None else Decision()
@@ -224,6 +309,10 @@ class Engine:
     # -- container lifecycle -----------------------------------------------------
     async def create_container(self, req: cri.CreateContainerRequest,
                                send: Send) -> cri.CreateContainerResponse:
+        await self._until_reconciled()
+        meta = req.config.metadata
+        if f"pending:{req.pod_sandbox_id}:{meta.name}:{meta.attempt}" in self._unsettled:
+            await self._settle(req.pod_sandbox_id)  # a retry: did the first attempt create it?
         hints = self.device_hints([d.host_path for d in req.config.devices])  # sysfs reads: not under the lock
         async with self._lock:
             pod = self.pods.get(req.pod_sandbox_id)
@@ -238,7 +327,7 @@ class Engine:
             c.seq = self._next_seq()
             decision = Decision()
             for old in [o for o in self.containers.values()
-                        if o.pod_id == pod.id and o.name == c.name and o.key != c.key]:
+                        if o.pod_id == pod.id and o.name == c.name and o.key != c.key and o.id]:
                 decision.updates.update(self._release(old).updates)  # re-creation
             self.containers[c.key] = c
             try:
@@ -254,23 +343,30 @@ class Engine:
         await self._run_hooks("pre-create", c, pod)
         try:
             resp = await send(req)
-        except BaseException:
-            async with self._lock:
-                pending = self.containers.pop(c.key, None)
-                self._deferred.pop(c.key, None)
-                undo = self.policy.release(pending, self.view()) if pending else Decision()
-                self._record(undo.updates)
-            await self._apply_updates(undo)
+        except BaseException as err:
+            if refused(err):
+                async with self._lock:
+                    undo = self._forget(c) if self.containers.get(c.key) is c else Decision()
+                    self._deferred.pop(c.key, None)
+                    self._record(undo.updates)
+                await self._apply_updates(undo)
+            else:
+                # Maybe created: its CPUs stay held until the runtime is asked (a retry asks at once).
+                self._unsettled.add(c.key)
+                log.warning("CreateContainer %s in pod %s %s; its grant is kept until the runtime shows whether "
+                            "the container exists", c.name, pod.id, _failure(err))
+                self.wake()
             raise
         async with self._lock:
             pending_key = c.key
             self.containers.pop(pending_key, None)
             c.id, c.state = resp.container_id, ContainerState.CREATED
+            c.seq = self._next_seq()  # known to the runtime from now on, not from when it was asked
             self.containers[c.key] = c
             self.policy.rename(pending_key, c.key)
             late = self._deferred.pop(pending_key, None)
             if late is not None:  # the policy moved it while the runtime was creating it
-                c.resources = late
+                c.resources, c.pending = late, True
                 decision.updates[c.key] = late
         await self._apply_updates(decision)
         await self._run_hooks("post-create", c, pod)
@@ -289,7 +385,7 @@ class Engine:
         resp = await send(req)
         async with self._lock:
             c = self._find(req.container_id)
-            if c is not None:
+            if c is not None and c.state != ContainerState.EXITED:
                 c.state = ContainerState.RUNNING
         if c is not None:
             self._controllers_apply(c)
@@ -299,6 +395,7 @@ class Engine:
 
     async def update_container_resources(self, req: cri.UpdateContainerResourcesRequest,
                                          send: Send) -> cri.UpdateContainerResourcesResponse:
+        await self._until_reconciled()
         async with self._lock:
             c = self._find(req.container_id)
             if c is not None and req.HasField("linux"):
@@ -318,9 +415,10 @@ class Engine:
                 # Ask again: another decision may have moved this container meanwhile.
                 now = self.policy.update(c, requested, self.view())
                 c.resources = now.resources or sent
+                c.pending = c.resources != sent and c.state != ContainerState.EXITED
                 self._apply_decision(c, Decision(rdt_class=now.rdt_class, blockio_class=now.blockio_class))
                 self._record(decision.updates)
-                if c.resources != sent:
+                if c.pending:
                     decision.updates[c.key] = c.resources
             await self._apply_updates(decision)
             self._controllers_apply(c)
@@ -330,35 +428,29 @@ class Engine:
 
     async def stop_container(self, req: cri.StopContainerRequest,
                              send: Send) -> cri.StopContainerResponse:
-        try:
-            return await send(req)
-        finally:
-            # Released even when the runtime call failed: kubelet will not retry with us.
-            async with self._lock:
-                c = self._find(req.container_id)
-                decision = self._release(c) if c is not None else Decision()
-                self._record(decision.updates)
-            await self._apply_updates(decision)
-            if c is not None:
-                await self._run_hooks("post-stop", c, self.pods.get(c.pod_id))
-                await self.save()
+        resp = await self._send_or_wake(f"StopContainer {req.container_id}", req, send)
+        async with self._lock:
+            c = self._find(req.container_id)
+            decision = self._release(c) if c is not None else Decision()
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+        if c is not None:
+            await self._run_hooks("post-stop", c, self.pods.get(c.pod_id))
+            await self.save()
+        return resp
 
     async def remove_container(self, req: cri.RemoveContainerRequest,
                                send: Send) -> cri.RemoveContainerResponse:
-        try:
-            return await send(req)
-        finally:
-            async with self._lock:
-                c = self._find(req.container_id)
-                decision = Decision()
-                if c is not None:
-                    decision = self._release(c)
-                    del self.containers[c.key]
-                self._record(decision.updates)
-            await self._apply_updates(decision)
-            if c is not None:
-                await self._run_hooks("post-remove", c, self.pods.get(c.pod_id))
-                await self.save()
+        resp = await self._send_or_wake(f"RemoveContainer {req.container_id}", req, send)
+        async with self._lock:
+            c = self._find(req.container_id)
+            decision = self._forget(c) if c is not None else Decision()
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+        if c is not None:
+            await self._run_hooks("post-remove", c, self.pods.get(c.pod_id))
+            await self.save()
+        return resp
 
     async def switch_policy(self, new: Policy) -> None:
         """Re-allocate every container under another policy (PolicyError: nothing changed)."""
@@ -382,6 +474,7 @@ class Engine:
                      len(updates))
             self.policy = new
             self._unallocated.clear()
+            self._degraded.clear()
             self._record(updates)
         await self._apply_updates(Decision(updates=updates))
         await self.save()
@@ -420,122 +513,3 @@ class Engine:
         if decision.updates:
             await self.save()
         return len(decision.updates)
-
-    async def release_exited(self) -> int:
-        """Release containers that exited on their own (kubelet only removes them later)."""
-        exited = {c.id for c in await self.runtime.list_containers() if c.state == cri.CONTAINER_EXITED}
-        async with self._lock:
-            decision = Decision()
-            gone = [c for c in self.containers.values() if c.id in exited and c.state != ContainerState.EXITED]
-            for c in gone:
-                decision.updates.update(self._release(c).updates)
-            self._record(decision.updates)
-        await self._apply_updates(decision)
-        if gone:
-            log.info("released %d container(s) that exited: %s", len(gone), ", ".join(c.id[:12] for c in gone))
-            await self.save()
-        return len(gone)
-
-    # -- reconciliation ------------------------------------------------------------
-    async def reconcile(self) -> None:
-        """Bring the state in line with what the runtime actually runs."""
-        start_seq = self._seq
-        pods = await self.runtime.list_pods()
-        containers = await self.runtime.list_containers()
-        live_pods = {p.id: p for p in pods}
-        live_ctrs = {c.id: c for c in containers}
-        new_pods = {}
-        for pid, p in live_pods.items():
-            if pid not in self.pods:
-                new_pods[pid] = await self._adopt_pod(p)
-        new_ctrs = {}
-        for cid, c in live_ctrs.items():
-            if cid not in self.containers and c.state != cri.CONTAINER_EXITED:
-                adopted = await self._adopt_container(c)
-                if adopted is not None:
-                    new_ctrs[cid] = adopted
-        dropped_pods = dropped_ctrs = 0
-        async with self._lock:
-            decision = Decision()
-            for pod in [p for p in self.pods.values() if p.id not in live_pods and p.seq <= start_seq]:
-                decision.updates.update(self._drop_pod(pod).updates)
-                dropped_pods += 1
-            for c in [c for c in self.containers.values() if c.seq <= start_seq]:
-                live = live_ctrs.get(c.id)
-                if live is None or c.pod_id not in self.pods:
-                    decision.updates.update(self._release(c).updates)
-                    self.containers.pop(c.key, None)
-                    dropped_ctrs += 1
-                elif live.state == cri.CONTAINER_EXITED:
-                    decision.updates.update(self._release(c).updates)
-                elif live.state == cri.CONTAINER_RUNNING:
-                    c.state = ContainerState.RUNNING
-            for pid, pod in new_pods.items():
-                if pid not in self.pods:
-                    pod.seq = self._next_seq()
-                    self.pods[pid] = pod
-            for live_pod in live_pods.values():
-                if live_pod.id in self.pods and live_pod.state == cri.SANDBOX_NOTREADY:
-                    self.pods[live_pod.id].state = PodState.NOT_READY
-            for cid, c in new_ctrs.items():
-                if cid in self.containers or c.pod_id not in self.pods:
-                    continue
-                c.seq = self._next_seq()
-                self.containers[cid] = c
-                self._unallocated.add(cid)
-            todo = self._allocation_order(self.containers[k] for k in self._unallocated if k in self.containers)
-            self._unallocated.clear()
-            for c in todo:
-                try:
-                    alloc = self.policy.allocate(c, self.pods[c.pod_id], self.view())
-                except Exception as err:  # keep it running as it is rather than fail start-up
-                    log.error("cannot allocate container %s (%s/%s): %s", c.id, c.pod_id, c.name, err)
-                    continue
-                self._apply_decision(c, alloc)
-                decision.updates.update(alloc.updates)
-                if alloc.resources is not None:
-                    decision.updates[c.key] = alloc.resources
-            self._record(decision.updates)
-        await self._apply_updates(decision)
-        self.reapply()  # containers started while we were away join their classes too
-        await self.save()
-        self.reconciled.set()
-        log.info("reconciled with the runtime: %d pods, %d containers known; adopted %d pods, "
-                 "%d containers; dropped %d pods, %d containers", len(self.pods),
-                 len(self.containers), len(new_pods), len(new_ctrs), dropped_pods, dropped_ctrs)
-
-    async def _adopt_pod(self, p: cri.PodSandbox) -> Pod:
-        cgroup_parent = ""
-        try:
-            st = await self.runtime.pod_status(p.id)
-            info = json.loads(st.info.get("info", "{}") or "{}")
-            cgroup_parent = (((info.get("config") or {}).get("linux") or {}).get("cgroup_parent")
-                             or "")
-        except Exception as err:  # status may race with removal; adopt with what we have
-            log.warning("no verbose status for pod %s: %s", p.id, err)
-        return Pod(id=p.id, uid=p.metadata.uid, name=p.metadata.name,
-                   namespace=p.metadata.namespace,
-                   state=PodState.READY if p.state == cri.SANDBOX_READY else PodState.NOT_READY,
-                   qos_class=qos_class_from_cgroup_parent(cgroup_parent),
-                   cgroup_parent=cgroup_parent, labels=dict(p.labels),
-                   annotations=dict(p.annotations), runtime_handler=p.runtime_handler)
-
-    async def _adopt_container(self, c: cri.Container) -> Container | None:
-        try:
-            st = await self.runtime.container_status(c.id)
-        except Exception as err:
-            log.warning("no status for container %s, not adopting it: %s", c.id, err)
-            return None
-        res = Resources.from_cri(st.status.resources.linux
-                                 if st.status.resources.HasField("linux") else None)
-        info = json.loads(st.info.get("info", "{}") or "{}")
-        config = info.get("config") or {}
-        devices = [d.get("host_path", "") for d in config.get("devices") or [] if isinstance(d, dict)]
-        return Container(
-            id=c.id, pod_id=c.pod_sandbox_id, name=c.metadata.name, attempt=c.metadata.attempt,
-            state=ContainerState.RUNNING if c.state == cri.CONTAINER_RUNNING else ContainerState.CREATED,
-            image=c.image.image, command=list(config.get("command") or []),
-            args=list(config.get("args") or []), labels=dict(c.labels),
-            annotations=dict(c.annotations), requested=res, resources=Resources.from_dict(res.to_dict()),
-            hints=self.device_hints([d for d in devices if d]),
-        )

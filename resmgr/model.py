@@ -163,6 +163,8 @@ class Container:
     seq: int = 0
     # Topology hints: device host path -> the NUMA nodes it is attached to.
     hints: dict[str, list[int]] = field(default_factory=dict)
+    # `resources` not yet confirmed by the runtime: pushed again until it is.
+    pending: bool = False
 
     @property
     def key(self) -> str:

@@ -202,9 +202,9 @@ def main(argv: list[str]) -> int:
         topology = discover(root)
         config = load_file(args.config) if args.config else Config()
         try:
-            with open(args.pods) as f:
+            with open(args.pods, encoding="utf-8") as f:
                 doc = yaml.safe_load(f)
-        except (OSError, yaml.YAMLError) as err:
+        except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError) as err:
             raise SimulationError(f"pods file {args.pods}: {err}") from None
         result = run(topology, config, load_pods(doc))
     except (SimulationError, ConfigError, TopologyError) as err:

@@ -27,9 +27,11 @@ class StateFileError(Exception):
 
 
 class StateStore:
-    def __init__(self, directory: str | Path, name: str = "cache") -> None:
+    def __init__(self, directory: str | Path, name: str = "cache",
+                 on_loss: str = "rebuilding from the runtime") -> None:
         self.dir = Path(directory)
         self.path = self.dir / name
+        self.on_loss = on_loss  # what happens instead, for the log
         self._lock = asyncio.Lock()
         self._wanted = 0  # generation requested
         self._written = 0  # generation on disk
@@ -37,8 +39,9 @@ class StateStore:
     def prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
-    def load(self) -> dict[str, Any] | None:
-        """The saved state, or None. A broken file is moved aside and logged, never fatal."""
+    def load(self, check: Callable[[Any], None] | None = None) -> dict[str, Any] | None:
+        """The saved state, or None. A file that is broken, or that check (raising ValueError)
+        refuses, is moved aside and logged, never fatal."""
         try:
             st = self.path.stat()
         except FileNotFoundError:
@@ -46,19 +49,21 @@ class StateStore:
         try:
             if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
                 raise StateFileError(f"{self.path} is group or world writable; refusing to trust it")
-            data = json.loads(self.path.read_text())
+            data = json.loads(self.path.read_bytes())
             if not isinstance(data, dict) or data.get("version") != VERSION:
                 raise StateFileError(f"{self.path}: unsupported state version {data.get('version')!r}"
                                      if isinstance(data, dict) else f"{self.path}: not a JSON object")
+            if check is not None:
+                check(data)
             return data
-        except (OSError, ValueError, StateFileError) as err:
-            aside = self.path.with_name(f"{self.path.name}.broken-{int(time.time())}")
+        except (OSError, ValueError, RecursionError, StateFileError) as err:
+            aside = self.path.with_name(f"{self.path.name}.broken-{time.time_ns() // 1000}")
             try:
                 os.replace(self.path, aside)
             except OSError:
                 aside = self.path
-            log.error("state file %s is unusable (%s); moved to %s, rebuilding from the runtime",
-                      self.path, err, aside)
+            log.error("state file %s is unusable (%s); moved to %s, %s", self.path,
+                      str(err)[:300] or type(err).__name__, aside, self.on_loss)
             return None
 
     def write(self, data: dict[str, Any]) -> None:

@@ -18,8 +18,35 @@ import grpc
 from resmgr.cri import api_pb2 as cri
 from resmgr.cri import api_pb2_grpc as cri_grpc
 from resmgr.testing.images import BUSYBOX_IMAGE
+from resmgr.topology.cpuset import CPUSet
 
 ROOT = Path(__file__).resolve().parent.parent
+ONLINE = CPUSet.parse(Path("/sys/devices/system/cpu/online").read_text())
+
+
+def cgroup_cpuset(pod: cri.PodSandboxConfig | str, cid: str, name: str = "cpus") -> CPUSet:
+    """A container's cpuset.cpus or cpuset.mems, read from its cgroup (v1 or v2); pod: config or cgroup parent."""
+    parent = pod if isinstance(pod, str) else pod.linux.cgroup_parent
+    base = Path("/sys/fs/cgroup/cpuset") / parent.lstrip("/") / cid / f"cpuset.{name}"
+    if not base.exists():  # cgroup v2
+        base = Path("/sys/fs/cgroup") / parent.lstrip("/") / cid / f"cpuset.{name}"
+    return CPUSet.parse(base.read_text())
+
+
+def cgroup_cpus(pod: cri.PodSandboxConfig | str, cid: str) -> CPUSet:
+    return cgroup_cpuset(pod, cid, "cpus")
+
+
+def wait_until(check, timeout: float = 15.0, interval: float = 0.05, what: str = ""):
+    """Poll check() until it returns something true; that value, or AssertionError after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {timeout}s: {what or check}")
+        time.sleep(interval)
 
 
 def wait_socket(path: str, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:

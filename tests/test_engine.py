@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import grpc
 import pytest
 
 from policies import Decision, Policy
 from resmgr.cri import api_pb2 as cri
-from resmgr.engine import Engine
+from resmgr.engine import Engine, NotReady
 from resmgr.model import ContainerState, Resources
 from resmgr.store import StateStore
 from tests.helpers import container_config, pod_config
+
+
+class RuntimeError_(Exception):
+    """A failed runtime call with a gRPC status code, as the relay's send raises it."""
+
+    def __init__(self, code: grpc.StatusCode, details: str = "") -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
 
 
 class FakeRuntime:
@@ -19,6 +35,8 @@ class FakeRuntime:
         self.pods: list[cri.PodSandbox] = []
         self.containers: list[cri.Container] = []
         self.updates: list[tuple[str, cri.LinuxContainerResources]] = []
+        self.cpusets: dict[str, str] = {}  # what ContainerStatus reports, by container ID
+        self.fail_updates = False
 
     async def version(self):
         return cri.VersionResponse(runtime_name="containerd")
@@ -30,15 +48,29 @@ class FakeRuntime:
         return cri.PodSandboxStatusResponse(info={"info": '{"config": {"linux": {"cgroup_parent": '
                                                           '"/kubepods/burstable/podx"}}}'})
 
-    async def list_containers(self):
-        return list(self.containers)
+    async def list_containers(self, pod_id=""):
+        return [c for c in self.containers if not pod_id or c.pod_sandbox_id == pod_id]
 
-    async def container_status(self, cid):
+    async def container_status(self, cid, verbose=True):
         return cri.ContainerStatusResponse(status=cri.ContainerStatus(
-            id=cid, resources=cri.ContainerResources(linux=cri.LinuxContainerResources(cpu_shares=2))))
+            id=cid, resources=cri.ContainerResources(linux=cri.LinuxContainerResources(
+                cpu_shares=2, cpuset_cpus=self.cpusets.get(cid, "")))))
 
     async def update_resources(self, cid, res):
+        if self.fail_updates:
+            raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "runtime away")
         self.updates.append((cid, res))
+        self.cpusets[cid] = res.cpuset_cpus
+
+    def run(self, cid, pod_id, name="a", attempt=0, state=cri.CONTAINER_RUNNING):
+        """A container the runtime lists (state: a CRI ContainerState)."""
+        self.containers = [c for c in self.containers if c.id != cid]
+        self.containers.append(cri.Container(id=cid, pod_sandbox_id=pod_id, state=state,
+                                             metadata=cri.ContainerMetadata(name=name, attempt=attempt)))
+
+    def pod(self, pod_id):
+        self.pods.append(cri.PodSandbox(id=pod_id, state=cri.SANDBOX_READY,
+                                        metadata=cri.PodSandboxMetadata(name=pod_id, uid=pod_id, namespace="ns")))
 
 
 class PinningPolicy(Policy):
@@ -122,13 +154,13 @@ async def test_create_rewrites_request_and_updates_others(engine):
     assert engine.containers["c1"].resources.cpuset_cpus == "0-1"
 
 
-async def test_failed_create_rolls_back(engine):
+async def test_a_create_the_runtime_refused_rolls_back(engine):
     pod_id, cfg = await _run_pod(engine)
 
     async def send(req):
-        raise RuntimeError("runtime says no")
+        raise RuntimeError_(grpc.StatusCode.INVALID_ARGUMENT, "runtime says no")
 
-    with pytest.raises(RuntimeError, match="runtime says no"):
+    with pytest.raises(RuntimeError_, match="runtime says no"):
         await engine.create_container(cri.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), send)
     assert engine.containers == {}
@@ -150,16 +182,196 @@ async def test_kubelet_update_is_forwarded_with_pinning_kept(engine):
     assert engine.containers["c1"].requested.cpuset_cpus == "0-63"
 
 
-async def test_stop_releases_even_when_runtime_fails(engine):
+async def test_failed_or_cancelled_stop_keeps_resources_until_the_runtime_says_stopped(engine, caplog):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg)
+    engine.runtime.pod(pod_id)
+    engine.runtime.run("c1", pod_id)
+    released = []
+    engine.policy.release = lambda c, view: released.append(c.key) or Decision()
+
+    async def stop(req):
+        raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "runtime went away")
+
+    with pytest.raises(RuntimeError_):
+        await engine.stop_container(cri.StopContainerRequest(container_id="c1"), stop)
+
+    async def stuck(req):
+        await asyncio.sleep(3600)
+
+    caplog.set_level(logging.WARNING, "cri-resmgr.engine")
+    task = asyncio.create_task(engine.stop_container(cri.StopContainerRequest(container_id="c1"), stuck))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert "StopContainer c1 was cancelled by the caller" in caplog.text
+    assert engine.containers["c1"].state != ContainerState.EXITED and released == []
+    await engine.reconcile()  # the runtime still runs it
+    assert released == []
+    engine.runtime.run("c1", pod_id, state=cri.CONTAINER_EXITED)
+    await engine.reconcile()
+    assert released == ["c1"] and engine.containers["c1"].state == ContainerState.EXITED
+
+
+async def test_failed_remove_keeps_the_container(engine):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg)
 
-    async def stop(req):
-        raise RuntimeError("boom")
+    async def remove(req):
+        raise RuntimeError_(grpc.StatusCode.DEADLINE_EXCEEDED, "too slow")
 
-    with pytest.raises(RuntimeError):
-        await engine.stop_container(cri.StopContainerRequest(container_id="c1"), stop)
-    assert engine.containers["c1"].state == ContainerState.EXITED
+    with pytest.raises(RuntimeError_):
+        await engine.remove_container(cri.RemoveContainerRequest(container_id="c1"), remove)
+    assert engine.containers["c1"].state == ContainerState.CREATED
+    await engine.reconcile()  # the runtime has no such container (and no such pod)
+    assert "c1" not in engine.containers
+
+
+async def test_unsettled_create_keeps_its_grant_and_is_adopted_or_released(engine):
+    pod_id, cfg = await _run_pod(engine)
+    engine.runtime.pod(pod_id)
+    released = []
+    release = engine.policy.release
+    engine.policy.release = lambda c, view: released.append(c.key) or release(c, view)
+
+    async def lost(req):
+        raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "connection lost")
+
+    for name in ("made", "never"):
+        with pytest.raises(RuntimeError_):
+            await engine.create_container(cri.CreateContainerRequest(
+                pod_sandbox_id=pod_id, config=container_config(name), sandbox_config=cfg), lost)
+    assert set(engine.containers) == {f"pending:{pod_id}:made:0", f"pending:{pod_id}:never:0"}
+    assert released == []
+    engine.runtime.run("c-made", pod_id, name="made")
+    engine.runtime.cpusets["c-made"] = "0"  # what its create request said
+    allocations = []
+    allocate = engine.policy.allocate
+    engine.policy.allocate = lambda c, pod, view: allocations.append(c.key) or allocate(c, pod, view)
+    await engine.reconcile()
+    assert released == [f"pending:{pod_id}:never:0"]
+    made = engine.containers["c-made"]
+    assert allocations == [] and made.state == ContainerState.RUNNING  # adopted with its grant
+    # "never"'s create had moved it to 0-1 meanwhile: that decision reaches the runtime now.
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.updates] == [("c-made", "0-1")]
+
+
+async def test_a_retried_create_settles_the_unknown_one_first(engine):
+    pod_id, cfg = await _run_pod(engine)
+    engine.runtime.pod(pod_id)
+
+    async def lost(req):
+        engine.runtime.run("c-first", pod_id)  # it did get created
+        raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "connection lost")
+
+    async def reserved(req):
+        raise RuntimeError_(grpc.StatusCode.ALREADY_EXISTS, "name is reserved")
+
+    req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg)
+    with pytest.raises(RuntimeError_):
+        await engine.create_container(req, lost)
+    with pytest.raises(RuntimeError_, match="reserved"):
+        await engine.create_container(req, reserved)
+    assert set(engine.containers) == {"c-first"}
+
+
+async def test_failed_updates_stay_pending_across_restarts_until_pushed(engine, tmp_path):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    engine.runtime.fail_updates = True
+    await _create(engine, pod_id, cfg, cid="c2", name="b")  # moves c1 to 0-1; the push fails
+    assert engine.containers["c1"].pending
+    assert engine.store.load()["containers"][0]["pending"] is True
+    # A restart: the pending update is pushed once the runtime is back.
+    runtime = FakeRuntime()
+    runtime.pod(pod_id)
+    runtime.run("c1", pod_id, name="a")
+    runtime.run("c2", pod_id, name="b")
+    again = Engine(PinningPolicy(), StateStore(tmp_path), runtime)
+    again.restore(StateStore(tmp_path).load())
+    await again.reconcile()
+    assert ("c1", "0-1") in [(cid, r.cpuset_cpus) for cid, r in runtime.updates]
+    assert not again.containers["c1"].pending
+
+
+async def test_reconcile_pushes_again_where_the_runtime_differs(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    engine.runtime.pod(pod_id)
+    engine.runtime.run("c1", pod_id)
+    engine.runtime.cpusets["c1"] = "0"
+    await engine.reconcile()
+    assert engine.runtime.updates == []
+    engine.runtime.cpusets["c1"] = "1"  # changed behind our back
+    await engine.reconcile()
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.updates] == [("c1", "0")]
+
+
+async def test_pods_removed_behind_our_back_release_their_containers(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg)
+    released = []
+    engine.policy.release = lambda c, view: released.append(c.key) or Decision()
+    await engine.reconcile()  # the runtime has neither the pod nor its container
+    assert engine.pods == {} and engine.containers == {} and released == ["c1"]
+
+
+async def test_a_reconcile_does_not_drop_a_create_that_lands_while_it_lists(engine):
+    pod_id, cfg = await _run_pod(engine)
+    engine.runtime.pod(pod_id)
+    listing = asyncio.Event()
+    landed = asyncio.Event()
+    original = engine.runtime.list_containers
+
+    async def slow_list(pod_id=""):
+        listing.set()
+        result = await original(pod_id)
+        await landed.wait()
+        return result
+
+    async def send(req):
+        await listing.wait()  # decided before the round, created in the runtime after its listing
+        engine.runtime.run("c-late", pod_id)
+        return cri.CreateContainerResponse(container_id="c-late")
+
+    engine.runtime.list_containers = slow_list
+    round_ = asyncio.create_task(engine.reconcile())
+    await engine.create_container(cri.CreateContainerRequest(
+        pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), send)
+    landed.set()
+    await round_
+    assert "c-late" in engine.containers
+
+
+async def test_gated_engine_decides_nothing_before_reconciling(tmp_path, monkeypatch):
+    monkeypatch.setattr("resmgr.engine.READY_WAIT", 0.05)
+    eng = Engine(PinningPolicy(), StateStore(tmp_path), FakeRuntime(), gated=True)
+    pod_id, cfg = await _run_pod(eng)
+    with pytest.raises(NotReady):
+        await _create(eng, pod_id, cfg)
+    eng.runtime.pod(pod_id)
+    await eng.reconcile()
+    await _create(eng, pod_id, cfg)
+    assert "c1" in eng.containers
+
+
+async def test_reconcile_tolerates_odd_runtime_data(engine):
+    rt = engine.runtime
+    rt.pods = [cri.PodSandbox(id="p1"), cri.PodSandbox(id="")]  # no metadata at all; no ID
+    rt.containers = [cri.Container(id="x1", pod_sandbox_id="p1", state=cri.CONTAINER_RUNNING),
+                     cri.Container(id="x2", pod_sandbox_id="no-such-pod", state=cri.CONTAINER_RUNNING),
+                     cri.Container(id="x3", pod_sandbox_id="p1", state=cri.CONTAINER_UNKNOWN)]
+
+    async def odd_status(cid, verbose=True):
+        return cri.ContainerStatusResponse(info={"info": '["not", "an", "object"]'})
+
+    async def odd_pod_status(pid):
+        return cri.PodSandboxStatusResponse(info={"info": "{broken"})
+
+    rt.container_status, rt.pod_status = odd_status, odd_pod_status
+    await engine.reconcile()
+    assert set(engine.pods) == {"p1"} and set(engine.containers) == {"x1"}
 
 
 async def test_recreated_container_releases_the_old_one(engine):

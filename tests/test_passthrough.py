@@ -57,14 +57,38 @@ def test_errors_reach_caller_unchanged(direct, via, method, request_msg):
     assert v == d
 
 
-@pytest.mark.parametrize("method", ["ContainerStatus", "CreateContainer", "RunPodSandbox"])
-def test_malformed_request_gets_the_runtime_answer(containerd, relay, method):
-    path = f"/runtime.v1.RuntimeService/{method}"
+def test_malformed_passthrough_request_gets_the_runtime_answer(containerd, relay):
+    path = "/runtime.v1.RuntimeService/ContainerStatus"
     garbage = b"\xff\xff\xff\xff\x0f"
     with grpc.insecure_channel("unix://" + containerd.socket) as d, relay.channel() as v:
         d_out = outcome(d.unary_unary(path), garbage, timeout=10)
         v_out = outcome(v.unary_unary(path), garbage, timeout=10)
     assert v_out == d_out
+
+
+@pytest.mark.parametrize("method", ["CreateContainer", "RunPodSandbox", "StopContainer"])
+def test_malformed_lifecycle_request_is_refused(relay, method):
+    with relay.channel() as v:
+        code, details = outcome(v.unary_unary(f"/runtime.v1.RuntimeService/{method}"), b"\xff\xff\xff\xff\x0f",
+                                timeout=10)
+    assert code == "INVALID_ARGUMENT" and f"{method} request is not a valid protobuf message" in details
+
+
+def test_lifecycle_request_with_text_that_is_not_utf8_never_reaches_the_runtime(direct, relay, tmp_path):
+    cfg = pod_config(qos="guaranteed", logdir=str(tmp_path / "logs"))
+    pod = direct.run_pod(cfg)
+    try:
+        req = cri.CreateContainerRequest(pod_sandbox_id=pod, config=container_config("bad"), sandbox_config=cfg)
+        req.config.annotations["note"] = "MARKER"
+        raw = req.SerializeToString().replace(b"MARKER", b"\xff\xfe\xc3\x28xx")
+        with relay.channel() as v:
+            code, details = outcome(v.unary_unary("/runtime.v1.RuntimeService/CreateContainer"), raw, timeout=10)
+        assert code == "INVALID_ARGUMENT"
+        assert "not UTF-8 in config.annotations[0].value" in details
+        listed = direct.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(pod_sandbox_id=pod)))
+        assert list(listed.containers) == []
+    finally:
+        direct.remove_pod(pod)
 
 
 def test_lifecycle_through_relay_matches_direct(direct, via, relay, tmp_path):

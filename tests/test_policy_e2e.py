@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
-from pathlib import Path
 
 import pytest
 
@@ -13,21 +11,18 @@ from resmgr.requirements import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.sysfs import discover
-from tests.helpers import Cri, RelayProcess, container_config, pod_config
+from tests.helpers import (
+    ONLINE,
+    Cri,
+    RelayProcess,
+    cgroup_cpus,
+    cgroup_cpuset,
+    container_config,
+    pod_config,
+    wait_until,
+)
 
 TOPOLOGY = discover("/")
-ONLINE = TOPOLOGY.online
-
-
-def cgroup_cpuset(pod: cri.PodSandboxConfig, cid: str, name: str = "cpus") -> CPUSet:
-    base = Path("/sys/fs/cgroup/cpuset") / pod.linux.cgroup_parent.lstrip("/") / cid / f"cpuset.{name}"
-    if not base.exists():  # cgroup v2
-        base = Path("/sys/fs/cgroup") / pod.linux.cgroup_parent.lstrip("/") / cid / f"cpuset.{name}"
-    return CPUSet.parse(base.read_text())
-
-
-def cgroup_cpus(pod: cri.PodSandboxConfig, cid: str) -> CPUSet:
-    return cgroup_cpuset(pod, cid, "cpus")
 
 
 def resources(milli: int, guaranteed: bool) -> cri.LinuxContainerResources:
@@ -153,12 +148,7 @@ def test_topology_aware_rebalance_moves_a_shared_container(containerd, workdir):
         assert cgroup_cpus(s_cfg, s) == CPUSet((1,))  # the only pool with a shared CPU left
         via.remove_pod(pods.pop(0))
         # Both pools are free now; rebalancing moves the shared container to the first one.
-        deadline = time.monotonic() + 10
-        moved = "rebalanced: 1 container(s) moved"
-        while moved not in relay.log() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert moved in relay.log()
-        assert cgroup_cpus(s_cfg, s) == CPUSet((0,))
+        wait_until(lambda: cgroup_cpus(s_cfg, s) == CPUSet((0,)), what="the shared container moved to CPU 0")
     finally:
         for p in pods:
             via.remove_pod(p)
@@ -171,7 +161,7 @@ def test_a_container_that_exits_on_its_own_gives_its_cpus_back(containerd, workd
     config = workdir / "static.yaml"
     config.write_text("policy:\n  Active: static\n")
     relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config),
-                         "--exit-poll-interval", "200ms").start()
+                         "--reconcile-interval", "200ms").start()
     via = Cri(relay.socket)
     pods = []
     try:
@@ -184,11 +174,7 @@ def test_a_container_that_exits_on_its_own_gives_its_cpus_back(containerd, workd
         via.run_container(pods[-1], job_cfg, container_config(command=["sleep", "1"],
                                                               resources=resources(1000, True)))
         assert len(ONLINE - cgroup_cpus(s_cfg, shared)) == 1  # the job holds a CPU
-        deadline = time.monotonic() + 15
-        while cgroup_cpus(s_cfg, shared) != ONLINE and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert cgroup_cpus(s_cfg, shared) == ONLINE
-        assert "released 1 container(s) that exited" in relay.log()
+        wait_until(lambda: cgroup_cpus(s_cfg, shared) == ONLINE, what="the job's CPU is shared again")
     finally:
         for p in pods:
             via.remove_pod(p)

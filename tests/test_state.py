@@ -5,8 +5,16 @@ from __future__ import annotations
 import json
 import signal
 
+import grpc
+import pytest
+
 from resmgr.cri import api_pb2 as cri
-from tests.helpers import Cri, RelayProcess, container_config, pod_config
+from tests.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_config, pod_config
+
+
+def guaranteed_cpu() -> cri.LinuxContainerResources:
+    return cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000,
+                                       memory_limit_in_bytes=64 << 20)
 
 
 def state_of(relay: RelayProcess) -> dict:
@@ -53,12 +61,15 @@ def test_kill9_loses_nothing_and_restart_reconciles(containerd, workdir, direct)
             direct.remove_pod(p)
 
 
-def test_broken_state_file_is_moved_aside_and_rebuilt(containerd, workdir, direct):
+@pytest.mark.parametrize("content", ["{ this is not json", '{"version":1,"policy":"static"}',
+                                     '{"version":1,"pods":' + "[" * 50000 + "]" * 50000 + "}"])
+def test_broken_state_file_is_moved_aside_and_rebuilt(containerd, workdir, direct, content):
     cfg = pod_config(logdir=str(workdir / "logs"))
     pod = direct.run_pod(cfg)
     state_dir = workdir / "state"
     state_dir.mkdir()
-    (state_dir / "cache").write_text("{ this is not json")
+    (state_dir / "cache").write_text(content)
+    (state_dir / "cache").chmod(0o600)
     relay = RelayProcess(workdir, containerd.socket).start()
     try:
         assert any(p.name.startswith("cache.broken-") for p in state_dir.iterdir())
@@ -81,3 +92,34 @@ def test_stop_and_remove_update_state(containerd, relay, via, workdir):
     assert [p["state"] for p in state_of(relay)["pods"]] == ["notready"]
     via.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=30)
     assert state_of(relay)["pods"] == []
+
+
+@pytest.mark.skipif(len(ONLINE) != 2, reason="counts on 2 CPUs: one exclusive grant fills the machine")
+def test_without_configuration_the_persisted_policy_is_kept(containerd, workdir, direct):
+    config = workdir / "static.yaml"
+    config.write_text("policy:\n  Active: static\n")
+    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config)).start()
+    via = Cri(relay.socket)
+    pods = []
+    try:
+        g_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(g_cfg))
+        g = via.run_container(pods[-1], g_cfg, container_config(resources=guaranteed_cpu()))
+        mine = cgroup_cpus(g_cfg, g)
+        assert relay.stop(signal.SIGKILL) == -signal.SIGKILL
+        via.close()
+        # Started again with no configuration at all: still static, so the CPU is not handed out twice.
+        relay = RelayProcess(workdir, containerd.socket, relay_dir=relay.relay_dir).start()
+        via = Cri(relay.socket)
+        assert "keeping the static policy" in relay.log()
+        other_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(other_cfg))
+        with pytest.raises(grpc.RpcError) as info:
+            via.create(pods[-1], other_cfg, container_config(resources=guaranteed_cpu()))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert cgroup_cpus(g_cfg, g) == mine
+    finally:
+        for p in pods:
+            via.remove_pod(p)
+        via.close()
+        relay.stop()

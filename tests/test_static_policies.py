@@ -67,6 +67,33 @@ def test_static_plus_pools():
     assert len(w.cpus(mixed) - shared_now) == 1
 
 
+@pytest.mark.parametrize("name", ["static", "static-plus"])
+def test_an_adopted_container_keeps_its_exclusive_cpus_when_they_are_free(name):
+    w = World(name, ReservedResources={"cpu": "cpuset:0"})
+    be = w.add(QOSClass.BEST_EFFORT, 0)
+    kept = w.add(QOSClass.GUARANTEED, 2000, running_on="5-6")
+    assert w.cpus(kept) == CPUSet.parse("5-6")
+    assert w.cpus(be).isdisjoint(w.cpus(kept))
+    # CPUs someone else holds, the wrong count or reserved CPUs: allocated afresh instead.
+    for running_on in ("5", "5-6", "0-1"):
+        other = w.add(QOSClass.GUARANTEED, 2000, running_on=running_on)
+        assert len(w.cpus(other)) == 2 and w.cpus(other).isdisjoint(w.cpus(kept) | CPUSet((0,)))
+        w.remove(other)
+
+
+@pytest.mark.parametrize("name", ["static", "static-plus"])
+def test_a_reallocation_that_fails_keeps_the_old_grant(name):
+    w = World(name)
+    g = w.add(QOSClass.GUARANTEED, 2000)
+    before = w.cpus(g)
+    w.containers[g.key].requested = w.containers[g.key].requested.with_cpus("")
+    w.containers[g.key].requested.cpu_shares = 64 * 1024  # 64 CPUs: cannot fit
+    w.containers[g.key].requested.cpu_quota = 64 * 100000
+    with pytest.raises(PolicyError):
+        w.policy.allocate(w.containers[g.key], w.pods[g.pod_id], w.view())
+    assert w.policy.cpus_of(g.key) == before and w.policy.taken() >= before
+
+
 def test_requests_that_cannot_fit_name_the_container():
     w = World("static", ReservedResources={"cpu": 2})
     with pytest.raises(PolicyError, match=r"default/p1/app needs 20 exclusive CPUs"):

@@ -137,6 +137,19 @@ def test_shared_users_follow_their_pool_as_exclusive_grants_come_and_go():
     assert w.cpus(shared) == LEAVES[int(leaf[-1])]
 
 
+def test_an_adopted_container_keeps_its_exclusive_cpus_when_consistent():
+    w = World("topology-aware", machine("sockets=1,nodes=2,cores=4,threads=1"))  # node 0: 0-3, node 1: 4-7
+    be = w.add(QOSClass.BEST_EFFORT, 0)
+    kept = w.add(QOSClass.GUARANTEED, 2000, running_on="6-7")
+    assert w.cpus(kept) == CPUSet.parse("6-7")
+    assert w.cpus(be).isdisjoint(w.cpus(kept))
+    # Spread over both nodes, or held by another grant: placed afresh instead.
+    for running_on in ("3-4", "6-7"):
+        other = w.add(QOSClass.GUARANTEED, 2000, running_on=running_on)
+        assert len(w.cpus(other)) == 2 and w.cpus(other) != CPUSet.parse(running_on)
+        w.remove(other)
+
+
 def test_exclusive_slices_keep_a_shared_cpu_for_the_pools_shared_users():
     w = World(TA, machine("sockets=1,cores=2,threads=2"))
     shared = w.add(BE, 0)

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import policies
-from resmgr import dump
+from resmgr import dump, statefile
 from resmgr.config import ConfigError, load_file, validate
 from resmgr.cri import api_pb2 as cri
 from resmgr.model import QOSClass, Resources, qos_class_from_cgroup_parent
@@ -95,6 +95,16 @@ def test_full_dump_is_readable(tmp_path):
     assert "container_id: abc" in text and "code: NOT_FOUND" in text and "latency_ms" in text
 
 
+def test_dump_file_is_private(tmp_path):
+    fresh, old = tmp_path / "fresh", tmp_path / "old"
+    old.write_text("earlier dumps\n")
+    old.chmod(0o644)
+    for path in (fresh, old):
+        dump.Dumper("full:.*", str(path)).close()
+        assert path.stat().st_mode & 0o777 == 0o600
+    assert old.read_text() == "earlier dumps\n"  # appended to, not truncated
+
+
 def test_config_defaults_and_sections():
     cfg = validate({"policy": {"Active": "null"}, "dump": {"Config": "full:.*"}, "logger": {"Debug": "engine,relay"}})
     assert cfg.policy_name == "none"
@@ -145,6 +155,30 @@ def test_store_rejects_other_versions(tmp_path):
     assert StateStore(tmp_path).load() is None
 
 
+@pytest.mark.parametrize("content", [
+    '{"version":1,"policy":"static"}',
+    '{"version":1,"pods":[{"id":"p"}],"containers":[]}',
+    '{"version":1,"pods":[],"containers":[{"id":"c","pod_id":"p","name":"n","state":"running","attempt":"1"}]}',
+    '{"version":1,"pods":[],"containers":[],"policy":{"name":"static","data":[]}}',
+    '{"version":1,"pods":' + "[" * 100000 + "]" * 100000 + ',"containers":[]}',
+    b"\xff\xfe\x00garbage",
+])
+def test_state_that_does_not_validate_is_moved_aside(tmp_path, content):
+    path = tmp_path / "cache"
+    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    path.chmod(0o600)
+    assert StateStore(tmp_path).load(statefile.check) is None
+    assert not path.exists() and any(p.name.startswith("cache.broken-") for p in tmp_path.iterdir())
+
+
+def test_a_valid_state_loads(tmp_path):
+    from resmgr.engine import Engine
+
+    eng = Engine(policies.create("none"), StateStore(tmp_path), None)
+    StateStore(tmp_path).write(eng.snapshot())
+    assert StateStore(tmp_path).load(statefile.check)["policy"]["name"] == "none"
+
+
 def test_registry_and_aliases():
     assert policies.canonical("null") == "none"
     assert policies.create("null").name == "none"
@@ -182,6 +216,22 @@ def test_cli_bad_config_stops_startup(tmp_path):
     assert out.returncode == 2
     assert str(cfg) in out.stderr and "fastest" in out.stderr
     assert not (tmp_path / "s.sock").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00\xff", "is not UTF-8 text"),
+    (b"", "is empty"),
+    (b"# nothing but a comment\n", "is empty"),
+    (b"policy: {Active: static", "is not valid YAML"),
+])
+@pytest.mark.parametrize("option", ["--force-config", "--fallback-config"])
+def test_cli_unreadable_config_is_one_line_naming_the_file(tmp_path, content, message, option):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(content)
+    out = _cli(option, str(cfg), "--relay-socket", str(tmp_path / "s.sock"), "--relay-dir", str(tmp_path / "st"))
+    assert out.returncode == 2 and not (tmp_path / "s.sock").exists()
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(cfg) in lines[0] and message in lines[0], out.stderr
 
 
 def test_cli_force_and_fallback_together_is_an_error(tmp_path):

@@ -36,18 +36,19 @@ class World:
         return pod
 
     def add(self, qos: QOSClass, milli: int, namespace: str = "default", annotations=None, memory: int = 0,
-            pod: Pod | None = None, name: str = "app") -> Container:
-        """A container (in a new pod unless one is given) allocated by the policy."""
+            pod: Pod | None = None, name: str = "app", running_on: str | None = None) -> Container:
+        """A container (in a new pod unless one is given) allocated by the policy; running_on: one found
+        running on those CPUs, adopted."""
         new_pod = pod is None
         pod = pod or self.pod(qos, namespace, annotations)
         self.n += 1
         res = Resources(cpu_shares=milli_to_shares(milli), cpu_quota=milli * 100 if milli else 0,
                         cpu_period=100000, memory_limit_in_bytes=memory)
         c = Container(id=f"c{self.n}", pod_id=pod.id, name=name, state=ContainerState.RUNNING,
-                      requested=res, resources=res)
+                      requested=res, resources=res if running_on is None else res.with_cpus(running_on))
         self.containers[c.key] = c
         try:
-            d = self.policy.allocate(c, pod, self.view())
+            d = (self.policy.allocate if running_on is None else self.policy.adopt)(c, pod, self.view())
         except PolicyError:
             del self.containers[c.key]
             if new_pod:

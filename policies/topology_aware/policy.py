@@ -379,6 +379,18 @@ class TopologyAwarePolicy(Policy):
         return out
 
     # -- resources -------------------------------------------------------------------------
+    def _keep(self, key: str, grant: Grant, keep: CPUSet) -> Grant:
+        """grant with keep as its exclusive CPUs, if they are its pool's isolated or general CPUs, free,
+        and leave every pool consistent; else grant as it is."""
+        pool = self.by_name[grant.pool]
+        if not (keep <= pool.isolated or keep <= pool.general) or not keep.isdisjoint(self._taken):
+            return grant
+        kept = replace(grant, exclusive=keep)
+        self._add(key, kept)
+        problem = self._overcommitted()
+        self._remove(key)
+        return grant if problem else kept
+
     def cpus_of_grant(self, g: Grant) -> CPUSet:
         pool = self.by_name[g.pool]
         cpus = g.exclusive
@@ -420,6 +432,17 @@ class TopologyAwarePolicy(Policy):
 
     # -- the policy interface -------------------------------------------------------------
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
+        return self._allocate(container, pod, view, keep=EMPTY)
+
+    def adopt(self, container: Container, pod: Pod, view: View) -> Decision:
+        try:
+            keep = CPUSet.parse(container.resources.cpuset_cpus)
+        except ValueError:
+            keep = EMPTY
+        return self._allocate(container, pod, view, keep)
+
+    def _allocate(self, container: Container, pod: Pod, view: View, keep: CPUSet) -> Decision:
+        """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""
         req = container_requirements(container, pod)
         before = self._snapshot()
         old = self._remove(container.key)
@@ -430,6 +453,8 @@ class TopologyAwarePolicy(Policy):
             if old is not None:
                 self._add(container.key, old)
             raise
+        if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
+            grant = self._keep(container.key, grant, keep)
         self._add(container.key, grant)
         rdt, blockio = class_names(container, pod)
         resources = self._resources(container.requested, grant)
@@ -522,17 +547,24 @@ class TopologyAwarePolicy(Policy):
         try:
             for key, g in sorted(grants.items()):
                 self._restore_one(key, g)
-            for pool in self.pools:
-                if self._users[pool.id] and not self._sharable[pool.id]:
-                    raise PolicyError(f"pool {pool.name} has shared users and no shared CPU left")
-                if 1000 * len(self._sharable[pool.id]) < self._subtree_milli(pool):
-                    raise PolicyError(f"pool {pool.name}: {self._subtree_milli(pool)}m shared CPU granted, "
-                                      f"only {len(self._sharable[pool.id])} shared CPUs")
+            problem = self._overcommitted()
+            if problem:
+                raise PolicyError(problem)
         except PolicyError:
             for key in list(self.grants):
                 self._remove(key)
             raise
         self._guard_memory(sorted(self.grants))
+
+    def _overcommitted(self) -> str:
+        """What is wrong with the grants as they stand ("" when nothing is)."""
+        for pool in self.pools:
+            if self._users[pool.id] and not self._sharable[pool.id]:
+                return f"pool {pool.name} has shared users and no shared CPU left"
+            if 1000 * len(self._sharable[pool.id]) < self._subtree_milli(pool):
+                return (f"pool {pool.name}: {self._subtree_milli(pool)}m shared CPU granted, "
+                        f"only {len(self._sharable[pool.id])} shared CPUs")
+        return ""
 
     def _restore_one(self, key: str, g: Grant) -> None:
         if g.reserved:

@@ -15,6 +15,7 @@ controller prepares (validates) the new section first, and only then do all comm
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -52,6 +53,21 @@ def cgroup_dir(cgroup_parent: str, container_id: str) -> str:
         slices = ["-".join(parts[:i + 1]) + ".slice" for i in range(len(parts))]
         return "/".join(slices) + f"/cri-containerd-{container_id}.scope"
     return f"{cgroup_parent.strip('/')}/{container_id}"
+
+
+def read_cpuset(cgroup_root: str, cgroup_parent: str, container_id: str) -> tuple[str, str] | None:
+    """The container's cgroup cpuset.cpus and cpuset.mems (cgroup v1 or v2), None if not there."""
+    rel = cgroup_dir(cgroup_parent, container_id)
+    for base in (os.path.join(cgroup_root, "cpuset", rel), os.path.join(cgroup_root, rel)):
+        try:
+            with open(os.path.join(base, "cpuset.cpus")) as f:
+                cpus = f.read().strip()
+            with open(os.path.join(base, "cpuset.mems")) as f:
+                mems = f.read().strip()
+        except OSError:
+            continue
+        return cpus, mems
+    return None
 
 
 def mode_of(config_data: dict[str, Any], name: str) -> str:

@@ -7,6 +7,7 @@ they can be parsed. Both relay front ends (gRPC and splice) use this.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -16,12 +17,17 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from policies import PolicyError
+from resmgr import protowire
 from resmgr.controllers import ControllerError
 from resmgr.dump import Dumper, Level
-from resmgr.engine import Engine
-from resmgr.relay.methods import KNOWN, is_image_method
+from resmgr.engine import Engine, NotReady
+from resmgr.relay.methods import KNOWN, is_image_method, short_name
 
 log = logging.getLogger("cri-resmgr.relay")
+
+# The largest request the relay reads for a call it answers: containerd's own receive limit,
+# and kubelet sends no more. Anything bigger would be refused by the runtime anyway.
+MAX_REQUEST = 16 << 20
 
 # How gRPC itself words a failure to reach the backend (as opposed to the runtime's own errors).
 _TRANSPORT_FAILURES = ("failed to connect to all addresses", "Socket closed", "Connection reset",
@@ -102,7 +108,12 @@ class Interceptor:
             try:
                 msg = KNOWN[path].request.FromString(request)
             except DecodeError:
-                engine_call = None  # not ours to judge: let the runtime answer it
+                # Never let the runtime act on what the engine did not see.
+                outcome = Outcome(grpc.StatusCode.INVALID_ARGUMENT, f"cri-resmgr: {_unreadable(path, request)}")
+                log.error("%s refused: %s", path, outcome.details)
+                if self.dumped(path):
+                    self._dump(path, started, "intercepted", None, request, outcome)
+                return outcome
         if engine_call is None:
             outcome = await self._forward_raw(path, request, metadata, timeout)
             if self.dumped(path):
@@ -110,20 +121,24 @@ class Interceptor:
             return outcome
         calls: list[grpc.aio.Call] = []
         channel, socket = self.route(path)
+        info = KNOWN[path]
         typed = self._typed.get(path)
         if typed is None:
-            info = KNOWN[path]
-            typed = self._typed[path] = channel.unary_unary(
-                path, request_serializer=info.request.SerializeToString,
-                response_deserializer=info.response.FromString)
+            typed = self._typed[path] = channel.unary_unary(path, request_serializer=info.request.SerializeToString)
 
         async def send(m: Message) -> Message:
             call = typed(m, timeout=timeout, metadata=metadata)
             calls.append(call)
             try:
-                return await call
+                raw = await call
             except grpc.aio.AioRpcError as err:
                 raise name_socket(err, socket) from None
+            try:
+                return protowire.parse(info.response, raw)[0]
+            except DecodeError as err:  # the runtime did act: INTERNAL makes the engine check what it did
+                details = f"runtime reply to {short_name(path)} does not parse: {err}"
+                raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                           details=details) from None
 
         try:
             reply = await engine_call(msg, send)
@@ -133,6 +148,13 @@ class Interceptor:
                 outcome.trailing = tuple(await calls[-1].trailing_metadata() or ())
         except grpc.aio.AioRpcError as err:
             outcome = _failed(err)
+            log.info("%s failed in the runtime: %s: %s", path, err.code().name, err.details())
+        except asyncio.CancelledError:
+            log.warning("%s cancelled by the caller after %.3fs", path, time.perf_counter() - started)
+            raise
+        except NotReady as err:
+            log.warning("%s refused: %s", path, err)
+            outcome = Outcome(grpc.StatusCode.UNAVAILABLE, f"cri-resmgr: {err}")
         except PolicyError as err:
             log.error("%s refused: %s", path, err)
             outcome = Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, f"cri-resmgr: {err}")
@@ -166,6 +188,18 @@ class Interceptor:
         error = None if outcome.code == grpc.StatusCode.OK else (outcome.code.name, outcome.details)
         self.dumper.record(path, kind, started, request=msg, raw_request=None if msg else raw,
                            raw_reply=outcome.reply, error=error)
+
+
+def _unreadable(path: str, request: bytes) -> str:
+    """Why an intercepted request cannot be read, naming the fields where that is known."""
+    name = short_name(path)
+    try:
+        bad = protowire.invalid_strings(KNOWN[path].request, request)
+    except DecodeError as err:
+        return f"{name} request is not a valid protobuf message: {err}"
+    if bad:
+        return f"{name} request has text that is not UTF-8 in {', '.join(bad[:5])}"
+    return f"{name} request does not parse as {KNOWN[path].request.DESCRIPTOR.full_name}"
 
 
 def _failed(err: grpc.aio.AioRpcError) -> Outcome:

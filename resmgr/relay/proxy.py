@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from resmgr.relay.intercept import Interceptor, name_socket
+from resmgr.relay.intercept import MAX_REQUEST, Interceptor, name_socket
 from resmgr.relay.methods import KNOWN
 
 log = logging.getLogger("cri-resmgr.relay")
@@ -154,6 +154,9 @@ class Relay(grpc.GenericRpcHandler):
         interceptor = self.interceptor
 
         async def relay(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            if len(request) > MAX_REQUEST:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    f"cri-resmgr: request larger than {MAX_REQUEST} bytes")
             out = await interceptor.call(path, request, _forward_metadata(context), context.time_remaining())
             if out.initial:
                 await context.send_initial_metadata(out.initial)

@@ -1,40 +1,87 @@
-"""The engine's own client for calls it makes to the runtime (reconcile, updates)."""
+"""The engine's own client for calls it makes to the runtime (reconcile, updates).
+
+Replies are read with `protowire.parse`, so a pod or container whose strings are not
+UTF-8 (a runtime may hold such, created behind our back) is read with the bad bytes
+replaced instead of failing the whole listing.
+"""
 
 from __future__ import annotations
 
-import grpc
+import logging
+from typing import TypeVar
 
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from resmgr import protowire
 from resmgr.cri import api_pb2 as cri
-from resmgr.cri import api_pb2_grpc as cri_grpc
+
+log = logging.getLogger("cri-resmgr.engine")
 
 CALL_TIMEOUT = 10.0
+_SERVICE = "/runtime.v1.RuntimeService/"
+
+M = TypeVar("M", bound=Message)
 
 
 class RuntimeClient:
     def __init__(self, channel: grpc.aio.Channel, timeout: float = CALL_TIMEOUT) -> None:
-        self.stub = cri_grpc.RuntimeServiceStub(channel)
+        self.channel = channel
         self.timeout = timeout
+        self._calls: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._warned: set[str] = set()
+
+    async def _call(self, method: str, request: Message, reply: type[M]) -> M:
+        call = self._calls.get(method)
+        if call is None:
+            call = self._calls[method] = self.channel.unary_unary(
+                _SERVICE + method, request_serializer=type(request).SerializeToString)
+        raw = await call(request, timeout=self.timeout)
+        try:
+            msg, bad = protowire.parse(reply, raw)
+        except DecodeError as err:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       details=f"{method} reply does not parse: {err}") from None
+        if bad:
+            self._warn_repaired(method, msg, bad)
+        return msg
+
+    def _warn_repaired(self, method: str, msg: Message, bad: list[str]) -> None:
+        items = getattr(msg, "containers", None) or getattr(msg, "items", None)
+        for path in bad:
+            owner = method
+            if items is not None and path.startswith(("containers[", "items[")):
+                index = int(path[path.index("[") + 1:path.index("]")])
+                owner = f"{method}: {items[index].id}"
+            if owner not in self._warned:
+                self._warned.add(owner)
+                log.warning("%s: runtime data holds bytes that are not UTF-8 (%s); read with them replaced",
+                            owner, path)
 
     async def version(self) -> cri.VersionResponse:
-        return await self.stub.Version(cri.VersionRequest(version="v1"), timeout=self.timeout)
+        return await self._call("Version", cri.VersionRequest(version="v1"), cri.VersionResponse)
 
     async def list_pods(self) -> list[cri.PodSandbox]:
-        resp = await self.stub.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=self.timeout)
+        resp = await self._call("ListPodSandbox", cri.ListPodSandboxRequest(), cri.ListPodSandboxResponse)
         return list(resp.items)
 
     async def pod_status(self, pod_id: str) -> cri.PodSandboxStatusResponse:
-        return await self.stub.PodSandboxStatus(
-            cri.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True), timeout=self.timeout)
+        return await self._call("PodSandboxStatus", cri.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True),
+                                cri.PodSandboxStatusResponse)
 
-    async def list_containers(self) -> list[cri.Container]:
-        resp = await self.stub.ListContainers(cri.ListContainersRequest(), timeout=self.timeout)
+    async def list_containers(self, pod_id: str = "") -> list[cri.Container]:
+        req = cri.ListContainersRequest()
+        if pod_id:
+            req.filter.pod_sandbox_id = pod_id
+        resp = await self._call("ListContainers", req, cri.ListContainersResponse)
         return list(resp.containers)
 
-    async def container_status(self, container_id: str) -> cri.ContainerStatusResponse:
-        return await self.stub.ContainerStatus(
-            cri.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=self.timeout)
+    async def container_status(self, container_id: str, verbose: bool = True) -> cri.ContainerStatusResponse:
+        return await self._call("ContainerStatus",
+                                cri.ContainerStatusRequest(container_id=container_id, verbose=verbose),
+                                cri.ContainerStatusResponse)
 
     async def update_resources(self, container_id: str, res: cri.LinuxContainerResources) -> None:
-        await self.stub.UpdateContainerResources(
-            cri.UpdateContainerResourcesRequest(container_id=container_id, linux=res),
-            timeout=self.timeout)
+        await self._call("UpdateContainerResources",
+                         cri.UpdateContainerResourcesRequest(container_id=container_id, linux=res),
+                         cri.UpdateContainerResourcesResponse)

@@ -12,6 +12,13 @@ pass through verbatim, parsed no further than their 9-byte header, except:
 - the connection flow-control window toward the client is enforced here, because the
   relay adds bytes the runtime does not know about.
 
+Memory is bounded against hostile clients: a header block may hold at most 1 MiB (more
+is a connection error, as in Go's HTTP/2 server), a frame no more than the runtime
+advertised, a request answered here at most MAX_REQUEST bytes, and the bytes held for
+calls answered here are budgeted per connection and in all (a call over budget gets
+RESOURCE_EXHAUSTED; other calls go on). Each direction stops reading when the other
+side's socket does not drain.
+
 Why not grpc.aio on both sides: on 2-core VMs grpc.aio spends about 1 ms of CPU per
 relayed call in thread hand-offs; splicing frames in one event loop costs about 0.1 ms.
 """
@@ -28,12 +35,17 @@ import hpack
 from hpack.exceptions import HPACKError
 
 from resmgr.relay import frames as h2
-from resmgr.relay.intercept import Interceptor, Outcome
+from resmgr.relay.intercept import MAX_REQUEST, Interceptor, Outcome
 from resmgr.relay.methods import is_image_method
 
 log = logging.getLogger("cri-resmgr.relay")
 
-MAX_LOCAL_REQUEST = 64 * 1024 * 1024
+MAX_HEADER_BLOCK = 1 << 20  # bytes of one header block, compressed or decoded
+HELD_PER_CONNECTION = 64 << 20  # request and reply bytes held for calls answered here
+HELD_IN_ALL = 128 << 20
+MAX_LOCAL_STREAMS = 1000  # calls answered here open at once on one connection
+MAX_UNREAD = 16 << 20  # bytes a client may leave unread before it is cut off
+STREAM_COST = 512  # bookkeeping of one call, counted against the budgets
 COMPRESSION_ERROR = 0x9
 _GRPC_OWN = frozenset({b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
                        b"user-agent"})
@@ -48,6 +60,7 @@ class SpliceServer:
         # separate image socket are therefore answered here, through the Interceptor.
         self.split_images = bool(image_socket) and image_socket != runtime_socket
         self.conns: set[_Conn] = set()
+        self.held = 0  # bytes held for calls answered here, all connections
         self._local: dict[str, bool] = {}
         self._server: asyncio.AbstractServer | None = None
 
@@ -78,13 +91,18 @@ class SpliceServer:
 class _Local:
     """A call answered by the relay itself."""
 
-    __slots__ = ("path", "headers", "body", "task")
+    __slots__ = ("path", "headers", "body", "task", "held")
 
     def __init__(self, path: str, headers: list[tuple[bytes, bytes]]) -> None:
         self.path = path
         self.headers = headers
         self.body = bytearray()
         self.task: asyncio.Task | None = None
+        self.held = 0  # bytes of the budgets this call holds
+
+
+class _Calm(Exception):
+    """A client asking for more than the relay will hold: a connection error."""
 
 
 class _Backend(asyncio.Protocol):
@@ -101,6 +119,15 @@ class _Backend(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn.backend_lost()
 
+    # The runtime does not read: stop reading from the client until it does.
+    def pause_writing(self) -> None:
+        if self.conn.transport is not None:
+            self.conn.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.conn.transport is not None and not self.conn.closed:
+            self.conn.transport.resume_reading()
+
 
 class _Conn(asyncio.Protocol):
     """One client connection and its paired runtime connection."""
@@ -115,7 +142,7 @@ class _Conn(asyncio.Protocol):
         self.cin = bytearray()
         self.preface = False
         self.decoder = hpack.Decoder()
-        self.decoder.max_header_list_size = 16 << 20  # the runtime enforces its own limit
+        self.decoder.max_header_list_size = MAX_HEADER_BLOCK
         self.hdr_stream = 0
         self.hdr_flags = 0
         self.hdr_buf = bytearray()
@@ -136,6 +163,9 @@ class _Conn(asyncio.Protocol):
         self.debt = 0  # bytes we sent that the runtime still counts as window
         self.swin: dict[int, int] = {}  # the client's receive windows of streams we answer
         self.client_initial_window = h2.DEFAULT_WINDOW
+        self.max_frame = h2.DEFAULT_MAX_FRAME  # what the runtime accepts, so the client may send
+        self.held = 0  # bytes held for calls answered here
+        self.queued: dict[int, int] = {}  # reply bytes of streams we answer, not yet written
 
     # -- client side ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -171,9 +201,41 @@ class _Conn(asyncio.Protocol):
         for ls in self.local.values():
             if ls.task is not None:
                 ls.task.cancel()
+            self._unhold(ls)
         self.local.clear()
+        # Nothing of this connection's may outlive it, even if a reference cycle keeps it a while.
+        self.cin, self.bin, self.hdr_buf = bytearray(), bytearray(), bytearray()
+        self.out.clear()
+        self.parked.clear()
+        self.server.held -= sum(self.queued.values())
+        self.held -= sum(self.queued.values())
+        self.queued.clear()
         if self.backend is not None and self.backend.transport is not None:
             self.backend.transport.close()
+
+    # The client does not read: stop reading from the runtime until it does.
+    def pause_writing(self) -> None:
+        if self.backend is not None and self.backend.transport is not None:
+            self.backend.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.backend is not None and self.backend.transport is not None and not self.closed:
+            self.backend.transport.resume_reading()
+
+    # -- budgets -------------------------------------------------------------------------
+    def _hold(self, ls: _Local, n: int) -> bool:
+        """Hold n more bytes for ls, if the budgets allow."""
+        if self.held + n > HELD_PER_CONNECTION or self.server.held + n > HELD_IN_ALL:
+            return False
+        ls.held += n
+        self.held += n
+        self.server.held += n
+        return True
+
+    def _unhold(self, ls: _Local) -> None:
+        self.held -= ls.held
+        self.server.held -= ls.held
+        ls.held = 0
 
     def _on_client(self) -> None:
         buf = self.cin
@@ -234,12 +296,19 @@ class _Conn(asyncio.Protocol):
                 elif self.failed is None:
                     out.append(buf[at:end])  # PING, PRIORITY, GOAWAY, extensions
                 consumed = end
-        except (HPACKError, ValueError) as err:
-            log.warning("malformed HTTP/2 from client (%s); closing the connection", err)
-            code = COMPRESSION_ERROR if isinstance(err, HPACKError) else h2.PROTOCOL_ERROR
-            self._inject(h2.goaway(self.last_stream, code))
+            if len(buf) - consumed >= 9:
+                length = int.from_bytes(buf[consumed:consumed + 3], "big")
+                if length > self.max_frame:
+                    raise _Calm(f"a frame of {length} bytes; at most {self.max_frame} were allowed")
+        except (HPACKError, ValueError, _Calm) as err:
+            log.warning("%s from client (%s); closing the connection",
+                        "too much" if isinstance(err, _Calm) else "malformed HTTP/2", err)
+            code = COMPRESSION_ERROR if isinstance(err, HPACKError) else \
+                h2.ENHANCE_YOUR_CALM if isinstance(err, _Calm) else h2.PROTOCOL_ERROR
+            self._inject(h2.goaway(self.last_stream, code, str(err).encode()[:200]))
             self._drain()
             self.transport.close()
+            self.cin = self.hdr_buf = bytearray()
             return
         del buf[:consumed]
         if out and self.backend is not None and self.backend.transport is not None:
@@ -272,6 +341,8 @@ class _Conn(asyncio.Protocol):
         else:
             if sid != self.hdr_stream:
                 raise ValueError("CONTINUATION without an open header block")
+            if len(self.hdr_buf) + len(payload) > MAX_HEADER_BLOCK:
+                raise _Calm(f"a header block over {MAX_HEADER_BLOCK} bytes")
             self.hdr_buf += payload
         if not flags & h2.END_HEADERS:
             return
@@ -296,6 +367,14 @@ class _Conn(asyncio.Protocol):
         if self.failed is not None or self.server.local_route(path):
             ls = self.local[sid] = _Local(path, headers)
             self.swin[sid] = self.client_initial_window
+            if len(self.local) > MAX_LOCAL_STREAMS:
+                self._end_local(sid)
+                self.swin.pop(sid, None)
+                self._inject(h2.rst_stream(sid, h2.REFUSED_STREAM))
+                return
+            if not self._hold(ls, STREAM_COST + len(self.hdr_buf)):
+                self._refuse(sid, ls, "too many requests held at once; try again")
+                return
             if end_stream:
                 self._local_end(sid, ls)
             return
@@ -309,7 +388,17 @@ class _Conn(asyncio.Protocol):
             self.local_done[sid] = None
             if len(self.local_done) > 1024:
                 del self.local_done[next(iter(self.local_done))]
+            if ls.task is None:  # never started: nothing will give its bytes back
+                self._unhold(ls)
         return ls
+
+    def _refuse(self, sid: int, ls: _Local, why: str) -> None:
+        """Answer a call whose request we will not hold, and ask the client to stop sending it."""
+        self._end_local(sid)
+        ls.body = bytearray()
+        self._answer(sid, Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, f"cri-resmgr: {why}"))
+        self._inject(h2.rst_stream(sid, h2.NO_ERROR))
+        self._drain()
 
     def _local_data(self, sid: int, flags: int, payload: bytes, flow: int) -> None:
         if flow:  # consumed here: give the client its window back
@@ -320,12 +409,14 @@ class _Conn(asyncio.Protocol):
         ls = self.local.get(sid)
         if ls is None:
             return
-        ls.body += h2.unpad(flags, payload)
-        if len(ls.body) > MAX_LOCAL_REQUEST:
-            self._end_local(sid)
-            self._answer(sid, Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                      f"request larger than {MAX_LOCAL_REQUEST} bytes"))
+        data = h2.unpad(flags, payload)
+        if len(ls.body) + len(data) > MAX_REQUEST + 5:
+            self._refuse(sid, ls, f"request larger than {MAX_REQUEST} bytes")
             return
+        if not self._hold(ls, len(data)):
+            self._refuse(sid, ls, "too many request bytes held at once; try again")
+            return
+        ls.body += data
         if flags & h2.END_STREAM:
             self._local_end(sid, ls)
 
@@ -334,22 +425,29 @@ class _Conn(asyncio.Protocol):
             ls.task = asyncio.ensure_future(self._run_local(sid, ls))
 
     async def _run_local(self, sid: int, ls: _Local) -> None:
-        body = bytes(ls.body)
-        if self.failed is not None:  # answered once the whole request is in, like a server would
-            outcome = Outcome(grpc.StatusCode.UNAVAILABLE, self.failed)
-        elif len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
-            outcome = Outcome(grpc.StatusCode.INTERNAL, "malformed gRPC request framing")
-        elif body[0] != 0:
-            outcome = Outcome(grpc.StatusCode.UNIMPLEMENTED, "compressed requests are not supported")
-        else:
-            timeout = next((h2.grpc_timeout(v) for k, v in ls.headers if k == b"grpc-timeout"), None)
-            metadata = h2.headers_to_metadata(ls.headers, _GRPC_OWN)
-            outcome = await self.server.interceptor.call(ls.path, body[5:], metadata or None, timeout)
+        try:
+            outcome = await self._outcome(ls)
+        finally:
+            self._unhold(ls)
         if self.closed or self._end_local(sid) is None:
             return  # the client went away or cancelled the call
         self._answer(sid, outcome)
         if self.failed is not None:
             self.goaway()  # new calls should come on a new connection, which tries the runtime again
+
+    async def _outcome(self, ls: _Local) -> Outcome:
+        body, ls.body = ls.body, bytearray()
+        if self.failed is not None:  # answered once the whole request is in, like a server would
+            return Outcome(grpc.StatusCode.UNAVAILABLE, self.failed)
+        if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
+            return Outcome(grpc.StatusCode.INTERNAL, "malformed gRPC request framing")
+        if body[0] != 0:
+            return Outcome(grpc.StatusCode.UNIMPLEMENTED, "compressed requests are not supported")
+        timeout = next((h2.grpc_timeout(v) for k, v in ls.headers if k == b"grpc-timeout"), None)
+        metadata = h2.headers_to_metadata(ls.headers, _GRPC_OWN)
+        request = bytes(memoryview(body)[5:])
+        body.clear()  # one copy of a big request at a time
+        return await self.server.interceptor.call(ls.path, request, metadata or None, timeout)
 
     def _answer(self, sid: int, outcome: Outcome) -> None:
         initial = _REPLY_HEADERS + h2.metadata_to_headers(outcome.initial)
@@ -396,9 +494,11 @@ class _Conn(asyncio.Protocol):
             elif ftype == h2.RST_STREAM:
                 self.open.pop(int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF, None)
             elif ftype == h2.SETTINGS and not flags & h2.ACK:
-                size = h2.parse_settings(bytes(buf[at + 9:end])).get(h2.SETTINGS_HEADER_TABLE_SIZE)
+                settings = h2.parse_settings(bytes(buf[at + 9:end]))
+                size = settings.get(h2.SETTINGS_HEADER_TABLE_SIZE)
                 if size is not None:
                     self.decoder.max_allowed_table_size = max(size, self.decoder.max_allowed_table_size)
+                self.max_frame = max(settings.get(h2.SETTINGS_MAX_FRAME_SIZE, self.max_frame), self.max_frame)
             elif ftype == h2.GOAWAY:
                 # Not forwarded: its last-stream-id knows nothing of the calls answered here.
                 if direct and at > start:
@@ -461,6 +561,10 @@ class _Conn(asyncio.Protocol):
     # -- writing to the client ---------------------------------------------------------------
     def _inject(self, data: bytes, flow: int = 0, sid: int = 0) -> None:
         """Queue a frame of our own; never before the runtime's SETTINGS or inside its header block."""
+        if flow and sid > 0:  # reply bytes count against the budgets until written
+            self.queued[sid] = self.queued.get(sid, 0) + flow
+            self.held += flow
+            self.server.held += flow
         (self.parked if self.back_hdr_open or not self.back_ready else self.out).append((data, flow, sid))
 
     def _drain(self) -> None:
@@ -479,6 +583,13 @@ class _Conn(asyncio.Protocol):
                         break
                     self.swin[sid] = window - flow
                     self.debt += flow
+                    self.held -= flow
+                    self.server.held -= flow
+                    left = self.queued[sid] - flow
+                    if left:
+                        self.queued[sid] = left
+                    else:
+                        del self.queued[sid]
                 self.cwin -= flow
             elif sid < 0:
                 self.swin.pop(-sid, None)
@@ -486,6 +597,9 @@ class _Conn(asyncio.Protocol):
             q.popleft()
         if chunks:
             self.transport.write(b"".join(chunks))
+            if self.transport.get_write_buffer_size() > MAX_UNREAD:
+                log.warning("client leaves more than %d bytes unread; closing the connection", MAX_UNREAD)
+                self.transport.abort()
 
     # -- shutdown --------------------------------------------------------------------------
     def goaway(self) -> None:

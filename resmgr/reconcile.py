@@ -1,0 +1,388 @@
+"""Reconciliation: the engine's record compared with what the runtime runs, and repaired.
+
+It runs at start-up, then every reconcile interval, and soon after any runtime call
+whose outcome is unknown. In one round:
+
+- pods and containers the runtime no longer has are dropped and release what they held;
+- containers that exited release theirs; one we released that still runs is allocated again;
+- creates whose outcome was unknown (the runtime failed or the caller went away) are
+  settled: adopted with the grant decided for them if the runtime has them, else released;
+- pods and containers made behind our back (or while we were down) are adopted and
+  allocated before anything new is decided, keeping the exclusive CPUs they run on when
+  that is consistent; one that does not fit runs as a plain shared container until it does;
+- every live container whose cgroup or runtime-reported cpuset differs from its grant, or
+  whose last update never reached the runtime, is updated again.
+
+Nothing the runtime returns makes a round fail: what cannot be read is logged and skipped.
+Observation (runtime calls) happens without the engine lock; repairs are decided under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from policies import Decision, PolicyError
+from resmgr.controllers import read_cpuset
+from resmgr.cri import api_pb2 as cri
+from resmgr.model import Container, ContainerState, Pod, PodState, QOSClass, Resources, qos_class_from_cgroup_parent
+from resmgr.topology.cpuset import CPUSet
+
+if TYPE_CHECKING:
+    from resmgr.engine import Engine
+
+log = logging.getLogger("cri-resmgr.engine")
+
+RETRY_MIN = 0.5  # seconds before the first retry of a failed round
+PARALLEL = 8  # runtime status calls in flight at once
+
+T = TypeVar("T")
+_LIVE = (cri.CONTAINER_CREATED, cri.CONTAINER_RUNNING)
+
+
+@dataclass
+class Observation:
+    start_seq: int
+    unsettled: set[str]
+    pods: dict[str, cri.PodSandbox]
+    containers: dict[str, cri.Container]
+    new_pods: dict[str, Pod] = field(default_factory=dict)
+    new_containers: dict[str, Container] = field(default_factory=dict)
+    actual: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # id -> (cpus, mems) per source
+
+
+@dataclass
+class Outcome:
+    adopted_pods: int = 0
+    adopted: int = 0
+    dropped_pods: int = 0
+    dropped: int = 0
+    exited: int = 0
+    settled: int = 0
+    repaired: int = 0
+    revived: int = 0
+
+    def changed(self) -> bool:
+        return any(dataclasses.astuple(self))
+
+
+async def _limited(items: Iterable[T], fn: Callable[[T], Awaitable[Any]]) -> list[Any]:
+    slots = asyncio.Semaphore(PARALLEL)
+
+    async def one(item: T) -> Any:
+        async with slots:
+            return await fn(item)
+
+    return await asyncio.gather(*(one(i) for i in items))
+
+
+def _same(actual: str, wanted: str) -> bool:
+    try:
+        return CPUSet.parse(actual) == CPUSet.parse(wanted)
+    except ValueError:
+        return False
+
+
+def _json(text: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _dig(doc: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
+def _state(live: cri.Container) -> ContainerState:
+    return ContainerState.RUNNING if live.state == cri.CONTAINER_RUNNING else ContainerState.CREATED
+
+
+class Reconciling:
+    """The reconciliation half of the Engine (see engine.py for the state it repairs)."""
+
+    # -- the loop ----------------------------------------------------------------------
+    def wake(self: Engine) -> None:
+        """Reconcile soon: something happened whose outcome only the runtime knows."""
+        self._wake.set()
+
+    async def run_reconciler(self: Engine, interval: float) -> None:
+        """Reconcile every interval (0: only when woken), and retry a failed round with backoff."""
+        failures = 0
+        while True:
+            if failures:
+                await asyncio.sleep(min(RETRY_MIN * 2 ** (failures - 1), interval or 10.0))
+            else:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), interval or None)
+                except TimeoutError:
+                    pass
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Exception as err:  # the runtime is away, or it said something odd: try again
+                failures += 1
+                (log.warning if failures == 1 else log.debug)("reconciliation with the runtime failed: %s", err)
+                continue
+            if failures:
+                log.info("reconciliation with the runtime works again")
+            failures = 0
+
+    async def reconcile(self: Engine) -> None:
+        """One round: observe the runtime, repair the state, push what is pending, save."""
+        async with self._sweep_lock:
+            first = not self.reconciled.is_set() or not self._swept
+            obs = await self._observe()
+            async with self._lock:
+                outcome, decision, fresh = self._commit(obs)
+                self._record(decision.updates)
+            await self._push_pending()
+            if first:
+                self.reapply()  # containers started while we were away join their classes too
+            else:
+                for c in fresh:
+                    self._controllers_apply(c)
+            if first or outcome.changed():
+                await self.save()
+            self._swept = True
+            self.reconciled.set()
+        if first or outcome.changed():
+            log.info("reconciled with the runtime: %d pods, %d containers known; adopted %d pods, %d containers; "
+                     "dropped %d pods, %d containers; %d exited, %d settled, %d repaired, %d revived",
+                     len(self.pods), len(self.containers), outcome.adopted_pods, outcome.adopted,
+                     outcome.dropped_pods, outcome.dropped, outcome.exited, outcome.settled, outcome.repaired,
+                     outcome.revived)
+
+    # -- observing ----------------------------------------------------------------------
+    async def _observe(self: Engine) -> Observation:
+        start_seq, unsettled = self._seq, set(self._unsettled)
+        pods = {p.id: p for p in await self.runtime.list_pods() if p.id}
+        ctrs = {c.id: c for c in await self.runtime.list_containers() if c.id}
+        obs = Observation(start_seq, unsettled, pods, ctrs)
+        # Creates in flight now: the runtime may list them before they return to us.
+        in_flight = {(c.pod_id, c.name, c.attempt) for k, c in self.containers.items()
+                     if not c.id and k not in unsettled}
+        new_pods = [p for pid, p in pods.items() if pid not in self.pods]
+        for pod in await _limited(new_pods, self._adopt_pod):
+            obs.new_pods[pod.id] = pod
+        new = [c for cid, c in ctrs.items() if cid not in self.containers and c.state in _LIVE
+               and (c.pod_sandbox_id, c.metadata.name, c.metadata.attempt) not in in_flight]
+        for c in await _limited(new, self._adopt_container):
+            if c is not None:
+                obs.new_containers[c.id] = c
+        known = [c for c in self.containers.values() if c.id and c.state != ContainerState.EXITED
+                 and ctrs.get(c.id) is not None and ctrs[c.id].state in _LIVE]
+        for c, seen in zip(known, await _limited(known, self._actual), strict=True):
+            obs.actual[c.id] = seen
+        return obs
+
+    async def _actual(self: Engine, c: Container) -> list[tuple[str, str]]:
+        """The cpuset a container runs with: from its cgroup, and as the runtime reports it."""
+        seen = []
+        pod = self.pods.get(c.pod_id)
+        if self.cgroup_root and pod is not None:
+            cg = await asyncio.to_thread(read_cpuset, self.cgroup_root, pod.cgroup_parent, c.id)
+            if cg is not None:
+                seen.append(cg)
+        try:
+            st = await self.runtime.container_status(c.id, verbose=False)
+            if st.status.resources.HasField("linux"):
+                linux = st.status.resources.linux
+                seen.append((linux.cpuset_cpus, linux.cpuset_mems))
+        except Exception as err:  # gone meanwhile, or the runtime hiccuped: the next round sees
+            log.debug("no status for container %s: %s", c.id, err)
+        return seen
+
+    async def _adopt_pod(self: Engine, p: cri.PodSandbox) -> Pod:
+        cgroup_parent = ""
+        try:
+            st = await self.runtime.pod_status(p.id)
+            cgroup_parent = str(_dig(_json(st.info.get("info", "")), "config", "linux", "cgroup_parent") or "")
+        except Exception as err:  # status may race with removal; adopt with what we have
+            log.warning("no verbose status for pod %s: %s", p.id, err)
+        return Pod(id=p.id, uid=p.metadata.uid, name=p.metadata.name, namespace=p.metadata.namespace,
+                   state=PodState.READY if p.state == cri.SANDBOX_READY else PodState.NOT_READY,
+                   qos_class=qos_class_from_cgroup_parent(cgroup_parent), cgroup_parent=cgroup_parent,
+                   labels=dict(p.labels), annotations=dict(p.annotations), runtime_handler=p.runtime_handler)
+
+    async def _adopt_container(self: Engine, c: cri.Container) -> Container | None:
+        try:
+            st = await self.runtime.container_status(c.id)
+        except Exception as err:
+            log.warning("no status for container %s, not adopting it yet: %s", c.id, err)
+            return None
+        res = Resources.from_cri(st.status.resources.linux if st.status.resources.HasField("linux") else None)
+        config = _dig(_json(st.info.get("info", "")), "config")
+        config = config if isinstance(config, dict) else {}
+        devices = [str(d.get("host_path") or "") for d in config.get("devices") or [] if isinstance(d, dict)]
+        command, args = ([str(x) for x in v] if isinstance(v, list) else []
+                         for v in (config.get("command"), config.get("args")))
+        hints = await asyncio.to_thread(self.device_hints, [d for d in devices if d])
+        return Container(
+            id=c.id, pod_id=c.pod_sandbox_id, name=c.metadata.name, attempt=c.metadata.attempt,
+            state=_state(c), image=c.image.image, command=command, args=args, labels=dict(c.labels),
+            annotations=dict(c.annotations), requested=res, resources=Resources.from_dict(res.to_dict()),
+            hints=hints,
+        )
+
+    # -- repairing (engine lock held) -------------------------------------------------
+    def _commit(self: Engine, obs: Observation) -> tuple[Outcome, Decision, list[Container]]:
+        out, decision, fresh = Outcome(), Decision(), []
+        for pod in [p for p in self.pods.values() if p.id not in obs.pods and p.seq <= obs.start_seq]:
+            decision.updates.update(self._drop_pod(pod).updates)
+            out.dropped_pods += 1
+        for c in list(self.containers.values()):
+            if not c.id or c.seq > obs.start_seq:
+                continue
+            live = obs.containers.get(c.id)
+            if live is None or c.pod_id not in self.pods:
+                decision.updates.update(self._forget(c).updates)
+                out.dropped += 1
+            elif live.state == cri.CONTAINER_EXITED:
+                if c.state != ContainerState.EXITED:
+                    decision.updates.update(self._release(c).updates)
+                    out.exited += 1
+            elif live.state in _LIVE:
+                if c.state == ContainerState.EXITED:  # released, yet it runs: it needs a grant again
+                    log.warning("container %s was released but still runs; allocating it again", c.id)
+                    c.state = _state(live)
+                    self._unallocated.add(c.key)
+                    out.revived += 1
+                    continue
+                c.state = _state(live)
+                if not c.pending and self._differs(c, obs.actual.get(c.id, [])):
+                    log.warning("container %s runs with other CPUs or memory nodes than granted (%s); "
+                                "updating it again", c.id, self._describe_actual(obs.actual.get(c.id, [])))
+                    c.pending = True
+                    out.repaired += 1
+        out.settled += self._settle_in(obs.unsettled, obs.containers.values(), obs.new_containers, fresh)
+        for live_pod in obs.pods.values():
+            if live_pod.id in self.pods and live_pod.state == cri.SANDBOX_NOTREADY:
+                self.pods[live_pod.id].state = PodState.NOT_READY
+        for pid, pod in obs.new_pods.items():
+            if pid not in self.pods:
+                pod.seq = self._next_seq()
+                self.pods[pid] = pod
+                out.adopted_pods += 1
+        for cid, c in obs.new_containers.items():
+            if cid in self.containers or c.pod_id not in self.pods:
+                continue
+            c.seq = self._next_seq()
+            self.containers[cid] = c
+            self._unallocated.add(cid)
+            fresh.append(c)
+            out.adopted += 1
+        decision.updates.update(self._allocate_waiting())
+        return out, decision, fresh
+
+    def _differs(self: Engine, c: Container, seen: list[tuple[str, str]]) -> bool:
+        want_cpus, want_mems = c.resources.cpuset_cpus, c.resources.cpuset_mems
+        return any((want_cpus and not _same(cpus, want_cpus)) or (want_mems and not _same(mems, want_mems))
+                   for cpus, mems in seen)
+
+    @staticmethod
+    def _describe_actual(seen: list[tuple[str, str]]) -> str:
+        return "; ".join(f"cpus {cpus or '-'} mems {mems or '-'}" for cpus, mems in seen)
+
+    def _settle_in(self: Engine, keys: set[str], live: Iterable[cri.Container],
+                   adopted: dict[str, Container], fresh: list[Container]) -> int:
+        """Settle the creates in keys whose outcome was unknown, against a runtime listing taken after they failed."""
+        by_name = {(c.pod_sandbox_id, c.metadata.name, c.metadata.attempt): c for c in live}
+        settled = 0
+        for key in sorted(keys & self._unsettled):
+            self._unsettled.discard(key)
+            c = self.containers.get(key)
+            if c is None or c.id:
+                continue
+            settled += 1
+            match = by_name.get((c.pod_id, c.name, c.attempt))
+            if match is None or match.id in self.containers or match.state not in _LIVE:
+                log.info("create of %s (pod %s) did not happen in the runtime; released", c.name, c.pod_id)
+                self._record(self._forget(c).updates)
+                self._deferred.pop(key, None)
+                continue
+            del self.containers[key]
+            c.id, c.state, c.seq = match.id, _state(match), self._next_seq()
+            self.containers[c.key] = c
+            self.policy.rename(key, c.key)
+            twin = adopted.pop(match.id, None)
+            late = self._deferred.pop(key, None)
+            if late is not None:
+                c.resources = late
+            c.pending = late is not None or twin is None or twin.resources != c.resources
+            fresh.append(c)
+            log.info("create of %s (pod %s) did happen in the runtime: container %s keeps its grant",
+                     c.name, c.pod_id, c.id)
+        return settled
+
+    async def _settle(self: Engine, pod_id: str) -> None:
+        """Settle unknown creates in one pod now (a caller retries one of them)."""
+        live = await self.runtime.list_containers(pod_id)
+        async with self._lock:
+            keys = {k for k in self._unsettled if (c := self.containers.get(k)) is not None and c.pod_id == pod_id}
+            fresh: list[Container] = []
+            self._settle_in(keys, live, {}, fresh)
+        await self._push_pending()
+
+    def _allocate_waiting(self: Engine) -> dict[str, Resources]:
+        """Allocate containers the policy holds nothing for, and retry those that did not fit."""
+        updates: dict[str, Resources] = {}
+        view = self.view()
+        waiting = [self.containers[k] for k in self._unallocated | self._degraded if k in self.containers]
+        for c in self._allocation_order(waiting):
+            pod = self.pods[c.pod_id]
+            degraded = c.key in self._degraded
+            try:
+                decision = (self.policy.allocate if degraded else self.policy.adopt)(c, pod, view)
+                self._degraded.discard(c.key)
+                if degraded:
+                    log.info("container %s now gets what it asks for", c.id)
+            except PolicyError as err:
+                if degraded:
+                    continue  # still no room; it keeps running as a shared container
+                decision = self._fallback(c, pod, err)
+                if decision is None:
+                    continue  # left in _unallocated: tried again next round
+            self._unallocated.discard(c.key)
+            self._apply_decision(c, decision)
+            updates.update(decision.updates)
+            if decision.resources is not None:
+                updates[c.key] = decision.resources
+        return updates
+
+    def _fallback(self: Engine, c: Container, pod: Pod, err: PolicyError) -> Decision | None:
+        """A container found running that the policy refuses: without its annotations, else as a plain
+        shared container (never left on CPUs that are someone else's)."""
+        view = self.view()
+        try:
+            decision = self.policy.adopt(dataclasses.replace(c, annotations={}),
+                                         dataclasses.replace(pod, annotations={}), view)
+            log.warning("container %s (%s/%s/%s): %s; allocated ignoring its annotations", c.id, pod.namespace,
+                        pod.name, c.name, err)
+            return decision
+        except PolicyError:
+            pass
+        plain = dataclasses.replace(c, annotations={}, requested=Resources())
+        try:
+            decision = self.policy.allocate(plain, dataclasses.replace(pod, annotations={},
+                                                                       qos_class=QOSClass.BEST_EFFORT), view)
+        except PolicyError as err2:
+            log.error("container %s (%s/%s/%s) cannot be allocated (%s; %s); it runs as it is until it can",
+                      c.id, pod.namespace, pod.name, c.name, err, err2)
+            return None
+        log.error("container %s (%s/%s/%s): %s; it runs as a shared container until there is room", c.id,
+                  pod.namespace, pod.name, c.name, err)
+        self._degraded.add(c.key)
+        if decision.resources is not None:  # only where it runs changes, never its limits
+            res = c.requested.with_cpus(decision.resources.cpuset_cpus)
+            res.cpuset_mems = decision.resources.cpuset_mems
+            decision.resources = res
+        return decision

@@ -1,0 +1,95 @@
+"""What a persisted engine state must look like before it is trusted.
+
+The state file is ours, but a crash, a full disk or a hand edit can leave anything in
+it; a file that does not match this schema is moved aside and the state rebuilt from the
+runtime (StateStore.load), never half-used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+
+from resmgr.model import Container, Pod
+
+_STR = {"type": "string"}
+_INT = {"type": "integer"}
+_STR_MAP = {"type": "object", "additionalProperties": _STR}
+_STR_LIST = {"type": "array", "items": _STR}
+
+_RESOURCES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "cpu_period": _INT, "cpu_quota": _INT, "cpu_shares": _INT, "memory_limit_in_bytes": _INT,
+        "oom_score_adj": _INT, "cpuset_cpus": _STR, "cpuset_mems": _STR, "memory_swap_limit_in_bytes": _INT,
+        "hugepage_limits": {"type": "object", "additionalProperties": _INT}, "unified": _STR_MAP,
+    },
+}
+
+_POD = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["id", "uid", "name", "namespace", "state", "qos_class"],
+    "properties": {
+        "id": {"type": "string", "minLength": 1}, "uid": _STR, "name": _STR, "namespace": _STR,
+        "state": {"enum": ["ready", "notready"]},
+        "qos_class": {"enum": ["Guaranteed", "Burstable", "BestEffort"]},
+        "cgroup_parent": _STR, "labels": _STR_MAP, "annotations": _STR_MAP, "runtime_handler": _STR, "seq": _INT,
+    },
+}
+
+_CONTAINER = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["id", "pod_id", "name", "state"],
+    "properties": {
+        "id": {"type": "string", "minLength": 1}, "pod_id": _STR, "name": _STR, "attempt": _INT,
+        "state": {"enum": ["pending", "created", "running", "exited"]},
+        "image": _STR, "command": _STR_LIST, "args": _STR_LIST, "labels": _STR_MAP, "annotations": _STR_MAP,
+        "requested": _RESOURCES, "resources": _RESOURCES, "rdt_class": _STR, "blockio_class": _STR, "seq": _INT,
+        "hints": {"type": "object", "additionalProperties": {"type": "array", "items": _INT}},
+        "pending": {"type": "boolean"},
+    },
+}
+
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["version", "pods", "containers"],
+    "properties": {
+        "version": {"const": 1},
+        "pods": {"type": "array", "items": _POD},
+        "containers": {"type": "array", "items": _CONTAINER},
+        "policy": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name"],
+            "properties": {"name": _STR, "data": {"type": "object"}, "config": {"type": "object"}},
+        },
+        "unallocated": _STR_LIST,
+        "degraded": _STR_LIST,
+    },
+}
+
+_VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+class InvalidState(ValueError):
+    pass
+
+
+def check(data: Any) -> None:
+    """InvalidState naming the first problem, if data is not a usable engine state."""
+    error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "top level"
+        raise InvalidState(f"{where}: {error.message[:200]}")
+    try:
+        for p in data["pods"]:
+            Pod.from_dict(p)
+        for c in data["containers"]:
+            Container.from_dict(c)
+    except (KeyError, TypeError, ValueError) as err:
+        raise InvalidState(str(err)) from None
