@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import logging
 import os
@@ -15,7 +14,7 @@ import grpc
 
 import policies
 from policies import PolicyError
-from resmgr import configserver, statefile
+from resmgr import configserver, memory, statefile
 from resmgr.config import Config, ConfigError, validate
 from resmgr.control import Control, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers
@@ -62,20 +61,6 @@ class Options:
 
 class StartupError(Exception):
     pass
-
-
-def return_freed_memory() -> None:
-    """Make glibc hand big freed buffers back to the system.
-
-    By default glibc raises its mmap threshold after freeing a big buffer, so later ones
-    (a large request, a burst of them) come from a heap it seldom trims, and the relay
-    keeps that memory for good. A fixed threshold keeps them in their own mappings.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD; setting it turns the dynamic one off
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
 
 
 def _target(path: str) -> str:
@@ -173,7 +158,7 @@ class Daemon:
         self.config = kept
 
     async def run(self) -> int:
-        return_freed_memory()
+        memory.tune()
         listen.prepare(self.relay_socket)
         store = StateStore(self.opts.relay_dir)
         store.prepare()

@@ -17,7 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from policies import PolicyError
-from resmgr import protowire
+from resmgr import memory, protowire
 from resmgr.controllers import ControllerError
 from resmgr.dump import Dumper, Level
 from resmgr.engine import Engine, NotReady
@@ -102,6 +102,8 @@ class Interceptor:
     async def call(self, path: str, request: bytes, metadata: tuple | None,
                    timeout: float | None) -> Outcome:
         started = time.perf_counter()
+        if len(request) >= memory.BIG:
+            memory.after_big_request()
         engine_call = self.engine_calls.get(path)
         msg = None
         if engine_call is not None:

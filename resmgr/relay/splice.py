@@ -305,15 +305,21 @@ class _Conn(asyncio.Protocol):
                         "too much" if isinstance(err, _Calm) else "malformed HTTP/2", err)
             code = COMPRESSION_ERROR if isinstance(err, HPACKError) else \
                 h2.ENHANCE_YOUR_CALM if isinstance(err, _Calm) else h2.PROTOCOL_ERROR
-            self._inject(h2.goaway(self.last_stream, code, str(err).encode()[:200]))
-            self._drain()
-            self.transport.close()
-            self.cin = self.hdr_buf = bytearray()
+            self._cut_off(code, str(err))
             return
         del buf[:consumed]
         if out and self.backend is not None and self.backend.transport is not None:
             self.backend.transport.write(b"".join(out))
         self._drain()
+
+    def _cut_off(self, code: int, why: str) -> None:
+        """End the connection with a GOAWAY saying why, whatever the runtime has sent so far."""
+        self._drain()
+        # The client must see a SETTINGS frame first; if the runtime's has not come yet, ours.
+        preface = b"" if self.back_ready else h2.frame(h2.SETTINGS, 0, 0)
+        self.transport.write(preface + h2.goaway(self.last_stream, code, why.encode()[:200]))
+        self.transport.close()
+        self.cin, self.hdr_buf = bytearray(), bytearray()
 
     def _client_window_update(self, sid: int, inc: int, raw: bytes | bytearray, out: list[bytes]) -> None:
         if sid == 0:
