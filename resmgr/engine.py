@@ -30,7 +30,7 @@ from resmgr.model import (
     container_from_config,
     pod_from_config,
 )
-from resmgr.reconcile import Reconciling
+from resmgr.reconcile import Reconciling, brief
 from resmgr.store import StateStore
 
 log = logging.getLogger("cri-resmgr.engine")
@@ -66,11 +66,7 @@ def refused(err: BaseException) -> bool:
 def _failure(err: BaseException) -> str:
     if isinstance(err, asyncio.CancelledError):
         return "was cancelled by the caller"
-    details = getattr(err, "details", None)
-    code = getattr(err, "code", None)
-    if callable(details) and callable(code):
-        return f"failed: {code().name}: {details()}"
-    return f"failed: {err}"
+    return f"failed: {brief(err)}"
 
 
 class Runtime(Protocol):
@@ -239,7 +235,7 @@ class Engine(Reconciling):
             try:
                 await self.runtime.update_resources(c.id, res.to_cri())
             except Exception as err:
-                log.error("updating resources of container %s failed (will retry): %s", c.id, err)
+                log.error("updating resources of container %s failed (will retry): %s", c.id, brief(err))
                 self.wake()
                 return
             if c.resources is res:

@@ -102,6 +102,14 @@ def _dig(doc: dict[str, Any], *keys: str) -> Any:
     return doc
 
 
+def brief(err: BaseException) -> str:
+    """One line for a failure: a gRPC error's code and details, else the exception."""
+    details, code = getattr(err, "details", None), getattr(err, "code", None)
+    if callable(details) and callable(code):
+        return f"{code().name}: {details()}"
+    return str(err) or type(err).__name__
+
+
 def _state(live: cri.Container) -> ContainerState:
     return ContainerState.RUNNING if live.state == cri.CONTAINER_RUNNING else ContainerState.CREATED
 
@@ -130,7 +138,8 @@ class Reconciling:
                 await self.reconcile()
             except Exception as err:  # the runtime is away, or it said something odd: try again
                 failures += 1
-                (log.warning if failures == 1 else log.debug)("reconciliation with the runtime failed: %s", err)
+                (log.warning if failures == 1 else log.debug)("reconciliation with the runtime failed: %s",
+                                                              brief(err))
                 continue
             if failures:
                 log.info("reconciliation with the runtime works again")
@@ -198,7 +207,7 @@ class Reconciling:
                 linux = st.status.resources.linux
                 seen.append((linux.cpuset_cpus, linux.cpuset_mems))
         except Exception as err:  # gone meanwhile, or the runtime hiccuped: the next round sees
-            log.debug("no status for container %s: %s", c.id, err)
+            log.debug("no status for container %s: %s", c.id, brief(err))
         return seen
 
     async def _adopt_pod(self: Engine, p: cri.PodSandbox) -> Pod:
@@ -207,7 +216,7 @@ class Reconciling:
             st = await self.runtime.pod_status(p.id)
             cgroup_parent = str(_dig(_json(st.info.get("info", "")), "config", "linux", "cgroup_parent") or "")
         except Exception as err:  # status may race with removal; adopt with what we have
-            log.warning("no verbose status for pod %s: %s", p.id, err)
+            log.warning("no verbose status for pod %s: %s", p.id, brief(err))
         return Pod(id=p.id, uid=p.metadata.uid, name=p.metadata.name, namespace=p.metadata.namespace,
                    state=PodState.READY if p.state == cri.SANDBOX_READY else PodState.NOT_READY,
                    qos_class=qos_class_from_cgroup_parent(cgroup_parent), cgroup_parent=cgroup_parent,
@@ -217,7 +226,7 @@ class Reconciling:
         try:
             st = await self.runtime.container_status(c.id)
         except Exception as err:
-            log.warning("no status for container %s, not adopting it yet: %s", c.id, err)
+            log.warning("no status for container %s, not adopting it yet: %s", c.id, brief(err))
             return None
         res = Resources.from_cri(st.status.resources.linux if st.status.resources.HasField("linux") else None)
         config = _dig(_json(st.info.get("info", "")), "config")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,9 +23,11 @@ def containerd():
 
 @pytest.fixture
 def workdir():
-    # Short paths: unix socket paths are limited to 108 bytes.
-    with tempfile.TemporaryDirectory(prefix="crirm-") as d:
-        yield Path(d)
+    # Short paths: unix socket paths are limited to 108 bytes. CRIRM_KEEP_WORKDIR=1 keeps them (logs).
+    d = tempfile.mkdtemp(prefix="crirm-")
+    yield Path(d)
+    if not os.environ.get("CRIRM_KEEP_WORKDIR"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(params=["splice", "grpc"])
@@ -51,3 +55,11 @@ def via(relay):
     client = Cri(relay.socket)
     yield client
     client.close()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak-seconds", type=float, default=90.0,
+                     help="how long each soak test churns pods while killing cri-resmgr and containerd "
+                          "(default: %(default)s)")
+    parser.addoption("--soak-seed", type=int, default=0,
+                     help="seed of the soak tests' choices (default: a new one each run, printed)")

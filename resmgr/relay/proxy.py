@@ -33,9 +33,7 @@ CHANNEL_OPTIONS = [
 
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
-    # Requests: no more than the runtime takes (containerd: 16 MiB), so oversized ones are refused
-    # before they are buffered.
-    ("grpc.max_receive_message_length", MAX_REQUEST),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
 ]
 
 # Request metadata that gRPC itself owns; everything else is the caller's to forward.

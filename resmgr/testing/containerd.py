@@ -95,6 +95,7 @@ class PrivateContainerd:
         self.socket = str(self.dir / "containerd.sock")
         self.log_path = self.dir / "containerd.log"
         self.proc: subprocess.Popen | None = None
+        self._imported = False
 
     # -- lifecycle ---------------------------------------------------------
     def start(self, timeout: float = 30.0) -> PrivateContainerd:
@@ -116,12 +117,25 @@ class PrivateContainerd:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self._wait_ready(timeout)
-        for name, archive in archives.items():
-            subprocess.run(["ctr", "-a", self.socket, "-n", "k8s.io", "images", "import",
-                            "--snapshotter", "native", "--digests",
-                            str(archive)], check=True, capture_output=True)
-            self._wait_image(name, timeout)
+        if not self._imported:  # a restart finds them in its root
+            for name, archive in archives.items():
+                subprocess.run(["ctr", "-a", self.socket, "-n", "k8s.io", "images", "import",
+                                "--snapshotter", "native", "--digests",
+                                str(archive)], check=True, capture_output=True)
+                self._wait_image(name, timeout)
+            self._imported = True
         return self
+
+    def kill(self) -> None:
+        """SIGKILL containerd alone, as a crash would: its shims and containers keep running."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self, timeout: float = 30.0) -> PrivateContainerd:
+        """Start containerd again on the same root and state (after kill())."""
+        self.kill()
+        return self.start(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

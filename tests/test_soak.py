@@ -1,0 +1,440 @@
+"""Soak: pods churned through the relay by parallel kubelet-like workers while cri-resmgr is
+SIGKILLed at random moments and containerd now and then.
+
+Each round kills one to three times at random moments while the workers churn, most of the
+time aimed inside a lifecycle call: cri-resmgr alone, or containerd alone (cri-resmgr sees its
+calls fail), or both (cri-resmgr may come back before containerd does), or cri-resmgr while
+containerd is frozen for a few seconds. Some containers ignore SIGTERM and their callers give
+up on the stop before they end, as a kubelet deadline would. Then the workers are paused and the node is
+checked, reading only the runtime and the cgroups:
+
+- no CPU is held exclusively by two live containers (also watched all along, not only then);
+- every other live container runs on exactly the shared CPUs (all CPUs but the exclusive
+  ones), so nothing the runtime removed is still held and every cpuset is the policy's;
+- cri-resmgr never exits by itself.
+
+The relay gets CONVERGE seconds after each recovery to repair what it must. `--soak-seconds N`
+sets how long each policy is churned (default 90); the figures are printed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from resmgr.cri import api_pb2 as cri
+from resmgr.testing.containerd import PrivateContainerd
+from resmgr.topology.cpuset import CPUSet
+from tests.helpers import ONLINE, Cri, RelayProcess, container_config, pod_config
+
+pytestmark = pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
+
+RETRIED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+           grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED}
+CONVERGE = 15.0
+WORKERS = 3
+LIVE = (cri.CONTAINER_CREATED, cri.CONTAINER_RUNNING)
+
+# kind: (QoS, milli-CPU, weight); "exclusive" asks for one whole CPU of its own.
+KINDS = {"exclusive": ("guaranteed", 1000, 5), "fraction": ("guaranteed", 500, 2),
+         "burstable": ("burstable", 300, 2), "besteffort": ("besteffort", 0, 2)}
+
+
+def resources(kind: str) -> cri.LinuxContainerResources:
+    qos, milli, _ = KINDS[kind]
+    shares = max(2, milli * 1024 // 1000)
+    if qos == "guaranteed":
+        return cri.LinuxContainerResources(cpu_shares=shares, cpu_quota=milli * 100, cpu_period=100000,
+                                           memory_limit_in_bytes=64 << 20)
+    return cri.LinuxContainerResources(cpu_shares=shares)
+
+
+@dataclass
+class Stats:
+    iterations: int = 0
+    calls: int = 0
+    retries: int = 0
+    refused: int = 0  # creates refused for lack of CPUs (expected: one exclusive CPU at most)
+    relay_kills: int = 0
+    containerd_kills: int = 0
+    freezes: int = 0
+    cut_stops: int = 0  # stops whose caller gave up while the container still ran
+    checks: int = 0
+    degraded: int = 0
+    converge: list[float] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + n)
+
+
+class Kubelet:
+    """One worker: runs and removes pods like kubelet, retrying calls that failed on the way."""
+
+    def __init__(self, socket: str, workdir: Path, stats: Stats, rng: random.Random) -> None:
+        self.cri = Cri(socket)
+        self.workdir, self.stats, self.rng = workdir, stats, rng
+        self.pods: list[str] = []
+        self.paused = threading.Event()
+        self.idle = threading.Event()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.in_call = ""  # the lifecycle call in flight, for the killer to aim at
+
+    # -- calls with retries ---------------------------------------------------------------
+    def _call(self, method: str, req, settle=None, done_codes=(), timeout: float = 30):
+        """Call until it succeeds; after a failure, settle() may find it was done after all."""
+        delay = 0.1
+        while True:
+            self.stats.add("calls")
+            self.in_call = method
+            try:
+                return getattr(self.cri.rt, method)(req, timeout=timeout)
+            except grpc.RpcError as err:
+                if err.code() in done_codes:
+                    return None
+                if err.code() not in RETRIED:
+                    raise
+            finally:
+                self.in_call = ""
+            self.stats.add("retries")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            if settle is not None:
+                try:
+                    found = settle()
+                except grpc.RpcError:
+                    found = None
+                if found is not None:
+                    return found
+
+    def run_pod(self, cfg: cri.PodSandboxConfig) -> str:
+        def settle():
+            items = self.cri.rt.ListPodSandbox(cri.ListPodSandboxRequest(filter=cri.PodSandboxFilter(
+                label_selector={"soak-pod": cfg.labels["soak-pod"]})), timeout=10).items
+            ready = [p for p in items if p.state == cri.SANDBOX_READY]
+            for p in items:
+                if p.state != cri.SANDBOX_READY:  # half made: kubelet removes it and tries again
+                    self.remove_pod(p.id)
+            return cri.RunPodSandboxResponse(pod_sandbox_id=ready[0].id) if ready else None
+
+        return self._call("RunPodSandbox", cri.RunPodSandboxRequest(config=cfg), settle).pod_sandbox_id
+
+    def create(self, pod_id: str, cfg: cri.PodSandboxConfig, kind: str) -> str:
+        stubborn = self.rng.random() < 0.5  # ignores SIGTERM: a stop must wait, then kill
+        command = ["sh", "-c", "trap '' TERM; while true; do sleep 1; done"] if stubborn else None
+        config = container_config(f"c{self.rng.randrange(1000)}", command=command, resources=resources(kind))
+        label = uuid.uuid4().hex
+        config.labels.update({"soak-ctr": label, "soak-kind": kind})
+
+        def settle():
+            found = self.cri.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
+                pod_sandbox_id=pod_id, label_selector={"soak-ctr": label})), timeout=10).containers
+            return cri.CreateContainerResponse(container_id=found[0].id) if found else None
+
+        req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=cfg)
+        return self._call("CreateContainer", req, settle).container_id
+
+    def start(self, cid: str) -> None:
+        def settle():
+            st = self._call("ContainerStatus", cri.ContainerStatusRequest(container_id=cid)).status
+            return True if st.state != cri.CONTAINER_CREATED else None
+
+        try:
+            self._call("StartContainer", cri.StartContainerRequest(container_id=cid), settle)
+        except grpc.RpcError:
+            if settle() is None:  # "already running" after a start that did happen is fine
+                raise
+
+    def remove_pod(self, pod_id: str) -> None:
+        self._call("StopPodSandbox", cri.StopPodSandboxRequest(pod_sandbox_id=pod_id),
+                   done_codes=(grpc.StatusCode.NOT_FOUND,))
+        self._call("RemovePodSandbox", cri.RemovePodSandboxRequest(pod_sandbox_id=pod_id),
+                   done_codes=(grpc.StatusCode.NOT_FOUND,))
+
+    def stop_and_remove(self, cid: str) -> None:
+        # A grace period longer than the caller waits: for a stubborn container the call fails while
+        # it still runs; kubelet tries again a while later, and then without grace.
+        try:
+            self.cri.rt.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=5), timeout=0.5)
+        except grpc.RpcError:
+            self.stats.add("cut_stops")
+            time.sleep(self.rng.uniform(1.0, 3.0))  # kubelet's next sync
+        self._call("StopContainer", cri.StopContainerRequest(container_id=cid, timeout=0),
+                   done_codes=(grpc.StatusCode.NOT_FOUND,))
+        self._call("RemoveContainer", cri.RemoveContainerRequest(container_id=cid),
+                   done_codes=(grpc.StatusCode.NOT_FOUND,))
+
+    # -- the churn ------------------------------------------------------------------------
+    def new_pod(self) -> None:
+        kinds = list(KINDS)
+        kind = self.rng.choices(kinds, weights=[KINDS[k][2] for k in kinds])[0]
+        cfg = pod_config(qos=KINDS[kind][0], logdir=str(self.workdir / "logs"))
+        cfg.labels["soak-pod"] = cfg.metadata.uid
+        pod_id = self.run_pod(cfg)
+        self.pods.append(pod_id)
+        for _ in range(1 if kind == "exclusive" else self.rng.choice((1, 2))):
+            try:
+                cid = self.create(pod_id, cfg, kind)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                self.stats.add("refused")
+                self.pods.remove(pod_id)
+                self.remove_pod(pod_id)
+                return
+            self.start(cid)
+
+    def iterate(self) -> None:
+        if len(self.pods) < 2 or self.rng.random() < 0.5:
+            self.new_pod()
+        else:
+            pod_id = self.rng.choice(self.pods)
+            listed = self._call("ListContainers", cri.ListContainersRequest(
+                filter=cri.ContainerFilter(pod_sandbox_id=pod_id)))
+            live = [c.id for c in listed.containers]
+            if self.rng.random() < 0.5 and live:
+                self.stop_and_remove(self.rng.choice(live))
+            else:
+                self.pods.remove(pod_id)
+                self.remove_pod(pod_id)
+        self.stats.add("iterations")
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                if self.paused.is_set():
+                    self.idle.set()
+                    time.sleep(0.05)
+                    continue
+                self.idle.clear()
+                try:
+                    self.iterate()
+                except grpc.RpcError as err:  # a call kubelet would not retry: note it, go on
+                    if err.code() != grpc.StatusCode.NOT_FOUND:
+                        self.stats.violations.append(f"worker call failed: {err.code().name}: {err.details()}")
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            self.error = err
+        finally:
+            self.idle.set()
+
+
+# -- what the node really runs ------------------------------------------------------------------
+def cgroup_cpus(cgroups_path: str) -> CPUSet | None:
+    for base in (Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
+        try:
+            return CPUSet.parse((base / cgroups_path.lstrip("/") / "cpuset.cpus").read_text())
+        except OSError:
+            continue
+    return None
+
+
+def check(direct: Cri, stats: Stats) -> list[str]:
+    """What is wrong with the node now, reading only the runtime and the cgroups."""
+    holders: dict[str, CPUSet] = {}
+    others: dict[str, tuple[str, CPUSet]] = {}
+    degraded = 0
+    for c in direct.rt.ListContainers(cri.ListContainersRequest(), timeout=10).containers:
+        if c.state not in LIVE:
+            continue
+        try:
+            st = direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=10)
+        except grpc.RpcError:
+            continue  # removed meanwhile
+        path = json.loads(st.info.get("info", "{}")).get("runtimeSpec", {}).get("linux", {}).get("cgroupsPath", "")
+        cpus = cgroup_cpus(path)
+        if cpus is None:
+            continue
+        kind = c.labels.get("soak-kind", "?")
+        if kind == "exclusive" and len(cpus) == 1:
+            holders[c.id] = cpus
+        else:
+            degraded += kind == "exclusive"
+            others[c.id] = (kind, cpus)
+    problems = []
+    seen: dict[int, str] = {}
+    for cid, cpus in holders.items():
+        for cpu in cpus:
+            if cpu in seen:
+                problems.append(f"CPU {cpu} held exclusively by {seen[cpu][:12]} and {cid[:12]}")
+            seen[cpu] = cid
+    shared = ONLINE - CPUSet(seen)
+    for cid, (kind, cpus) in others.items():
+        if cpus != shared:
+            problems.append(f"{kind} container {cid[:12]} runs on {cpus}; the shared CPUs are {shared}")
+    if not problems:
+        stats.degraded = max(stats.degraded, degraded)
+    return problems
+
+
+def exclusive_holders(direct: Cri) -> dict[str, CPUSet]:
+    """Live exclusive containers holding one CPU, by ID."""
+    out = {}
+    for c in direct.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
+            label_selector={"soak-kind": "exclusive"})), timeout=10).containers:
+        if c.state != cri.CONTAINER_RUNNING:
+            continue
+        try:
+            st = direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=10)
+        except grpc.RpcError:
+            continue
+        path = json.loads(st.info.get("info", "{}")).get("runtimeSpec", {}).get("linux", {}).get("cgroupsPath", "")
+        cpus = cgroup_cpus(path)
+        if cpus is not None and len(cpus) == 1:
+            out[c.id] = cpus
+    return out
+
+
+def still_running(direct: Cri, ids: list[str]) -> bool:
+    try:
+        return all(direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid), timeout=10).status.state
+                   == cri.CONTAINER_RUNNING for cid in ids)
+    except grpc.RpcError:
+        return False
+
+
+def monitor(socket: str, stats: Stats, stop: threading.Event) -> None:
+    """Two running containers on one exclusive CPU is never right, not even for a moment."""
+    direct = Cri(socket)
+    reported: set[tuple[str, str]] = set()
+    while not stop.is_set():
+        try:
+            holders = exclusive_holders(direct)
+            by_cpu: dict[int, list[str]] = {}
+            for cid, cpus in holders.items():
+                by_cpu.setdefault(min(cpus), []).append(cid)
+            for cpu, ids in by_cpu.items():
+                pair = tuple(sorted(ids))
+                # Read again after the cgroups: both were running together on that CPU.
+                if len(ids) > 1 and pair not in reported and still_running(direct, ids):
+                    reported.add(pair)
+                    stats.violations.append(f"CPU {cpu} held exclusively by {', '.join(i[:12] for i in ids)} "
+                                            "at once (seen while churning)")
+        except grpc.RpcError:
+            pass  # containerd is down or frozen: nothing to see
+        stop.wait(0.1)
+    direct.close()
+
+
+def converge(direct: Cri, stats: Stats, when: str) -> None:
+    """Give the relay CONVERGE seconds to repair; record how long it took, or what stayed wrong."""
+    start = time.monotonic()
+    while True:
+        problems = check(direct, stats)
+        if not problems:
+            stats.converge.append(time.monotonic() - start)
+            break
+        if time.monotonic() - start > CONVERGE:
+            stats.violations.extend(f"{when}: {p}" for p in problems)
+            break
+        time.sleep(0.2)
+    stats.checks += 1
+
+
+@pytest.mark.parametrize("policy", ["static", "topology-aware"])
+def test_soak_with_kills(workdir, policy, request):
+    seconds = request.config.getoption("--soak-seconds")
+    seed = request.config.getoption("--soak-seed") or random.randrange(1 << 32)
+    rng = random.Random(seed)
+    config = workdir / "policy.yaml"
+    config.write_text(f"policy:\n  Active: {policy}\n")
+    args = ("--force-config", str(config), "--reconcile-interval", "1s")
+    ctrd = PrivateContainerd().start()
+    stats = Stats()
+    direct = Cri(ctrd.socket)
+    relay = RelayProcess(workdir, ctrd.socket, *args).start()
+    workers: list[Kubelet] = []
+    done = threading.Event()
+    try:
+        sentinel = Kubelet(relay.socket, workdir, stats, rng)
+        cfg = pod_config(qos="besteffort", logdir=str(workdir / "logs"))
+        pod = sentinel.run_pod(cfg)
+        sentinel.start(sentinel.create(pod, cfg, "besteffort"))  # a shared container that sees every change
+        workers = [Kubelet(relay.socket, workdir, stats, random.Random(rng.random())) for _ in range(WORKERS)]
+        threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+        for t in threads:
+            t.start()
+        watching = threading.Thread(target=monitor, args=(ctrd.socket, stats, done), daemon=True)
+        watching.start()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for _ in range(rng.randint(1, 3)):  # kills close together
+                time.sleep(rng.uniform(0.05, 1.5))
+                fate = rng.random()
+                if rng.random() < 0.6:  # aimed: inside a lifecycle call of some worker
+                    wait_for = time.monotonic() + 3
+                    while not any(w.in_call for w in workers) and time.monotonic() < wait_for:
+                        time.sleep(0.002)
+                    time.sleep(rng.uniform(0, 0.06))
+                if relay.proc.poll() is not None:
+                    stats.violations.append(f"cri-resmgr exited by itself with {relay.proc.returncode}")
+                if fate < 0.3:  # containerd dies while the call is in it
+                    ctrd.kill()
+                    stats.containerd_kills += 1
+                if fate < 0.15:  # ... alone: cri-resmgr sees the calls fail
+                    time.sleep(rng.uniform(0, 2.0))
+                    ctrd.restart()
+                    continue
+                relay.stop(signal.SIGKILL)
+                stats.relay_kills += 1
+                if fate < 0.3:  # cri-resmgr is killed too, and may be back before containerd is
+                    back = threading.Timer(rng.uniform(0, 2.0), ctrd.restart)
+                    back.start()
+                    time.sleep(rng.uniform(0, 1.0))
+                    relay = RelayProcess(workdir, ctrd.socket, *args, relay_dir=relay.relay_dir).start()
+                    back.join()
+                    continue
+                if fate < 0.4:  # containerd stops answering for a while
+                    ctrd.proc.send_signal(signal.SIGSTOP)
+                    stats.freezes += 1
+                    threading.Timer(rng.uniform(0.5, 3.0), ctrd.proc.send_signal, (signal.SIGCONT,)).start()
+                time.sleep(rng.uniform(0, 0.5))
+                relay = RelayProcess(workdir, ctrd.socket, *args, relay_dir=relay.relay_dir).start()
+            time.sleep(rng.uniform(0.5, 2.0))  # the workers go on against the new relay
+            ctrd.proc.send_signal(signal.SIGCONT)
+            for w in workers:
+                w.paused.set()
+            for w in workers:
+                assert w.idle.wait(120), "a worker did not finish its step"
+            converge(direct, stats, f"after kill {stats.relay_kills}")
+            for w in workers:
+                w.paused.clear()
+        for w in workers:
+            w.stop.set()
+        for t in threads:
+            t.join(120)
+        converge(direct, stats, "at the end")
+        done.set()
+        watching.join(30)
+        if relay.proc.poll() is not None:
+            stats.violations.append(f"cri-resmgr exited by itself with {relay.proc.returncode}")
+        errors = [repr(w.error) for w in workers if w.error is not None]
+        slowest = max(stats.converge, default=0.0)
+        print(f"\nsoak {policy} (--soak-seed {seed}): {seconds:.0f}s, {stats.iterations} iterations, "
+              f"{stats.calls} CRI calls "
+              f"({stats.retries} retried, {stats.refused} creates refused for lack of CPUs), "
+              f"{stats.relay_kills} cri-resmgr kills, {stats.containerd_kills} containerd kills, "
+              f"{stats.freezes} containerd freezes, {stats.cut_stops} stops cut short, "
+              f"{stats.checks} checks, slowest repair {slowest:.1f}s, {stats.degraded} degraded, "
+              f"{len(stats.violations)} violations")
+        assert not errors, errors
+        assert stats.violations == [], "\n".join(stats.violations[:20])
+    finally:
+        done.set()
+        for w in workers:
+            w.stop.set()
+        if relay.proc is not None and relay.proc.poll() is None:
+            relay.stop()
+        direct.close()
+        ctrd.stop()
