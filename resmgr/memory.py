@@ -18,10 +18,12 @@ import logging
 log = logging.getLogger("cri-resmgr")
 
 BIG = 1 << 20  # a request at least this large asks for a collection afterwards
-DELAY = 1.0  # seconds: requests arriving together share one collection
+DELAY = 1.0  # seconds after the last big request of a burst
+MAX_DELAY = 5.0  # ... but no later than this after its first one
 
 _libc: ctypes.CDLL | None = None
 _pending: asyncio.TimerHandle | None = None
+_first = 0.0
 
 
 def tune() -> None:
@@ -37,14 +39,19 @@ def tune() -> None:
 
 
 def after_big_request() -> None:
-    """Collect cycles and trim the heap shortly, once for a burst of big requests."""
-    global _pending
-    if _pending is not None:
-        return
+    """Collect cycles and trim the heap once a burst of big requests is over."""
+    global _pending, _first
     try:
-        _pending = asyncio.get_running_loop().call_later(DELAY, _collect)
+        loop = asyncio.get_running_loop()
     except RuntimeError:  # no loop: nothing to schedule on
-        pass
+        return
+    if _pending is None:
+        _first = loop.time()
+    elif loop.time() - _first < MAX_DELAY:
+        _pending.cancel()
+    else:
+        return
+    _pending = loop.call_later(DELAY, _collect)
 
 
 def _collect() -> None:

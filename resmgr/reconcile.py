@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -148,6 +149,7 @@ class Reconciling:
     async def reconcile(self: Engine) -> None:
         """One round: observe the runtime, repair the state, push what is pending, save."""
         async with self._sweep_lock:
+            started = time.perf_counter()
             first = not self.reconciled.is_set() or not self._swept
             obs = await self._observe()
             async with self._lock:
@@ -163,6 +165,8 @@ class Reconciling:
                 await self.save()
             self._swept = True
             self.reconciled.set()
+        log.debug("reconciliation round: %d containers checked in %.1f ms", len(obs.actual),
+                  (time.perf_counter() - started) * 1000)
         if first or outcome.changed():
             log.info("reconciled with the runtime: %d pods, %d containers known; adopted %d pods, %d containers; "
                      "dropped %d pods, %d containers; %d exited, %d settled, %d repaired, %d revived",
@@ -360,6 +364,9 @@ class Reconciling:
                 decision = self._fallback(c, pod, err)
                 if decision is None:
                     continue  # left in _unallocated: tried again next round
+            except Exception:  # a policy bug on one container must not stop every round
+                log.exception("allocating container %s failed; it runs as it is until a later round", c.id)
+                continue
             self._unallocated.discard(c.key)
             self._apply_decision(c, decision)
             updates.update(decision.updates)

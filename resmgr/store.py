@@ -68,7 +68,8 @@ class StateStore:
 
     def write(self, data: dict[str, Any]) -> None:
         """Synchronous atomic write."""
-        payload = json.dumps({"version": VERSION, **data}, sort_keys=True, separators=(",", ":"))
+        # default=str: a YAML value JSON has no type for (a date) must not make every save fail.
+        payload = json.dumps({"version": VERSION, **data}, sort_keys=True, separators=(",", ":"), default=str)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:

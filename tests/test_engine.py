@@ -504,3 +504,46 @@ async def test_create_records_device_topology_hints(engine):
                                                              sandbox_config=cfg), send)
     assert engine.containers["c-dev"].hints == {"/dev/nvidia0": [1]}
     assert engine.snapshot()["containers"][0]["hints"] == {"/dev/nvidia0": [1]}
+
+
+async def test_a_container_made_while_down_is_accounted_before_anything_new_is_decided(tmp_path):
+    from policies import PolicyError, create
+    from tests.world import machine
+
+    topo = machine("sockets=1,cores=2,threads=1")  # CPUs 0-1: one exclusive grant fills it
+    runtime = FakeRuntime()
+    runtime.pods = [cri.PodSandbox(id="pod-g", state=cri.SANDBOX_READY, metadata=cri.PodSandboxMetadata(
+        name="g", uid="g", namespace="default"))]
+    runtime.run("made-while-down", "pod-g")
+
+    async def guaranteed_status(cid, verbose=True):  # it runs with the exclusive CPU its create asked for
+        return cri.ContainerStatusResponse(status=cri.ContainerStatus(id=cid, resources=cri.ContainerResources(
+            linux=cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000,
+                                              cpuset_cpus="0"))))
+
+    async def guaranteed_pod(pid):
+        return cri.PodSandboxStatusResponse(info={"info": '{"config": {"linux": {"cgroup_parent": "/kubepods/podg"}}}'})
+
+    runtime.container_status, runtime.pod_status = guaranteed_status, guaranteed_pod
+    eng = Engine(create("static", {"Active": "static"}, topo), StateStore(tmp_path), runtime, gated=True)
+    cfg = pod_config("next", qos="guaranteed")
+
+    async def run(r):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod-next")
+
+    await eng.run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
+    pod_id = "pod-next"
+    runtime.pod(pod_id)
+    req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, sandbox_config=cfg, config=container_config(
+        "g2", resources=cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000)))
+
+    async def send(r):
+        return cri.CreateContainerResponse(container_id="next")
+
+    waiting = asyncio.create_task(eng.create_container(req, send))  # arrives before the first round
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await eng.reconcile()
+    with pytest.raises(PolicyError, match="needs 1 exclusive"):
+        await waiting
+    assert str(eng.policy.cpus_of("made-while-down")) == "0"  # kept where it runs, accounted

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from resmgr import memory
 from resmgr.relay.intercept import MAX_REQUEST, Interceptor, name_socket
 from resmgr.relay.methods import KNOWN
 
@@ -155,6 +156,7 @@ class Relay(grpc.GenericRpcHandler):
 
         async def relay(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             if len(request) > MAX_REQUEST:
+                memory.after_big_request()  # the aborted call's traceback holds the request
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                     f"cri-resmgr: request larger than {MAX_REQUEST} bytes")
             out = await interceptor.call(path, request, _forward_metadata(context), context.time_remaining())

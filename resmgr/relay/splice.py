@@ -121,12 +121,15 @@ class _Backend(asyncio.Protocol):
 
     # The runtime does not read: stop reading from the client until it does.
     def pause_writing(self) -> None:
-        if self.conn.transport is not None:
-            self.conn.transport.pause_reading()
+        _reading(self.conn.transport, False)
 
     def resume_writing(self) -> None:
-        if self.conn.transport is not None and not self.conn.closed:
-            self.conn.transport.resume_reading()
+        _reading(self.conn.transport, True)
+
+
+def _reading(transport: asyncio.Transport | None, on: bool) -> None:
+    if transport is not None and not transport.is_closing():
+        (transport.resume_reading if on else transport.pause_reading)()
 
 
 class _Conn(asyncio.Protocol):
@@ -215,12 +218,12 @@ class _Conn(asyncio.Protocol):
 
     # The client does not read: stop reading from the runtime until it does.
     def pause_writing(self) -> None:
-        if self.backend is not None and self.backend.transport is not None:
-            self.backend.transport.pause_reading()
+        if self.backend is not None:
+            _reading(self.backend.transport, False)
 
     def resume_writing(self) -> None:
-        if self.backend is not None and self.backend.transport is not None and not self.closed:
-            self.backend.transport.resume_reading()
+        if self.backend is not None:
+            _reading(self.backend.transport, True)
 
     # -- budgets -------------------------------------------------------------------------
     def _hold(self, ls: _Local, n: int) -> bool:
