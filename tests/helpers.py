@@ -102,6 +102,14 @@ class RelayProcess:
         return grpc.insecure_channel("unix://" + self.socket)
 
 
+def policy_relay(workdir: Path, runtime_socket: str, policy: str, *extra: str,
+                 relay_dir: Path | None = None) -> RelayProcess:
+    """A relay (not started) with a forced configuration that names the policy."""
+    config = workdir / f"{policy}.yaml"
+    config.write_text(f"policy:\n  Active: {policy}\n")
+    return RelayProcess(workdir, runtime_socket, "--force-config", str(config), *extra, relay_dir=relay_dir)
+
+
 def pod_config(name: str | None = None, namespace: str = "default", host_network: bool = True,
                qos: str = "besteffort", logdir: str = "/tmp/crirm-test-logs",
                annotations: dict[str, str] | None = None) -> cri.PodSandboxConfig:

@@ -22,6 +22,7 @@ from tests.helpers import (
     cgroup_cpus,
     container_config,
     pod_config,
+    policy_relay,
     wait_until,
 )
 
@@ -34,10 +35,8 @@ SHARED = cri.LinuxContainerResources(cpu_shares=2)
 
 @pytest.fixture
 def static_relay(containerd, workdir, relay_mode):
-    config = workdir / "static.yaml"
-    config.write_text("policy:\n  Active: static\n")
-    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config), "--relay-mode", relay_mode,
-                         "--reconcile-interval", "300ms")
+    relay = policy_relay(workdir, containerd.socket, "static", "--relay-mode", relay_mode, "--reconcile-interval",
+                         "300ms")
     yield relay
     if relay.proc is not None:
         relay.stop()
@@ -64,6 +63,17 @@ class Pods:
                 self.client.remove_pod(pod)
             except grpc.RpcError:
                 pass
+
+
+@pytest.fixture
+def churn(static_relay, workdir):
+    """The static relay started, a client of it, and the pods made through it (removed at the end)."""
+    static_relay.start()
+    via = Cri(static_relay.socket)
+    pods = Pods(via, workdir)
+    yield via, pods
+    pods.remove_all()
+    via.close()
 
 
 def exclusive_fits(client: Cri, workdir: Path) -> bool:
@@ -109,31 +119,23 @@ def test_a_container_with_text_that_is_not_utf8_made_behind_our_back_is_adopted(
         pods.remove_all()
 
 
-def test_a_stop_that_fails_keeps_the_cpu_until_the_container_is_gone(containerd, direct, static_relay, workdir):
-    static_relay.start()
-    via = Cri(static_relay.socket)
-    pods = Pods(via, workdir)
-    try:
-        _, _, stubborn = pods.run("guaranteed", GUARANTEED_CPU,
-                                  command=["sh", "-c", "trap '' TERM; while true; do sleep 1; done"])
-        with pytest.raises(grpc.RpcError) as info:  # the caller gives up before the container stops
-            via.rt.StopContainer(cri.StopContainerRequest(container_id=stubborn, timeout=10), timeout=1)
-        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        wait_until(lambda: f"StopContainer {stubborn}" in static_relay.log(), what="the failed stop is logged")
-        time.sleep(1)  # a few reconciliation rounds: it still runs, so it keeps its CPU
-        assert not exclusive_fits(via, workdir)
-        direct.rt.StopContainer(cri.StopContainerRequest(container_id=stubborn, timeout=0), timeout=30)
-        wait_until(lambda: exclusive_fits(via, workdir), what="the CPU is free once the container stopped")
-    finally:
-        pods.remove_all()
-        via.close()
+def test_a_stop_that_fails_keeps_the_cpu_until_the_container_is_gone(direct, static_relay, churn, workdir):
+    via, pods = churn
+    _, _, stubborn = pods.run("guaranteed", GUARANTEED_CPU,
+                              command=["sh", "-c", "trap '' TERM; while true; do sleep 1; done"])
+    with pytest.raises(grpc.RpcError) as info:  # the caller gives up before the container stops
+        via.rt.StopContainer(cri.StopContainerRequest(container_id=stubborn, timeout=10), timeout=1)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_until(lambda: f"StopContainer {stubborn}" in static_relay.log(), what="the failed stop is logged")
+    time.sleep(1)  # a few reconciliation rounds: it still runs, so it keeps its CPU
+    assert not exclusive_fits(via, workdir)
+    direct.rt.StopContainer(cri.StopContainerRequest(container_id=stubborn, timeout=0), timeout=30)
+    wait_until(lambda: exclusive_fits(via, workdir), what="the CPU is free once the container stopped")
 
 
 def test_a_stop_whose_runtime_dies_keeps_the_cpu(workdir):
     ctrd = PrivateContainerd().start()
-    config = workdir / "static.yaml"
-    config.write_text("policy:\n  Active: static\n")
-    relay = RelayProcess(workdir, ctrd.socket, "--force-config", str(config), "--reconcile-interval", "300ms").start()
+    relay = policy_relay(workdir, ctrd.socket, "static", "--reconcile-interval", "300ms").start()
     via, direct = Cri(relay.socket), Cri(ctrd.socket)
     pods = Pods(via, workdir)
     try:
@@ -158,37 +160,25 @@ def test_a_stop_whose_runtime_dies_keeps_the_cpu(workdir):
         ctrd.stop()
 
 
-def test_a_pod_removed_behind_our_back_gives_its_cpu_back(containerd, direct, static_relay, workdir):
-    static_relay.start()
-    via = Cri(static_relay.socket)
-    pods = Pods(via, workdir)
-    try:
-        s_cfg, _, shared = pods.run("besteffort", SHARED)
-        _, g_pod, _ = pods.run("guaranteed", GUARANTEED_CPU)
-        assert len(cgroup_cpus(s_cfg, shared)) == 1
-        direct.remove_pod(g_pod)
-        wait_until(lambda: cgroup_cpus(s_cfg, shared) == ONLINE, what="the shared container has both CPUs")
-        assert exclusive_fits(via, workdir)
-    finally:
-        pods.remove_all()
-        via.close()
+def test_a_pod_removed_behind_our_back_gives_its_cpu_back(direct, churn, workdir):
+    via, pods = churn
+    s_cfg, _, shared = pods.run("besteffort", SHARED)
+    _, g_pod, _ = pods.run("guaranteed", GUARANTEED_CPU)
+    assert len(cgroup_cpus(s_cfg, shared)) == 1
+    direct.remove_pod(g_pod)
+    wait_until(lambda: cgroup_cpus(s_cfg, shared) == ONLINE, what="the shared container has both CPUs")
+    assert exclusive_fits(via, workdir)
 
 
-def test_a_cpuset_changed_behind_our_back_is_put_back(containerd, static_relay, workdir):
-    static_relay.start()
-    via = Cri(static_relay.socket)
-    pods = Pods(via, workdir)
-    try:
-        s_cfg, _, shared = pods.run("besteffort", SHARED)
-        path = Path("/sys/fs/cgroup/cpuset") / s_cfg.linux.cgroup_parent.lstrip("/") / shared / "cpuset.cpus"
-        if not path.exists():
-            pytest.skip("needs the cgroup v1 cpuset hierarchy")
-        path.write_text("0")
-        wait_until(lambda: cgroup_cpus(s_cfg, shared) == ONLINE, what="the cpuset is repaired")
-        assert "runs with other CPUs or memory nodes than granted" in static_relay.log()
-    finally:
-        pods.remove_all()
-        via.close()
+def test_a_cpuset_changed_behind_our_back_is_put_back(static_relay, churn):
+    _, pods = churn
+    s_cfg, _, shared = pods.run("besteffort", SHARED)
+    path = Path("/sys/fs/cgroup/cpuset") / s_cfg.linux.cgroup_parent.lstrip("/") / shared / "cpuset.cpus"
+    if not path.exists():
+        pytest.skip("needs the cgroup v1 cpuset hierarchy")
+    path.write_text("0")
+    wait_until(lambda: cgroup_cpus(s_cfg, shared) == ONLINE, what="the cpuset is repaired")
+    assert "runs with other CPUs or memory nodes than granted" in static_relay.log()
 
 
 # -- input that must not cost memory -------------------------------------------------------

@@ -19,6 +19,7 @@ from tests.helpers import (
     cgroup_cpuset,
     container_config,
     pod_config,
+    policy_relay,
     wait_until,
 )
 
@@ -34,9 +35,7 @@ def resources(milli: int, guaranteed: bool) -> cri.LinuxContainerResources:
 @pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
 @pytest.mark.parametrize("policy", ["static", "topology-aware"])
 def test_policy_pins_and_restores(containerd, workdir, direct, policy):
-    config = workdir / "policy.yaml"
-    config.write_text(f"policy:\n  Active: {policy}\n")
-    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config)).start()
+    relay = policy_relay(workdir, containerd.socket, policy).start()
     via = Cri(relay.socket)
     pods = []
     try:
@@ -59,8 +58,7 @@ def test_policy_pins_and_restores(containerd, workdir, direct, policy):
         # kill -9 and restart: every cgroup stays as it was.
         assert relay.stop(signal.SIGKILL) == -signal.SIGKILL
         via.close()
-        relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config),
-                             relay_dir=relay.relay_dir).start()
+        relay = policy_relay(workdir, containerd.socket, policy, relay_dir=relay.relay_dir).start()
         via = Cri(relay.socket)
         assert cgroup_cpus(exclusive_cfg, exclusive) == mine
         assert cgroup_cpus(shared_cfg, shared) == ONLINE - mine
@@ -81,9 +79,7 @@ def test_policy_pins_and_restores(containerd, workdir, direct, policy):
     ("topology-aware", "container default/{pod}/main: no pool can take 64 exclusive CPU(s)"),
 ])
 def test_request_that_cannot_fit_fails_create(containerd, workdir, policy, message):
-    config = workdir / "policy.yaml"
-    config.write_text(f"policy:\n  Active: {policy}\n")
-    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config)).start()
+    relay = policy_relay(workdir, containerd.socket, policy).start()
     via = Cri(relay.socket)
     try:
         import grpc
@@ -102,9 +98,7 @@ def test_request_that_cannot_fit_fails_create(containerd, workdir, policy, messa
 
 @pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
 def test_containers_started_while_down_are_allocated(containerd, workdir, direct):
-    config = workdir / "static.yaml"
-    config.write_text("policy:\n  Active: static\n")
-    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config)).start()
+    relay = policy_relay(workdir, containerd.socket, "static").start()
     relay.stop()
     # Behind the relay's back: a Guaranteed 1-CPU container and a shared one, both unpinned.
     g_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
@@ -114,8 +108,7 @@ def test_containers_started_while_down_are_allocated(containerd, workdir, direct
         g = direct.run_container(pods[0], g_cfg, container_config(resources=resources(1000, True)))
         s = direct.run_container(pods[1], s_cfg, container_config(resources=resources(0, False)))
         assert cgroup_cpus(g_cfg, g) == ONLINE
-        relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config),
-                             relay_dir=relay.relay_dir).start()
+        relay = policy_relay(workdir, containerd.socket, "static", relay_dir=relay.relay_dir).start()
         try:
             mine = cgroup_cpus(g_cfg, g)
             assert len(mine) == 1
@@ -158,10 +151,7 @@ def test_topology_aware_rebalance_moves_a_shared_container(containerd, workdir):
 
 @pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
 def test_a_container_that_exits_on_its_own_gives_its_cpus_back(containerd, workdir):
-    config = workdir / "static.yaml"
-    config.write_text("policy:\n  Active: static\n")
-    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config),
-                         "--reconcile-interval", "200ms").start()
+    relay = policy_relay(workdir, containerd.socket, "static", "--reconcile-interval", "200ms").start()
     via = Cri(relay.socket)
     pods = []
     try:

@@ -34,7 +34,7 @@ import pytest
 from resmgr.cri import api_pb2 as cri
 from resmgr.testing.containerd import PrivateContainerd
 from resmgr.topology.cpuset import CPUSet
-from tests.helpers import ONLINE, Cri, RelayProcess, container_config, pod_config
+from tests.helpers import ONLINE, Cri, RelayProcess, container_config, pod_config, policy_relay
 
 pytestmark = pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
 
@@ -347,13 +347,15 @@ def test_soak_with_kills(workdir, policy, request):
     seconds = request.config.getoption("--soak-seconds")
     seed = request.config.getoption("--soak-seed") or random.randrange(1 << 32)
     rng = random.Random(seed)
-    config = workdir / "policy.yaml"
-    config.write_text(f"policy:\n  Active: {policy}\n")
-    args = ("--force-config", str(config), "--reconcile-interval", "1s")
     ctrd = PrivateContainerd().start()
     stats = Stats()
     direct = Cri(ctrd.socket)
-    relay = RelayProcess(workdir, ctrd.socket, *args).start()
+    relay = policy_relay(workdir, ctrd.socket, policy, "--reconcile-interval", "1s").start()
+
+    def relaunch() -> RelayProcess:
+        return policy_relay(workdir, ctrd.socket, policy, "--reconcile-interval", "1s",
+                            relay_dir=relay.relay_dir).start()
+
     workers: list[Kubelet] = []
     done = threading.Event()
     try:
@@ -392,7 +394,7 @@ def test_soak_with_kills(workdir, policy, request):
                     back = threading.Timer(rng.uniform(0, 2.0), ctrd.restart)
                     back.start()
                     time.sleep(rng.uniform(0, 1.0))
-                    relay = RelayProcess(workdir, ctrd.socket, *args, relay_dir=relay.relay_dir).start()
+                    relay = relaunch()
                     back.join()
                     continue
                 if fate < 0.4:  # containerd stops answering for a while
@@ -400,7 +402,7 @@ def test_soak_with_kills(workdir, policy, request):
                     stats.freezes += 1
                     threading.Timer(rng.uniform(0.5, 3.0), ctrd.proc.send_signal, (signal.SIGCONT,)).start()
                 time.sleep(rng.uniform(0, 0.5))
-                relay = RelayProcess(workdir, ctrd.socket, *args, relay_dir=relay.relay_dir).start()
+                relay = relaunch()
             time.sleep(rng.uniform(0.5, 2.0))  # the workers go on against the new relay
             ctrd.proc.send_signal(signal.SIGCONT)
             for w in workers:

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from resmgr.cri import api_pb2 as cri
-from tests.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_config, pod_config
+from tests.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_config, pod_config, policy_relay
 
 
 def guaranteed_cpu() -> cri.LinuxContainerResources:
@@ -96,9 +96,7 @@ def test_stop_and_remove_update_state(containerd, relay, via, workdir):
 
 @pytest.mark.skipif(len(ONLINE) != 2, reason="counts on 2 CPUs: one exclusive grant fills the machine")
 def test_without_configuration_the_persisted_policy_is_kept(containerd, workdir, direct):
-    config = workdir / "static.yaml"
-    config.write_text("policy:\n  Active: static\n")
-    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config)).start()
+    relay = policy_relay(workdir, containerd.socket, "static").start()
     via = Cri(relay.socket)
     pods = []
     try:
