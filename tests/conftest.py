@@ -63,3 +63,11 @@ def pytest_addoption(parser):
                           "(default: %(default)s)")
     parser.addoption("--soak-seed", type=int, default=0,
                      help="seed of the soak tests' choices (default: a new one each run, printed)")
+
+
+def pytest_collection_modifyitems(config, items):
+    # A soak runs as long as it is asked to: its time limit follows --soak-seconds.
+    limit = config.getoption("--soak-seconds") * 1.5 + 240
+    for item in items:
+        if item.get_closest_marker("soak") is not None:
+            item.add_marker(pytest.mark.timeout(limit))
