@@ -424,27 +424,22 @@ class Engine(Reconciling):
 
     async def stop_container(self, req: cri.StopContainerRequest,
                              send: Send) -> cri.StopContainerResponse:
-        resp = await self._send_or_wake(f"StopContainer {req.container_id}", req, send)
-        async with self._lock:
-            c = self._find(req.container_id)
-            decision = self._release(c) if c is not None else Decision()
-            self._record(decision.updates)
-        await self._apply_updates(decision)
-        if c is not None:
-            await self._run_hooks("post-stop", c, self.pods.get(c.pod_id))
-            await self.save()
-        return resp
+        return await self._end_container("StopContainer", req, send, forget=False, hook="post-stop")
 
     async def remove_container(self, req: cri.RemoveContainerRequest,
                                send: Send) -> cri.RemoveContainerResponse:
-        resp = await self._send_or_wake(f"RemoveContainer {req.container_id}", req, send)
+        return await self._end_container("RemoveContainer", req, send, forget=True, hook="post-remove")
+
+    async def _end_container(self, method: str, req: Req, send: Send, forget: bool, hook: str) -> Resp:
+        """A stop or remove: what the container holds is released once the runtime confirms it."""
+        resp = await self._send_or_wake(f"{method} {req.container_id}", req, send)
         async with self._lock:
             c = self._find(req.container_id)
-            decision = self._forget(c) if c is not None else Decision()
+            decision = Decision() if c is None else self._forget(c) if forget else self._release(c)
             self._record(decision.updates)
         await self._apply_updates(decision)
         if c is not None:
-            await self._run_hooks("post-remove", c, self.pods.get(c.pod_id))
+            await self._run_hooks(hook, c, self.pods.get(c.pod_id))
             await self.save()
         return resp
 
