@@ -210,8 +210,7 @@ class _Conn(asyncio.Protocol):
         self.cin, self.bin, self.hdr_buf = bytearray(), bytearray(), bytearray()
         self.out.clear()
         self.parked.clear()
-        self.server.held -= sum(self.queued.values())
-        self.held -= sum(self.queued.values())
+        self._charge(-sum(self.queued.values()))
         self.queued.clear()
         if self.backend is not None and self.backend.transport is not None:
             self.backend.transport.close()
@@ -226,18 +225,21 @@ class _Conn(asyncio.Protocol):
             _reading(self.backend.transport, True)
 
     # -- budgets -------------------------------------------------------------------------
+    def _charge(self, n: int) -> None:
+        """Count n more bytes (fewer, if negative) held by this connection, and in all."""
+        self.held += n
+        self.server.held += n
+
     def _hold(self, ls: _Local, n: int) -> bool:
         """Hold n more bytes for ls, if the budgets allow."""
         if self.held + n > HELD_PER_CONNECTION or self.server.held + n > HELD_IN_ALL:
             return False
         ls.held += n
-        self.held += n
-        self.server.held += n
+        self._charge(n)
         return True
 
     def _unhold(self, ls: _Local) -> None:
-        self.held -= ls.held
-        self.server.held -= ls.held
+        self._charge(-ls.held)
         ls.held = 0
 
     def _on_client(self) -> None:
@@ -572,8 +574,7 @@ class _Conn(asyncio.Protocol):
         """Queue a frame of our own; never before the runtime's SETTINGS or inside its header block."""
         if flow and sid > 0:  # reply bytes count against the budgets until written
             self.queued[sid] = self.queued.get(sid, 0) + flow
-            self.held += flow
-            self.server.held += flow
+            self._charge(flow)
         (self.parked if self.back_hdr_open or not self.back_ready else self.out).append((data, flow, sid))
 
     def _drain(self) -> None:
@@ -592,8 +593,7 @@ class _Conn(asyncio.Protocol):
                         break
                     self.swin[sid] = window - flow
                     self.debt += flow
-                    self.held -= flow
-                    self.server.held -= flow
+                    self._charge(-flow)
                     left = self.queued[sid] - flow
                     if left:
                         self.queued[sid] = left
