@@ -23,6 +23,7 @@ sets how long each policy is churned (default 90); the figures are printed at th
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import threading
@@ -37,7 +38,7 @@ import pytest
 from resmgr.cri import api_pb2 as cri
 from resmgr.testing.containerd import PrivateContainerd
 from resmgr.topology.cpuset import CPUSet
-from tests.helpers import ONLINE, Cri, RelayProcess, container_config, pod_config, policy_relay
+from tests.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_config, pod_config, policy_relay
 
 pytestmark = [pytest.mark.soak, pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")]
 
@@ -235,13 +236,20 @@ class Kubelet:
 
 
 # -- what the node really runs ------------------------------------------------------------------
-def cgroup_cpus(cgroups_path: str) -> CPUSet | None:
-    for base in (Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
-        try:
-            return CPUSet.parse((base / cgroups_path.lstrip("/") / "cpuset.cpus").read_text())
-        except OSError:
+def live_cpusets(direct: Cri, states: tuple[int, ...], selector: dict[str, str] | None = None):
+    """(container, cgroup cpuset.cpus) of each container in states, read from the runtime and the cgroups."""
+    listed = direct.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
+        label_selector=selector or {})), timeout=10).containers
+    for c in listed:
+        if c.state not in states:
             continue
-    return None
+        try:
+            st = direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=10)
+            path = json.loads(st.info.get("info", "{}")).get("runtimeSpec", {}).get("linux", {}).get(
+                "cgroupsPath", "")
+            yield c, cgroup_cpus(os.path.dirname(path), os.path.basename(path))
+        except (grpc.RpcError, OSError):
+            continue  # removed meanwhile
 
 
 def check(direct: Cri, stats: Stats) -> list[str]:
@@ -249,17 +257,7 @@ def check(direct: Cri, stats: Stats) -> list[str]:
     holders: dict[str, CPUSet] = {}
     others: dict[str, tuple[str, CPUSet]] = {}
     degraded = 0
-    for c in direct.rt.ListContainers(cri.ListContainersRequest(), timeout=10).containers:
-        if c.state not in LIVE:
-            continue
-        try:
-            st = direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=10)
-        except grpc.RpcError:
-            continue  # removed meanwhile
-        path = json.loads(st.info.get("info", "{}")).get("runtimeSpec", {}).get("linux", {}).get("cgroupsPath", "")
-        cpus = cgroup_cpus(path)
-        if cpus is None:
-            continue
+    for c, cpus in live_cpusets(direct, LIVE):
         kind = c.labels.get("soak-kind", "?")
         if kind == "exclusive" and len(cpus) == 1:
             holders[c.id] = cpus
@@ -284,20 +282,8 @@ def check(direct: Cri, stats: Stats) -> list[str]:
 
 def exclusive_holders(direct: Cri) -> dict[str, CPUSet]:
     """Live exclusive containers holding one CPU, by ID."""
-    out = {}
-    for c in direct.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
-            label_selector={"soak-kind": "exclusive"})), timeout=10).containers:
-        if c.state != cri.CONTAINER_RUNNING:
-            continue
-        try:
-            st = direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=10)
-        except grpc.RpcError:
-            continue
-        path = json.loads(st.info.get("info", "{}")).get("runtimeSpec", {}).get("linux", {}).get("cgroupsPath", "")
-        cpus = cgroup_cpus(path)
-        if cpus is not None and len(cpus) == 1:
-            out[c.id] = cpus
-    return out
+    return {c.id: cpus for c, cpus in live_cpusets(direct, (cri.CONTAINER_RUNNING,), {"soak-kind": "exclusive"})
+            if len(cpus) == 1}
 
 
 def still_running(direct: Cri, ids: list[str]) -> bool:
