@@ -86,6 +86,14 @@ class Policy:
     def update(self, container: Container, requested: Resources, view: View) -> Decision:
         return Decision()
 
+    def resize(self, container: Container, pod: Pod, requested: Resources, view: View) -> Decision:
+        """In-place resize: place the container again for its new request, keeping what it can.
+
+        PolicyError: the new request cannot be met, and nothing changed. The default fits
+        policies without grants of their own.
+        """
+        return self.update(container, requested, view)
+
     def rebalance(self, view: View) -> Decision:
         """Re-place containers for a better fit; updates name every container that moved."""
         return Decision()

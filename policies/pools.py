@@ -8,7 +8,7 @@ change, each container whose effective CPU set moved is reported as an update.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
@@ -106,10 +106,10 @@ class PoolPolicy(Policy):
     def _allocate(self, container: Container, pod: Pod, view: View, keep: CPUSet) -> Decision:
         """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""
         req = container_requirements(container, pod)
+        before = self.pool_cpus()  # before the old grant goes: a re-allocation may free CPUs
         old = self.grants.pop(container.key, None)
         if old is not None:
             self._taken -= old.exclusive
-        before = self.pool_cpus()
         try:
             grant = self.place(container, pod, req)
         except PolicyError:
@@ -144,6 +144,11 @@ class PoolPolicy(Policy):
         if cpus is None:
             return Decision()
         return Decision(resources=requested.with_cpus(str(cpus)))
+
+    def resize(self, container: Container, pod: Pod, requested: Resources, view: View) -> Decision:
+        held = self.grants.get(container.key)
+        keep = held.exclusive if held is not None else EMPTY
+        return self._allocate(replace(container, requested=requested), pod, view, keep)
 
     def rename(self, old_key: str, new_key: str) -> None:
         if old_key in self.grants:

@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "release containers that exited or vanished, adopt ones made behind our back, update "
                         "containers whose CPUs or memory nodes differ from their grant (0: only after a failed "
                         "runtime call; default: %(default)ss)")
+    p.add_argument("--runtime-events", choices=["on", "off"], default="on",
+                   help="follow the runtime's container events (CRI GetContainerEvents), so an exited "
+                        "container's CPUs are given back at once rather than at the next reconciliation; "
+                        "runtimes without events fall back to reconciliation by themselves (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log level (default: %(default)s)")
     p.add_argument("--logger-debug", metavar="SOURCES", default="",
@@ -173,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                    dump_file=args.dump_file, shutdown_grace=args.shutdown_grace,
                    relay_mode=args.relay_mode, host_root=args.host_root,
                    rebalance_interval=args.rebalance_interval, reconcile_interval=args.reconcile_interval,
+                   runtime_events=args.runtime_events == "on",
                    config_socket=args.config_socket,
                    agent_socket=args.agent_socket, disable_policy_switch=args.disable_policy_switch,
                    resctrl_root=args.resctrl_path, cgroup_root=args.cgroup_root)

@@ -14,7 +14,7 @@ import grpc
 
 import policies
 from policies import PolicyError
-from resmgr import configserver, memory, statefile
+from resmgr import configserver, events, memory, statefile
 from resmgr.config import Config, ConfigError, validate
 from resmgr.control import Control, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers
@@ -57,6 +57,7 @@ class Options:
     resctrl_root: str = "/sys/fs/resctrl"
     rebalance_interval: float = 0.0  # seconds; 0: off
     reconcile_interval: float = 10.0  # seconds; 0: only when something failed
+    runtime_events: bool = True  # follow GetContainerEvents when the runtime serves it
 
 
 class StartupError(Exception):
@@ -250,6 +251,8 @@ class Daemon:
 
         loops = [asyncio.create_task(engine.run_reconciler(self.opts.reconcile_interval)),
                  asyncio.create_task(self._watch_runtime(runtime_ch, engine))]
+        if self.opts.runtime_events:
+            loops.append(asyncio.create_task(events.follow(engine, engine.runtime)))
         if self.opts.rebalance_interval > 0:
             loops.append(asyncio.create_task(self._rebalance(engine)))
         await self._stop.wait()

@@ -391,36 +391,92 @@ class Engine(Reconciling):
 
     async def update_container_resources(self, req: cri.UpdateContainerResourcesRequest,
                                          send: Send) -> cri.UpdateContainerResourcesResponse:
+        """kubelet's updates: an in-place resize re-allocates; the CPU manager's cpusets never win.
+
+        A field the request leaves at zero keeps its value (kubelet's CPU manager sends a cpuset
+        alone). A call that would change nothing the runtime holds is answered here.
+        """
         await self._until_reconciled()
         async with self._lock:
             c = self._find(req.container_id)
-            if c is not None and req.HasField("linux"):
-                requested = Resources.from_cri(req.linux)
-                decision = self.policy.update(c, requested, self.view())
-                if decision.resources is not None:
-                    decision.resources.to_cri(req.linux)
+            pod = self.pods.get(c.pod_id) if c is not None else None
+            if c is None or pod is None or not req.HasField("linux") or c.state == ContainerState.EXITED:
+                c = None
             else:
-                decision = Decision()
-        if c is not None:
-            await self._run_hooks("pre-update", c, self.pods.get(c.pod_id))
-        resp = await send(req)
-        if c is not None and req.HasField("linux"):
-            async with self._lock:
-                c.requested = requested
-                sent = Resources.from_cri(req.linux)
-                # Ask again: another decision may have moved this container meanwhile.
-                now = self.policy.update(c, requested, self.view())
-                c.resources = now.resources or sent
-                c.pending = c.resources != sent and c.state != ContainerState.EXITED
-                self._apply_decision(c, Decision(rdt_class=now.rdt_class, blockio_class=now.blockio_class))
-                self._record(decision.updates)
-                if c.pending:
-                    decision.updates[c.key] = c.resources
-            await self._apply_updates(decision)
-            self._controllers_apply(c)
-            await self._run_hooks("post-update", c, self.pods.get(c.pod_id))
-            await self.save()
+                before = c.requested
+                requested = before.merged(Resources.from_cri(req.linux))
+                resize = requested.cpu() != before.cpu() or \
+                    requested.memory_limit_in_bytes != before.memory_limit_in_bytes
+                if resize:  # PolicyError (RESOURCE_EXHAUSTED): the policy kept what it had
+                    decision = self.policy.resize(c, pod, requested, self.view())
+                else:
+                    decision = self.policy.update(c, requested, self.view())
+                wanted = decision.resources or requested
+                if not resize and self._changes_nothing(req, c, wanted):
+                    log.debug("UpdateContainerResources %s changes nothing; answered without the runtime", c.id)
+                    return cri.UpdateContainerResourcesResponse()
+                wanted.to_cri(req.linux)
+                self._record(decision.updates)  # pushed to the runtime once it took this one
+                moved, decision.updates = decision.updates, {}
+        if c is None:
+            return await send(req)
+        await self._run_hooks("pre-update", c, pod)
+        try:
+            resp = await send(req)
+        except BaseException:
+            if resize:
+                await self._undo_resize(c, pod, before)
+            raise
+        async with self._lock:
+            c.requested = requested
+            sent = Resources.from_cri(req.linux)
+            # Ask again: another decision may have moved this container meanwhile.
+            now = self.policy.update(c, requested, self.view())
+            c.resources = now.resources or sent
+            c.pending = c.resources != sent and c.state != ContainerState.EXITED
+            self._apply_decision(c, Decision(rdt_class=now.rdt_class, blockio_class=now.blockio_class))
+            decision.updates = dict(moved)
+            if c.pending:
+                decision.updates[c.key] = c.resources
+        if resize:
+            log.info("container %s resized: cpu shares/quota/period %s, memory %d, cpus %s; %d other(s) moved",
+                     c.id, "/".join(map(str, requested.cpu())), requested.memory_limit_in_bytes,
+                     c.resources.cpuset_cpus or "any", len(moved))
+        await self._apply_updates(decision)
+        self._controllers_apply(c)
+        await self._run_hooks("post-update", c, pod)
+        await self.save()
         return resp
+
+    @staticmethod
+    def _changes_nothing(req: cri.UpdateContainerResourcesRequest, c: Container, wanted: Resources) -> bool:
+        """Whether forwarding req would leave the container as the runtime already holds it.
+
+        Only when the request holds nothing but fields we model, what we recorded is confirmed
+        by the runtime (not pending), and every field it names equals the applied value.
+        """
+        if c.pending or req.annotations or req.HasField("windows") or wanted != c.resources:
+            return False
+        asked = Resources.from_cri(req.linux)
+        if asked.to_cri().SerializeToString(deterministic=True) != req.linux.SerializeToString(deterministic=True):
+            return False  # fields we do not model (or unknown ones): the runtime must see them
+        asked.cpuset_cpus, asked.cpuset_mems = c.resources.cpuset_cpus, c.resources.cpuset_mems
+        return c.resources.merged(asked) == c.resources
+
+    async def _undo_resize(self, c: Container, pod: Pod, before: Resources) -> None:
+        """The runtime refused (or may not have taken) a resize: place the container as it was asked before."""
+        async with self._lock:
+            try:
+                undo = self.policy.resize(c, pod, before, self.view())
+            except Exception as err:
+                log.error("undoing the resize of container %s failed: %s", c.id, brief(err))
+                return
+            if undo.resources is not None:
+                c.resources, c.pending = undo.resources, True
+                undo.updates[c.key] = undo.resources
+            self._record(undo.updates)
+        self.wake()
+        await self._apply_updates(undo)
 
     async def stop_container(self, req: cri.StopContainerRequest,
                              send: Send) -> cri.StopContainerResponse:
@@ -440,8 +496,38 @@ class Engine(Reconciling):
         await self._apply_updates(decision)
         if c is not None:
             await self._run_hooks(hook, c, self.pods.get(c.pod_id))
-            await self.save()
+        await self.save()  # also when an event got there first: its save may not be on disk yet
         return resp
+
+    async def container_event(self, event: cri.ContainerEventResponse) -> None:
+        """A runtime event: a container that stopped or was deleted gives back what it holds.
+
+        It stays in the state: the caller's own StopContainer/RemoveContainer (its hooks) or the
+        next reconciliation round forgets it.
+        """
+        kind = event.container_event_type
+        if not event.container_id or event.container_id == event.pod_sandbox_status.id:
+            return  # a pod sandbox's own event: pods hold nothing
+        if kind == cri.CONTAINER_CREATED_EVENT:
+            if event.container_id not in self.containers and not self._creating(event):
+                self.wake()  # made behind our back: adopt it
+            return
+        if kind not in (cri.CONTAINER_STOPPED_EVENT, cri.CONTAINER_DELETED_EVENT):
+            return
+        async with self._lock:
+            c = self._find(event.container_id)
+            if c is None or c.state == ContainerState.EXITED:
+                return
+            decision = self._release(c)
+            self._record(decision.updates)
+        log.debug("container %s stopped: released, %d container(s) move", c.id, len(decision.updates))
+        await self._apply_updates(decision)
+        await self.save()
+
+    def _creating(self, event: cri.ContainerEventResponse) -> bool:
+        """Whether one of our own creates in that pod has not returned yet."""
+        pod_id = event.pod_sandbox_status.id
+        return any(not c.id and (not pod_id or c.pod_id == pod_id) for c in self.containers.values())
 
     async def switch_policy(self, new: Policy) -> None:
         """Re-allocate every container under another policy (PolicyError: nothing changed)."""

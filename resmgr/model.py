@@ -89,6 +89,19 @@ class Resources:
         msg.unified.update(self.unified)
         return msg
 
+    def cpu(self) -> tuple[int, int, int]:
+        """The CPU request and limit as the runtime gets them: shares, quota, period."""
+        return self.cpu_shares, self.cpu_quota, self.cpu_period
+
+    def merged(self, newer: Resources) -> Resources:
+        """These values with every field newer specifies (non-zero, non-empty) taken from newer."""
+        out = dataclasses.replace(self)
+        for f in dataclasses.fields(self):
+            value = getattr(newer, f.name)
+            if value:
+                setattr(out, f.name, value)
+        return out
+
     def with_cpus(self, cpuset_cpus: str) -> Resources:
         """A copy with another cpuset (cheaper than dataclasses.replace, used per shared container)."""
         out = object.__new__(Resources)

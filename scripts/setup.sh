@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 # fuse3/libfuse3-3: the tests serve a resctrl filesystem with FUSE (this kernel has no RDT).
-for pkg in containerd runc containernetworking-plugins iptables busybox-static gcc libc6-dev curl fuse3 libfuse3-3; do
+# libseccomp-dev: runc is built with seccomp support. containerd and runc themselves are built
+# from the Go module proxy (scripts/build-runtime.sh), not taken from Debian.
+for pkg in containernetworking-plugins iptables busybox-static gcc libc6-dev libseccomp-dev pkg-config curl fuse3 libfuse3-3; do
     have_pkg "$pkg" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -26,3 +28,12 @@ if [ ! -x .venv/bin/python ]; then
     fi
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+# containerd 2.x, runc, crictl and critest at the versions tools/go/*/go.mod pin.
+bin=${CRI_RESMGR_CACHE:-$HOME/.cache/cri-resmgr}/bin
+mkdir -p "$bin"
+for dir in $(scripts/build-runtime.sh); do
+    for exe in "$dir"/*; do
+        ln -sfn "$exe" "$bin/$(basename "$exe")"
+    done
+done

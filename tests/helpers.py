@@ -267,3 +267,31 @@ def refused_create(via: Cri, workdir: Path, pods: list[str], annotations: dict[s
     with pytest.raises(grpc.RpcError) as info:
         via.create(pods[-1], cfg, container_config())
     return info.value
+
+
+GUARANTEED_CPU = cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000,
+                                             memory_limit_in_bytes=64 << 20)
+SHARED = cri.LinuxContainerResources(cpu_shares=2)
+
+
+class Pods:
+    """Pods made through one client, all removed at the end."""
+
+    def __init__(self, client: Cri, workdir: Path) -> None:
+        self.client, self.workdir, self.ids = client, workdir, []
+
+    def run(self, qos: str, resources: cri.LinuxContainerResources, command: list[str] | None = None,
+            annotations: dict[str, str] | None = None) -> tuple[cri.PodSandboxConfig, str, str]:
+        cfg = pod_config(qos=qos, logdir=str(self.workdir / "logs"))
+        pod = self.client.run_pod(cfg)
+        self.ids.append(pod)
+        config = container_config(command=command, resources=resources)
+        config.annotations.update(annotations or {})
+        return cfg, pod, self.client.run_container(pod, cfg, config)
+
+    def remove_all(self) -> None:
+        for pod in self.ids:
+            try:
+                self.client.remove_pod(pod)
+            except grpc.RpcError:
+                pass

@@ -16,8 +16,11 @@ from resmgr.cri import api_pb2 as cri
 from resmgr.relay import frames as h2
 from resmgr.testing.containerd import PrivateContainerd
 from tests.helpers import (
+    GUARANTEED_CPU,
     ONLINE,
+    SHARED,
     Cri,
+    Pods,
     RelayProcess,
     cgroup_cpus,
     container_config,
@@ -28,11 +31,6 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.skipif(len(ONLINE) != 2, reason="counts on 2 CPUs: one exclusive grant fills the machine")
 
-GUARANTEED_CPU = cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000,
-                                             memory_limit_in_bytes=64 << 20)
-SHARED = cri.LinuxContainerResources(cpu_shares=2)
-
-
 @pytest.fixture
 def static_relay(containerd, workdir, relay_mode):
     relay = policy_relay(workdir, containerd.socket, "static", "--relay-mode", relay_mode, "--reconcile-interval",
@@ -40,29 +38,6 @@ def static_relay(containerd, workdir, relay_mode):
     yield relay
     if relay.proc is not None:
         relay.stop()
-
-
-class Pods:
-    """Pods made through one client, all removed at the end."""
-
-    def __init__(self, client: Cri, workdir: Path) -> None:
-        self.client, self.workdir, self.ids = client, workdir, []
-
-    def run(self, qos: str, resources: cri.LinuxContainerResources, command: list[str] | None = None,
-            annotations: dict[str, str] | None = None) -> tuple[cri.PodSandboxConfig, str, str]:
-        cfg = pod_config(qos=qos, logdir=str(self.workdir / "logs"))
-        pod = self.client.run_pod(cfg)
-        self.ids.append(pod)
-        config = container_config(command=command, resources=resources)
-        config.annotations.update(annotations or {})
-        return cfg, pod, self.client.run_container(pod, cfg, config)
-
-    def remove_all(self) -> None:
-        for pod in self.ids:
-            try:
-                self.client.remove_pod(pod)
-            except grpc.RpcError:
-                pass
 
 
 @pytest.fixture
@@ -101,8 +76,13 @@ def test_a_container_with_text_that_is_not_utf8_made_behind_our_back_is_adopted(
                                          sandbox_config=cfg)
         req.config.annotations["note"] = "MARKER"
         raw = req.SerializeToString().replace(b"MARKER", b"\xff\xfe\xc3\x28xx")
-        bad = cri.CreateContainerResponse.FromString(
-            direct.channel.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(raw, timeout=30)).container_id
+        try:
+            bad = cri.CreateContainerResponse.FromString(
+                direct.channel.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(raw, timeout=30)).container_id
+        except grpc.RpcError as err:  # containerd 2.x checks UTF-8 itself; 1.6 and 1.7 do not
+            if "UTF-8" not in (err.details() or ""):
+                raise
+            pytest.skip("this runtime refuses text that is not UTF-8, so it never returns any")
         direct.start(bad)
         assert cgroup_cpus(cfg, bad) == ONLINE
         static_relay.start()  # start-up does not fail because of it ...

@@ -53,7 +53,8 @@ def test_version_status_and_images_match(direct, via):
 def test_errors_reach_caller_unchanged(direct, via, method, request_msg):
     d = outcome(getattr(direct.rt, method), request_msg, timeout=10)
     v = outcome(getattr(via.rt, method), request_msg, timeout=10)
-    assert d[0] != "OK"
+    # containerd 2.x answers StopContainer of an unknown container with success (CRI: idempotent).
+    assert d[0] != "OK" or method == "StopContainer"
     assert v == d
 
 
@@ -166,7 +167,10 @@ def test_events_stream_is_relayed(direct, via, tmp_path):
     try:
         def next_or_error(stream):
             try:
-                return "OK", next(stream).pod_sandbox_status.id
+                while True:  # the runtime is shared: skip what earlier tests' clean-up still reports
+                    event = next(stream)
+                    if event.pod_sandbox_status.id == pod_id:
+                        return "OK", pod_id
             except grpc.RpcError as err:
                 return err.code().name, err.details()
 

@@ -109,7 +109,10 @@ class Kubelet:
             except grpc.RpcError as err:
                 if err.code() in done_codes:
                     return None
-                if err.code() not in RETRIED:
+                # A name still reserved by the runtime for an earlier attempt that is still in
+                # progress there (its caller was cut off): kubelet tries again at its next sync.
+                reserved = err.code() == grpc.StatusCode.FAILED_PRECONDITION and "is reserved for" in err.details()
+                if err.code() not in RETRIED and not reserved:
                     raise
             finally:
                 self.in_call = ""

@@ -255,7 +255,6 @@ def test_intercepted_requests_keep_fields_our_schema_lacks(backend, relay_to_fak
     raw = req.SerializeToString() + unknown
     with relay_to_fake.channel() as ch:
         ch.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(raw, timeout=5)
-    method, seen = backend.seen_requests[-1]
-    assert method == "/runtime.v1.RuntimeService/CreateContainer"
+    seen = [r for m, r in backend.seen_requests if m == "/runtime.v1.RuntimeService/CreateContainer"][-1]
     assert unknown in seen
     assert cri.CreateContainerRequest.FromString(seen).pod_sandbox_id == "pod-x"

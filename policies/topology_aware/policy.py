@@ -480,6 +480,13 @@ class TopologyAwarePolicy(Policy):
             g = self.grants[container.key]
         return Decision(resources=self._resources(requested, g))
 
+    def resize(self, container: Container, pod: Pod, requested: Resources, view: View) -> Decision:
+        held = self.grants.get(container.key)
+        if held is not None and not held.exclusive and requested.cpu() == container.requested.cpu():
+            return self.update(container, requested, view)  # memory alone: re-accounted where it is
+        keep = held.exclusive if held is not None else EMPTY
+        return self._allocate(replace(container, requested=requested), pod, view, keep)
+
     def _guard_memory(self, keys: list[str]) -> None:
         """Widen the memory of grants that no longer fit to the nearest pool up that fits."""
         for key in keys:

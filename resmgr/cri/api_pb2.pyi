@@ -59,6 +59,75 @@ class CgroupDriver(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SYSTEMD: _ClassVar[CgroupDriver]
     CGROUPFS: _ClassVar[CgroupDriver]
+
+class Signal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SIGNAL_RUNTIME_DEFAULT: _ClassVar[Signal]
+    SIGNAL_SIGABRT: _ClassVar[Signal]
+    SIGNAL_SIGALRM: _ClassVar[Signal]
+    SIGNAL_SIGBUS: _ClassVar[Signal]
+    SIGNAL_SIGCHLD: _ClassVar[Signal]
+    SIGNAL_SIGCLD: _ClassVar[Signal]
+    SIGNAL_SIGCONT: _ClassVar[Signal]
+    SIGNAL_SIGFPE: _ClassVar[Signal]
+    SIGNAL_SIGHUP: _ClassVar[Signal]
+    SIGNAL_SIGILL: _ClassVar[Signal]
+    SIGNAL_SIGINT: _ClassVar[Signal]
+    SIGNAL_SIGIO: _ClassVar[Signal]
+    SIGNAL_SIGIOT: _ClassVar[Signal]
+    SIGNAL_SIGKILL: _ClassVar[Signal]
+    SIGNAL_SIGPIPE: _ClassVar[Signal]
+    SIGNAL_SIGPOLL: _ClassVar[Signal]
+    SIGNAL_SIGPROF: _ClassVar[Signal]
+    SIGNAL_SIGPWR: _ClassVar[Signal]
+    SIGNAL_SIGQUIT: _ClassVar[Signal]
+    SIGNAL_SIGSEGV: _ClassVar[Signal]
+    SIGNAL_SIGSTKFLT: _ClassVar[Signal]
+    SIGNAL_SIGSTOP: _ClassVar[Signal]
+    SIGNAL_SIGSYS: _ClassVar[Signal]
+    SIGNAL_SIGTERM: _ClassVar[Signal]
+    SIGNAL_SIGTRAP: _ClassVar[Signal]
+    SIGNAL_SIGTSTP: _ClassVar[Signal]
+    SIGNAL_SIGTTIN: _ClassVar[Signal]
+    SIGNAL_SIGTTOU: _ClassVar[Signal]
+    SIGNAL_SIGURG: _ClassVar[Signal]
+    SIGNAL_SIGUSR1: _ClassVar[Signal]
+    SIGNAL_SIGUSR2: _ClassVar[Signal]
+    SIGNAL_SIGVTALRM: _ClassVar[Signal]
+    SIGNAL_SIGWINCH: _ClassVar[Signal]
+    SIGNAL_SIGXCPU: _ClassVar[Signal]
+    SIGNAL_SIGXFSZ: _ClassVar[Signal]
+    SIGNAL_SIGRTMIN: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS1: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS2: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS3: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS4: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS5: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS6: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS7: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS8: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS9: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS10: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS11: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS12: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS13: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS14: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS15: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS14: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS13: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS12: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS11: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS10: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS9: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS8: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS7: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS6: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS5: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS4: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS3: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS2: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS1: _ClassVar[Signal]
+    SIGNAL_SIGRTMAX: _ClassVar[Signal]
 TCP: Protocol
 UDP: Protocol
 SCTP: Protocol
@@ -85,6 +154,72 @@ COUNTER: MetricType
 GAUGE: MetricType
 SYSTEMD: CgroupDriver
 CGROUPFS: CgroupDriver
+SIGNAL_RUNTIME_DEFAULT: Signal
+SIGNAL_SIGABRT: Signal
+SIGNAL_SIGALRM: Signal
+SIGNAL_SIGBUS: Signal
+SIGNAL_SIGCHLD: Signal
+SIGNAL_SIGCLD: Signal
+SIGNAL_SIGCONT: Signal
+SIGNAL_SIGFPE: Signal
+SIGNAL_SIGHUP: Signal
+SIGNAL_SIGILL: Signal
+SIGNAL_SIGINT: Signal
+SIGNAL_SIGIO: Signal
+SIGNAL_SIGIOT: Signal
+SIGNAL_SIGKILL: Signal
+SIGNAL_SIGPIPE: Signal
+SIGNAL_SIGPOLL: Signal
+SIGNAL_SIGPROF: Signal
+SIGNAL_SIGPWR: Signal
+SIGNAL_SIGQUIT: Signal
+SIGNAL_SIGSEGV: Signal
+SIGNAL_SIGSTKFLT: Signal
+SIGNAL_SIGSTOP: Signal
+SIGNAL_SIGSYS: Signal
+SIGNAL_SIGTERM: Signal
+SIGNAL_SIGTRAP: Signal
+SIGNAL_SIGTSTP: Signal
+SIGNAL_SIGTTIN: Signal
+SIGNAL_SIGTTOU: Signal
+SIGNAL_SIGURG: Signal
+SIGNAL_SIGUSR1: Signal
+SIGNAL_SIGUSR2: Signal
+SIGNAL_SIGVTALRM: Signal
+SIGNAL_SIGWINCH: Signal
+SIGNAL_SIGXCPU: Signal
+SIGNAL_SIGXFSZ: Signal
+SIGNAL_SIGRTMIN: Signal
+SIGNAL_SIGRTMINPLUS1: Signal
+SIGNAL_SIGRTMINPLUS2: Signal
+SIGNAL_SIGRTMINPLUS3: Signal
+SIGNAL_SIGRTMINPLUS4: Signal
+SIGNAL_SIGRTMINPLUS5: Signal
+SIGNAL_SIGRTMINPLUS6: Signal
+SIGNAL_SIGRTMINPLUS7: Signal
+SIGNAL_SIGRTMINPLUS8: Signal
+SIGNAL_SIGRTMINPLUS9: Signal
+SIGNAL_SIGRTMINPLUS10: Signal
+SIGNAL_SIGRTMINPLUS11: Signal
+SIGNAL_SIGRTMINPLUS12: Signal
+SIGNAL_SIGRTMINPLUS13: Signal
+SIGNAL_SIGRTMINPLUS14: Signal
+SIGNAL_SIGRTMINPLUS15: Signal
+SIGNAL_SIGRTMAXMINUS14: Signal
+SIGNAL_SIGRTMAXMINUS13: Signal
+SIGNAL_SIGRTMAXMINUS12: Signal
+SIGNAL_SIGRTMAXMINUS11: Signal
+SIGNAL_SIGRTMAXMINUS10: Signal
+SIGNAL_SIGRTMAXMINUS9: Signal
+SIGNAL_SIGRTMAXMINUS8: Signal
+SIGNAL_SIGRTMAXMINUS7: Signal
+SIGNAL_SIGRTMAXMINUS6: Signal
+SIGNAL_SIGRTMAXMINUS5: Signal
+SIGNAL_SIGRTMAXMINUS4: Signal
+SIGNAL_SIGRTMAXMINUS3: Signal
+SIGNAL_SIGRTMAXMINUS2: Signal
+SIGNAL_SIGRTMAXMINUS1: Signal
+SIGNAL_SIGRTMAX: Signal
 
 class VersionRequest(_message.Message):
     __slots__ = ("version",)
@@ -127,7 +262,7 @@ class PortMapping(_message.Message):
     def __init__(self, protocol: _Optional[_Union[Protocol, str]] = ..., container_port: _Optional[int] = ..., host_port: _Optional[int] = ..., host_ip: _Optional[str] = ...) -> None: ...
 
 class Mount(_message.Message):
-    __slots__ = ("container_path", "host_path", "readonly", "selinux_relabel", "propagation", "uidMappings", "gidMappings", "recursive_read_only", "image")
+    __slots__ = ("container_path", "host_path", "readonly", "selinux_relabel", "propagation", "uidMappings", "gidMappings", "recursive_read_only", "image", "image_sub_path", "mount_options")
     CONTAINER_PATH_FIELD_NUMBER: _ClassVar[int]
     HOST_PATH_FIELD_NUMBER: _ClassVar[int]
     READONLY_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +272,8 @@ class Mount(_message.Message):
     GIDMAPPINGS_FIELD_NUMBER: _ClassVar[int]
     RECURSIVE_READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_SUB_PATH_FIELD_NUMBER: _ClassVar[int]
+    MOUNT_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     container_path: str
     host_path: str
     readonly: bool
@@ -146,7 +283,9 @@ class Mount(_message.Message):
     gidMappings: _containers.RepeatedCompositeFieldContainer[IDMapping]
     recursive_read_only: bool
     image: ImageSpec
-    def __init__(self, container_path: _Optional[str] = ..., host_path: _Optional[str] = ..., readonly: _Optional[bool] = ..., selinux_relabel: _Optional[bool] = ..., propagation: _Optional[_Union[MountPropagation, str]] = ..., uidMappings: _Optional[_Iterable[_Union[IDMapping, _Mapping]]] = ..., gidMappings: _Optional[_Iterable[_Union[IDMapping, _Mapping]]] = ..., recursive_read_only: _Optional[bool] = ..., image: _Optional[_Union[ImageSpec, _Mapping]] = ...) -> None: ...
+    image_sub_path: str
+    mount_options: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, container_path: _Optional[str] = ..., host_path: _Optional[str] = ..., readonly: _Optional[bool] = ..., selinux_relabel: _Optional[bool] = ..., propagation: _Optional[_Union[MountPropagation, str]] = ..., uidMappings: _Optional[_Iterable[_Union[IDMapping, _Mapping]]] = ..., gidMappings: _Optional[_Iterable[_Union[IDMapping, _Mapping]]] = ..., recursive_read_only: _Optional[bool] = ..., image: _Optional[_Union[ImageSpec, _Mapping]] = ..., image_sub_path: _Optional[str] = ..., mount_options: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class IDMapping(_message.Message):
     __slots__ = ("host_id", "container_id", "length")
@@ -565,18 +704,20 @@ class PodSandboxStats(_message.Message):
     def __init__(self, attributes: _Optional[_Union[PodSandboxAttributes, _Mapping]] = ..., linux: _Optional[_Union[LinuxPodSandboxStats, _Mapping]] = ..., windows: _Optional[_Union[WindowsPodSandboxStats, _Mapping]] = ...) -> None: ...
 
 class LinuxPodSandboxStats(_message.Message):
-    __slots__ = ("cpu", "memory", "network", "process", "containers")
+    __slots__ = ("cpu", "memory", "network", "process", "containers", "io")
     CPU_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    IO_FIELD_NUMBER: _ClassVar[int]
     cpu: CpuUsage
     memory: MemoryUsage
     network: NetworkUsage
     process: ProcessUsage
     containers: _containers.RepeatedCompositeFieldContainer[ContainerStats]
-    def __init__(self, cpu: _Optional[_Union[CpuUsage, _Mapping]] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ..., network: _Optional[_Union[NetworkUsage, _Mapping]] = ..., process: _Optional[_Union[ProcessUsage, _Mapping]] = ..., containers: _Optional[_Iterable[_Union[ContainerStats, _Mapping]]] = ...) -> None: ...
+    io: IoUsage
+    def __init__(self, cpu: _Optional[_Union[CpuUsage, _Mapping]] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ..., network: _Optional[_Union[NetworkUsage, _Mapping]] = ..., process: _Optional[_Union[ProcessUsage, _Mapping]] = ..., containers: _Optional[_Iterable[_Union[ContainerStats, _Mapping]]] = ..., io: _Optional[_Union[IoUsage, _Mapping]] = ...) -> None: ...
 
 class WindowsPodSandboxStats(_message.Message):
     __slots__ = ("cpu", "memory", "network", "process", "containers")
@@ -657,7 +798,7 @@ class WindowsProcessUsage(_message.Message):
     def __init__(self, timestamp: _Optional[int] = ..., process_count: _Optional[_Union[UInt64Value, _Mapping]] = ...) -> None: ...
 
 class ImageSpec(_message.Message):
-    __slots__ = ("image", "annotations", "user_specified_image", "runtime_handler")
+    __slots__ = ("image", "annotations", "user_specified_image", "runtime_handler", "image_ref")
     class AnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -669,19 +810,21 @@ class ImageSpec(_message.Message):
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     USER_SPECIFIED_IMAGE_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_HANDLER_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_REF_FIELD_NUMBER: _ClassVar[int]
     image: str
     annotations: _containers.ScalarMap[str, str]
     user_specified_image: str
     runtime_handler: str
-    def __init__(self, image: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., user_specified_image: _Optional[str] = ..., runtime_handler: _Optional[str] = ...) -> None: ...
+    image_ref: str
+    def __init__(self, image: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., user_specified_image: _Optional[str] = ..., runtime_handler: _Optional[str] = ..., image_ref: _Optional[str] = ...) -> None: ...
 
 class KeyValue(_message.Message):
     __slots__ = ("key", "value")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     key: str
-    value: str
-    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    value: bytes
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class LinuxContainerResources(_message.Message):
     __slots__ = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj", "cpuset_cpus", "cpuset_mems", "hugepage_limits", "unified", "memory_swap_limit_in_bytes")
@@ -891,7 +1034,7 @@ class CDIDevice(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class ContainerConfig(_message.Message):
-    __slots__ = ("metadata", "image", "command", "args", "working_dir", "envs", "mounts", "devices", "labels", "annotations", "log_path", "stdin", "stdin_once", "tty", "linux", "windows", "CDI_devices")
+    __slots__ = ("metadata", "image", "command", "args", "working_dir", "envs", "mounts", "devices", "labels", "annotations", "log_path", "stdin", "stdin_once", "tty", "linux", "windows", "CDI_devices", "stop_signal")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -923,6 +1066,7 @@ class ContainerConfig(_message.Message):
     LINUX_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     CDI_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    STOP_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     metadata: ContainerMetadata
     image: ImageSpec
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -940,7 +1084,8 @@ class ContainerConfig(_message.Message):
     linux: LinuxContainerConfig
     windows: WindowsContainerConfig
     CDI_devices: _containers.RepeatedCompositeFieldContainer[CDIDevice]
-    def __init__(self, metadata: _Optional[_Union[ContainerMetadata, _Mapping]] = ..., image: _Optional[_Union[ImageSpec, _Mapping]] = ..., command: _Optional[_Iterable[str]] = ..., args: _Optional[_Iterable[str]] = ..., working_dir: _Optional[str] = ..., envs: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., log_path: _Optional[str] = ..., stdin: _Optional[bool] = ..., stdin_once: _Optional[bool] = ..., tty: _Optional[bool] = ..., linux: _Optional[_Union[LinuxContainerConfig, _Mapping]] = ..., windows: _Optional[_Union[WindowsContainerConfig, _Mapping]] = ..., CDI_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ...) -> None: ...
+    stop_signal: Signal
+    def __init__(self, metadata: _Optional[_Union[ContainerMetadata, _Mapping]] = ..., image: _Optional[_Union[ImageSpec, _Mapping]] = ..., command: _Optional[_Iterable[str]] = ..., args: _Optional[_Iterable[str]] = ..., working_dir: _Optional[str] = ..., envs: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., log_path: _Optional[str] = ..., stdin: _Optional[bool] = ..., stdin_once: _Optional[bool] = ..., tty: _Optional[bool] = ..., linux: _Optional[_Union[LinuxContainerConfig, _Mapping]] = ..., windows: _Optional[_Union[WindowsContainerConfig, _Mapping]] = ..., CDI_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ..., stop_signal: _Optional[_Union[Signal, str]] = ...) -> None: ...
 
 class CreateContainerRequest(_message.Message):
     __slots__ = ("pod_sandbox_id", "config", "sandbox_config")
@@ -1074,7 +1219,7 @@ class ContainerStatusRequest(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., verbose: _Optional[bool] = ...) -> None: ...
 
 class ContainerStatus(_message.Message):
-    __slots__ = ("id", "metadata", "state", "created_at", "started_at", "finished_at", "exit_code", "image", "image_ref", "reason", "message", "labels", "annotations", "mounts", "log_path", "resources", "image_id", "user", "image_source")
+    __slots__ = ("id", "metadata", "state", "created_at", "started_at", "finished_at", "exit_code", "image", "image_ref", "reason", "message", "labels", "annotations", "mounts", "log_path", "resources", "image_id", "user", "stop_signal")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1107,7 +1252,7 @@ class ContainerStatus(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     IMAGE_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STOP_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     id: str
     metadata: ContainerMetadata
     state: ContainerState
@@ -1126,8 +1271,8 @@ class ContainerStatus(_message.Message):
     resources: ContainerResources
     image_id: str
     user: ContainerUser
-    image_source: str
-    def __init__(self, id: _Optional[str] = ..., metadata: _Optional[_Union[ContainerMetadata, _Mapping]] = ..., state: _Optional[_Union[ContainerState, str]] = ..., created_at: _Optional[int] = ..., started_at: _Optional[int] = ..., finished_at: _Optional[int] = ..., exit_code: _Optional[int] = ..., image: _Optional[_Union[ImageSpec, _Mapping]] = ..., image_ref: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., log_path: _Optional[str] = ..., resources: _Optional[_Union[ContainerResources, _Mapping]] = ..., image_id: _Optional[str] = ..., user: _Optional[_Union[ContainerUser, _Mapping]] = ..., image_source: _Optional[str] = ...) -> None: ...
+    stop_signal: Signal
+    def __init__(self, id: _Optional[str] = ..., metadata: _Optional[_Union[ContainerMetadata, _Mapping]] = ..., state: _Optional[_Union[ContainerState, str]] = ..., created_at: _Optional[int] = ..., started_at: _Optional[int] = ..., finished_at: _Optional[int] = ..., exit_code: _Optional[int] = ..., image: _Optional[_Union[ImageSpec, _Mapping]] = ..., image_ref: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., log_path: _Optional[str] = ..., resources: _Optional[_Union[ContainerResources, _Mapping]] = ..., image_id: _Optional[str] = ..., user: _Optional[_Union[ContainerUser, _Mapping]] = ..., stop_signal: _Optional[_Union[Signal, str]] = ...) -> None: ...
 
 class ContainerStatusResponse(_message.Message):
     __slots__ = ("status", "info")
@@ -1270,7 +1415,7 @@ class ListImagesRequest(_message.Message):
     def __init__(self, filter: _Optional[_Union[ImageFilter, _Mapping]] = ...) -> None: ...
 
 class Image(_message.Message):
-    __slots__ = ("id", "repo_tags", "repo_digests", "size", "uid", "username", "spec", "pinned", "image_source")
+    __slots__ = ("id", "repo_tags", "repo_digests", "size", "uid", "username", "spec", "pinned")
     ID_FIELD_NUMBER: _ClassVar[int]
     REPO_TAGS_FIELD_NUMBER: _ClassVar[int]
     REPO_DIGESTS_FIELD_NUMBER: _ClassVar[int]
@@ -1279,7 +1424,6 @@ class Image(_message.Message):
     USERNAME_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     id: str
     repo_tags: _containers.RepeatedScalarFieldContainer[str]
     repo_digests: _containers.RepeatedScalarFieldContainer[str]
@@ -1288,8 +1432,7 @@ class Image(_message.Message):
     username: str
     spec: ImageSpec
     pinned: bool
-    image_source: str
-    def __init__(self, id: _Optional[str] = ..., repo_tags: _Optional[_Iterable[str]] = ..., repo_digests: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ..., uid: _Optional[_Union[Int64Value, _Mapping]] = ..., username: _Optional[str] = ..., spec: _Optional[_Union[ImageSpec, _Mapping]] = ..., pinned: _Optional[bool] = ..., image_source: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., repo_tags: _Optional[_Iterable[str]] = ..., repo_digests: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ..., uid: _Optional[_Union[Int64Value, _Mapping]] = ..., username: _Optional[str] = ..., spec: _Optional[_Union[ImageSpec, _Mapping]] = ..., pinned: _Optional[bool] = ...) -> None: ...
 
 class ListImagesResponse(_message.Message):
     __slots__ = ("images",)
@@ -1425,10 +1568,14 @@ class RuntimeHandler(_message.Message):
     def __init__(self, name: _Optional[str] = ..., features: _Optional[_Union[RuntimeHandlerFeatures, _Mapping]] = ...) -> None: ...
 
 class RuntimeFeatures(_message.Message):
-    __slots__ = ("supplemental_groups_policy",)
+    __slots__ = ("supplemental_groups_policy", "user_namespaces_host_network", "mount_options")
     SUPPLEMENTAL_GROUPS_POLICY_FIELD_NUMBER: _ClassVar[int]
+    USER_NAMESPACES_HOST_NETWORK_FIELD_NUMBER: _ClassVar[int]
+    MOUNT_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     supplemental_groups_policy: bool
-    def __init__(self, supplemental_groups_policy: _Optional[bool] = ...) -> None: ...
+    user_namespaces_host_network: bool
+    mount_options: bool
+    def __init__(self, supplemental_groups_policy: _Optional[bool] = ..., user_namespaces_host_network: _Optional[bool] = ..., mount_options: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("status", "info", "runtime_handlers", "features")
@@ -1563,18 +1710,20 @@ class ContainerAttributes(_message.Message):
     def __init__(self, id: _Optional[str] = ..., metadata: _Optional[_Union[ContainerMetadata, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ContainerStats(_message.Message):
-    __slots__ = ("attributes", "cpu", "memory", "writable_layer", "swap")
+    __slots__ = ("attributes", "cpu", "memory", "writable_layer", "swap", "io")
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     CPU_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     WRITABLE_LAYER_FIELD_NUMBER: _ClassVar[int]
     SWAP_FIELD_NUMBER: _ClassVar[int]
+    IO_FIELD_NUMBER: _ClassVar[int]
     attributes: ContainerAttributes
     cpu: CpuUsage
     memory: MemoryUsage
     writable_layer: FilesystemUsage
     swap: SwapUsage
-    def __init__(self, attributes: _Optional[_Union[ContainerAttributes, _Mapping]] = ..., cpu: _Optional[_Union[CpuUsage, _Mapping]] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ..., writable_layer: _Optional[_Union[FilesystemUsage, _Mapping]] = ..., swap: _Optional[_Union[SwapUsage, _Mapping]] = ...) -> None: ...
+    io: IoUsage
+    def __init__(self, attributes: _Optional[_Union[ContainerAttributes, _Mapping]] = ..., cpu: _Optional[_Union[CpuUsage, _Mapping]] = ..., memory: _Optional[_Union[MemoryUsage, _Mapping]] = ..., writable_layer: _Optional[_Union[FilesystemUsage, _Mapping]] = ..., swap: _Optional[_Union[SwapUsage, _Mapping]] = ..., io: _Optional[_Union[IoUsage, _Mapping]] = ...) -> None: ...
 
 class WindowsContainerStats(_message.Message):
     __slots__ = ("attributes", "cpu", "memory", "writable_layer")
@@ -1589,14 +1738,16 @@ class WindowsContainerStats(_message.Message):
     def __init__(self, attributes: _Optional[_Union[ContainerAttributes, _Mapping]] = ..., cpu: _Optional[_Union[WindowsCpuUsage, _Mapping]] = ..., memory: _Optional[_Union[WindowsMemoryUsage, _Mapping]] = ..., writable_layer: _Optional[_Union[WindowsFilesystemUsage, _Mapping]] = ...) -> None: ...
 
 class CpuUsage(_message.Message):
-    __slots__ = ("timestamp", "usage_core_nano_seconds", "usage_nano_cores")
+    __slots__ = ("timestamp", "usage_core_nano_seconds", "usage_nano_cores", "psi")
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     USAGE_CORE_NANO_SECONDS_FIELD_NUMBER: _ClassVar[int]
     USAGE_NANO_CORES_FIELD_NUMBER: _ClassVar[int]
+    PSI_FIELD_NUMBER: _ClassVar[int]
     timestamp: int
     usage_core_nano_seconds: UInt64Value
     usage_nano_cores: UInt64Value
-    def __init__(self, timestamp: _Optional[int] = ..., usage_core_nano_seconds: _Optional[_Union[UInt64Value, _Mapping]] = ..., usage_nano_cores: _Optional[_Union[UInt64Value, _Mapping]] = ...) -> None: ...
+    psi: PsiStats
+    def __init__(self, timestamp: _Optional[int] = ..., usage_core_nano_seconds: _Optional[_Union[UInt64Value, _Mapping]] = ..., usage_nano_cores: _Optional[_Union[UInt64Value, _Mapping]] = ..., psi: _Optional[_Union[PsiStats, _Mapping]] = ...) -> None: ...
 
 class WindowsCpuUsage(_message.Message):
     __slots__ = ("timestamp", "usage_core_nano_seconds", "usage_nano_cores")
@@ -1609,7 +1760,7 @@ class WindowsCpuUsage(_message.Message):
     def __init__(self, timestamp: _Optional[int] = ..., usage_core_nano_seconds: _Optional[_Union[UInt64Value, _Mapping]] = ..., usage_nano_cores: _Optional[_Union[UInt64Value, _Mapping]] = ...) -> None: ...
 
 class MemoryUsage(_message.Message):
-    __slots__ = ("timestamp", "working_set_bytes", "available_bytes", "usage_bytes", "rss_bytes", "page_faults", "major_page_faults")
+    __slots__ = ("timestamp", "working_set_bytes", "available_bytes", "usage_bytes", "rss_bytes", "page_faults", "major_page_faults", "psi")
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     WORKING_SET_BYTES_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -1617,6 +1768,7 @@ class MemoryUsage(_message.Message):
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAGE_FAULTS_FIELD_NUMBER: _ClassVar[int]
     MAJOR_PAGE_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    PSI_FIELD_NUMBER: _ClassVar[int]
     timestamp: int
     working_set_bytes: UInt64Value
     available_bytes: UInt64Value
@@ -1624,7 +1776,8 @@ class MemoryUsage(_message.Message):
     rss_bytes: UInt64Value
     page_faults: UInt64Value
     major_page_faults: UInt64Value
-    def __init__(self, timestamp: _Optional[int] = ..., working_set_bytes: _Optional[_Union[UInt64Value, _Mapping]] = ..., available_bytes: _Optional[_Union[UInt64Value, _Mapping]] = ..., usage_bytes: _Optional[_Union[UInt64Value, _Mapping]] = ..., rss_bytes: _Optional[_Union[UInt64Value, _Mapping]] = ..., page_faults: _Optional[_Union[UInt64Value, _Mapping]] = ..., major_page_faults: _Optional[_Union[UInt64Value, _Mapping]] = ...) -> None: ...
+    psi: PsiStats
+    def __init__(self, timestamp: _Optional[int] = ..., working_set_bytes: _Optional[_Union[UInt64Value, _Mapping]] = ..., available_bytes: _Optional[_Union[UInt64Value, _Mapping]] = ..., usage_bytes: _Optional[_Union[UInt64Value, _Mapping]] = ..., rss_bytes: _Optional[_Union[UInt64Value, _Mapping]] = ..., page_faults: _Optional[_Union[UInt64Value, _Mapping]] = ..., major_page_faults: _Optional[_Union[UInt64Value, _Mapping]] = ..., psi: _Optional[_Union[PsiStats, _Mapping]] = ...) -> None: ...
 
 class SwapUsage(_message.Message):
     __slots__ = ("timestamp", "swap_available_bytes", "swap_usage_bytes")
@@ -1769,3 +1922,175 @@ class LinuxRuntimeConfiguration(_message.Message):
     CGROUP_DRIVER_FIELD_NUMBER: _ClassVar[int]
     cgroup_driver: CgroupDriver
     def __init__(self, cgroup_driver: _Optional[_Union[CgroupDriver, str]] = ...) -> None: ...
+
+class StreamPodSandboxesRequest(_message.Message):
+    __slots__ = ("filter",)
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    filter: PodSandboxFilter
+    def __init__(self, filter: _Optional[_Union[PodSandboxFilter, _Mapping]] = ...) -> None: ...
+
+class StreamPodSandboxesResponse(_message.Message):
+    __slots__ = ("pod_sandboxes",)
+    POD_SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    pod_sandboxes: _containers.RepeatedCompositeFieldContainer[PodSandbox]
+    def __init__(self, pod_sandboxes: _Optional[_Iterable[_Union[PodSandbox, _Mapping]]] = ...) -> None: ...
+
+class StreamContainersRequest(_message.Message):
+    __slots__ = ("filter",)
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    filter: ContainerFilter
+    def __init__(self, filter: _Optional[_Union[ContainerFilter, _Mapping]] = ...) -> None: ...
+
+class StreamContainersResponse(_message.Message):
+    __slots__ = ("containers",)
+    CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    containers: _containers.RepeatedCompositeFieldContainer[Container]
+    def __init__(self, containers: _Optional[_Iterable[_Union[Container, _Mapping]]] = ...) -> None: ...
+
+class StreamContainerStatsRequest(_message.Message):
+    __slots__ = ("filter",)
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    filter: ContainerStatsFilter
+    def __init__(self, filter: _Optional[_Union[ContainerStatsFilter, _Mapping]] = ...) -> None: ...
+
+class StreamContainerStatsResponse(_message.Message):
+    __slots__ = ("container_stats",)
+    CONTAINER_STATS_FIELD_NUMBER: _ClassVar[int]
+    container_stats: _containers.RepeatedCompositeFieldContainer[ContainerStats]
+    def __init__(self, container_stats: _Optional[_Iterable[_Union[ContainerStats, _Mapping]]] = ...) -> None: ...
+
+class StreamPodSandboxStatsRequest(_message.Message):
+    __slots__ = ("filter",)
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    filter: PodSandboxStatsFilter
+    def __init__(self, filter: _Optional[_Union[PodSandboxStatsFilter, _Mapping]] = ...) -> None: ...
+
+class StreamPodSandboxStatsResponse(_message.Message):
+    __slots__ = ("pod_sandbox_stats",)
+    POD_SANDBOX_STATS_FIELD_NUMBER: _ClassVar[int]
+    pod_sandbox_stats: _containers.RepeatedCompositeFieldContainer[PodSandboxStats]
+    def __init__(self, pod_sandbox_stats: _Optional[_Iterable[_Union[PodSandboxStats, _Mapping]]] = ...) -> None: ...
+
+class StreamPodSandboxMetricsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StreamPodSandboxMetricsResponse(_message.Message):
+    __slots__ = ("pod_sandbox_metrics",)
+    POD_SANDBOX_METRICS_FIELD_NUMBER: _ClassVar[int]
+    pod_sandbox_metrics: _containers.RepeatedCompositeFieldContainer[PodSandboxMetrics]
+    def __init__(self, pod_sandbox_metrics: _Optional[_Iterable[_Union[PodSandboxMetrics, _Mapping]]] = ...) -> None: ...
+
+class StreamImagesRequest(_message.Message):
+    __slots__ = ("filter",)
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    filter: ImageFilter
+    def __init__(self, filter: _Optional[_Union[ImageFilter, _Mapping]] = ...) -> None: ...
+
+class StreamImagesResponse(_message.Message):
+    __slots__ = ("images",)
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    images: _containers.RepeatedCompositeFieldContainer[Image]
+    def __init__(self, images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+
+class PsiStats(_message.Message):
+    __slots__ = ("Full", "Some")
+    FULL_FIELD_NUMBER: _ClassVar[int]
+    SOME_FIELD_NUMBER: _ClassVar[int]
+    Full: PsiData
+    Some: PsiData
+    def __init__(self, Full: _Optional[_Union[PsiData, _Mapping]] = ..., Some: _Optional[_Union[PsiData, _Mapping]] = ...) -> None: ...
+
+class PsiData(_message.Message):
+    __slots__ = ("Total", "Avg10", "Avg60", "Avg300")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    AVG10_FIELD_NUMBER: _ClassVar[int]
+    AVG60_FIELD_NUMBER: _ClassVar[int]
+    AVG300_FIELD_NUMBER: _ClassVar[int]
+    Total: int
+    Avg10: float
+    Avg60: float
+    Avg300: float
+    def __init__(self, Total: _Optional[int] = ..., Avg10: _Optional[float] = ..., Avg60: _Optional[float] = ..., Avg300: _Optional[float] = ...) -> None: ...
+
+class IoUsage(_message.Message):
+    __slots__ = ("timestamp", "psi")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    PSI_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    psi: PsiStats
+    def __init__(self, timestamp: _Optional[int] = ..., psi: _Optional[_Union[PsiStats, _Mapping]] = ...) -> None: ...
+
+class CheckpointPodRequest(_message.Message):
+    __slots__ = ("pod_sandbox_id", "output_path", "container_ids", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    POD_SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_PATH_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_IDS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    pod_sandbox_id: str
+    output_path: str
+    container_ids: _containers.RepeatedScalarFieldContainer[str]
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, pod_sandbox_id: _Optional[str] = ..., output_path: _Optional[str] = ..., container_ids: _Optional[_Iterable[str]] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CheckpointPodResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RestorePodRequest(_message.Message):
+    __slots__ = ("checkpoint_path", "config", "runtime_handler", "options", "container_configs")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_HANDLER_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_path: str
+    config: PodSandboxConfig
+    runtime_handler: str
+    options: _containers.ScalarMap[str, str]
+    container_configs: _containers.RepeatedCompositeFieldContainer[ContainerConfig]
+    def __init__(self, checkpoint_path: _Optional[str] = ..., config: _Optional[_Union[PodSandboxConfig, _Mapping]] = ..., runtime_handler: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., container_configs: _Optional[_Iterable[_Union[ContainerConfig, _Mapping]]] = ...) -> None: ...
+
+class RestoredContainer(_message.Message):
+    __slots__ = ("name", "container_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    container_id: str
+    def __init__(self, name: _Optional[str] = ..., container_id: _Optional[str] = ...) -> None: ...
+
+class RestorePodResponse(_message.Message):
+    __slots__ = ("pod_sandbox_id", "restored_containers")
+    POD_SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    pod_sandbox_id: str
+    restored_containers: _containers.RepeatedCompositeFieldContainer[RestoredContainer]
+    def __init__(self, pod_sandbox_id: _Optional[str] = ..., restored_containers: _Optional[_Iterable[_Union[RestoredContainer, _Mapping]]] = ...) -> None: ...
+
+class UpdatePodSandboxResourcesRequest(_message.Message):
+    __slots__ = ("pod_sandbox_id", "overhead", "resources")
+    POD_SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    pod_sandbox_id: str
+    overhead: LinuxContainerResources
+    resources: LinuxContainerResources
+    def __init__(self, pod_sandbox_id: _Optional[str] = ..., overhead: _Optional[_Union[LinuxContainerResources, _Mapping]] = ..., resources: _Optional[_Union[LinuxContainerResources, _Mapping]] = ...) -> None: ...
+
+class UpdatePodSandboxResourcesResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -65,6 +65,11 @@ class RuntimeServiceStub:
                 request_serializer=cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
                 response_deserializer=cri_dot_api__pb2.ListPodSandboxResponse.FromString,
                 _registered_method=True)
+        self.StreamPodSandboxes = channel.unary_stream(
+                '/runtime.v1.RuntimeService/StreamPodSandboxes',
+                request_serializer=cri_dot_api__pb2.StreamPodSandboxesRequest.SerializeToString,
+                response_deserializer=cri_dot_api__pb2.StreamPodSandboxesResponse.FromString,
+                _registered_method=True)
         self.CreateContainer = channel.unary_unary(
                 '/runtime.v1.RuntimeService/CreateContainer',
                 request_serializer=cri_dot_api__pb2.CreateContainerRequest.SerializeToString,
@@ -89,6 +94,11 @@ class RuntimeServiceStub:
                 '/runtime.v1.RuntimeService/ListContainers',
                 request_serializer=cri_dot_api__pb2.ListContainersRequest.SerializeToString,
                 response_deserializer=cri_dot_api__pb2.ListContainersResponse.FromString,
+                _registered_method=True)
+        self.StreamContainers = channel.unary_stream(
+                '/runtime.v1.RuntimeService/StreamContainers',
+                request_serializer=cri_dot_api__pb2.StreamContainersRequest.SerializeToString,
+                response_deserializer=cri_dot_api__pb2.StreamContainersResponse.FromString,
                 _registered_method=True)
         self.ContainerStatus = channel.unary_unary(
                 '/runtime.v1.RuntimeService/ContainerStatus',
@@ -135,6 +145,11 @@ class RuntimeServiceStub:
                 request_serializer=cri_dot_api__pb2.ListContainerStatsRequest.SerializeToString,
                 response_deserializer=cri_dot_api__pb2.ListContainerStatsResponse.FromString,
                 _registered_method=True)
+        self.StreamContainerStats = channel.unary_stream(
+                '/runtime.v1.RuntimeService/StreamContainerStats',
+                request_serializer=cri_dot_api__pb2.StreamContainerStatsRequest.SerializeToString,
+                response_deserializer=cri_dot_api__pb2.StreamContainerStatsResponse.FromString,
+                _registered_method=True)
         self.PodSandboxStats = channel.unary_unary(
                 '/runtime.v1.RuntimeService/PodSandboxStats',
                 request_serializer=cri_dot_api__pb2.PodSandboxStatsRequest.SerializeToString,
@@ -144,6 +159,11 @@ class RuntimeServiceStub:
                 '/runtime.v1.RuntimeService/ListPodSandboxStats',
                 request_serializer=cri_dot_api__pb2.ListPodSandboxStatsRequest.SerializeToString,
                 response_deserializer=cri_dot_api__pb2.ListPodSandboxStatsResponse.FromString,
+                _registered_method=True)
+        self.StreamPodSandboxStats = channel.unary_stream(
+                '/runtime.v1.RuntimeService/StreamPodSandboxStats',
+                request_serializer=cri_dot_api__pb2.StreamPodSandboxStatsRequest.SerializeToString,
+                response_deserializer=cri_dot_api__pb2.StreamPodSandboxStatsResponse.FromString,
                 _registered_method=True)
         self.UpdateRuntimeConfig = channel.unary_unary(
                 '/runtime.v1.RuntimeService/UpdateRuntimeConfig',
@@ -160,6 +180,16 @@ class RuntimeServiceStub:
                 request_serializer=cri_dot_api__pb2.CheckpointContainerRequest.SerializeToString,
                 response_deserializer=cri_dot_api__pb2.CheckpointContainerResponse.FromString,
                 _registered_method=True)
+        self.CheckpointPod = channel.unary_unary(
+                '/runtime.v1.RuntimeService/CheckpointPod',
+                request_serializer=cri_dot_api__pb2.CheckpointPodRequest.SerializeToString,
+                response_deserializer=cri_dot_api__pb2.CheckpointPodResponse.FromString,
+                _registered_method=True)
+        self.RestorePod = channel.unary_unary(
+                '/runtime.v1.RuntimeService/RestorePod',
+                request_serializer=cri_dot_api__pb2.RestorePodRequest.SerializeToString,
+                response_deserializer=cri_dot_api__pb2.RestorePodResponse.FromString,
+                _registered_method=True)
         self.GetContainerEvents = channel.unary_stream(
                 '/runtime.v1.RuntimeService/GetContainerEvents',
                 request_serializer=cri_dot_api__pb2.GetEventsRequest.SerializeToString,
@@ -175,10 +205,20 @@ class RuntimeServiceStub:
                 request_serializer=cri_dot_api__pb2.ListPodSandboxMetricsRequest.SerializeToString,
                 response_deserializer=cri_dot_api__pb2.ListPodSandboxMetricsResponse.FromString,
                 _registered_method=True)
+        self.StreamPodSandboxMetrics = channel.unary_stream(
+                '/runtime.v1.RuntimeService/StreamPodSandboxMetrics',
+                request_serializer=cri_dot_api__pb2.StreamPodSandboxMetricsRequest.SerializeToString,
+                response_deserializer=cri_dot_api__pb2.StreamPodSandboxMetricsResponse.FromString,
+                _registered_method=True)
         self.RuntimeConfig = channel.unary_unary(
                 '/runtime.v1.RuntimeService/RuntimeConfig',
                 request_serializer=cri_dot_api__pb2.RuntimeConfigRequest.SerializeToString,
                 response_deserializer=cri_dot_api__pb2.RuntimeConfigResponse.FromString,
+                _registered_method=True)
+        self.UpdatePodSandboxResources = channel.unary_unary(
+                '/runtime.v1.RuntimeService/UpdatePodSandboxResources',
+                request_serializer=cri_dot_api__pb2.UpdatePodSandboxResourcesRequest.SerializeToString,
+                response_deserializer=cri_dot_api__pb2.UpdatePodSandboxResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -222,6 +262,13 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamPodSandboxes(self, request, context):
+        """Stream* methods answer like their List* twin, in several messages (large nodes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateContainer(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -247,6 +294,12 @@ class RuntimeServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListContainers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamContainers(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -306,6 +359,12 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamContainerStats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PodSandboxStats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -313,6 +372,12 @@ class RuntimeServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListPodSandboxStats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamPodSandboxStats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -336,8 +401,20 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckpointPod(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestorePod(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetContainerEvents(self, request, context):
-        """The only streaming method: a server stream of container lifecycle events.
+        """A server stream of container lifecycle events (the engine follows it too).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -355,8 +432,21 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamPodSandboxMetrics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RuntimeConfig(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdatePodSandboxResources(self, request, context):
+        """In-place pod resize: the pod-level cgroup's new overhead and resources.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -394,6 +484,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     request_deserializer=cri_dot_api__pb2.ListPodSandboxRequest.FromString,
                     response_serializer=cri_dot_api__pb2.ListPodSandboxResponse.SerializeToString,
             ),
+            'StreamPodSandboxes': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamPodSandboxes,
+                    request_deserializer=cri_dot_api__pb2.StreamPodSandboxesRequest.FromString,
+                    response_serializer=cri_dot_api__pb2.StreamPodSandboxesResponse.SerializeToString,
+            ),
             'CreateContainer': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateContainer,
                     request_deserializer=cri_dot_api__pb2.CreateContainerRequest.FromString,
@@ -418,6 +513,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.ListContainers,
                     request_deserializer=cri_dot_api__pb2.ListContainersRequest.FromString,
                     response_serializer=cri_dot_api__pb2.ListContainersResponse.SerializeToString,
+            ),
+            'StreamContainers': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamContainers,
+                    request_deserializer=cri_dot_api__pb2.StreamContainersRequest.FromString,
+                    response_serializer=cri_dot_api__pb2.StreamContainersResponse.SerializeToString,
             ),
             'ContainerStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ContainerStatus,
@@ -464,6 +564,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     request_deserializer=cri_dot_api__pb2.ListContainerStatsRequest.FromString,
                     response_serializer=cri_dot_api__pb2.ListContainerStatsResponse.SerializeToString,
             ),
+            'StreamContainerStats': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamContainerStats,
+                    request_deserializer=cri_dot_api__pb2.StreamContainerStatsRequest.FromString,
+                    response_serializer=cri_dot_api__pb2.StreamContainerStatsResponse.SerializeToString,
+            ),
             'PodSandboxStats': grpc.unary_unary_rpc_method_handler(
                     servicer.PodSandboxStats,
                     request_deserializer=cri_dot_api__pb2.PodSandboxStatsRequest.FromString,
@@ -473,6 +578,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.ListPodSandboxStats,
                     request_deserializer=cri_dot_api__pb2.ListPodSandboxStatsRequest.FromString,
                     response_serializer=cri_dot_api__pb2.ListPodSandboxStatsResponse.SerializeToString,
+            ),
+            'StreamPodSandboxStats': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamPodSandboxStats,
+                    request_deserializer=cri_dot_api__pb2.StreamPodSandboxStatsRequest.FromString,
+                    response_serializer=cri_dot_api__pb2.StreamPodSandboxStatsResponse.SerializeToString,
             ),
             'UpdateRuntimeConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateRuntimeConfig,
@@ -489,6 +599,16 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     request_deserializer=cri_dot_api__pb2.CheckpointContainerRequest.FromString,
                     response_serializer=cri_dot_api__pb2.CheckpointContainerResponse.SerializeToString,
             ),
+            'CheckpointPod': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointPod,
+                    request_deserializer=cri_dot_api__pb2.CheckpointPodRequest.FromString,
+                    response_serializer=cri_dot_api__pb2.CheckpointPodResponse.SerializeToString,
+            ),
+            'RestorePod': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestorePod,
+                    request_deserializer=cri_dot_api__pb2.RestorePodRequest.FromString,
+                    response_serializer=cri_dot_api__pb2.RestorePodResponse.SerializeToString,
+            ),
             'GetContainerEvents': grpc.unary_stream_rpc_method_handler(
                     servicer.GetContainerEvents,
                     request_deserializer=cri_dot_api__pb2.GetEventsRequest.FromString,
@@ -504,10 +624,20 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     request_deserializer=cri_dot_api__pb2.ListPodSandboxMetricsRequest.FromString,
                     response_serializer=cri_dot_api__pb2.ListPodSandboxMetricsResponse.SerializeToString,
             ),
+            'StreamPodSandboxMetrics': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamPodSandboxMetrics,
+                    request_deserializer=cri_dot_api__pb2.StreamPodSandboxMetricsRequest.FromString,
+                    response_serializer=cri_dot_api__pb2.StreamPodSandboxMetricsResponse.SerializeToString,
+            ),
             'RuntimeConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.RuntimeConfig,
                     request_deserializer=cri_dot_api__pb2.RuntimeConfigRequest.FromString,
                     response_serializer=cri_dot_api__pb2.RuntimeConfigResponse.SerializeToString,
+            ),
+            'UpdatePodSandboxResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdatePodSandboxResources,
+                    request_deserializer=cri_dot_api__pb2.UpdatePodSandboxResourcesRequest.FromString,
+                    response_serializer=cri_dot_api__pb2.UpdatePodSandboxResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -684,6 +814,33 @@ class RuntimeService:
             _registered_method=True)
 
     @staticmethod
+    def StreamPodSandboxes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/StreamPodSandboxes',
+            cri_dot_api__pb2.StreamPodSandboxesRequest.SerializeToString,
+            cri_dot_api__pb2.StreamPodSandboxesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def CreateContainer(request,
             target,
             options=(),
@@ -808,6 +965,33 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/ListContainers',
             cri_dot_api__pb2.ListContainersRequest.SerializeToString,
             cri_dot_api__pb2.ListContainersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamContainers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/StreamContainers',
+            cri_dot_api__pb2.StreamContainersRequest.SerializeToString,
+            cri_dot_api__pb2.StreamContainersResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1062,6 +1246,33 @@ class RuntimeService:
             _registered_method=True)
 
     @staticmethod
+    def StreamContainerStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/StreamContainerStats',
+            cri_dot_api__pb2.StreamContainerStatsRequest.SerializeToString,
+            cri_dot_api__pb2.StreamContainerStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def PodSandboxStats(request,
             target,
             options=(),
@@ -1105,6 +1316,33 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/ListPodSandboxStats',
             cri_dot_api__pb2.ListPodSandboxStatsRequest.SerializeToString,
             cri_dot_api__pb2.ListPodSandboxStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamPodSandboxStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/StreamPodSandboxStats',
+            cri_dot_api__pb2.StreamPodSandboxStatsRequest.SerializeToString,
+            cri_dot_api__pb2.StreamPodSandboxStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1197,6 +1435,60 @@ class RuntimeService:
             _registered_method=True)
 
     @staticmethod
+    def CheckpointPod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/CheckpointPod',
+            cri_dot_api__pb2.CheckpointPodRequest.SerializeToString,
+            cri_dot_api__pb2.CheckpointPodResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestorePod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/RestorePod',
+            cri_dot_api__pb2.RestorePodRequest.SerializeToString,
+            cri_dot_api__pb2.RestorePodResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def GetContainerEvents(request,
             target,
             options=(),
@@ -1278,6 +1570,33 @@ class RuntimeService:
             _registered_method=True)
 
     @staticmethod
+    def StreamPodSandboxMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/StreamPodSandboxMetrics',
+            cri_dot_api__pb2.StreamPodSandboxMetricsRequest.SerializeToString,
+            cri_dot_api__pb2.StreamPodSandboxMetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def RuntimeConfig(request,
             target,
             options=(),
@@ -1304,6 +1623,33 @@ class RuntimeService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def UpdatePodSandboxResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/UpdatePodSandboxResources',
+            cri_dot_api__pb2.UpdatePodSandboxResourcesRequest.SerializeToString,
+            cri_dot_api__pb2.UpdatePodSandboxResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class ImageServiceStub:
     """Image management; may be served by a different endpoint than RuntimeService.
@@ -1319,6 +1665,11 @@ class ImageServiceStub:
                 '/runtime.v1.ImageService/ListImages',
                 request_serializer=cri_dot_api__pb2.ListImagesRequest.SerializeToString,
                 response_deserializer=cri_dot_api__pb2.ListImagesResponse.FromString,
+                _registered_method=True)
+        self.StreamImages = channel.unary_stream(
+                '/runtime.v1.ImageService/StreamImages',
+                request_serializer=cri_dot_api__pb2.StreamImagesRequest.SerializeToString,
+                response_deserializer=cri_dot_api__pb2.StreamImagesResponse.FromString,
                 _registered_method=True)
         self.ImageStatus = channel.unary_unary(
                 '/runtime.v1.ImageService/ImageStatus',
@@ -1347,6 +1698,12 @@ class ImageServiceServicer:
     """
 
     def ListImages(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamImages(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -1383,6 +1740,11 @@ def add_ImageServiceServicer_to_server(servicer, server):
                     servicer.ListImages,
                     request_deserializer=cri_dot_api__pb2.ListImagesRequest.FromString,
                     response_serializer=cri_dot_api__pb2.ListImagesResponse.SerializeToString,
+            ),
+            'StreamImages': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamImages,
+                    request_deserializer=cri_dot_api__pb2.StreamImagesRequest.FromString,
+                    response_serializer=cri_dot_api__pb2.StreamImagesResponse.SerializeToString,
             ),
             'ImageStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ImageStatus,
@@ -1433,6 +1795,33 @@ class ImageService:
             '/runtime.v1.ImageService/ListImages',
             cri_dot_api__pb2.ListImagesRequest.SerializeToString,
             cri_dot_api__pb2.ListImagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamImages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runtime.v1.ImageService/StreamImages',
+            cri_dot_api__pb2.StreamImagesRequest.SerializeToString,
+            cri_dot_api__pb2.StreamImagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

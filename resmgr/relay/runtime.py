@@ -85,3 +85,14 @@ class RuntimeClient:
         await self._call("UpdateContainerResources",
                          cri.UpdateContainerResourcesRequest(container_id=container_id, linux=res),
                          cri.UpdateContainerResourcesResponse)
+
+    def container_events(self) -> grpc.aio.UnaryStreamCall:
+        """The runtime's GetContainerEvents stream (no deadline: it lasts as long as we follow it)."""
+        call = self.channel.unary_stream(_SERVICE + "GetContainerEvents",
+                                         request_serializer=cri.GetEventsRequest.SerializeToString,
+                                         response_deserializer=_lenient_event)
+        return call(cri.GetEventsRequest())
+
+
+def _lenient_event(raw: bytes) -> cri.ContainerEventResponse:
+    return protowire.parse(cri.ContainerEventResponse, raw)[0]

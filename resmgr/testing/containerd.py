@@ -24,9 +24,67 @@ from resmgr.testing import images
 
 CNI_BIN_DIR = "/usr/lib/cni"
 CNI_SUBNET = "10.88.77.0/24"
-REQUIRED_BINARIES = ("containerd", "containerd-shim-runc-v2", "runc", "ctr")
+# scripts/setup.sh builds the pinned containerd, runc, crictl and critest and links them here.
+TOOLS_BIN = Path(os.environ.get("CRI_RESMGR_CACHE", Path.home() / ".cache" / "cri-resmgr")) / "bin"
+# Another containerd (and the ctr and shim next to it) for the harness: CRIRM_CONTAINERD=/path.
+CONTAINERD_ENV = "CRIRM_CONTAINERD"
+RUNC_ENV = "CRIRM_RUNC"
 
-CONFIG = """\
+# containerd 2.x (config version 3): the CRI plugin is split into images and runtime parts.
+# runc's state root is private too, so this containerd shares nothing with another one.
+CONFIG_V3 = """\
+version = 3
+root = "{root}"
+state = "{state}"
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[debug]
+  level = "info"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "native"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause}"
+
+# ctr's image import goes through the transfer service, which unpacks only for listed snapshotters.
+[[plugins."io.containerd.transfer.v1.local".unpack_config]]
+  platform = "{platform}"
+  snapshotter = "native"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  enable_unprivileged_ports = false
+  enable_unprivileged_icmp = false
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        Root = "{state}/runc"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{cni_bin}"]
+    conf_dir = "{cni_conf}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  disable_connections = false
+  socket_path = "{dir}/nri.sock"
+  plugin_path = "{dir}/nri-plugins"
+  plugin_config_path = "{dir}/nri-conf"
+"""
+
+# containerd 1.6 and 1.7 (config version 2), for CRIRM_CONTAINERD pointing at one.
+CONFIG_V2 = """\
 version = 2
 root = "{root}"
 state = "{state}"
@@ -51,6 +109,9 @@ state = "{state}"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        Root = "{state}/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{cni_bin}"
     conf_dir = "{cni_conf}"
@@ -79,11 +140,36 @@ CNI_CONFLIST = """\
 """
 
 
+def tool(name: str) -> str:
+    """Path of a harness binary: next to CRIRM_CONTAINERD if set, else the one setup built."""
+    if name == "runc" and os.environ.get(RUNC_ENV):
+        return os.environ[RUNC_ENV]
+    chosen = os.environ.get(CONTAINERD_ENV)
+    if chosen:
+        if name == "containerd":
+            return chosen
+        beside = Path(chosen).parent / name
+        return str(beside) if beside.exists() else (shutil.which(name) or str(beside))
+    return str(TOOLS_BIN / name)
+
+
 def missing_tools() -> list[str]:
-    missing = [b for b in REQUIRED_BINARIES if not shutil.which(b)]
+    missing = [tool(b) for b in ("containerd", "containerd-shim-runc-v2", "ctr", "runc")
+               if not os.access(tool(b), os.X_OK)]
     if not Path(CNI_BIN_DIR, "bridge").exists():
         missing.append(f"{CNI_BIN_DIR}/bridge (containernetworking-plugins)")
     return missing
+
+
+def containerd_version(binary: str | None = None) -> tuple[int, ...]:
+    """(major, minor, patch) of a containerd binary, from `containerd --version`."""
+    out = subprocess.run([binary or tool("containerd"), "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    for word in out.split():
+        parts = word.lstrip("v").split("+")[0].split("~")[0].split("-")[0].split(".")
+        if len(parts) >= 2 and all(p.isdigit() for p in parts[:3]):
+            return tuple(int(p) for p in parts[:3])
+    raise RuntimeError(f"cannot read containerd's version from {out!r}")
 
 
 class PrivateContainerd:
@@ -96,6 +182,7 @@ class PrivateContainerd:
         self.log_path = self.dir / "containerd.log"
         self.proc: subprocess.Popen | None = None
         self._imported = False
+        self.version = containerd_version() if not missing_tools() else (0,)
 
     # -- lifecycle ---------------------------------------------------------
     def start(self, timeout: float = 30.0) -> PrivateContainerd:
@@ -109,19 +196,26 @@ class PrivateContainerd:
         (cni_conf / "10-cri-resmgr-test.conflist").write_text(
             CNI_CONFLIST.format(subnet=CNI_SUBNET, ipam_dir=self.dir / "ipam"))
         config = self.dir / "config.toml"
-        config.write_text(CONFIG.format(
-            root=self.dir / "root", state=self.dir / "state", socket=self.socket,
-            pause=images.PAUSE_IMAGE, cni_bin=CNI_BIN_DIR, cni_conf=cni_conf))
+        template = CONFIG_V3 if self.version >= (2,) else CONFIG_V2
+        config.write_text(template.format(
+            dir=self.dir, root=self.dir / "root", state=self.dir / "state", socket=self.socket,
+            pause=images.PAUSE_IMAGE, platform=images.PLATFORM, runc=tool("runc"), cni_bin=CNI_BIN_DIR,
+            cni_conf=cni_conf))
+        # containerd finds its shim on PATH: the one next to the chosen containerd comes first.
+        env = dict(os.environ, PATH=f"{Path(tool('containerd')).parent}:{os.environ.get('PATH', '')}")
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen([tool("containerd"), "--config", str(config)], stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
         log.close()
         self._wait_ready(timeout)
         if not self._imported:  # a restart finds them in its root
             for name, archive in archives.items():
-                subprocess.run(["ctr", "-a", self.socket, "-n", "k8s.io", "images", "import",
-                                "--snapshotter", "native", "--digests",
-                                str(archive)], check=True, capture_output=True)
+                done = subprocess.run([tool("ctr"), "-a", self.socket, "-n", "k8s.io", "images",
+                                       "import", "--snapshotter", "native", "--digests",
+                                       "--platform", images.PLATFORM, str(archive)],
+                                      capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"importing {archive} failed: {(done.stdout + done.stderr).strip()}")
                 self._wait_image(name, timeout)
             self._imported = True
         return self

@@ -24,6 +24,7 @@ BUSYBOX_IMAGE = "localhost/cri-resmgr/busybox:test"
 BUILD_VERSION = "1"  # bump to invalidate cached images
 
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+PLATFORM = f"linux/{_ARCH}"
 
 
 def cache_dir() -> Path:

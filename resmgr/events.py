@@ -1,0 +1,60 @@
+"""Follow the runtime's container events, so an exited container gives its CPUs back at once.
+
+containerd 1.7+ serves the CRI GetContainerEvents stream. A STOPPED event releases what the
+container holds, DELETED forgets it, and a container created by someone else starts a
+reconciliation round. Events can be missed (the runtime drops a slow subscriber, or is
+restarted), so every time the stream ends a round is run; runtimes without the stream
+(UNIMPLEMENTED) are left to the periodic reconciliation alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import grpc
+
+from resmgr.cri import api_pb2 as cri
+from resmgr.reconcile import brief
+
+if TYPE_CHECKING:
+    from resmgr.engine import Engine
+    from resmgr.relay.runtime import RuntimeClient
+
+log = logging.getLogger("cri-resmgr.engine")
+
+RETRY_MAX = 1.0  # seconds between attempts to subscribe again
+
+
+async def follow(engine: Engine, runtime: RuntimeClient) -> None:
+    """Feed container events to the engine until the runtime says it has none."""
+    delay, following = 0.05, False
+    while True:
+        call = runtime.container_events()
+        try:
+            async for event in call:
+                if not following:
+                    log.info("following the runtime's container events")
+                    following = True
+                delay = 0.05
+                await engine.container_event(event)
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                log.info("the runtime serves no container events; exits are found by periodic reconciliation")
+                return
+            if following:
+                log.warning("container event stream ended (%s); reconciling and subscribing again", brief(err))
+        except Exception:  # a bug in handling one event must not stop following them
+            log.exception("handling a container event failed; reconciling and subscribing again")
+        finally:
+            call.cancel()
+        if following:
+            engine.wake()  # whatever happened while we were not subscribed
+        following = False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, RETRY_MAX)
+
+
+def describe(event: cri.ContainerEventResponse) -> str:
+    return f"{cri.ContainerEventType.Name(event.container_event_type)} {event.container_id}"
