@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Relay overhead: CRI call latency direct to containerd vs through cri-resmgr.
+"""Relay overhead: CRI call latency direct to containerd, through cri-resmgr, and through a
+minimal Go gRPC proxy (benchmarks/goproxy, grpc-go relaying raw bytes), in the same run.
 
-Brings up the private containerd (or uses --runtime-socket), starts the relay as a
-separate process, and measures Version, Status, ListContainers and ContainerStatus
-with 1 and 16 concurrent clients, both ways, in the same run. Prints p50/p99 per
-call, the overhead (relay - direct), calls per second, the relay's RSS with
---pods pods known, and its start-up time to first served call.
+Brings up the private containerd (or uses --runtime-socket), starts the relay and the Go
+proxy as separate processes, and measures Version, Status, ListContainers and
+ContainerStatus with 1 and 16 concurrent clients, all three ways. Prints p50/p99 per call,
+each proxy's overhead (its latency - direct), cri-resmgr's overhead as a ratio of the Go
+proxy's, the CPU time each proxy spends per relayed call, calls per second, the relay's
+RSS with --pods pods known, and its start-up time to first served call.
+
+Targets: p50 overhead at most 0.5x the Go proxy's with 1 client and at most 1.0x with 16;
+p99 with 16 clients no worse than the Go proxy's.
 
     python benchmarks/relay_overhead.py [--calls 2000] [--pods 100]
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import subprocess
 import sys
@@ -29,6 +35,48 @@ from resmgr.testing.containerd import PrivateContainerd
 from resmgr.testing.images import BUSYBOX_IMAGE
 
 BASE = "/runtime.v1.RuntimeService/"
+GOPROXY_SRC = Path(__file__).resolve().parent / "goproxy"
+CACHE = Path(os.environ.get("CRI_RESMGR_CACHE", Path.home() / ".cache" / "cri-resmgr"))
+
+
+def build_goproxy() -> Path:
+    """Build benchmarks/goproxy with the Go toolchain (module proxy), cached by its sources' hash."""
+    digest = hashlib.sha256()
+    for name in ("go.mod", "go.sum", "main.go"):
+        digest.update((GOPROXY_SRC / name).read_bytes())
+    binary = CACHE / "go" / f"goproxy-{digest.hexdigest()[:12]}" / "goproxy"
+    if not binary.exists():
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["go", "build", "-trimpath", "-o", str(binary) + ".tmp", "."], cwd=GOPROXY_SRC, check=True,
+                       env=dict(os.environ, GOFLAGS="-mod=readonly", GOTOOLCHAIN="local"))
+        os.replace(str(binary) + ".tmp", binary)
+    return binary
+
+
+def start_goproxy(runtime_socket: str, workdir: str) -> tuple[subprocess.Popen, str]:
+    sock = os.path.join(workdir, "goproxy.sock")
+    proc = subprocess.Popen([str(build_goproxy()), "-listen", sock, "-backend", runtime_socket])
+    wait_serving(sock, proc)
+    return proc, sock
+
+
+def wait_serving(sock: str, proc: subprocess.Popen) -> None:
+    while True:
+        # A fresh channel per attempt: a channel's reconnect backoff would inflate start-up figures.
+        with grpc.insecure_channel("unix://" + sock) as ch:
+            try:
+                cri_grpc.RuntimeServiceStub(ch).Version(cri.VersionRequest(), timeout=1)
+                return
+            except grpc.RpcError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{proc.args[0]} exited during start-up") from None
+        time.sleep(0.005)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -46,16 +94,7 @@ def start_relay(runtime_socket: str, workdir: str, mode: str) -> tuple[subproces
                              os.path.join(workdir, "state"), "--dump", "off:.*",
                              "--log-level", "WARNING", "--relay-mode", mode,
                              "--config-socket", os.path.join(workdir, "config.sock")])
-    while True:
-        # A fresh channel per attempt: a channel's reconnect backoff would inflate the figure.
-        with grpc.insecure_channel("unix://" + sock) as ch:
-            try:
-                cri_grpc.RuntimeServiceStub(ch).Version(cri.VersionRequest(), timeout=1)
-                break
-            except grpc.RpcError:
-                if proc.poll() is not None:
-                    raise RuntimeError("relay exited during start-up") from None
-        time.sleep(0.005)
+    wait_serving(sock, proc)
     return proc, sock, time.perf_counter() - started
 
 
@@ -124,6 +163,7 @@ def main() -> int:
         runtime = ctrd.socket
     work = tempfile.mkdtemp(prefix="crirm-bench-")
     relay, relay_sock, startup = start_relay(runtime, work, args.relay_mode)
+    goproxy, go_sock = start_goproxy(runtime, work)
     try:
         rss_start = rss_mb(relay.pid)
         cid = make_pods(relay_sock, args.pods, os.path.join(work, "logs"))
@@ -134,28 +174,47 @@ def main() -> int:
             "ListContainers": cri.ListContainersRequest(),
             "ContainerStatus": cri.ContainerStatusRequest(container_id=cid),
         }
-        print(f"relay front end: {args.relay_mode}")
+        print(f"relay front end: {args.relay_mode}; baseline: benchmarks/goproxy (grpc-go, raw bytes)")
         print(f"relay start-up to first served call: {startup * 1000:.0f} ms")
         print(f"relay RSS: {rss_start:.1f} MB at start, {rss_pods:.1f} MB with {args.pods} pods known")
         print()
-        header = (f"{'method':<16}{'clients':>8} | {'direct p50':>10}{'p99':>8} | {'relay p50':>10}{'p99':>8} | "
-                  f"{'overhead p50':>12}{'p99':>8} | {'ratio p50':>9} | {'direct/s':>9}{'relay/s':>9}")
+        header = (f"{'method':<16}{'clients':>7} | {'direct p50':>10}{'p99':>7} | {'relay p50':>9}{'p99':>7} | "
+                  f"{'go p50':>7}{'p99':>7} | {'ovh relay':>9}{'go':>6} | {'ratio p50':>9}{'p99 r/g':>8} | "
+                  f"{'cpu/call relay':>14}{'go':>6} | {'relay/s':>8}{'go/s':>7}")
         print(header)
         print("-" * len(header))
+        ratios: dict[int, list[float]] = {1: [], 16: []}
+        p99s: list[float] = []
         for method, req in requests.items():
             raw = req.SerializeToString()
             for clients in (1, 16):
-                d_lat, d_rate = asyncio.run(measure(runtime, method, raw, args.calls, clients))
+                d_lat, _ = asyncio.run(measure(runtime, method, raw, args.calls, clients))
+                cpu0 = cpu_seconds(relay.pid)
                 r_lat, r_rate = asyncio.run(measure(relay_sock, method, raw, args.calls, clients))
-                d50, d99, r50, r99 = pct(d_lat, 50), pct(d_lat, 99), pct(r_lat, 50), pct(r_lat, 99)
-                print(f"{method:<16}{clients:>8} | {d50:>8.0f}us{d99:>6.0f}us | {r50:>8.0f}us{r99:>6.0f}us | "
-                      f"{r50 - d50:>10.0f}us{r99 - d99:>6.0f}us | {r50 / d50:>9.2f} | "
-                      f"{d_rate:>9.0f}{r_rate:>9.0f}")
+                r_cpu = (cpu_seconds(relay.pid) - cpu0) / (len(r_lat) + 50) * 1e6
+                cpu0 = cpu_seconds(goproxy.pid)
+                g_lat, g_rate = asyncio.run(measure(go_sock, method, raw, args.calls, clients))
+                g_cpu = (cpu_seconds(goproxy.pid) - cpu0) / (len(g_lat) + 50) * 1e6
+                d50, d99 = pct(d_lat, 50), pct(d_lat, 99)
+                r50, r99, g50, g99 = pct(r_lat, 50), pct(r_lat, 99), pct(g_lat, 50), pct(g_lat, 99)
+                ratio = (r50 - d50) / (g50 - d50) if g50 > d50 else float("nan")
+                ratios[clients].append(ratio)
+                if clients == 16:
+                    p99s.append(r99 / g99)
+                print(f"{method:<16}{clients:>7} | {d50:>8.0f}us{d99:>5.0f}us | {r50:>7.0f}us{r99:>5.0f}us | "
+                      f"{g50:>5.0f}us{g99:>5.0f}us | {r50 - d50:>7.0f}us{g50 - d50:>4.0f}us | {ratio:>9.2f}"
+                      f"{r99 / g99:>8.2f} | {r_cpu:>12.0f}us{g_cpu:>4.0f}us | {r_rate:>8.0f}{g_rate:>7.0f}")
+        print()
+        print(f"overhead ratio relay/go p50, 1 client: worst {max(ratios[1]):.2f} (target <= 0.5); "
+              f"16 clients: worst {max(ratios[16]):.2f} (target <= 1.0); "
+              f"p99 relay/go with 16 clients: worst {max(p99s):.2f} (target <= 1.0)")
         print()
         print(f"relay RSS after the run: {rss_mb(relay.pid):.1f} MB")
     finally:
         relay.terminate()
         relay.wait(15)
+        goproxy.terminate()
+        goproxy.wait(15)
         if ctrd is not None:
             ctrd.stop()
     return 0

@@ -266,6 +266,10 @@ class Daemon:
         if background is not None:
             background.cancel()
         try:
+            try:  # updates still being pushed: finish them (what does not finish stays pending)
+                await asyncio.wait_for(engine.settle_updates(), self.opts.shutdown_grace)
+            except TimeoutError:
+                log.warning("shutting down with container updates still pending; they are pushed after restart")
             await engine.save()
         finally:
             Path(self.relay_socket).unlink(missing_ok=True)

@@ -113,6 +113,9 @@ class Engine(Reconciling):
         # Runtime updates: one at a time per container, a bounded number at once overall.
         self._push_locks: dict[str, asyncio.Lock] = {}
         self._push_slots = asyncio.Semaphore(16)
+        # Updates pushed in the background, and those a container's start waits for.
+        self._background: set[asyncio.Task[None]] = set()
+        self._repins: dict[str, asyncio.Task[None]] = {}
 
     # -- state -------------------------------------------------------------
     def view(self) -> View:
@@ -216,6 +219,28 @@ class Engine(Reconciling):
     async def _apply_updates(self, decision: Decision) -> None:
         """Push the desired resources of the containers a decision moved (no engine lock held)."""
         await self._push_all(decision.updates)
+
+    def _apply_soon(self, decision: Decision, before_start: str = "") -> None:
+        """Push a decision's updates in the background, so the call that caused them returns now.
+
+        They are recorded (and saved) as pending, so a crash cannot lose them. The container
+        before_start is not started until they are done: a new exclusive grant must not run
+        while shared containers still run on its CPUs.
+        """
+        if not decision.updates:
+            return
+        task = asyncio.create_task(self._apply_updates(decision))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        if before_start:
+            self._repins[before_start] = task
+            task.add_done_callback(lambda t: self._repins.pop(before_start, None)
+                                   if self._repins.get(before_start) is t else None)
+
+    async def settle_updates(self) -> None:
+        """Wait for the updates pushed in the background (at shutdown, in tests)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     async def _push_pending(self) -> None:
         await self._push_all([k for k, c in self.containers.items() if c.pending and c.id])
@@ -364,7 +389,7 @@ class Engine(Reconciling):
             if late is not None:  # the policy moved it while the runtime was creating it
                 c.resources, c.pending = late, True
                 decision.updates[c.key] = late
-        await self._apply_updates(decision)
+        self._apply_soon(decision, before_start=c.key)
         await self._run_hooks("post-create", c, pod)
         await self.save()
         return resp
@@ -378,6 +403,9 @@ class Engine(Reconciling):
 
     async def start_container(self, req: cri.StartContainerRequest,
                               send: Send) -> cri.StartContainerResponse:
+        repin = self._repins.get(req.container_id)
+        if repin is not None:  # the containers its grant moved must be off its CPUs first
+            await asyncio.shield(repin)
         resp = await send(req)
         async with self._lock:
             c = self._find(req.container_id)
@@ -493,7 +521,7 @@ class Engine(Reconciling):
             c = self._find(req.container_id)
             decision = Decision() if c is None else self._forget(c) if forget else self._release(c)
             self._record(decision.updates)
-        await self._apply_updates(decision)
+        self._apply_soon(decision)  # CPUs given back: nobody has to wait for that
         if c is not None:
             await self._run_hooks(hook, c, self.pods.get(c.pod_id))
         await self.save()  # also when an event got there first: its save may not be on disk yet

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import grpc
@@ -24,21 +25,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cri-resmgr.engine")
 
-RETRY_MAX = 1.0  # seconds between attempts to subscribe again
+RETRY_MIN, RETRY_MAX = 0.05, 1.0  # seconds between attempts to subscribe again
 
 
 async def follow(engine: Engine, runtime: RuntimeClient) -> None:
     """Feed container events to the engine until the runtime says it has none."""
-    delay, following = 0.05, False
+    delay = RETRY_MIN
     while True:
         call = runtime.container_events()
+        started, following = time.monotonic(), False
         try:
             async for event in call:
                 if not following:
                     log.info("following the runtime's container events")
                     following = True
-                delay = 0.05
                 await engine.container_event(event)
+            if following:
+                log.warning("the runtime ended its container event stream; reconciling and subscribing again")
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                 log.info("the runtime serves no container events; exits are found by periodic reconciliation")
@@ -51,9 +54,9 @@ async def follow(engine: Engine, runtime: RuntimeClient) -> None:
             call.cancel()
         if following:
             engine.wake()  # whatever happened while we were not subscribed
-        following = False
+        # A stream that lasted is a fresh start; one that keeps ending at once backs off.
+        delay = RETRY_MIN if time.monotonic() - started > RETRY_MAX else min(delay * 2, RETRY_MAX)
         await asyncio.sleep(delay)
-        delay = min(delay * 2, RETRY_MAX)
 
 
 def describe(event: cri.ContainerEventResponse) -> str:

@@ -48,6 +48,8 @@ state = "{state}"
 
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "native"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{dir}/registries"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{pause}"
 
@@ -112,6 +114,8 @@ state = "{state}"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         BinaryName = "{runc}"
         Root = "{state}/runc"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{dir}/registries"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{cni_bin}"
     conf_dir = "{cni_conf}"
@@ -219,6 +223,14 @@ class PrivateContainerd:
                 self._wait_image(name, timeout)
             self._imported = True
         return self
+
+    def mirror(self, host: str, url: str) -> None:
+        """Pull images of registry host from url instead (a plain-HTTP registry such as
+        resmgr.testing.registry); containerd reads this on every pull."""
+        hosts = self.dir / "registries" / host
+        hosts.mkdir(parents=True, exist_ok=True)
+        (hosts / "hosts.toml").write_text(f'server = "https://{host}"\n\n[host."{url}"]\n'
+                                          f'  capabilities = ["pull", "resolve"]\n')
 
     def kill(self) -> None:
         """SIGKILL containerd alone, as a crash would: its shims and containers keep running."""

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Pod start-up: 20 pods with one container each, started in parallel, directly and through
+cri-resmgr (topology-aware and static policies), against the private containerd.
+
+Two workloads:
+- best-effort: every pod is BestEffort;
+- mixed: BestEffort, Burstable and Guaranteed pods, the Guaranteed ones whole CPUs, started in
+  the middle of the batch so that each exclusive grant re-pins the shared containers running.
+
+Each (workload, policy) runs --rounds batches through the relay alternating with direct ones
+(pods removed in between); prints the median wall time, p50/p99 per call (RunPodSandbox,
+CreateContainer, StartContainer) and the relay's wall time relative to direct. Target: within
+5% of direct for both workloads.
+
+    python benchmarks/pod_startup.py [--pods 20] [--rounds 3] [--policies topology-aware,static]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from resmgr.cri import api_pb2 as cri
+from resmgr.cri import api_pb2_grpc as cri_grpc
+from resmgr.testing.containerd import PrivateContainerd
+from resmgr.testing.images import BUSYBOX_IMAGE
+from resmgr.topology.cpuset import CPUSet
+
+ONLINE = CPUSet.parse(Path("/sys/devices/system/cpu/online").read_text())
+CALLS = ("RunPodSandbox", "CreateContainer", "StartContainer")
+
+
+def resources(qos: str) -> cri.LinuxContainerResources:
+    if qos == "guaranteed":
+        return cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000,
+                                           memory_limit_in_bytes=64 << 20)
+    if qos == "burstable":
+        return cri.LinuxContainerResources(cpu_shares=51, memory_limit_in_bytes=128 << 20)  # 50m
+    return cri.LinuxContainerResources(cpu_shares=2)
+
+
+def workload(name: str, pods: int) -> list[str]:
+    """QoS class of each pod, in start order."""
+    if name == "best-effort":
+        return ["besteffort"] * pods
+    exclusive = max(1, min(4, len(ONLINE) - 1))  # whole CPUs that fit beside a shared one
+    shared = ["burstable" if i % 2 else "besteffort" for i in range(pods - exclusive)]
+    middle = len(shared) // 2
+    return shared[:middle] + ["guaranteed"] * exclusive + shared[middle:]
+
+
+class Batch:
+    def __init__(self, socket: str, logdir: str) -> None:
+        self.channel = grpc.insecure_channel("unix://" + socket)
+        self.rt = cri_grpc.RuntimeServiceStub(self.channel)
+        self.logdir = logdir
+        self.times: dict[str, list[float]] = {c: [] for c in CALLS}
+        self.lock = threading.Lock()
+
+    def _timed(self, name: str, fn, req):
+        t = time.perf_counter()
+        resp = fn(req, timeout=120)
+        with self.lock:
+            self.times[name].append(time.perf_counter() - t)
+        return resp
+
+    def start_pod(self, qos: str, delay: float) -> str:
+        time.sleep(delay)
+        uid = uuid.uuid4().hex
+        name = f"start-{uid[:8]}"
+        parent = f"/kubepods/pod{uid}" if qos == "guaranteed" else f"/kubepods/{qos}/pod{uid}"
+        cfg = cri.PodSandboxConfig(
+            metadata=cri.PodSandboxMetadata(name=name, uid=uid, namespace="bench"),
+            log_directory=os.path.join(self.logdir, name),
+            linux=cri.LinuxPodSandboxConfig(cgroup_parent=parent, security_context=cri.LinuxSandboxSecurityContext(
+                namespace_options=cri.NamespaceOption(network=cri.NODE))))
+        pod = self._timed("RunPodSandbox", self.rt.RunPodSandbox, cri.RunPodSandboxRequest(config=cfg)).pod_sandbox_id
+        cc = cri.ContainerConfig(metadata=cri.ContainerMetadata(name="main"), image=cri.ImageSpec(image=BUSYBOX_IMAGE),
+                                 command=["sleep", "3600"], log_path="main.log",
+                                 linux=cri.LinuxContainerConfig(resources=resources(qos)))
+        cid = self._timed("CreateContainer", self.rt.CreateContainer,
+                          cri.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=cfg)).container_id
+        self._timed("StartContainer", self.rt.StartContainer, cri.StartContainerRequest(container_id=cid))
+        return pod
+
+    def run(self, classes: list[str]) -> tuple[float, list[str]]:
+        # Pods arrive 5 ms apart, as kubelet's pod workers would pick them up, all in flight at once.
+        with futures.ThreadPoolExecutor(len(classes)) as pool:
+            t = time.perf_counter()
+            pods = list(pool.map(lambda a: self.start_pod(*a), [(q, i * 0.005) for i, q in enumerate(classes)]))
+            return time.perf_counter() - t, pods
+
+    def remove(self, pods: list[str]) -> None:
+        for pod in pods:
+            self.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod), timeout=60)
+            self.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=60)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def start_relay(runtime: str, work: Path, policy: str) -> tuple[subprocess.Popen, str]:
+    sock = str(work / f"relay-{policy}.sock")
+    config = work / f"{policy}.yaml"
+    config.write_text(f"policy:\n  Active: {policy}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "resmgr", "--relay-socket", sock, "--runtime-socket", runtime,
+                             "--relay-dir", str(work / f"state-{policy}"), "--config-socket", "disabled",
+                             "--force-config", str(config), "--log-level", "WARNING", "--dump", "off:.*"])
+    deadline = time.monotonic() + 30
+    while True:
+        with grpc.insecure_channel("unix://" + sock) as ch:
+            try:
+                cri_grpc.RuntimeServiceStub(ch).Version(cri.VersionRequest(), timeout=1)
+                return proc, sock
+            except grpc.RpcError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("cri-resmgr did not start") from None
+        time.sleep(0.01)
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] * 1000
+
+
+def measure(sockets: dict[str, str], classes: list[str], rounds: int, logdir: str
+            ) -> dict[str, tuple[float, dict[str, list[float]]]]:
+    """Batches on each socket in turn, round after round (so drift hits all alike); per socket the
+    median wall time and every call's latency."""
+    batches = {name: Batch(sock, logdir) for name, sock in sockets.items()}
+    walls: dict[str, list[float]] = {name: [] for name in sockets}
+    try:
+        for _ in range(rounds):
+            for name, batch in batches.items():
+                wall, pods = batch.run(classes)
+                walls[name].append(wall)
+                batch.remove(pods)
+    finally:
+        for batch in batches.values():
+            batch.close()
+    return {name: (statistics.median(walls[name]), batches[name].times) for name in sockets}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pods", type=int, default=20, help="pods per batch (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3, help="batches per measurement (default: %(default)s)")
+    ap.add_argument("--policies", default="topology-aware,static", help="relay policies (default: %(default)s)")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="crirm-podstart-"))
+    ctrd = PrivateContainerd(work / "containerd").start()
+    try:
+        print(f"{args.pods} pods with one container each, started in parallel; median of {args.rounds} batches; "
+              f"{len(ONLINE)} CPUs")
+        header = (f"{'workload':<12}{'target':<22} | {'wall':>7} {'vs direct':>9} | "
+                  + " | ".join(f"{c + ' p50':>19}{'p99':>7}" for c in CALLS))
+        print(header)
+        print("-" * len(header))
+        for name in ("best-effort", "mixed"):
+            classes = workload(name, args.pods)
+            measure({"direct": ctrd.socket}, classes, 1, str(work / "logs"))  # warm up: images, cgroups, CNI
+            rows = []
+            for policy in args.policies.split(","):
+                # One relay at a time (two would fight over the same containers), its batches
+                # alternating with direct ones.
+                proc, sock = start_relay(ctrd.socket, work, policy)
+                try:
+                    got = measure({"direct": ctrd.socket, "relay": sock}, classes, args.rounds, str(work / "logs"))
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+                    shutil.rmtree(work / f"state-{policy}", ignore_errors=True)
+                rows.append(("direct", *got["direct"], None))
+                rows.append((f"relay {policy}", *got["relay"], got["direct"][0]))
+            for target, wall, times, base in rows:
+                rel = f"{(wall / base - 1) * 100:+8.1f}%" if base else f"{'':>9}"
+                cols = " | ".join(f"{pct(times[c], 50):>17.1f}ms{pct(times[c], 99):>5.0f}ms" for c in CALLS)
+                print(f"{name:<12}{target:<22} | {wall * 1000:>5.0f}ms {rel} | {cols}", flush=True)
+        return 0
+    finally:
+        ctrd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
