@@ -18,6 +18,7 @@ CreateContainer, StartContainer) and the relay's wall time relative to direct. T
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -135,22 +136,44 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] * 1000
 
 
-def measure(sockets: dict[str, str], classes: list[str], rounds: int, logdir: str
+class Relay:
+    """cri-resmgr with one policy, up only for its own batches: a relay running during a direct
+    batch would adopt and re-pin those pods, loading the runtime the baseline is measured on."""
+
+    def __init__(self, runtime: str, work: Path, policy: str) -> None:
+        self.runtime, self.work, self.policy = runtime, work, policy
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> str:
+        self.proc, sock = start_relay(self.runtime, self.work, self.policy)
+        return sock
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def measure(runtime: str, relay: Relay, classes: list[str], rounds: int, logdir: str
             ) -> dict[str, tuple[float, dict[str, list[float]]]]:
-    """Batches on each socket in turn, round after round (so drift hits all alike); per socket the
-    median wall time and every call's latency."""
-    batches = {name: Batch(sock, logdir) for name, sock in sockets.items()}
-    walls: dict[str, list[float]] = {name: [] for name in sockets}
-    try:
-        for _ in range(rounds):
-            for name, batch in batches.items():
-                wall, pods = batch.run(classes)
-                walls[name].append(wall)
-                batch.remove(pods)
-    finally:
-        for batch in batches.values():
-            batch.close()
-    return {name: (statistics.median(walls[name]), batches[name].times) for name in sockets}
+    """Direct and relay batches alternating, round after round (so drift hits both alike); per
+    target the median wall time and every call's latency."""
+    walls: dict[str, list[float]] = {"direct": [], "relay": []}
+    times: dict[str, dict[str, list[float]]] = {}
+    for _ in range(rounds):
+        for target in ("direct", "relay"):
+            with contextlib.ExitStack() as stack:
+                sock = stack.enter_context(relay) if target == "relay" else runtime
+                batch = Batch(sock, logdir)
+                try:
+                    wall, pods = batch.run(classes)
+                    batch.remove(pods)
+                finally:
+                    batch.close()
+            walls[target].append(wall)
+            for call, values in batch.times.items():
+                times.setdefault(target, {}).setdefault(call, []).extend(values)
+    return {t: (statistics.median(walls[t]), times[t]) for t in walls}
 
 
 def main() -> int:
@@ -171,18 +194,13 @@ def main() -> int:
         print("-" * len(header))
         for name in ("best-effort", "mixed"):
             classes = workload(name, args.pods)
-            measure({"direct": ctrd.socket}, classes, 1, str(work / "logs"))  # warm up: images, cgroups, CNI
+            warm = Batch(ctrd.socket, str(work / "logs"))  # warm up: images, cgroups, CNI
+            warm.remove(warm.run(classes)[1])
+            warm.close()
             rows = []
             for policy in args.policies.split(","):
-                # One relay at a time (two would fight over the same containers), its batches
-                # alternating with direct ones.
-                proc, sock = start_relay(ctrd.socket, work, policy)
-                try:
-                    got = measure({"direct": ctrd.socket, "relay": sock}, classes, args.rounds, str(work / "logs"))
-                finally:
-                    proc.terminate()
-                    proc.wait(30)
-                    shutil.rmtree(work / f"state-{policy}", ignore_errors=True)
+                got = measure(ctrd.socket, Relay(ctrd.socket, work, policy), classes, args.rounds,
+                              str(work / "logs"))
                 rows.append(("direct", *got["direct"], None))
                 rows.append((f"relay {policy}", *got["relay"], got["direct"][0]))
             for target, wall, times, base in rows:
