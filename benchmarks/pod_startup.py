@@ -112,13 +112,13 @@ class Batch:
         self.channel.close()
 
 
-def start_relay(runtime: str, work: Path, policy: str) -> tuple[subprocess.Popen, str]:
+def start_relay(runtime: str, work: Path, policy: str, *extra: str) -> tuple[subprocess.Popen, str]:
     sock = str(work / f"relay-{policy}.sock")
     config = work / f"{policy}.yaml"
     config.write_text(f"policy:\n  Active: {policy}\n")
     proc = subprocess.Popen([sys.executable, "-m", "resmgr", "--relay-socket", sock, "--runtime-socket", runtime,
                              "--relay-dir", str(work / f"state-{policy}"), "--config-socket", "disabled",
-                             "--force-config", str(config), "--log-level", "WARNING", "--dump", "off:.*"])
+                             "--force-config", str(config), "--log-level", "WARNING", "--dump", "off:.*", *extra])
     deadline = time.monotonic() + 30
     while True:
         with grpc.insecure_channel("unix://" + sock) as ch:
