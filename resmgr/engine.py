@@ -189,6 +189,8 @@ class Engine(Reconciling):
         decision = self.policy.release(c, self.view())
         c.state = ContainerState.EXITED
         c.pending = False
+        # Newer than any reconciliation observation in flight, which may still list it running.
+        c.seq = self._next_seq()
         return decision
 
     def _forget(self, c: Container) -> Decision:

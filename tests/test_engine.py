@@ -547,3 +547,32 @@ async def test_a_container_made_while_down_is_accounted_before_anything_new_is_d
     with pytest.raises(PolicyError, match="needs 1 exclusive"):
         await waiting
     assert str(eng.policy.cpus_of("made-while-down")) == "0"  # kept where it runs, accounted
+
+
+@pytest.mark.parametrize("how", ["StopContainer", "event"])
+async def test_a_release_while_a_round_observes_is_not_undone_by_it(engine, how):
+    # A round that listed the container as running before it stopped must not "revive" it:
+    # that would hand its CPUs out again while the container is gone.
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, "c1")
+    rt = engine.runtime
+    rt.pod(pod_id)
+    rt.run("c1", pod_id)
+    original_list = rt.list_containers
+
+    async def list_then_stop(pod_id=""):
+        listed = await original_list(pod_id)  # still running here ...
+        if how == "StopContainer":             # ... and stopped before the round commits
+            async def send(req):
+                return cri.StopContainerResponse()
+            await engine.stop_container(cri.StopContainerRequest(container_id="c1"), send)
+        else:
+            await engine.container_event(cri.ContainerEventResponse(
+                container_id="c1", container_event_type=cri.CONTAINER_STOPPED_EVENT))
+        rt.list_containers = original_list
+        return listed
+
+    rt.list_containers = list_then_stop
+    await engine.reconcile()
+    assert engine.containers["c1"].state == ContainerState.EXITED
+    assert "c1" not in engine.snapshot()["unallocated"]
