@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,7 +48,8 @@ def build_goproxy() -> Path:
     binary = CACHE / "go" / f"goproxy-{digest.hexdigest()[:12]}" / "goproxy"
     if not binary.exists():
         binary.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["go", "build", "-trimpath", "-o", str(binary) + ".tmp", "."], cwd=GOPROXY_SRC, check=True,
+        go = shutil.which("go") or "/usr/local/go/bin/go"
+        subprocess.run([go, "build", "-trimpath", "-o", str(binary) + ".tmp", "."], cwd=GOPROXY_SRC, check=True,
                        env=dict(os.environ, GOFLAGS="-mod=readonly", GOTOOLCHAIN="local"))
         os.replace(str(binary) + ".tmp", binary)
     return binary

@@ -11,7 +11,11 @@ cd "$(dirname "$0")/.."
 
 CACHE=${CRI_RESMGR_CACHE:-$HOME/.cache/cri-resmgr}
 export GOFLAGS=-mod=readonly GOTOOLCHAIN=local
-command -v go >/dev/null || { echo "build-runtime: Go is needed (go 1.26 or newer)" >&2; exit 1; }
+# Go is often installed outside the default PATH of non-interactive shells.
+for d in /usr/local/go/bin "$HOME/go/bin" /usr/lib/go/bin; do
+    command -v go >/dev/null || { [ -x "$d/go" ] && PATH="$d:$PATH"; }
+done
+command -v go >/dev/null || { echo "build-runtime: Go is needed (go 1.26 or newer, on PATH)" >&2; exit 1; }
 
 # version of module $2 required by tools/go/$1/go.mod
 pinned() { awk -v m="$2" '$1 == m { print $2; exit }' "tools/go/$1/go.mod"; }

@@ -32,7 +32,8 @@ fi
 # containerd 2.x, runc, crictl and critest at the versions tools/go/*/go.mod pin.
 bin=${CRI_RESMGR_CACHE:-$HOME/.cache/cri-resmgr}/bin
 mkdir -p "$bin"
-for dir in $(scripts/build-runtime.sh); do
+dirs=$(scripts/build-runtime.sh)  # an assignment, so a failed build stops setup (set -e)
+for dir in $dirs; do
     for exe in "$dir"/*; do
         ln -sfn "$exe" "$bin/$(basename "$exe")"
     done
