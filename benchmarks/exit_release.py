@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test helpers, run from anywhere
 
-from benchmarks.pod_startup import start_relay  # noqa: E402
 from resmgr.cri import api_pb2 as cri  # noqa: E402
 from resmgr.testing.containerd import PrivateContainerd  # noqa: E402
+from resmgr.testing.relay import policy_relay  # noqa: E402
 from tests.helpers import GUARANTEED_CPU, ONLINE, SHARED, Cri, Pods, cgroup_cpus, wait_until  # noqa: E402
 
 
@@ -54,15 +54,15 @@ def main() -> int:
     ctrd = PrivateContainerd(work / "containerd").start()
     try:
         for events, trials in (("on", args.trials), ("off", max(2, args.trials // 2))):
-            proc, sock = start_relay(ctrd.socket, work, "static", "--reconcile-interval", args.reconcile_interval,
-                                     "--runtime-events", events)
-            via = Cri(sock)
+            relay = policy_relay(work, ctrd.socket, "static", "--config-socket", "disabled", "--log-level", "WARNING",
+                                 "--reconcile-interval", args.reconcile_interval, "--runtime-events", events,
+                                 relay_dir=work / f"state-{events}").start()
+            via = Cri(relay.socket)
             try:
                 got = [trial(via, work) for _ in range(trials)]
             finally:
                 via.close()
-                proc.terminate()
-                proc.wait(30)
+                relay.stop(timeout=30)
             print(f"events {events:<3} (reconcile every {args.reconcile_interval}): exit -> CPU back "
                   f"p50 {statistics.median(got) * 1000:.0f} ms, max {max(got) * 1000:.0f} ms over {trials} exits",
                   flush=True)

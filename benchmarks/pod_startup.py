@@ -19,37 +19,34 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 
-from resmgr.cri import api_pb2 as cri
-from resmgr.cri import api_pb2_grpc as cri_grpc
-from resmgr.testing.containerd import PrivateContainerd
-from resmgr.testing.images import BUSYBOX_IMAGE
-from resmgr.topology.cpuset import CPUSet
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test helpers, run from anywhere
 
-ONLINE = CPUSet.parse(Path("/sys/devices/system/cpu/online").read_text())
+from resmgr.cri import api_pb2 as cri  # noqa: E402
+from resmgr.cri import api_pb2_grpc as cri_grpc  # noqa: E402
+from resmgr.testing.containerd import PrivateContainerd  # noqa: E402
+from resmgr.testing.relay import policy_relay  # noqa: E402
+from tests.helpers import GUARANTEED_CPU, ONLINE, SHARED, container_config, pod_config  # noqa: E402
+
 CALLS = ("RunPodSandbox", "CreateContainer", "StartContainer")
 
 
 def resources(qos: str) -> cri.LinuxContainerResources:
     if qos == "guaranteed":
-        return cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000,
-                                           memory_limit_in_bytes=64 << 20)
+        return GUARANTEED_CPU
     if qos == "burstable":
         return cri.LinuxContainerResources(cpu_shares=51, memory_limit_in_bytes=128 << 20)  # 50m
-    return cri.LinuxContainerResources(cpu_shares=2)
+    return SHARED
 
 
 def workload(name: str, pods: int) -> list[str]:
@@ -79,18 +76,9 @@ class Batch:
 
     def start_pod(self, qos: str, delay: float) -> str:
         time.sleep(delay)
-        uid = uuid.uuid4().hex
-        name = f"start-{uid[:8]}"
-        parent = f"/kubepods/pod{uid}" if qos == "guaranteed" else f"/kubepods/{qos}/pod{uid}"
-        cfg = cri.PodSandboxConfig(
-            metadata=cri.PodSandboxMetadata(name=name, uid=uid, namespace="bench"),
-            log_directory=os.path.join(self.logdir, name),
-            linux=cri.LinuxPodSandboxConfig(cgroup_parent=parent, security_context=cri.LinuxSandboxSecurityContext(
-                namespace_options=cri.NamespaceOption(network=cri.NODE))))
+        cfg = pod_config(namespace="bench", qos=qos, logdir=self.logdir)
         pod = self._timed("RunPodSandbox", self.rt.RunPodSandbox, cri.RunPodSandboxRequest(config=cfg)).pod_sandbox_id
-        cc = cri.ContainerConfig(metadata=cri.ContainerMetadata(name="main"), image=cri.ImageSpec(image=BUSYBOX_IMAGE),
-                                 command=["sleep", "3600"], log_path="main.log",
-                                 linux=cri.LinuxContainerConfig(resources=resources(qos)))
+        cc = container_config(resources=resources(qos))
         cid = self._timed("CreateContainer", self.rt.CreateContainer,
                           cri.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=cfg)).container_id
         self._timed("StartContainer", self.rt.StartContainer, cri.StartContainerRequest(container_id=cid))
@@ -112,25 +100,6 @@ class Batch:
         self.channel.close()
 
 
-def start_relay(runtime: str, work: Path, policy: str, *extra: str) -> tuple[subprocess.Popen, str]:
-    sock = str(work / f"relay-{policy}.sock")
-    config = work / f"{policy}.yaml"
-    config.write_text(f"policy:\n  Active: {policy}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "resmgr", "--relay-socket", sock, "--runtime-socket", runtime,
-                             "--relay-dir", str(work / f"state-{policy}"), "--config-socket", "disabled",
-                             "--force-config", str(config), "--log-level", "WARNING", "--dump", "off:.*", *extra])
-    deadline = time.monotonic() + 30
-    while True:
-        with grpc.insecure_channel("unix://" + sock) as ch:
-            try:
-                cri_grpc.RuntimeServiceStub(ch).Version(cri.VersionRequest(), timeout=1)
-                return proc, sock
-            except grpc.RpcError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("cri-resmgr did not start") from None
-        time.sleep(0.01)
-
-
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] * 1000
@@ -141,17 +110,14 @@ class Relay:
     batch would adopt and re-pin those pods, loading the runtime the baseline is measured on."""
 
     def __init__(self, runtime: str, work: Path, policy: str) -> None:
-        self.runtime, self.work, self.policy = runtime, work, policy
-        self.proc: subprocess.Popen | None = None
+        self.process = policy_relay(work, runtime, policy, "--config-socket", "disabled", "--log-level", "WARNING",
+                                    "--dump", "off:.*", relay_dir=work / f"state-{policy}")
 
     def __enter__(self) -> str:
-        self.proc, sock = start_relay(self.runtime, self.work, self.policy)
-        return sock
+        return self.process.start().socket
 
     def __exit__(self, *exc: object) -> None:
-        assert self.proc is not None
-        self.proc.terminate()
-        self.proc.wait(30)
+        self.process.stop(timeout=30)
 
 
 def measure(runtime: str, relay: Relay, classes: list[str], rounds: int, logdir: str

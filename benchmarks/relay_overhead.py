@@ -34,6 +34,7 @@ from resmgr.cri import api_pb2 as cri
 from resmgr.cri import api_pb2_grpc as cri_grpc
 from resmgr.testing.containerd import PrivateContainerd
 from resmgr.testing.images import BUSYBOX_IMAGE
+from resmgr.testing.relay import RelayProcess
 
 BASE = "/runtime.v1.RuntimeService/"
 GOPROXY_SRC = Path(__file__).resolve().parent / "goproxy"
@@ -89,15 +90,12 @@ def rss_mb(pid: int) -> float:
 
 
 def start_relay(runtime_socket: str, workdir: str, mode: str) -> tuple[subprocess.Popen, str, float]:
-    sock = os.path.join(workdir, "relay.sock")
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "resmgr", "--relay-socket", sock,
-                             "--runtime-socket", runtime_socket, "--relay-dir",
-                             os.path.join(workdir, "state"), "--dump", "off:.*",
-                             "--log-level", "WARNING", "--relay-mode", mode,
-                             "--config-socket", os.path.join(workdir, "config.sock")])
-    wait_serving(sock, proc)
-    return proc, sock, time.perf_counter() - started
+    relay = RelayProcess(Path(workdir), runtime_socket, "--dump", "off:.*", "--log-level", "WARNING",
+                         "--relay-mode", mode).start(wait=False)
+    assert relay.proc is not None
+    wait_serving(relay.socket, relay.proc)  # to the first served call: that is the figure printed
+    return relay.proc, relay.socket, time.perf_counter() - started
 
 
 def make_pods(socket: str, count: int, logdir: str) -> str:

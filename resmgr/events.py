@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from resmgr.cri import api_pb2 as cri
 from resmgr.reconcile import brief
 
 if TYPE_CHECKING:
@@ -57,7 +56,3 @@ async def follow(engine: Engine, runtime: RuntimeClient) -> None:
         # A stream that lasted is a fresh start; one that keeps ending at once backs off.
         delay = RETRY_MIN if time.monotonic() - started > RETRY_MAX else min(delay * 2, RETRY_MAX)
         await asyncio.sleep(delay)
-
-
-def describe(event: cri.ContainerEventResponse) -> str:
-    return f"{cri.ContainerEventType.Name(event.container_event_type)} {event.container_id}"

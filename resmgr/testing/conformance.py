@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 from resmgr.testing import images
 from resmgr.testing.containerd import PrivateContainerd, tool
 from resmgr.testing.registry import Base, Registry
+from resmgr.testing.relay import policy_relay
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIP_FILE = ROOT / "tests" / "critest-skip.txt"
@@ -91,24 +91,6 @@ def run_critest(endpoint: str, report: Path, focus: str, skips: list[str], log: 
     return results
 
 
-def start_relay(work: Path, runtime: str, mode: str, policy: str) -> tuple[subprocess.Popen, str]:
-    sock = str(work / f"relay-{mode}.sock")
-    config = work / "policy.yaml"
-    config.write_text(f"policy:\n  Active: {policy}\n")
-    log = open(work / f"relay-{mode}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "resmgr", "--relay-socket", sock, "--runtime-socket", runtime,
-                             "--relay-dir", str(work / f"state-{mode}"), "--config-socket", "disabled",
-                             "--force-config", str(config), "--relay-mode", mode],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    log.close()
-    deadline = time.monotonic() + 30
-    while not os.path.exists(sock):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"cri-resmgr ({mode}) did not start; see {work}/relay-{mode}.log")
-        time.sleep(0.05)
-    return proc, sock
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", default="splice,grpc", help="relay front ends to check (default: %(default)s)")
@@ -134,14 +116,15 @@ def main(argv: list[str] | None = None) -> int:
             relay = None
             endpoint = ctrd.socket
             if target != "direct":
-                relay, endpoint = start_relay(work, ctrd.socket, target, args.policy)
+                relay = policy_relay(work, ctrd.socket, args.policy, "--relay-mode", target, "--config-socket",
+                                     "disabled", "--log-level", "INFO", relay_dir=work / f"state-{target}").start()
+                endpoint = relay.socket
             try:
                 results[target] = run_critest(endpoint, work / f"critest-{target}.json", args.focus,
                                               [s for s, _ in skips], work / f"critest-{target}.log")
             finally:
                 if relay is not None:
-                    relay.terminate()
-                    relay.wait(30)
+                    relay.stop(timeout=30)
             timings[target] = time.monotonic() - started
     finally:
         ctrd.stop()

@@ -30,10 +30,9 @@ TOOLS_BIN = Path(os.environ.get("CRI_RESMGR_CACHE", Path.home() / ".cache" / "cr
 CONTAINERD_ENV = "CRIRM_CONTAINERD"
 RUNC_ENV = "CRIRM_RUNC"
 
-# containerd 2.x (config version 3): the CRI plugin is split into images and runtime parts.
-# runc's state root is private too, so this containerd shares nothing with another one.
-CONFIG_V3 = """\
-version = 3
+# What every containerd version reads the same way: private root, state and sockets.
+_HEAD = """\
+version = {version}
 root = "{root}"
 state = "{state}"
 
@@ -45,6 +44,11 @@ state = "{state}"
 
 [debug]
   level = "info"
+"""
+
+# containerd 2.x (config version 3): the CRI plugin is split into images and runtime parts.
+# runc's state root is private too, so this containerd shares nothing with another one.
+CONFIG_V3 = _HEAD + """\
 
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "native"
@@ -86,19 +90,7 @@ state = "{state}"
 """
 
 # containerd 1.6 and 1.7 (config version 2), for CRIRM_CONTAINERD pointing at one.
-CONFIG_V2 = """\
-version = 2
-root = "{root}"
-state = "{state}"
-
-[grpc]
-  address = "{socket}"
-
-[ttrpc]
-  address = "{socket}.ttrpc"
-
-[debug]
-  level = "info"
+CONFIG_V2 = _HEAD + """\
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{pause}"
@@ -200,9 +192,9 @@ class PrivateContainerd:
         (cni_conf / "10-cri-resmgr-test.conflist").write_text(
             CNI_CONFLIST.format(subnet=CNI_SUBNET, ipam_dir=self.dir / "ipam"))
         config = self.dir / "config.toml"
-        template = CONFIG_V3 if self.version >= (2,) else CONFIG_V2
+        template, version = (CONFIG_V3, 3) if self.version >= (2,) else (CONFIG_V2, 2)
         config.write_text(template.format(
-            dir=self.dir, root=self.dir / "root", state=self.dir / "state", socket=self.socket,
+            version=version, dir=self.dir, root=self.dir / "root", state=self.dir / "state", socket=self.socket,
             pause=images.PAUSE_IMAGE, platform=images.PLATFORM, runc=tool("runc"), cni_bin=CNI_BIN_DIR,
             cni_conf=cni_conf))
         # containerd finds its shim on PATH: the one next to the chosen containerd comes first.

@@ -69,7 +69,6 @@ class Registry:
         self.blobs: dict[str, bytes] = {}
         self.manifests: dict[tuple[str, str], bytes] = {}  # (repository, tag or digest)
         self._server: ThreadingHTTPServer | None = None
-        self.pulls: list[str] = []
 
     def add(self, reference: str, base: Base, files: dict[str, bytes] | None = None, **config: Any) -> str:
         """Serve base as reference (host/repository:tag) with its image config's "config" part
@@ -119,11 +118,7 @@ class Registry:
                     return self._send(404, b'{"errors":[{"code":"UNSUPPORTED"}]}', "application/json", body)
                 repo, kind, ref = m["repo"], m["kind"], m["ref"]
                 if kind == "manifests":
-                    data = registry.manifests.get((repo, ref))
-                    if data is not None and body:
-                        registry.pulls.append(f"{repo}:{ref}")
-                    code = "MANIFEST_UNKNOWN"
-                    media = MANIFEST
+                    data, code, media = registry.manifests.get((repo, ref)), "MANIFEST_UNKNOWN", MANIFEST
                 else:
                     data, code, media = registry.blobs.get(ref), "BLOB_UNKNOWN", "application/octet-stream"
                 if data is None:
