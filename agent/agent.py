@@ -23,7 +23,7 @@ import grpc
 from kubernetes import client
 
 from agent.kube import Backoff, Cluster, Watcher
-from resmgr.configapi import api_pb2, api_pb2_grpc
+from resmgr.generated.config import api_pb2, api_pb2_grpc
 
 log = logging.getLogger("cri-resmgr-agent")
 

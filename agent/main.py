@@ -21,8 +21,8 @@ import grpc
 from kubernetes import client, config
 
 from agent.agent import ConfigAgent, Settings
-from agent.api import api_pb2, api_pb2_grpc
 from agent.server import serve
+from resmgr.generated.agent import api_pb2, api_pb2_grpc
 
 log = logging.getLogger("cri-resmgr-agent")
 

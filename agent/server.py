@@ -9,8 +9,8 @@ import grpc
 from kubernetes.client.rest import ApiException
 
 from agent.agent import ConfigAgent
-from agent.api import api_pb2, api_pb2_grpc
-from resmgr.relay import listen
+from resmgr import sockets
+from resmgr.generated.agent import api_pb2, api_pb2_grpc
 
 
 class AgentService(api_pb2_grpc.AgentServicer):
@@ -70,5 +70,5 @@ class AgentService(api_pb2_grpc.AgentServicer):
 async def serve(agent: ConfigAgent, path: str) -> grpc.aio.Server:
     server = grpc.aio.server()
     api_pb2_grpc.add_AgentServicer_to_server(AgentService(agent), server)
-    await listen.start_private(server, path)
+    await sockets.start_private(server, path)
     return server

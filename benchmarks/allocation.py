@@ -17,9 +17,9 @@ import tempfile
 import time
 
 import policies
+from resmgr.app.simulate import Simulation
 from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
-from resmgr.requirements import milli_to_shares
-from resmgr.simulate import Simulation
+from resmgr.requests import milli_to_shares
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.sysfs import discover
 

@@ -32,10 +32,10 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test helpers, run from anywhere
 
-from resmgr.cri import api_pb2 as cri  # noqa: E402
-from resmgr.cri import api_pb2_grpc as cri_grpc  # noqa: E402
-from resmgr.testing.containerd import PrivateContainerd  # noqa: E402
-from resmgr.testing.relay import policy_relay  # noqa: E402
+from harness.containerd import PrivateContainerd  # noqa: E402
+from harness.relay import policy_relay  # noqa: E402
+from resmgr.generated.cri import api_pb2 as cri  # noqa: E402
+from resmgr.generated.cri import api_pb2_grpc as cri_grpc  # noqa: E402
 from tests.helpers import GUARANTEED_CPU, ONLINE, SHARED, container_config, pod_config  # noqa: E402
 
 CALLS = ("RunPodSandbox", "CreateContainer", "StartContainer")

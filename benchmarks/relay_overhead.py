@@ -30,11 +30,11 @@ from pathlib import Path
 
 import grpc
 
-from resmgr.cri import api_pb2 as cri
-from resmgr.cri import api_pb2_grpc as cri_grpc
-from resmgr.testing.containerd import PrivateContainerd
-from resmgr.testing.images import BUSYBOX_IMAGE
-from resmgr.testing.relay import RelayProcess
+from harness.containerd import PrivateContainerd
+from harness.images import BUSYBOX_IMAGE
+from harness.relay import RelayProcess
+from resmgr.generated.cri import api_pb2 as cri
+from resmgr.generated.cri import api_pb2_grpc as cri_grpc
 
 BASE = "/runtime.v1.RuntimeService/"
 GOPROXY_SRC = Path(__file__).resolve().parent / "goproxy"

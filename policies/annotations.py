@@ -15,10 +15,9 @@ import yaml
 
 from policies.base import PolicyError
 from resmgr.model import Container, Pod
-from resmgr.requirements import effective_annotation
+from resmgr.requests import DOMAIN, effective_annotation
 from resmgr.topology.model import MemoryType
 
-DOMAIN = "cri-resource-manager.intel.com"
 PREFER_ISOLATED = "prefer-isolated-cpus"
 PREFER_SHARED = "prefer-shared-cpus"
 PREFER_RESERVED = "prefer-reserved-cpus"

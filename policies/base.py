@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from resmgr.model import Container, Pod, Resources
-from resmgr.requirements import RequirementError, Requirements, effective_annotation, requirements
+from resmgr.model import Container, Decision, Pod, Resources, View
+from resmgr.requests import RequirementError, Requirements, class_names, requirements
 from resmgr.topology.model import Topology
 
-RDT_ANNOTATION = "rdtclass.cri-resource-manager.intel.com"
-BLOCKIO_ANNOTATION = "blockioclass.cri-resource-manager.intel.com"
+__all__ = ["Decision", "View", "Policy", "PolicyError", "class_names", "container_requirements"]
 
 
 class PolicyError(Exception):
     """A request the policy cannot satisfy, or a configuration it cannot accept."""
-
-
-def class_names(container: Container, pod: Pod) -> tuple[str, str]:
-    """The container's RDT and block-I/O class: annotation, else the pod's QoS class name."""
-    annotations = {**container.annotations, **pod.annotations}
-    qos = pod.qos_class.value
-    return (effective_annotation(annotations, RDT_ANNOTATION, container.name) or qos,
-            effective_annotation(annotations, BLOCKIO_ANNOTATION, container.name) or qos)
 
 
 def container_requirements(container: Container, pod: Pod) -> Requirements:
@@ -32,28 +22,6 @@ def container_requirements(container: Container, pod: Pod) -> Requirements:
         return requirements(container, pod)
     except RequirementError as err:
         raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: {err}") from None
-
-
-@dataclass
-class Decision:
-    """What a policy decided for one lifecycle event.
-
-    `resources` replaces the container's resources (None: leave the request as is);
-    `updates` holds every *other* container whose resources changed, by container key.
-    """
-
-    resources: Resources | None = None
-    rdt_class: str = ""
-    blockio_class: str = ""
-    updates: dict[str, Resources] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class View:
-    """Read-only view of the engine state handed to a policy."""
-
-    pods: Mapping[str, Pod]
-    containers: Mapping[str, Container]
 
 
 class Policy:

@@ -13,7 +13,7 @@ from typing import Any
 
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from resmgr.model import Container, Pod, Resources
-from resmgr.requirements import Requirements, milli_to_shares
+from resmgr.requests import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
 
@@ -26,7 +26,7 @@ def _cpus(text: str) -> CPUSet:
 
 
 @dataclass(frozen=True)
-class Grant:
+class CPUGrant:
     pool: str  # shared pool the container runs in ("" for exclusive-only)
     exclusive: CPUSet = EMPTY
     milli: int = 0  # CPU request, for accounting
@@ -35,7 +35,7 @@ class Grant:
         return {"pool": self.pool, "exclusive": str(self.exclusive), "milli": self.milli}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Grant:
+    def from_dict(cls, d: Mapping[str, Any]) -> CPUGrant:
         return cls(str(d["pool"]), CPUSet.parse(str(d.get("exclusive", ""))), int(d.get("milli", 0)))
 
 
@@ -44,7 +44,7 @@ class PoolPolicy(Policy):
         super().__init__(config, topology)
         if topology is None:
             raise PolicyError(f"policy {self.name} needs the machine topology")
-        self.grants: dict[str, Grant] = {}
+        self.grants: dict[str, CPUGrant] = {}
         self._taken = EMPTY
 
     # -- to be provided ------------------------------------------------------------------
@@ -52,7 +52,7 @@ class PoolPolicy(Policy):
         """Current CPU set of every shared pool."""
         raise NotImplementedError
 
-    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
+    def place(self, container: Container, pod: Pod, req: Requirements) -> CPUGrant:
         raise NotImplementedError
 
     def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
@@ -64,7 +64,7 @@ class PoolPolicy(Policy):
         """Every CPU held exclusively (grants never overlap, so this is kept incrementally)."""
         return self._taken
 
-    def _set_grants(self, grants: dict[str, Grant]) -> None:
+    def _set_grants(self, grants: dict[str, CPUGrant]) -> None:
         self.grants = grants
         taken = EMPTY
         for g in grants.values():
@@ -119,7 +119,7 @@ class PoolPolicy(Policy):
             raise
         if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
             if any(keep <= free and len(free) - len(keep) >= spare for free, spare in self.exclusive_sources()):
-                grant = Grant(grant.pool, keep, grant.milli)
+                grant = CPUGrant(grant.pool, keep, grant.milli)
         self.grants[container.key] = grant
         self._taken |= grant.exclusive
         cpus = self.cpus_of(container.key)
@@ -163,7 +163,7 @@ class PoolPolicy(Policy):
     def restore_state(self, data: Mapping[str, Any]) -> None:
         # A grant of a create still in flight when the state was saved is not restored: if the
         # runtime did create the container, reconciliation adopts and allocates it anew.
-        grants = {k: Grant.from_dict(v) for k, v in (data.get("grants") or {}).items()
+        grants = {k: CPUGrant.from_dict(v) for k, v in (data.get("grants") or {}).items()
                   if not k.startswith("pending:")}
         online = self.topology.online
         for k, g in grants.items():

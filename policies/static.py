@@ -16,20 +16,13 @@ from policies import cpuconfig
 from policies.allocator import take_cpus
 from policies.annotations import prefer_isolated
 from policies.base import PolicyError
-from policies.pools import Grant, PoolPolicy
+from policies.pools import CPUGrant, PoolPolicy
 from resmgr.model import Container, Pod, QOSClass
-from resmgr.requirements import Requirements
+from resmgr.requests import Requirements
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.model import Topology
 
 DEFAULT = "default"
-
-
-def cpu_resources(config: Mapping[str, Any], section: str) -> object | None:
-    res = config.get(section) or {}
-    if not isinstance(res, Mapping):
-        raise PolicyError(f"policy.{section}: expected a mapping like {{cpu: 2}}")
-    return res.get("cpu", res.get("CPU"))
 
 
 class StaticPolicy(PoolPolicy):
@@ -41,19 +34,8 @@ class StaticPolicy(PoolPolicy):
         super().__init__(config, topology)
         options = self.config.get(self.name) or {}
         self.relaxed = bool(options.get("RelaxedIsolation", False))
-        online = topology.online
-        available = online - topology.isolated
-        isolated = topology.isolated
-        avail_cfg = cpu_resources(self.config, "AvailableResources")
-        if avail_cfg is not None:
-            limit = cpuconfig.resolve(avail_cfg, "policy.AvailableResources.cpu", topology, online)
-            available &= limit
-            isolated &= limit
-        reserved_cfg = cpu_resources(self.config, "ReservedResources")
-        self.reserved = cpuconfig.resolve(reserved_cfg, "policy.ReservedResources.cpu", topology, available) \
-            if reserved_cfg is not None else CPUSet()
-        self.available = available
-        self.isolated = isolated
+        cpus = cpuconfig.resolve_cpus(self.config, topology)
+        self.available, self.isolated, self.reserved = cpus.general, cpus.isolated, cpus.reserved
 
     def pool_cpus(self) -> dict[str, CPUSet]:
         taken = self.taken()
@@ -63,9 +45,9 @@ class StaticPolicy(PoolPolicy):
         taken = self.taken()
         return [(self.isolated - taken, 0), (self.available - taken - self.reserved, 0 if self.reserved else 1)]
 
-    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
+    def place(self, container: Container, pod: Pod, req: Requirements) -> CPUGrant:
         if req.qos != QOSClass.GUARANTEED or req.cpu_request <= 0 or req.fraction:
-            return Grant(DEFAULT, milli=req.cpu_request)
+            return CPUGrant(DEFAULT, milli=req.cpu_request)
         count = req.whole_cpus
         taken = self.taken()
         free_isolated = self.isolated - taken
@@ -73,7 +55,7 @@ class StaticPolicy(PoolPolicy):
         want_isolated = preferred if preferred is not None else (
             self.relaxed or (count == 1 and bool(self.isolated)))
         if want_isolated and len(free_isolated) >= count:
-            return Grant("", take_cpus(self.topology, free_isolated, count), req.cpu_request)
+            return CPUGrant("", take_cpus(self.topology, free_isolated, count), req.cpu_request)
         free = self.available - taken - self.reserved
         # Without reserved CPUs the default set must keep one CPU: an empty cpuset would
         # mean "any CPU" to the runtime.
@@ -81,4 +63,4 @@ class StaticPolicy(PoolPolicy):
         if len(free) - spare < count:
             raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name} needs {count} exclusive "
                               f"CPUs; only {max(len(free) - spare, 0)} can be given ({free or 'none'} free)")
-        return Grant("", take_cpus(self.topology, free, count), req.cpu_request)
+        return CPUGrant("", take_cpus(self.topology, free, count), req.cpu_request)

@@ -17,10 +17,9 @@ from policies import cpuconfig
 from policies.allocator import take_cpus
 from policies.annotations import prefer_isolated
 from policies.base import PolicyError
-from policies.pools import Grant, PoolPolicy
-from policies.static import cpu_resources
+from policies.pools import CPUGrant, PoolPolicy
 from resmgr.model import Container, Pod
-from resmgr.requirements import Requirements
+from resmgr.requests import Requirements
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.model import Topology
 
@@ -35,16 +34,9 @@ class StaticPlusPolicy(PoolPolicy):
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
         options = self.config.get(self.name) or {}
-        online = topology.online
-        avail_cfg = cpu_resources(self.config, "AvailableResources")
-        available = cpuconfig.resolve(avail_cfg, "policy.AvailableResources.cpu", topology, online) \
-            if avail_cfg is not None else online
-        self.isolated = available & topology.isolated
-        general = available - self.isolated
-        reserved_cfg = cpu_resources(self.config, "ReservedResources")
-        self.reserved = cpuconfig.resolve(reserved_cfg, "policy.ReservedResources.cpu", topology, general) \
-            if reserved_cfg is not None else CPUSet()
-        self.shared_base = general - self.reserved
+        cpus = cpuconfig.resolve_cpus(self.config, topology)
+        available, self.isolated, self.reserved = cpus.available, cpus.isolated, cpus.reserved
+        self.shared_base = cpus.general - self.reserved
         if not self.shared_base:
             raise PolicyError("static-plus: no CPUs left for the shared pool "
                               f"(available {available}, isolated {self.isolated}, reserved {self.reserved})")
@@ -59,20 +51,20 @@ class StaticPlusPolicy(PoolPolicy):
         taken = self.taken()
         return [(self.isolated - taken, 0), (self.shared_base - taken, 1)]
 
-    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
+    def place(self, container: Container, pod: Pod, req: Requirements) -> CPUGrant:
         who = f"container {pod.namespace}/{pod.name}/{container.name}"
         if pod.namespace in self.reserved_namespaces:
-            return Grant(RESERVED if self.reserved else SHARED, milli=req.cpu_request)
+            return CPUGrant(RESERVED if self.reserved else SHARED, milli=req.cpu_request)
         count = req.whole_cpus
         if count == 0:
-            return Grant(SHARED, milli=req.cpu_request)
+            return CPUGrant(SHARED, milli=req.cpu_request)
         taken = self.taken()
         free_isolated = self.isolated - taken
         pool = SHARED if req.fraction else ""
         if prefer_isolated(container, pod) is not False and len(free_isolated) >= count:
-            return Grant(pool, take_cpus(self.topology, free_isolated, count), req.cpu_request)
+            return CPUGrant(pool, take_cpus(self.topology, free_isolated, count), req.cpu_request)
         shared = self.shared_base - taken
         if len(shared) <= count:  # keep one CPU for the shared pool
             raise PolicyError(f"{who} needs {count} exclusive CPUs; the shared pool has {len(shared)} "
                               f"({shared or 'none'}) and must keep one")
-        return Grant(pool, take_cpus(self.topology, shared, count), req.cpu_request)
+        return CPUGrant(pool, take_cpus(self.topology, shared, count), req.cpu_request)

@@ -1,5 +1,5 @@
 import sys
 
-from resmgr.cli import main
+from resmgr.app.cli import main
 
 sys.exit(main())

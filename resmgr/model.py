@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any
-
-from resmgr.cri import api_pb2 as cri
 
 
 class QOSClass(StrEnum):
@@ -49,7 +49,7 @@ def qos_class_from_cgroup_parent(cgroup_parent: str, cgroup_root: str = "") -> Q
 
 @dataclass
 class Resources:
-    """CRI LinuxContainerResources as plain data (0 / "" mean: not specified)."""
+    """A container's Linux resources as plain data (0 / "" mean: not specified)."""
 
     cpu_period: int = 0
     cpu_quota: int = 0
@@ -61,33 +61,6 @@ class Resources:
     memory_swap_limit_in_bytes: int = 0
     hugepage_limits: dict[str, int] = field(default_factory=dict)
     unified: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_cri(cls, msg: cri.LinuxContainerResources | None) -> Resources:
-        if msg is None:
-            return cls()
-        return cls(
-            cpu_period=msg.cpu_period, cpu_quota=msg.cpu_quota, cpu_shares=msg.cpu_shares,
-            memory_limit_in_bytes=msg.memory_limit_in_bytes, oom_score_adj=msg.oom_score_adj,
-            cpuset_cpus=msg.cpuset_cpus, cpuset_mems=msg.cpuset_mems,
-            memory_swap_limit_in_bytes=msg.memory_swap_limit_in_bytes,
-            hugepage_limits={h.page_size: h.limit for h in msg.hugepage_limits},
-            unified=dict(msg.unified),
-        )
-
-    def to_cri(self, msg: cri.LinuxContainerResources | None = None) -> cri.LinuxContainerResources:
-        """Fill msg (or a new message) with these values, keeping fields we do not model."""
-        msg = msg if msg is not None else cri.LinuxContainerResources()
-        msg.cpu_period, msg.cpu_quota, msg.cpu_shares = self.cpu_period, self.cpu_quota, self.cpu_shares
-        msg.memory_limit_in_bytes, msg.oom_score_adj = self.memory_limit_in_bytes, self.oom_score_adj
-        msg.cpuset_cpus, msg.cpuset_mems = self.cpuset_cpus, self.cpuset_mems
-        msg.memory_swap_limit_in_bytes = self.memory_swap_limit_in_bytes
-        del msg.hugepage_limits[:]
-        for size, limit in self.hugepage_limits.items():
-            msg.hugepage_limits.add(page_size=size, limit=limit)
-        msg.unified.clear()
-        msg.unified.update(self.unified)
-        return msg
 
     def cpu(self) -> tuple[int, int, int]:
         """The CPU request and limit as the runtime gets them: shares, quota, period."""
@@ -128,6 +101,21 @@ class ContainerState(StrEnum):
     CREATED = "created"
     RUNNING = "running"
     EXITED = "exited"
+    UNKNOWN = "unknown"  # the runtime lists it in no state we know (never persisted)
+
+    @property
+    def live(self) -> bool:
+        """Created or running: it holds (or will hold) what it was granted."""
+        return self in (ContainerState.CREATED, ContainerState.RUNNING)
+
+
+class ContainerEvent(StrEnum):
+    """What a runtime reports happened to a container, in any front end's terms."""
+
+    CREATED = "created"
+    STARTED = "started"
+    STOPPED = "stopped"
+    DELETED = "deleted"
 
 
 @dataclass
@@ -199,22 +187,27 @@ class Container:
         return cls(**d)
 
 
-def pod_from_config(pod_id: str, config: cri.PodSandboxConfig, runtime_handler: str = "") -> Pod:
-    cgroup_parent = config.linux.cgroup_parent
-    return Pod(
-        id=pod_id, uid=config.metadata.uid, name=config.metadata.name,
-        namespace=config.metadata.namespace, cgroup_parent=cgroup_parent,
-        qos_class=qos_class_from_cgroup_parent(cgroup_parent),
-        labels=dict(config.labels), annotations=dict(config.annotations),
-        runtime_handler=runtime_handler,
-    )
+@dataclass
+class Decision:
+    """What a policy decided for one lifecycle event.
+
+    `resources` replaces the container's resources (None: leave the request as is);
+    `updates` holds every *other* container whose resources changed, by container key.
+    An empty class name leaves the container's class as it was.
+    """
+
+    resources: Resources | None = None
+    rdt_class: str = ""
+    blockio_class: str = ""
+    updates: dict[str, Resources] = field(default_factory=dict)
 
 
-def container_from_config(pod_id: str, config: cri.ContainerConfig) -> Container:
-    res = Resources.from_cri(config.linux.resources if config.linux.HasField("resources") else None)
-    return Container(
-        id="", pod_id=pod_id, name=config.metadata.name, attempt=config.metadata.attempt,
-        image=config.image.image, command=list(config.command), args=list(config.args),
-        labels=dict(config.labels), annotations=dict(config.annotations),
-        requested=res, resources=dataclasses.replace(res),
-    )
+class View:
+    """Read-only view of the pods and containers, handed to a policy."""
+
+    __slots__ = ("pods", "containers")
+
+    def __init__(self, pods: Mapping[str, Pod], containers: Mapping[str, Container]) -> None:
+        self.pods: Mapping[str, Pod] = MappingProxyType(pods) if isinstance(pods, dict) else pods
+        self.containers: Mapping[str, Container] = \
+            MappingProxyType(containers) if isinstance(containers, dict) else containers

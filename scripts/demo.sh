@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec .venv/bin/python -m resmgr.demo "$@"
+exec .venv/bin/python -m harness.demo "$@"

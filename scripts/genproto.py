@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """Regenerate the Python protobuf/gRPC modules from protos/.
 
-The generated modules are committed (resmgr/cri/, resmgr/configapi/, agent/api/);
-tests/test_units.py
-fails when they are stale. Run this after editing any .proto file:
+The generated modules are committed under resmgr/generated/; tests/test_units.py fails when
+they are stale. Run this after editing any .proto file:
 
     python scripts/genproto.py
 """
@@ -18,8 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # proto file (relative to protos/) -> Python package that holds its modules
-TARGETS = {"cri/api.proto": "resmgr.cri", "config/api.proto": "resmgr.configapi",
-           "config/status.proto": "resmgr.configapi", "agent/api.proto": "agent.api"}
+TARGETS = {"cri/api.proto": "resmgr.generated.cri", "config/api.proto": "resmgr.generated.config",
+           "config/status.proto": "resmgr.generated.config", "agent/api.proto": "resmgr.generated.agent"}
 
 
 def generate(out_root: Path) -> list[Path]:

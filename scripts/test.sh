@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the whole test suite: lint, unit and integration tests against a private containerd,
 # then CRI conformance (critest) directly and through the relay. Arguments go to pytest;
-# naming tests (tests/...) or --no-critest (or CRIRM_CRITEST=0) leaves conformance out.
+# naming tests (tests/...), choosing by marker (-m unit) or --no-critest (or CRIRM_CRITEST=0) leaves
+# conformance out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -10,12 +11,12 @@ args=()
 for arg in "$@"; do
     case $arg in
     --no-critest) critest=0 ;;
-    tests*) critest=0; args+=("$arg") ;;
+    tests*|-m) critest=0; args+=("$arg") ;;
     *) args+=("$arg") ;;
     esac
 done
 .venv/bin/ruff check .
 .venv/bin/python -m pytest "${args[@]}"
 if [ "$critest" != 0 ]; then
-    .venv/bin/python -m resmgr.testing.conformance
+    .venv/bin/python -m harness.conformance
 fi

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from resmgr.testing.containerd import PrivateContainerd, missing_tools
+from harness.containerd import PrivateContainerd, missing_tools
 from tests.helpers import Cri, RelayProcess
 
 
@@ -65,9 +65,21 @@ def pytest_addoption(parser):
                      help="seed of the soak tests' choices (default: a new one each run, printed)")
 
 
+# Modules whose tests start cri-resmgr or agent processes (or the private containerd).
+PROCESSES = {f"tests.{m}" for m in ("test_agent", "test_config_link", "test_hostile", "test_interop",
+                                     "test_passthrough", "test_policy_e2e", "test_rdt", "test_blockio",
+                                     "test_resize", "test_soak", "test_state", "test_wire")}
+
+
 def pytest_collection_modifyitems(config, items):
     # A soak runs as long as it is asked to: its time limit follows --soak-seconds.
     limit = config.getoption("--soak-seconds") * 1.5 + 240
     for item in items:
         if item.get_closest_marker("soak") is not None:
             item.add_marker(pytest.mark.timeout(limit))
+        # unit: no containerd and no daemon processes; `pytest -m unit` runs in seconds.
+        if "containerd" in getattr(item, "fixturenames", ()) or item.module.__name__ in PROCESSES or \
+                item.get_closest_marker("soak") or item.get_closest_marker("containerd"):
+            item.add_marker(pytest.mark.integration)
+        else:
+            item.add_marker(pytest.mark.unit)

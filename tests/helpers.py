@@ -11,10 +11,10 @@ from pathlib import Path
 
 import grpc
 
-from resmgr.cri import api_pb2 as cri
-from resmgr.cri import api_pb2_grpc as cri_grpc
-from resmgr.testing.images import BUSYBOX_IMAGE
-from resmgr.testing.relay import RelayProcess, policy_relay, wait_socket  # noqa: F401 - shared
+from harness.images import BUSYBOX_IMAGE
+from harness.relay import RelayProcess, policy_relay, wait_socket  # noqa: F401 - shared
+from resmgr.generated.cri import api_pb2 as cri
+from resmgr.generated.cri import api_pb2_grpc as cri_grpc
 from resmgr.topology.cpuset import CPUSet
 
 ROOT = Path(__file__).resolve().parent.parent

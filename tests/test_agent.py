@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.api import api_pb2, api_pb2_grpc
-from resmgr.configapi import status_pb2, status_pb2_grpc
+from resmgr.generated.agent import api_pb2, api_pb2_grpc
+from resmgr.generated.config import status_pb2, status_pb2_grpc
 from tests.helpers import ROOT, Cri, RelayProcess, container_config, pod_config, wait_socket
 from tests.kubeapi import KubeAPI
 from tests.test_policy_e2e import ONLINE, cgroup_cpus, cgroup_cpuset, resources

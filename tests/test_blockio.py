@@ -9,8 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from resmgr.controllers import ControllerError, cgroup_dir
+from resmgr.controllers import ControllerError
 from resmgr.controllers.blockio import parse_classes
+from resmgr.controllers.cgroups import cgroup_dirs, read_cpuset
 from tests.helpers import Cri, container_config, pod_config, refused_create
 from tests.test_config_link import start
 
@@ -28,7 +29,7 @@ BLKIO = Path("/sys/fs/cgroup/blkio")
 
 
 def throttle(pod: object, cid: str, name: str) -> dict[str, int]:
-    text = (BLKIO / cgroup_dir(pod.linux.cgroup_parent, cid) / f"blkio.throttle.{name}_device").read_text()
+    text = (BLKIO / cgroup_dirs(pod.linux.cgroup_parent, cid)[0] / f"blkio.throttle.{name}_device").read_text()
     return {line.split()[0]: int(line.split()[1]) for line in text.splitlines() if line.strip()}
 
 
@@ -86,10 +87,21 @@ def test_block_io_classes_reach_the_cgroups(containerd, workdir):
         relay.stop()
 
 
-def test_cgroup_paths_for_both_drivers():
-    assert cgroup_dir("/kubepods/burstable/pod1", "abc") == "kubepods/burstable/pod1/abc"
-    assert cgroup_dir("kubepods-burstable-pod1.slice", "abc") == \
-        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope"
+def test_cgroup_paths_for_both_drivers_and_runtimes():
+    assert cgroup_dirs("/kubepods/burstable/pod1", "abc") == ["kubepods/burstable/pod1/abc"]
+    slices = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice"
+    assert cgroup_dirs("kubepods-burstable-pod1.slice", "abc") == \
+        [f"{slices}/cri-containerd-abc.scope", f"{slices}/crio-abc.scope"]
+
+
+@pytest.mark.parametrize("scope", ["cri-containerd-abc.scope", "crio-abc.scope"])
+@pytest.mark.parametrize("v1", [True, False])
+def test_a_systemd_scope_of_either_runtime_is_read(tmp_path, scope, v1):
+    base = tmp_path / ("cpuset" if v1 else "") / "kubepods.slice/kubepods-pod1.slice" / scope
+    base.mkdir(parents=True)
+    (base / "cpuset.cpus").write_text("0-1\n")
+    (base / "cpuset.mems").write_text("0\n")
+    assert read_cpuset(str(tmp_path), "kubepods-pod1.slice", "abc") == ("0-1", "0")
 
 
 @pytest.mark.parametrize("section, needle", [

@@ -8,10 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resmgr.config import MODULES, ConfigError, from_map, validate
-from resmgr.control import Control, Rejected, Sources
-from resmgr.dump import Dumper
+from resmgr.config.manager import ConfigManager, Rejected, Sources
+from resmgr.cri.runtime import CriRuntime
 from resmgr.engine import Engine
-from resmgr.store import StateStore
+from resmgr.engine.store import StateStore
+from resmgr.relay.dump import Dumper
 from tests.test_engine import FakeRuntime
 from tests.world import machine
 
@@ -75,16 +76,16 @@ def test_random_configmaps_are_accepted_or_rejected_never_crash(data):
     assert set(cfg.data) <= set(MODULES)
 
 
-def _control(tmp_path, policy: str = "static") -> Control:
+def _control(tmp_path, policy: str = "static") -> ConfigManager:
     import policies
 
     topo = machine("sockets=1,cores=4,threads=1")
     store = StateStore(tmp_path)
     store.prepare()
-    engine = Engine(policies.create(policy, {"Active": policy}, topo), store, FakeRuntime())
+    engine = Engine(policies.create(policy, {"Active": policy}, topo), store, CriRuntime(FakeRuntime()))
     dumpers: list[Dumper] = []
-    return Control(Sources(relay_dir=str(tmp_path)), validate({"policy": {"Active": policy}}), engine, topo,
-                   dumpers.append)
+    return ConfigManager(Sources(relay_dir=str(tmp_path)), validate({"policy": {"Active": policy}}), engine, topo,
+                         dumpers.append)
 
 
 @settings(max_examples=60, deadline=None)
@@ -142,3 +143,22 @@ def test_shipped_samples_are_valid():
     daemonset = yaml.safe_load((root / "kubernetes" / "agent-daemonset.yaml").read_text())
     env = daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
     assert env[0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_cgroup_cpu_values_are_resolved_at_load_under_the_cgroup_root(tmp_path, v2):
+    from resmgr.config import cpus
+
+    group = tmp_path / ("" if v2 else "cpuset") / "kube/reserved"
+    group.mkdir(parents=True)
+    (group / ("cpuset.cpus.effective" if v2 else "cpuset.cpus")).write_text("1-2\n")
+    section = {"Active": "static", "ReservedResources": {"cpu": "cgroup:/kube/reserved"}}
+    resolved = cpus.resolve(section, str(tmp_path))
+    assert resolved["ReservedResources"]["cpu"] == "cpuset:1-2"
+    assert section["ReservedResources"]["cpu"] == "cgroup:/kube/reserved"  # the configuration itself is kept
+    topo = machine("sockets=1,cores=4,threads=1")
+    import policies
+
+    assert str(policies.create("static", resolved, topo).reserved) == "1-2"
+    with pytest.raises(ConfigError, match=r"policy.ReservedResources.cpu: cgroup:/missing: no cpuset"):
+        cpus.resolve({"ReservedResources": {"cpu": "cgroup:/missing"}}, str(tmp_path))

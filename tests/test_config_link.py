@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from resmgr.configapi import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
+from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
 from tests.helpers import ROOT, Cri, RelayProcess, container_config, pod_config
 from tests.test_policy_e2e import ONLINE, cgroup_cpus, cgroup_cpuset, resources
 
@@ -141,7 +141,7 @@ def test_forced_configuration_reloads_on_sighup_and_refuses_pushes(containerd, w
 
 
 def test_reset_config_and_print_config_use_the_persisted_push(tmp_path):
-    from resmgr.control import Sources
+    from resmgr.config.manager import Sources
 
     Sources(relay_dir=str(tmp_path)).pushed_store().write(
         {"node_name": "n1", "config": {"policy": "Active: static-plus\n"}})

@@ -9,10 +9,12 @@ import grpc
 import pytest
 
 from policies import Decision, Policy
-from resmgr.cri import api_pb2 as cri
+from resmgr.cri.lifecycle import CriLifecycle
+from resmgr.cri.runtime import CriRuntime
 from resmgr.engine import Engine, NotReady
-from resmgr.model import ContainerState, Resources
-from resmgr.store import StateStore
+from resmgr.engine.store import StateStore
+from resmgr.generated.cri import api_pb2 as cri
+from resmgr.model import ContainerEvent, ContainerState, Resources
 from tests.helpers import container_config, pod_config
 
 
@@ -28,6 +30,11 @@ class RuntimeError_(Exception):
 
     def details(self):
         return self._details
+
+
+def front(engine: Engine) -> CriLifecycle:
+    """The engine as the relay drives it: CRI requests through the CRI front end."""
+    return CriLifecycle(engine)
 
 
 class FakeRuntime:
@@ -93,7 +100,7 @@ class PinningPolicy(Policy):
 def engine(tmp_path):
     store = StateStore(tmp_path)
     store.prepare()
-    return Engine(PinningPolicy(), store, FakeRuntime())
+    return Engine(PinningPolicy(), store, CriRuntime(FakeRuntime()))
 
 
 async def _run_pod(engine, name="p"):
@@ -102,7 +109,7 @@ async def _run_pod(engine, name="p"):
     async def send(req):
         return cri.RunPodSandboxResponse(pod_sandbox_id=f"pod-{name}")
 
-    await engine.run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), send)
+    await front(engine).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), send)
     return f"pod-{name}", cfg
 
 
@@ -110,7 +117,7 @@ async def _create(engine, pod_id, cfg, cid="c1", name="a"):
     async def send(req):
         return cri.CreateContainerResponse(container_id=cid)
 
-    await engine.create_container(cri.CreateContainerRequest(
+    await front(engine).create_container(cri.CreateContainerRequest(
         pod_sandbox_id=pod_id, config=container_config(name), sandbox_config=cfg), send)
 
 
@@ -129,7 +136,7 @@ async def test_lock_is_not_held_across_runtime_calls(engine):
 
     reqs = [cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config(n), sandbox_config=cfg)
             for n in ("a", "b")]
-    await asyncio.gather(*(engine.create_container(r, send) for r in reqs))
+    await asyncio.gather(*(front(engine).create_container(r, send) for r in reqs))
     assert set(engine.containers) == {"c-a", "c-b"}
 
 
@@ -145,12 +152,12 @@ async def test_create_rewrites_request_and_updates_others(engine):
         req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config(
             name, resources=cri.LinuxContainerResources(cpu_shares=2, memory_limit_in_bytes=1 << 20)),
             sandbox_config=cfg)
-        await engine.create_container(req, send)
+        await front(engine).create_container(req, send)
     assert sent[1].config.linux.resources.cpuset_cpus == "1"
     assert sent[1].config.linux.resources.cpu_shares == 1024
     assert engine.containers["c2"].requested.cpu_shares == 2
     assert engine.containers["c2"].rdt_class == "gold"
-    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.updates] == [("c1", "0-1")]
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.client.updates] == [("c1", "0-1")]
     assert engine.containers["c1"].resources.cpuset_cpus == "0-1"
 
 
@@ -161,7 +168,7 @@ async def test_a_create_the_runtime_refused_rolls_back(engine):
         raise RuntimeError_(grpc.StatusCode.INVALID_ARGUMENT, "runtime says no")
 
     with pytest.raises(RuntimeError_, match="runtime says no"):
-        await engine.create_container(cri.CreateContainerRequest(
+        await front(engine).create_container(cri.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), send)
     assert engine.containers == {}
 
@@ -175,7 +182,7 @@ async def test_kubelet_update_is_forwarded_with_pinning_kept(engine):
         forwarded.append(req)
         return cri.UpdateContainerResourcesResponse()
 
-    await engine.update_container_resources(cri.UpdateContainerResourcesRequest(
+    await front(engine).update_container_resources(cri.UpdateContainerResourcesRequest(
         container_id="c1", linux=cri.LinuxContainerResources(cpu_shares=300, cpuset_cpus="0-63")), update)
     assert len(forwarded) == 1
     assert forwarded[0].linux.cpuset_cpus == "0" and forwarded[0].linux.cpu_shares == 300
@@ -185,8 +192,8 @@ async def test_kubelet_update_is_forwarded_with_pinning_kept(engine):
 async def test_failed_or_cancelled_stop_keeps_resources_until_the_runtime_says_stopped(engine, caplog):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg)
-    engine.runtime.pod(pod_id)
-    engine.runtime.run("c1", pod_id)
+    engine.runtime.client.pod(pod_id)
+    engine.runtime.client.run("c1", pod_id)
     released = []
     engine.policy.release = lambda c, view: released.append(c.key) or Decision()
 
@@ -194,22 +201,22 @@ async def test_failed_or_cancelled_stop_keeps_resources_until_the_runtime_says_s
         raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "runtime went away")
 
     with pytest.raises(RuntimeError_):
-        await engine.stop_container(cri.StopContainerRequest(container_id="c1"), stop)
+        await front(engine).stop_container(cri.StopContainerRequest(container_id="c1"), stop)
 
     async def stuck(req):
         await asyncio.sleep(3600)
 
     caplog.set_level(logging.WARNING, "cri-resmgr.engine")
-    task = asyncio.create_task(engine.stop_container(cri.StopContainerRequest(container_id="c1"), stuck))
+    task = asyncio.create_task(front(engine).stop_container(cri.StopContainerRequest(container_id="c1"), stuck))
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert "StopContainer c1 was cancelled by the caller" in caplog.text
+    assert "stopping container c1 was cancelled by the caller" in caplog.text
     assert engine.containers["c1"].state != ContainerState.EXITED and released == []
     await engine.reconcile()  # the runtime still runs it
     assert released == []
-    engine.runtime.run("c1", pod_id, state=cri.CONTAINER_EXITED)
+    engine.runtime.client.run("c1", pod_id, state=cri.CONTAINER_EXITED)
     await engine.reconcile()
     assert released == ["c1"] and engine.containers["c1"].state == ContainerState.EXITED
 
@@ -222,7 +229,7 @@ async def test_failed_remove_keeps_the_container(engine):
         raise RuntimeError_(grpc.StatusCode.DEADLINE_EXCEEDED, "too slow")
 
     with pytest.raises(RuntimeError_):
-        await engine.remove_container(cri.RemoveContainerRequest(container_id="c1"), remove)
+        await front(engine).remove_container(cri.RemoveContainerRequest(container_id="c1"), remove)
     assert engine.containers["c1"].state == ContainerState.CREATED
     await engine.reconcile()  # the runtime has no such container (and no such pod)
     assert "c1" not in engine.containers
@@ -230,7 +237,7 @@ async def test_failed_remove_keeps_the_container(engine):
 
 async def test_unsettled_create_keeps_its_grant_and_is_adopted_or_released(engine):
     pod_id, cfg = await _run_pod(engine)
-    engine.runtime.pod(pod_id)
+    engine.runtime.client.pod(pod_id)
     released = []
     release = engine.policy.release
     engine.policy.release = lambda c, view: released.append(c.key) or release(c, view)
@@ -240,12 +247,12 @@ async def test_unsettled_create_keeps_its_grant_and_is_adopted_or_released(engin
 
     for name in ("made", "never"):
         with pytest.raises(RuntimeError_):
-            await engine.create_container(cri.CreateContainerRequest(
+            await front(engine).create_container(cri.CreateContainerRequest(
                 pod_sandbox_id=pod_id, config=container_config(name), sandbox_config=cfg), lost)
     assert set(engine.containers) == {f"pending:{pod_id}:made:0", f"pending:{pod_id}:never:0"}
     assert released == []
-    engine.runtime.run("c-made", pod_id, name="made")
-    engine.runtime.cpusets["c-made"] = "0"  # what its create request said
+    engine.runtime.client.run("c-made", pod_id, name="made")
+    engine.runtime.client.cpusets["c-made"] = "0"  # what its create request said
     allocations = []
     allocate = engine.policy.allocate
     engine.policy.allocate = lambda c, pod, view: allocations.append(c.key) or allocate(c, pod, view)
@@ -254,15 +261,15 @@ async def test_unsettled_create_keeps_its_grant_and_is_adopted_or_released(engin
     made = engine.containers["c-made"]
     assert allocations == [] and made.state == ContainerState.RUNNING  # adopted with its grant
     # "never"'s create had moved it to 0-1 meanwhile: that decision reaches the runtime now.
-    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.updates] == [("c-made", "0-1")]
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.client.updates] == [("c-made", "0-1")]
 
 
 async def test_a_retried_create_settles_the_unknown_one_first(engine):
     pod_id, cfg = await _run_pod(engine)
-    engine.runtime.pod(pod_id)
+    engine.runtime.client.pod(pod_id)
 
     async def lost(req):
-        engine.runtime.run("c-first", pod_id)  # it did get created
+        engine.runtime.client.run("c-first", pod_id)  # it did get created
         raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "connection lost")
 
     async def reserved(req):
@@ -270,16 +277,16 @@ async def test_a_retried_create_settles_the_unknown_one_first(engine):
 
     req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg)
     with pytest.raises(RuntimeError_):
-        await engine.create_container(req, lost)
+        await front(engine).create_container(req, lost)
     with pytest.raises(RuntimeError_, match="reserved"):
-        await engine.create_container(req, reserved)
+        await front(engine).create_container(req, reserved)
     assert set(engine.containers) == {"c-first"}
 
 
 async def test_failed_updates_stay_pending_across_restarts_until_pushed(engine, tmp_path):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
-    engine.runtime.fail_updates = True
+    engine.runtime.client.fail_updates = True
     await _create(engine, pod_id, cfg, cid="c2", name="b")  # moves c1 to 0-1; the push fails
     assert engine.containers["c1"].pending
     assert engine.store.load()["containers"][0]["pending"] is True
@@ -288,7 +295,7 @@ async def test_failed_updates_stay_pending_across_restarts_until_pushed(engine, 
     runtime.pod(pod_id)
     runtime.run("c1", pod_id, name="a")
     runtime.run("c2", pod_id, name="b")
-    again = Engine(PinningPolicy(), StateStore(tmp_path), runtime)
+    again = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(runtime))
     again.restore(StateStore(tmp_path).load())
     await again.reconcile()
     assert ("c1", "0-1") in [(cid, r.cpuset_cpus) for cid, r in runtime.updates]
@@ -298,14 +305,14 @@ async def test_failed_updates_stay_pending_across_restarts_until_pushed(engine, 
 async def test_reconcile_pushes_again_where_the_runtime_differs(engine):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
-    engine.runtime.pod(pod_id)
-    engine.runtime.run("c1", pod_id)
-    engine.runtime.cpusets["c1"] = "0"
+    engine.runtime.client.pod(pod_id)
+    engine.runtime.client.run("c1", pod_id)
+    engine.runtime.client.cpusets["c1"] = "0"
     await engine.reconcile()
-    assert engine.runtime.updates == []
-    engine.runtime.cpusets["c1"] = "1"  # changed behind our back
+    assert engine.runtime.client.updates == []
+    engine.runtime.client.cpusets["c1"] = "1"  # changed behind our back
     await engine.reconcile()
-    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.updates] == [("c1", "0")]
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.client.updates] == [("c1", "0")]
 
 
 async def test_pods_removed_behind_our_back_release_their_containers(engine):
@@ -319,10 +326,10 @@ async def test_pods_removed_behind_our_back_release_their_containers(engine):
 
 async def test_a_reconcile_does_not_drop_a_create_that_lands_while_it_lists(engine):
     pod_id, cfg = await _run_pod(engine)
-    engine.runtime.pod(pod_id)
+    engine.runtime.client.pod(pod_id)
     listing = asyncio.Event()
     landed = asyncio.Event()
-    original = engine.runtime.list_containers
+    original = engine.runtime.client.list_containers
 
     async def slow_list(pod_id=""):
         listing.set()
@@ -332,12 +339,12 @@ async def test_a_reconcile_does_not_drop_a_create_that_lands_while_it_lists(engi
 
     async def send(req):
         await listing.wait()  # decided before the round, created in the runtime after its listing
-        engine.runtime.run("c-late", pod_id)
+        engine.runtime.client.run("c-late", pod_id)
         return cri.CreateContainerResponse(container_id="c-late")
 
-    engine.runtime.list_containers = slow_list
+    engine.runtime.client.list_containers = slow_list
     round_ = asyncio.create_task(engine.reconcile())
-    await engine.create_container(cri.CreateContainerRequest(
+    await front(engine).create_container(cri.CreateContainerRequest(
         pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), send)
     landed.set()
     await round_
@@ -345,19 +352,19 @@ async def test_a_reconcile_does_not_drop_a_create_that_lands_while_it_lists(engi
 
 
 async def test_gated_engine_decides_nothing_before_reconciling(tmp_path, monkeypatch):
-    monkeypatch.setattr("resmgr.engine.READY_WAIT", 0.05)
-    eng = Engine(PinningPolicy(), StateStore(tmp_path), FakeRuntime(), gated=True)
+    monkeypatch.setattr("resmgr.engine.lifecycle.READY_WAIT", 0.05)
+    eng = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(FakeRuntime()), gated=True)
     pod_id, cfg = await _run_pod(eng)
     with pytest.raises(NotReady):
         await _create(eng, pod_id, cfg)
-    eng.runtime.pod(pod_id)
+    eng.runtime.client.pod(pod_id)
     await eng.reconcile()
     await _create(eng, pod_id, cfg)
     assert "c1" in eng.containers
 
 
 async def test_reconcile_tolerates_odd_runtime_data(engine):
-    rt = engine.runtime
+    rt = engine.runtime.client
     rt.pods = [cri.PodSandbox(id="p1"), cri.PodSandbox(id="")]  # no metadata at all; no ID
     rt.containers = [cri.Container(id="x1", pod_sandbox_id="p1", state=cri.CONTAINER_RUNNING),
                      cri.Container(id="x2", pod_sandbox_id="no-such-pod", state=cri.CONTAINER_RUNNING),
@@ -384,7 +391,7 @@ async def test_recreated_container_releases_the_old_one(engine):
     for attempt in (0, 1):
         cc = container_config("a")
         cc.metadata.attempt = attempt
-        await engine.create_container(cri.CreateContainerRequest(
+        await front(engine).create_container(cri.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=cc, sandbox_config=cfg), create)
     assert engine.containers["c1"].state == ContainerState.EXITED
     assert engine.containers["c2"].state == ContainerState.CREATED
@@ -392,16 +399,16 @@ async def test_recreated_container_releases_the_old_one(engine):
 
 async def test_reconcile_drops_vanished_adopts_new_and_keeps_fresh(engine):
     gone_pod, _ = await _run_pod(engine, "gone")
-    rt = engine.runtime
+    rt = engine.runtime.client
     rt.pods = [cri.PodSandbox(id="pod-new", metadata=cri.PodSandboxMetadata(name="new", uid="u", namespace="ns"))]
     rt.containers = [cri.Container(id="c-new", pod_sandbox_id="pod-new", state=cri.CONTAINER_RUNNING,
                                    metadata=cri.ContainerMetadata(name="x"))]
     original_list = rt.list_containers
 
-    async def list_and_race():
+    async def list_and_race(pod_id=""):
         # A pod created through the relay while reconciliation is listing.
         await _run_pod(engine, "fresh")
-        return await original_list()
+        return await original_list(pod_id)
 
     rt.list_containers = list_and_race
     await engine.reconcile()
@@ -416,7 +423,7 @@ async def test_reconcile_drops_vanished_adopts_new_and_keeps_fresh(engine):
 async def test_state_round_trips_through_the_store(engine, tmp_path):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg)
-    again = Engine(PinningPolicy(), StateStore(tmp_path), FakeRuntime())
+    again = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(FakeRuntime()))
     again.restore(StateStore(tmp_path).load())
     assert again.pods == engine.pods
     assert again.containers == engine.containers
@@ -436,12 +443,12 @@ async def test_runtime_ends_with_the_latest_decision(engine):
     def req(name):
         return cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config(name), sandbox_config=cfg)
 
-    task_a = asyncio.create_task(engine.create_container(req("a"), send))
+    task_a = asyncio.create_task(front(engine).create_container(req("a"), send))
     await asyncio.sleep(0)  # A has decided and is inside the runtime
-    await engine.create_container(req("b"), send)
+    await front(engine).create_container(req("b"), send)
     release_a.set()
     await task_a
-    pushed = [r.cpuset_cpus for cid, r in engine.runtime.updates if cid == "c1"]
+    pushed = [r.cpuset_cpus for cid, r in engine.runtime.client.updates if cid == "c1"]
     assert pushed[-1] == "0-2"  # B decided last: everyone else on 0-2
     assert engine.containers["c1"].resources.cpuset_cpus == "0-2"
 
@@ -455,19 +462,19 @@ async def test_reconfigure_and_rebalance_push_what_moved(tmp_path):
     store = StateStore(tmp_path)
     store.prepare()
     runtime = FakeRuntime()
-    eng = Engine(create("topology-aware", {"Active": "topology-aware"}, topo), store, runtime)
+    eng = Engine(create("topology-aware", {"Active": "topology-aware"}, topo), store, CriRuntime(runtime))
     cfg = pod_config("p", qos="guaranteed")
 
     async def run(req):
         return cri.RunPodSandboxResponse(pod_sandbox_id="pod")
 
-    await eng.run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
+    await front(eng).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
 
     async def create_as(cid, name, resources):
         async def send(req):
             return cri.CreateContainerResponse(container_id=cid)
 
-        await eng.create_container(cri.CreateContainerRequest(
+        await front(eng).create_container(cri.CreateContainerRequest(
             pod_sandbox_id="pod", config=container_config(name, resources=resources), sandbox_config=cfg), send)
 
     await create_as("g", "big", cri.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000))
@@ -485,7 +492,7 @@ async def test_reconfigure_and_rebalance_push_what_moved(tmp_path):
     async def removed(req):
         return cri.RemoveContainerResponse()
 
-    await eng.remove_container(cri.RemoveContainerRequest(container_id="g"), removed)
+    await front(eng).remove_container(cri.RemoveContainerRequest(container_id="g"), removed)
     assert await eng.rebalance() == 1  # node 0 is free now and has more room
     assert runtime.updates[-1][0] == "s" and runtime.updates[-1][1].cpuset_cpus == "0-1"
     assert await eng.rebalance() == 0
@@ -500,7 +507,7 @@ async def test_create_records_device_topology_hints(engine):
 
     config = container_config("gpu")
     config.devices.add(container_path="/dev/nvidia0", host_path="/dev/nvidia0", permissions="rw")
-    await engine.create_container(cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=config,
+    await front(engine).create_container(cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=config,
                                                              sandbox_config=cfg), send)
     assert engine.containers["c-dev"].hints == {"/dev/nvidia0": [1]}
     assert engine.snapshot()["containers"][0]["hints"] == {"/dev/nvidia0": [1]}
@@ -525,13 +532,13 @@ async def test_a_container_made_while_down_is_accounted_before_anything_new_is_d
         return cri.PodSandboxStatusResponse(info={"info": '{"config": {"linux": {"cgroup_parent": "/kubepods/podg"}}}'})
 
     runtime.container_status, runtime.pod_status = guaranteed_status, guaranteed_pod
-    eng = Engine(create("static", {"Active": "static"}, topo), StateStore(tmp_path), runtime, gated=True)
+    eng = Engine(create("static", {"Active": "static"}, topo), StateStore(tmp_path), CriRuntime(runtime), gated=True)
     cfg = pod_config("next", qos="guaranteed")
 
     async def run(r):
         return cri.RunPodSandboxResponse(pod_sandbox_id="pod-next")
 
-    await eng.run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
+    await front(eng).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
     pod_id = "pod-next"
     runtime.pod(pod_id)
     req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, sandbox_config=cfg, config=container_config(
@@ -540,7 +547,7 @@ async def test_a_container_made_while_down_is_accounted_before_anything_new_is_d
     async def send(r):
         return cri.CreateContainerResponse(container_id="next")
 
-    waiting = asyncio.create_task(eng.create_container(req, send))  # arrives before the first round
+    waiting = asyncio.create_task(front(eng).create_container(req, send))  # arrives before the first round
     await asyncio.sleep(0.05)
     assert not waiting.done()
     await eng.reconcile()
@@ -555,7 +562,7 @@ async def test_a_release_while_a_round_observes_is_not_undone_by_it(engine, how)
     # that would hand its CPUs out again while the container is gone.
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, "c1")
-    rt = engine.runtime
+    rt = engine.runtime.client
     rt.pod(pod_id)
     rt.run("c1", pod_id)
     original_list = rt.list_containers
@@ -565,10 +572,9 @@ async def test_a_release_while_a_round_observes_is_not_undone_by_it(engine, how)
         if how == "StopContainer":             # ... and stopped before the round commits
             async def send(req):
                 return cri.StopContainerResponse()
-            await engine.stop_container(cri.StopContainerRequest(container_id="c1"), send)
+            await front(engine).stop_container(cri.StopContainerRequest(container_id="c1"), send)
         else:
-            await engine.container_event(cri.ContainerEventResponse(
-                container_id="c1", container_event_type=cri.CONTAINER_STOPPED_EVENT))
+            await engine.container_event(ContainerEvent.STOPPED, "c1", pod_id)
         rt.list_containers = original_list
         return listed
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from resmgr.cri import api_pb2 as cri
+from harness.containerd import PrivateContainerd
+from resmgr.generated.cri import api_pb2 as cri
 from resmgr.relay import frames as h2
-from resmgr.testing.containerd import PrivateContainerd
 from tests.helpers import (
     GUARANTEED_CPU,
     ONLINE,
@@ -106,7 +106,7 @@ def test_a_stop_that_fails_keeps_the_cpu_until_the_container_is_gone(direct, sta
     with pytest.raises(grpc.RpcError) as info:  # the caller gives up before the container stops
         via.rt.StopContainer(cri.StopContainerRequest(container_id=stubborn, timeout=10), timeout=1)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    wait_until(lambda: f"StopContainer {stubborn}" in static_relay.log(), what="the failed stop is logged")
+    wait_until(lambda: f"stopping container {stubborn}" in static_relay.log(), what="the failed stop is logged")
     time.sleep(1)  # a few reconciliation rounds: it still runs, so it keeps its CPU
     assert not exclusive_fits(via, workdir)
     direct.rt.StopContainer(cri.StopContainerRequest(container_id=stubborn, timeout=0), timeout=30)

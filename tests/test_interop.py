@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from resmgr.cri import api_pb2 as cri
+from resmgr.generated.cri import api_pb2 as cri
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed (scripts/setup.sh)")
 

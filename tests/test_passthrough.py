@@ -7,8 +7,8 @@ import time
 import grpc
 import pytest
 
-from resmgr.cri import api_pb2 as cri
-from resmgr.testing.images import BUSYBOX_IMAGE, PAUSE_IMAGE
+from harness.images import BUSYBOX_IMAGE, PAUSE_IMAGE
+from resmgr.generated.cri import api_pb2 as cri
 from tests.helpers import container_config, pod_config
 
 

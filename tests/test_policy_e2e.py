@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from resmgr.cri import api_pb2 as cri
-from resmgr.requirements import milli_to_shares
+from resmgr.generated.cri import api_pb2 as cri
+from resmgr.requests import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.sysfs import discover

@@ -140,9 +140,9 @@ def test_no_resctrl_is_said_once_and_required_refuses(tmp_path, caplog):
 
 
 def container_threads(pod, cid: str) -> set[int]:
-    from resmgr.controllers import cgroup_dir
+    from resmgr.controllers.cgroups import cgroup_dirs
 
-    path = Path("/sys/fs/cgroup/cpuset") / cgroup_dir(pod.linux.cgroup_parent, cid) / "tasks"
+    path = Path("/sys/fs/cgroup/cpuset") / cgroup_dirs(pod.linux.cgroup_parent, cid)[0] / "tasks"
     return {int(t) for t in path.read_text().split()}
 
 

@@ -11,7 +11,7 @@ import time
 import grpc
 import pytest
 
-from resmgr.cri import api_pb2 as cri
+from resmgr.generated.cri import api_pb2 as cri
 from tests.helpers import (
     GUARANTEED_CPU,
     ONLINE,

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from resmgr.model import Container, Pod, QOSClass, Resources
-from resmgr.requirements import (
+from resmgr.requests import (
     RequirementError,
     milli_to_shares,
     parse_cpu,

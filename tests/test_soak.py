@@ -35,8 +35,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from resmgr.cri import api_pb2 as cri
-from resmgr.testing.containerd import PrivateContainerd
+from harness.containerd import PrivateContainerd
+from resmgr.generated.cri import api_pb2 as cri
 from resmgr.topology.cpuset import CPUSet
 from tests.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_config, pod_config, policy_relay
 

@@ -8,7 +8,7 @@ import signal
 import grpc
 import pytest
 
-from resmgr.cri import api_pb2 as cri
+from resmgr.generated.cri import api_pb2 as cri
 from tests.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_config, pod_config, policy_relay
 
 

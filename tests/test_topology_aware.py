@@ -383,7 +383,7 @@ def test_reconfigure_keeps_grants_or_changes_nothing():
     mine = w.cpus(g)
     free = sorted(SNC.online - mine)
     d = w.policy.reconfigure({"Active": TA, "ReservedResources": {"cpu": f"cpuset:{free[0]}"}}, w.view())
-    w.apply(d.updates)
+    w.record(d.updates)
     assert w.cpus(g) == mine and free[0] in w.policy.reserved
     assert free[0] not in w.cpus(shared)
     before = w.policy.export_state()
@@ -400,7 +400,7 @@ def test_rebalance_moves_shared_containers_to_a_tighter_fit():
     for c in blockers:
         w.remove(c)
     d = w.policy.rebalance(w.view())
-    w.apply(d.updates)
+    w.record(d.updates)
     assert pool_of(w, wide).startswith("NUMA") and wide.key in d.updates
     assert w.cpus(wide) == LEAVES[int(pool_of(w, wide)[-1])]
     assert w.policy.rebalance(w.view()).updates == {}  # stable once balanced
@@ -450,7 +450,7 @@ class TopologyAwareMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.live)
     @rule()
     def rebalance(self):
-        self.world.apply(self.world.policy.rebalance(self.world.view()).updates)
+        self.world.record(self.world.policy.rebalance(self.world.view()).updates)
 
     @invariant()
     def exclusive_cpus_belong_to_one_container(self):
@@ -512,7 +512,7 @@ def test_device_hints_pull_towards_their_numa_node():
     c = w.add(G, 1000, pod=pod, name="warmup")  # takes node 0 otherwise first in line
     assert pool_of(w, c) == "NUMA node #0"
     from resmgr.model import ContainerState, Resources
-    from resmgr.requirements import milli_to_shares
+    from resmgr.requests import milli_to_shares
 
     res = Resources(cpu_shares=milli_to_shares(2000), cpu_quota=200000, cpu_period=100000)
     gpu = Container(id="gpu", pod_id=pod.id, name="gpu", state=ContainerState.RUNNING, requested=res,

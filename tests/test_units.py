@@ -14,11 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import policies
-from resmgr import dump, statefile
 from resmgr.config import ConfigError, load_file, validate
-from resmgr.cri import api_pb2 as cri
+from resmgr.cri import convert
+from resmgr.engine import statefile
+from resmgr.engine.store import StateStore
+from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import QOSClass, Resources, qos_class_from_cgroup_parent
-from resmgr.store import StateStore
+from resmgr.relay import dump
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,13 +52,13 @@ def test_qos_class_skips_cgroup_root():
                  hugepage_limits=st.dictionaries(st.sampled_from(["2MB", "1GB"]), st.integers(0, 2**30)),
                  unified=st.dictionaries(st.sampled_from(["memory.high", "io.weight"]), st.text(max_size=5))))
 def test_resources_round_trip(res):
-    assert Resources.from_cri(res.to_cri()) == res
+    assert convert.resources(convert.to_linux(res)) == res
     assert Resources.from_dict(json.loads(json.dumps(res.to_dict()))) == res
 
 
 def test_resources_to_cri_keeps_existing_message():
     msg = cri.LinuxContainerResources(oom_score_adj=-997, cpu_shares=2)
-    Resources(cpuset_cpus="1", oom_score_adj=-997).to_cri(msg)
+    convert.to_linux(Resources(cpuset_cpus="1", oom_score_adj=-997), msg)
     assert msg.cpuset_cpus == "1" and msg.oom_score_adj == -997 and msg.cpu_shares == 0
 
 

@@ -13,7 +13,7 @@ import time
 import grpc
 import pytest
 
-from resmgr.cri import api_pb2 as cri
+from resmgr.generated.cri import api_pb2 as cri
 from tests.helpers import FakeBackend, RelayProcess, slow_call_in_thread, wait_socket
 
 
@@ -62,7 +62,7 @@ def test_unknown_methods_are_relayed_raw(relay_to_fake):
 
 
 def test_event_stream_is_relayed(relay_to_fake):
-    from resmgr.cri import api_pb2_grpc as cri_grpc
+    from resmgr.generated.cri import api_pb2_grpc as cri_grpc
 
     with relay_to_fake.channel() as ch:
         events = list(cri_grpc.RuntimeServiceStub(ch).GetContainerEvents(cri.GetEventsRequest(), timeout=5))

@@ -30,11 +30,10 @@ from typing import Any
 from policies import annotations, cpuconfig
 from policies.allocator import take_cpus
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
-from policies.static import cpu_resources
 from policies.topology_aware.affinity import affinities
 from policies.topology_aware.tree import Pool, TreeError, build, owner
 from resmgr.model import Container, Pod, QOSClass, Resources
-from resmgr.requirements import Requirements, milli_to_shares
+from resmgr.requests import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import MemoryType, Topology
 
@@ -43,7 +42,7 @@ OPTIONS = {"PinCPU": True, "PinMemory": True, "PreferIsolatedCPUs": True, "Prefe
 
 
 @dataclass(frozen=True)
-class Grant:
+class PoolGrant:
     pool: str
     exclusive: CPUSet = EMPTY  # isolated or sliced off the pool's shared CPUs
     shared: int = 0  # milli-CPU taken from the pool's shared capacity
@@ -74,7 +73,7 @@ class Grant:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Grant:
+    def from_dict(cls, d: Mapping[str, Any]) -> PoolGrant:
         return cls(str(d["pool"]), CPUSet.parse(str(d.get("exclusive", ""))), int(d.get("shared", 0)),
                    bool(d.get("on_shared", False)), bool(d.get("reserved", False)), int(d.get("memory", 0)),
                    frozenset(MemoryType(t) for t in d.get("mem_types", ["dram", "pmem"])),
@@ -146,14 +145,8 @@ class TopologyAwarePolicy(Policy):
             raise PolicyError("policy.ReservedPoolNamespaces: expected a list of namespaces (globs allowed)")
         self.reserved_namespaces = list(namespaces)
 
-        online = topology.online
-        avail_cfg = cpu_resources(self.config, "AvailableResources")
-        available = cpuconfig.resolve(avail_cfg, "policy.AvailableResources.cpu", topology, online) \
-            if avail_cfg is not None else online
-        isolated = available & topology.isolated
-        reserved_cfg = cpu_resources(self.config, "ReservedResources")
-        reserved = cpuconfig.resolve(reserved_cfg, "policy.ReservedResources.cpu", topology, available - isolated) \
-            if reserved_cfg is not None else EMPTY
+        cpus = cpuconfig.resolve_cpus(self.config, topology)
+        available, isolated, reserved = cpus.available, cpus.isolated, cpus.reserved
         if not available - isolated - reserved:
             raise PolicyError(f"{self.name}: no CPUs left to share (available {available}, isolated "
                               f"{isolated or 'none'}, reserved {reserved or 'none'})")
@@ -165,7 +158,7 @@ class TopologyAwarePolicy(Policy):
         self.available, self.isolated, self.reserved = available, isolated, reserved
         self.reserved_pool = owner(self.pools, reserved) if reserved else None
         self.memory_types_present = frozenset(self.pools[0].mems)
-        self.grants: dict[str, Grant] = {}
+        self.grants: dict[str, PoolGrant] = {}
         self._taken = EMPTY
         n = len(self.pools)
         self._milli = [0] * n  # shared milli-CPU granted at each pool
@@ -175,7 +168,7 @@ class TopologyAwarePolicy(Policy):
         self._sharable = [p.general for p in self.pools]
 
     # -- accounting ------------------------------------------------------------------------
-    def _account(self, key: str, g: Grant, sign: int) -> None:
+    def _account(self, key: str, g: PoolGrant, sign: int) -> None:
         pool = self.by_name[g.pool]
         self._milli[pool.id] += sign * g.shared
         self._count[pool.id] += sign
@@ -188,11 +181,11 @@ class TopologyAwarePolicy(Policy):
             self._taken = self._taken | g.exclusive if sign > 0 else self._taken - g.exclusive
             self._sharable = [p.general - self._taken for p in self.pools]
 
-    def _add(self, key: str, g: Grant) -> None:
+    def _add(self, key: str, g: PoolGrant) -> None:
         self.grants[key] = g
         self._account(key, g, 1)
 
-    def _remove(self, key: str) -> Grant | None:
+    def _remove(self, key: str) -> PoolGrant | None:
         g = self.grants.pop(key, None)
         if g is not None:
             self._account(key, g, -1)
@@ -353,17 +346,18 @@ class TopologyAwarePolicy(Policy):
                          f"{len(p.isolated - self._taken)} isolated" + (f", {mem}" if mem else ""))
         return "; ".join(parts)
 
-    def _grant(self, pool: Pool, r: Request) -> Grant:
+    def _grant(self, pool: Pool, r: Request) -> PoolGrant:
         exclusive = EMPTY
         if r.reserved:
-            return Grant(pool.name, reserved=True, memory=r.memory, mem_types=r.mem_types)
+            return PoolGrant(pool.name, reserved=True, memory=r.memory, mem_types=r.mem_types)
         if r.exclusive:
             free_iso = pool.isolated - self._taken
             if r.isolated and len(free_iso) >= r.exclusive:
                 exclusive = take_cpus(self.topology, free_iso, r.exclusive)
             else:
                 exclusive = self._slice(pool, r.exclusive)
-        return Grant(pool.name, exclusive, r.shared if r.on_shared else 0, r.on_shared, False, r.memory, r.mem_types)
+        return PoolGrant(pool.name, exclusive, r.shared if r.on_shared else 0, r.on_shared, False, r.memory,
+                         r.mem_types)
 
     def _slice(self, pool: Pool, count: int) -> CPUSet:
         """count CPUs off the pool's shared set, spread over children as their spare allows."""
@@ -379,7 +373,7 @@ class TopologyAwarePolicy(Policy):
         return out
 
     # -- resources -------------------------------------------------------------------------
-    def _keep(self, key: str, grant: Grant, keep: CPUSet) -> Grant:
+    def _keep(self, key: str, grant: PoolGrant, keep: CPUSet) -> PoolGrant:
         """grant with keep as its exclusive CPUs, if they are its pool's isolated or general CPUs, free,
         and leave every pool consistent; else grant as it is."""
         pool = self.by_name[grant.pool]
@@ -391,7 +385,7 @@ class TopologyAwarePolicy(Policy):
         self._remove(key)
         return grant if problem else kept
 
-    def cpus_of_grant(self, g: Grant) -> CPUSet:
+    def cpus_of_grant(self, g: PoolGrant) -> CPUSet:
         pool = self.by_name[g.pool]
         cpus = g.exclusive
         if g.reserved:
@@ -400,12 +394,12 @@ class TopologyAwarePolicy(Policy):
             cpus |= self._sharable[pool.id]
         return cpus
 
-    def mems_of_grant(self, g: Grant) -> CPUSet:
+    def mems_of_grant(self, g: PoolGrant) -> CPUSet:
         pool = self.by_name[g.memory_pool]
         mems = pool.mems_of(g.mem_types)
         return mems or pool.all_mems
 
-    def _resources(self, base: Resources, g: Grant) -> Resources:
+    def _resources(self, base: Resources, g: PoolGrant) -> Resources:
         out = base.with_cpus(str(self.cpus_of_grant(g))) if self.pin_cpu else base.with_cpus(base.cpuset_cpus)
         if self.pin_memory:
             mems = self.mems_of_grant(g)
@@ -547,7 +541,7 @@ class TopologyAwarePolicy(Policy):
 
     def restore_state(self, data: Mapping[str, Any]) -> None:
         """Reinstate persisted grants exactly; PolicyError (nothing kept) if any cannot be."""
-        grants = {k: Grant.from_dict(v) for k, v in (data.get("grants") or {}).items()
+        grants = {k: PoolGrant.from_dict(v) for k, v in (data.get("grants") or {}).items()
                   if not k.startswith("pending:")}
         for key in list(self.grants):
             self._remove(key)
@@ -573,7 +567,7 @@ class TopologyAwarePolicy(Policy):
                         f"only {len(self._sharable[pool.id])} shared CPUs")
         return ""
 
-    def _restore_one(self, key: str, g: Grant) -> None:
+    def _restore_one(self, key: str, g: PoolGrant) -> None:
         if g.reserved:
             if self.reserved_pool is None:
                 raise PolicyError(f"grant of {key} is on reserved CPUs; none are reserved now")

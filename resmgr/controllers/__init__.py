@@ -14,14 +14,14 @@ controller prepares (validates) the new section first, and only then do all comm
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from resmgr.model import Container, Pod
 
-log = logging.getLogger("cri-resmgr.control")
+log = logging.getLogger("cri-resmgr.config.manager")
 
 
 class ControllerError(Exception):
@@ -42,32 +42,6 @@ class Controller(Protocol):
     def apply(self, container: Container, pod: Pod) -> None:
         """Put a running container into its class."""
         ...
-
-
-def cgroup_dir(cgroup_parent: str, container_id: str) -> str:
-    """The container's cgroup below a hierarchy root, for the cgroupfs and systemd drivers."""
-    if cgroup_parent.endswith(".slice") and "/" not in cgroup_parent.strip("/"):
-        # systemd: kubepods-burstable-pod1.slice -> kubepods.slice/kubepods-burstable.slice/...
-        name = cgroup_parent.strip("/")
-        parts = name[:-len(".slice")].split("-")
-        slices = ["-".join(parts[:i + 1]) + ".slice" for i in range(len(parts))]
-        return "/".join(slices) + f"/cri-containerd-{container_id}.scope"
-    return f"{cgroup_parent.strip('/')}/{container_id}"
-
-
-def read_cpuset(cgroup_root: str, cgroup_parent: str, container_id: str) -> tuple[str, str] | None:
-    """The container's cgroup cpuset.cpus and cpuset.mems (cgroup v1 or v2), None if not there."""
-    rel = cgroup_dir(cgroup_parent, container_id)
-    for base in (os.path.join(cgroup_root, "cpuset", rel), os.path.join(cgroup_root, rel)):
-        try:
-            with open(os.path.join(base, "cpuset.cpus")) as f:
-                cpus = f.read().strip()
-            with open(os.path.join(base, "cpuset.mems")) as f:
-                mems = f.read().strip()
-        except OSError:
-            continue
-        return cpus, mems
-    return None
 
 
 def mode_of(config_data: dict[str, Any], name: str) -> str:
@@ -98,7 +72,13 @@ class Controllers:
         for c in self.controllers:
             c.check(container, pod)
 
-    def apply(self, container: Container, pod: Pod) -> None:
+    async def apply(self, container: Container, pod: Pod) -> None:
+        """Put a running container into its classes; the writes run off the event loop, so a
+        slow filesystem never stalls the calls in flight."""
+        if self.controllers:
+            await asyncio.to_thread(self._apply, container, pod)
+
+    def _apply(self, container: Container, pod: Pod) -> None:
         for c in self.controllers:
             try:
                 c.apply(container, pod)

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from policies.base import BLOCKIO_ANNOTATION
-from resmgr.controllers import ControllerError, cgroup_dir
+from resmgr.controllers import ControllerError, cgroups
 from resmgr.model import Container, Pod, QOSClass
-from resmgr.requirements import RequirementError, effective_annotation, parse_memory
+from resmgr.requests import BLOCKIO_ANNOTATION, RequirementError, effective_annotation, parse_memory
 
 log = logging.getLogger("cri-resmgr.blockio")
 
@@ -170,10 +169,11 @@ class BlockIOController:
         self._write(pod.cgroup_parent, container.id, wanted)
 
     def _write(self, cgroup_parent: str, container_id: str, s: Settings) -> None:
-        rel = cgroup_dir(cgroup_parent, container_id)
-        base = self.cgroup_root / "blkio" / rel if self.v1 else self.cgroup_root / rel
-        if not base.is_dir():
-            raise ControllerError(f"no cgroup {base}")
+        root = self.cgroup_root / "blkio" if self.v1 else self.cgroup_root
+        found = cgroups.find(root, cgroup_parent, container_id)
+        if found is None:
+            raise ControllerError(f"no cgroup for container {container_id} under {root}")
+        base = Path(found)
         wanted = {(dev, key) for dev, values in s.throttles.items() for key in values}
         before = _current_throttles(base, self.v1)  # read back, so lifting also works after a restart
         if self.v1:

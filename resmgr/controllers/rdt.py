@@ -36,10 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from policies.base import RDT_ANNOTATION
-from resmgr.controllers import ControllerError, cgroup_dir
+from resmgr.controllers import ControllerError, cgroups
 from resmgr.model import Container, Pod, QOSClass
-from resmgr.requirements import effective_annotation
+from resmgr.requests import RDT_ANNOTATION, effective_annotation
 
 log = logging.getLogger("cri-resmgr.rdt")
 
@@ -340,11 +339,12 @@ class RDTController:
 
     def threads(self, cgroup_parent: str, container_id: str) -> list[int]:
         """Every thread of the container, from its cgroup."""
-        rel = cgroup_dir(cgroup_parent, container_id)
         for hierarchy, name in (("cpuset", "tasks"), ("pids", "tasks"), ("cpu", "tasks"), ("", "cgroup.threads")):
-            path = self.cgroup_root / hierarchy / rel / name if hierarchy else self.cgroup_root / rel / name
+            base = cgroups.find(self.cgroup_root / hierarchy, cgroup_parent, container_id, name)
+            if base is None:
+                continue
             try:
-                return [int(t) for t in path.read_text().split()]
+                return [int(t) for t in Path(base, name).read_text().split()]
             except FileNotFoundError:
                 continue
         raise ControllerError(f"no cgroup for container {container_id} under {self.cgroup_root}")

@@ -1,1 +1,1 @@
-"""Generated CRI v1 (runtime.v1) protobuf and gRPC modules; see scripts/genproto.py."""
+"""The CRI front end: CRI messages translated to and from the engine's model."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
-from resmgr.cri import api_pb2
+from resmgr.generated.cri import api_pb2
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Pass-through calls are forwarded as raw bytes, never parsed. The caller's deadline
 and metadata travel to the runtime; the runtime's status code, message, initial
 and trailing metadata (so also rich error details) travel back unchanged. Calls the
-Interceptor wants (lifecycle, dumped) go through it.
+Dispatcher wants (lifecycle, dumped) go through it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from resmgr import memory
-from resmgr.relay.intercept import MAX_REQUEST, Interceptor, name_socket
+from resmgr.relay import memory
+from resmgr.relay.dispatch import MAX_REQUEST, Dispatcher, name_socket
 from resmgr.relay.methods import KNOWN
 
 log = logging.getLogger("cri-resmgr.relay")
@@ -75,8 +75,8 @@ async def _abort_like(err: grpc.aio.AioRpcError, context: grpc.aio.ServicerConte
 class Relay(grpc.GenericRpcHandler):
     """A generic gRPC handler that serves every method by relaying it."""
 
-    def __init__(self, interceptor: Interceptor) -> None:
-        self.interceptor = interceptor
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     # grpc.GenericRpcHandler
@@ -88,9 +88,9 @@ class Relay(grpc.GenericRpcHandler):
         return handler
 
     def _build(self, path: str) -> grpc.RpcMethodHandler:
-        channel, socket = self.interceptor.route(path)
+        channel, socket = self.dispatcher.route(path)
         info = KNOWN.get(path)
-        if self.interceptor.wants(path):
+        if self.dispatcher.wants(path):
             return grpc.unary_unary_rpc_method_handler(self._intercepted(path))
         if info is not None and not info.client_streaming and not info.server_streaming:
             return grpc.unary_unary_rpc_method_handler(self._unary(path, channel, socket))
@@ -152,14 +152,14 @@ class Relay(grpc.GenericRpcHandler):
         return relay
 
     def _intercepted(self, path: str) -> Behaviour:
-        interceptor = self.interceptor
+        dispatcher = self.dispatcher
 
         async def relay(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             if len(request) > MAX_REQUEST:
                 memory.after_big_request()  # the aborted call's traceback holds the request
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                     f"cri-resmgr: request larger than {MAX_REQUEST} bytes")
-            out = await interceptor.call(path, request, _forward_metadata(context), context.time_remaining())
+            out = await dispatcher.call(path, request, _forward_metadata(context), context.time_remaining())
             if out.initial:
                 await context.send_initial_metadata(out.initial)
             if out.code != grpc.StatusCode.OK:

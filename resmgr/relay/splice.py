@@ -6,8 +6,8 @@ pass through verbatim, parsed no further than their 9-byte header, except:
 - the client's header blocks are decoded (HPACK) to learn each call's method and are
   re-encoded without the dynamic table toward the runtime, so calls answered here can
   be left out without the runtime's decoder state drifting from the client's encoder;
-- calls the Interceptor wants (lifecycle calls, dumped calls) are answered here: the
-  request is collected, handed to the Interceptor, and the reply is written back on the
+- calls the Dispatcher wants (lifecycle calls, dumped calls) are answered here: the
+  request is collected, handed to the Dispatcher, and the reply is written back on the
   same stream with header blocks that do not touch the client's decoder table;
 - the connection flow-control window toward the client is enforced here, because the
   relay adds bytes the runtime does not know about.
@@ -35,7 +35,7 @@ import hpack
 from hpack.exceptions import HPACKError
 
 from resmgr.relay import frames as h2
-from resmgr.relay.intercept import MAX_REQUEST, Interceptor, Outcome
+from resmgr.relay.dispatch import MAX_REQUEST, Dispatcher, Outcome
 from resmgr.relay.methods import is_image_method
 
 log = logging.getLogger("cri-resmgr.relay")
@@ -53,11 +53,11 @@ _REPLY_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
 
 class SpliceServer:
-    def __init__(self, interceptor: Interceptor, runtime_socket: str, image_socket: str = "") -> None:
-        self.interceptor = interceptor
+    def __init__(self, dispatcher: Dispatcher, runtime_socket: str, image_socket: str = "") -> None:
+        self.dispatcher = dispatcher
         self.runtime_socket = runtime_socket
         # Two backends cannot share one client connection's HPACK context; image calls to a
-        # separate image socket are therefore answered here, through the Interceptor.
+        # separate image socket are therefore answered here, through the Dispatcher.
         self.split_images = bool(image_socket) and image_socket != runtime_socket
         self.conns: set[_Conn] = set()
         self.held = 0  # bytes held for calls answered here, all connections
@@ -67,7 +67,7 @@ class SpliceServer:
     def local_route(self, path: str) -> bool:
         local = self._local.get(path)
         if local is None:
-            local = self._local[path] = self.interceptor.wants(path) or (
+            local = self._local[path] = self.dispatcher.wants(path) or (
                 self.split_images and is_image_method(path))
         return local
 
@@ -287,9 +287,10 @@ class _Conn(asyncio.Protocol):
                         out.append(buf[at:end])
                 elif ftype == h2.RST_STREAM:
                     ls = self._end_local(sid)
-                    if ls is not None:
-                        if ls.task is not None:
+                    if ls is not None or sid in self.local_done:
+                        if ls is not None and ls.task is not None:
                             ls.task.cancel()
+                        self._drop_reply(sid)  # the runtime never saw the stream: nothing goes on
                     elif self.failed is None:
                         self.open.pop(sid, None)
                         out.append(buf[at:end])
@@ -374,6 +375,7 @@ class _Conn(asyncio.Protocol):
         path = next((v for k, v in headers if k == b":path"), b"").decode("latin-1")
         if self.refuse_after is not None and sid > self.refuse_after:
             self._inject(h2.rst_stream(sid, h2.REFUSED_STREAM))
+            self._done(sid)  # its DATA, if the client sends any before it sees the reset, stays here
             return
         if self.failed is not None or self.server.local_route(path):
             ls = self.local[sid] = _Local(path, headers)
@@ -396,12 +398,28 @@ class _Conn(asyncio.Protocol):
     def _end_local(self, sid: int) -> _Local | None:
         ls = self.local.pop(sid, None)
         if ls is not None:
-            self.local_done[sid] = None
-            if len(self.local_done) > 1024:
-                del self.local_done[next(iter(self.local_done))]
+            self._done(sid)
             if ls.task is None:  # never started: nothing will give its bytes back
                 self._unhold(ls)
         return ls
+
+    def _done(self, sid: int) -> None:
+        """A stream the runtime never saw has ended: late frames for it stay here."""
+        self.local_done[sid] = None
+        if len(self.local_done) > 1024:
+            del self.local_done[next(iter(self.local_done))]
+
+    def _drop_reply(self, sid: int) -> None:
+        """The client reset a stream we answer: what is still queued for it is never sent."""
+        self.swin.pop(sid, None)
+        left = self.queued.pop(sid, 0)
+        if left:
+            self._charge(-left)
+        if any(abs(s) == sid for _, _, s in self.out):
+            kept = [f for f in self.out if abs(f[2]) != sid]
+            self.out.clear()
+            self.out.extend(kept)
+        self.parked[:] = [f for f in self.parked if abs(f[2]) != sid]
 
     def _refuse(self, sid: int, ls: _Local, why: str) -> None:
         """Answer a call whose request we will not hold, and ask the client to stop sending it."""
@@ -458,7 +476,7 @@ class _Conn(asyncio.Protocol):
         metadata = h2.headers_to_metadata(ls.headers, _GRPC_OWN)
         request = bytes(memoryview(body)[5:])
         body.clear()  # one copy of a big request at a time
-        return await self.server.interceptor.call(ls.path, request, metadata or None, timeout)
+        return await self.server.dispatcher.call(ls.path, request, metadata or None, timeout)
 
     def _answer(self, sid: int, outcome: Outcome) -> None:
         initial = _REPLY_HEADERS + h2.metadata_to_headers(outcome.initial)

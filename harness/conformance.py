@@ -1,0 +1,168 @@
+"""CRI conformance (cri-tools' critest) directly against a private containerd and through the relay.
+
+    python -m harness.conformance [--modes splice,grpc] [--policy NAME] [--focus REGEX]
+
+The relay must pass exactly the specs that the runtime passes when called directly: every
+spec that passes direct and fails through the relay (or the other way round) is printed
+and the exit status is 1. Specs listed in tests/critest-skip.txt (with the reason) are
+skipped in every run. critest's images are served from a loopback registry
+(harness.registry) built from local binaries, since nothing can be pulled here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import images
+from harness.containerd import PrivateContainerd, tool
+from harness.registry import Base, Registry
+from harness.relay import policy_relay
+
+ROOT = Path(__file__).resolve().parents[1]
+SKIP_FILE = ROOT / "tests" / "critest-skip.txt"
+E2E = "registry.k8s.io/e2e-test-images/"
+STAGING = "gcr.io/k8s-staging-cri-tools/"
+# /etc/passwd and /etc/group for the users critest's image tests name.
+PASSWD = b"root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:33:www-data:/var/www:/bin/false\n" \
+         b"user1000:x:1000:1000::/:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"
+GROUP = b"root:x:0:\nwww-data:x:33:\nuser1000:x:1000:\ngroup50000:x:50000:user1000\nnogroup:x:65534:\n"
+
+
+def serve_images(registry: Registry) -> None:
+    """The images critest pulls, under the names it pulls them by."""
+    archives = images.build_all()
+    busybox, pause = Base.from_archive(archives[images.BUSYBOX_IMAGE]), Base.from_archive(archives[images.PAUSE_IMAGE])
+    users = {"etc/passwd": PASSWD, "etc/group": GROUP}
+    registry.add(E2E + "busybox:1.29-2", busybox, files=users)
+    registry.add("registry.k8s.io/pause:3.9", pause)  # also served as k8s.gcr.io/pause:3.9
+    # busybox's httpd stands in for nginx and httpd: a main page on port 80 (12003 on the host network).
+    site = dict(users, **{"www/index.html": b"<html><body>cri-resmgr test page</body></html>\n"})
+    for name in (E2E + "nginx:1.14-2", E2E + "httpd:2.4.39-4"):
+        registry.add(name, busybox, files=site, Cmd=["/bin/httpd", "-f", "-p", "80", "-h", "/www"])
+    registry.add(STAGING + f"hostnet-nginx-{images.PLATFORM.split('/')[1]}:latest", busybox, files=site,
+                 Cmd=["/bin/httpd", "-f", "-p", "12003", "-h", "/www"])
+    for name in ("test-image-latest:latest", "test-image-tag:test", "test-image-tag:all",
+                 "test-image-tags:1", "test-image-tags:2", "test-image-tags:3"):
+        registry.add(STAGING + name, busybox)  # the same image under every name
+    for n in (1, 2, 3):  # different images
+        registry.add(STAGING + f"test-image-{n}:latest", busybox, Labels={"variant": str(n)})
+    registry.add(STAGING + "test-image-user-uid:latest", busybox, files=users, User="1002")
+    registry.add(STAGING + "test-image-user-username:latest", busybox, files=users, User="www-data")
+    registry.add(STAGING + "test-image-user-uid-group:latest", busybox, files=users, User="1003:1003")
+    registry.add(STAGING + "test-image-user-username-group:latest", busybox, files=users, User="www-data:www-data")
+    registry.add(STAGING + "test-image-predefined-group:latest", busybox, files=users, User="1000")
+
+
+def skip_list() -> list[tuple[str, str]]:
+    """(spec text, reason) pairs from tests/critest-skip.txt ("text  # reason" lines)."""
+    out = []
+    for line in SKIP_FILE.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            text, _, reason = line.partition("  # ")
+            out.append((text.strip(), reason.strip()))
+    return out
+
+
+def run_critest(endpoint: str, report: Path, focus: str, skips: list[str], log: Path) -> dict[str, str]:
+    """Run critest against endpoint; returns spec -> state (passed, failed, skipped, ...)."""
+    cmd = [tool("critest"), f"--runtime-endpoint=unix://{endpoint}", f"--image-endpoint=unix://{endpoint}",
+           f"--ginkgo.json-report={report}", "--ginkgo.no-color", "--ginkgo.timeout=30m"]
+    if focus:
+        cmd.append(f"--ginkgo.focus={focus}")
+    if skips:
+        cmd.append("--ginkgo.skip=" + "|".join(re.escape(s) for s in skips))
+    with open(log, "w") as out:
+        subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=report.parent)
+    results: dict[str, str] = {}
+    for suite in json.loads(report.read_text()):
+        for spec in suite.get("SpecReports") or []:
+            if spec.get("LeafNodeType") != "It":
+                continue
+            name = " ".join(spec.get("ContainerHierarchyTexts") or []) + " " + spec.get("LeafNodeText", "")
+            results[name.strip()] = spec["State"]
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="splice,grpc", help="relay front ends to check (default: %(default)s)")
+    ap.add_argument("--policy", default="topology-aware", help="the relay's policy (default: %(default)s)")
+    ap.add_argument("--focus", default="", help="run only specs matching this regular expression")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (reports, logs)")
+    args = ap.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="crirm-critest-"))
+    skips = skip_list()
+    registry = Registry()
+    serve_images(registry)
+    url = registry.start()
+    ctrd = PrivateContainerd(work / "containerd")
+    results: dict[str, dict[str, str]] = {}
+    timings: dict[str, float] = {}
+    try:
+        ctrd.start()
+        for host in ("registry.k8s.io", "k8s.gcr.io", "gcr.io"):
+            ctrd.mirror(host, url)
+        for target in ["direct"] + [m for m in args.modes.split(",") if m]:
+            started = time.monotonic()
+            relay = None
+            endpoint = ctrd.socket
+            if target != "direct":
+                relay = policy_relay(work, ctrd.socket, args.policy, "--relay-mode", target, "--config-socket",
+                                     "disabled", "--log-level", "INFO", relay_dir=work / f"state-{target}").start()
+                endpoint = relay.socket
+            try:
+                results[target] = run_critest(endpoint, work / f"critest-{target}.json", args.focus,
+                                              [s for s, _ in skips], work / f"critest-{target}.log")
+            finally:
+                if relay is not None:
+                    relay.stop(timeout=30)
+            timings[target] = time.monotonic() - started
+    finally:
+        ctrd.stop()
+        registry.stop()
+    return report(results, timings, skips, work, args.keep)
+
+
+def report(results: dict[str, dict[str, str]], timings: dict[str, float], skips: list[tuple[str, str]],
+           work: Path, keep: bool) -> int:
+    direct = results["direct"]
+    passed = {s for s, st in direct.items() if st == "passed"}
+    print(f"critest {len(direct)} specs; skipped by tests/critest-skip.txt: {len(skips)} entries")
+    ok = True
+    for target, res in results.items():
+        states: dict[str, int] = {}
+        for st in res.values():
+            states[st] = states.get(st, 0) + 1
+        mine = {s for s, st in res.items() if st == "passed"}
+        line = ", ".join(f"{n} {st}" for st, n in sorted(states.items()))
+        print(f"  {target:7s} {line}  ({timings[target]:.0f} s)")
+        if target == "direct":
+            continue
+        for spec in sorted(passed - mine):
+            ok = False
+            print(f"    passes direct, not through the {target} relay: {spec}")
+        for spec in sorted(mine - passed):
+            ok = False
+            print(f"    passes through the {target} relay, not direct: {spec}")
+    for spec, st in sorted(direct.items()):
+        if st not in ("passed", "skipped", "pending"):
+            print(f"  fails direct too ({st}): {spec}")
+    print("critest through the relay " + ("equals critest direct" if ok else "DIFFERS from critest direct"))
+    if keep or not ok:
+        print(f"reports and logs: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

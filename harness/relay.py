@@ -1,0 +1,77 @@
+"""cri-resmgr started as a real process on a private socket, for tests, conformance runs and
+benchmarks: one launcher, so they all run the relay the same way."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_socket(path: str, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
+    """Wait until something accepts connections on the unix socket."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before serving {path}")
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(path)
+            return
+        except OSError:
+            time.sleep(0.02)
+        finally:
+            s.close()
+    raise TimeoutError(f"nothing serves {path} after {timeout}s")
+
+
+class RelayProcess:
+    """cri-resmgr run as a real process, as kubelet would see it."""
+
+    def __init__(self, workdir: Path, runtime_socket: str, *extra: str,
+                 relay_dir: Path | None = None) -> None:
+        self.workdir = workdir
+        self.socket = str(workdir / "relay.sock")
+        self.relay_dir = relay_dir or workdir / "state"
+        self.log_path = workdir / f"relay-{uuid.uuid4().hex[:6]}.log"
+        self.args = [sys.executable, "-m", "resmgr", "--relay-socket", self.socket,
+                     "--runtime-socket", runtime_socket, "--relay-dir", str(self.relay_dir),
+                     "--log-level", "DEBUG", "--config-socket", str(workdir / "config.sock"), *extra]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> RelayProcess:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        log.close()
+        if wait:
+            wait_socket(self.socket, proc=self.proc)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout)
+        return rc
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel("unix://" + self.socket)
+
+
+def policy_relay(workdir: Path, runtime_socket: str, policy: str, *extra: str,
+                 relay_dir: Path | None = None) -> RelayProcess:
+    """A relay (not started) with a forced configuration that names the policy."""
+    config = workdir / f"{policy}.yaml"
+    config.write_text(f"policy:\n  Active: {policy}\n")
+    return RelayProcess(workdir, runtime_socket, "--force-config", str(config), *extra, relay_dir=relay_dir)

@@ -1,0 +1,1 @@
+"""The application layer: the daemon, its command line, status, simulate."""

@@ -1,0 +1,53 @@
+"""The config link: the gRPC Config service the node agent pushes to, and Status.
+
+Served on a root-only unix socket: the agent runs as root, nobody else may reconfigure.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from resmgr import sockets
+from resmgr.config.manager import ConfigManager, Rejected
+from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
+
+log = logging.getLogger("cri-resmgr.config")
+
+
+class ConfigService(api_pb2_grpc.ConfigServicer):
+    def __init__(self, control: ConfigManager) -> None:
+        self.control = control
+
+    async def SetConfig(self, request: api_pb2.SetConfigRequest,  # noqa: N802 - gRPC method name
+                        context: grpc.aio.ServicerContext) -> api_pb2.SetConfigReply:
+        log.info("configuration pushed for node %s (%d keys)", request.node_name, len(request.config))
+        try:
+            await self.control.push(request.node_name, dict(request.config))
+        except Rejected as err:
+            return api_pb2.SetConfigReply(error=str(err))
+        return api_pb2.SetConfigReply()
+
+    async def SetAdjustment(self, request: api_pb2.SetAdjustmentRequest,  # noqa: N802
+                            context: grpc.aio.ServicerContext) -> api_pb2.SetAdjustmentReply:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "external adjustments are not supported")
+        raise AssertionError("unreachable")
+
+
+class StatusService(status_pb2_grpc.StatusServicer):
+    def __init__(self, control: ConfigManager) -> None:
+        self.control = control
+
+    async def GetStatus(self, request: status_pb2.GetStatusRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> status_pb2.GetStatusReply:
+        return status_pb2.GetStatusReply(**self.control.status())
+
+
+async def serve(control: ConfigManager, path: str) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    api_pb2_grpc.add_ConfigServicer_to_server(ConfigService(control), server)
+    status_pb2_grpc.add_StatusServicer_to_server(StatusService(control), server)
+    await sockets.start_private(server, path)
+    log.info("config link serving on %s", path)
+    return server

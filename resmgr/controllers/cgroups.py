@@ -1,0 +1,46 @@
+"""Where a container's cgroup is, for the cgroupfs and systemd drivers, cgroup v1 and v2."""
+
+from __future__ import annotations
+
+import os
+
+# The systemd scope of a container, by runtime: containerd, CRI-O.
+SCOPES = ("cri-containerd-{id}.scope", "crio-{id}.scope")
+
+
+def cgroup_dirs(cgroup_parent: str, container_id: str) -> list[str]:
+    """The places the container's cgroup can be below a hierarchy root, most likely first."""
+    if cgroup_parent.endswith(".slice") and "/" not in cgroup_parent.strip("/"):
+        # systemd: kubepods-burstable-pod1.slice -> kubepods.slice/kubepods-burstable.slice/...
+        name = cgroup_parent.strip("/")
+        parts = name[:-len(".slice")].split("-")
+        slices = "/".join("-".join(parts[:i + 1]) + ".slice" for i in range(len(parts)))
+        return [f"{slices}/{scope.format(id=container_id)}" for scope in SCOPES]
+    return [f"{cgroup_parent.strip('/')}/{container_id}"]
+
+
+def find(root: str | os.PathLike[str], cgroup_parent: str, container_id: str, name: str = "") -> str | None:
+    """The first of the container's possible cgroup directories under root that exists
+    (and holds the file name, if given)."""
+    for rel in cgroup_dirs(cgroup_parent, container_id):
+        path = os.path.join(root, rel)
+        if os.path.exists(os.path.join(path, name) if name else path):
+            return path
+    return None
+
+
+def read_cpuset(cgroup_root: str, cgroup_parent: str, container_id: str) -> tuple[str, str] | None:
+    """The container's cgroup cpuset.cpus and cpuset.mems (cgroup v1 or v2), None if not there."""
+    for root in (os.path.join(cgroup_root, "cpuset"), cgroup_root):
+        base = find(root, cgroup_parent, container_id, "cpuset.cpus")
+        if base is None:
+            continue
+        try:
+            with open(os.path.join(base, "cpuset.cpus")) as f:
+                cpus = f.read().strip()
+            with open(os.path.join(base, "cpuset.mems")) as f:
+                mems = f.read().strip()
+        except OSError:
+            continue
+        return cpus, mems
+    return None

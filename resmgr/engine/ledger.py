@@ -1,0 +1,157 @@
+"""The state ledger: pods, containers and what the policy granted them, kept consistent.
+
+One synchronous piece of bookkeeping used by the engine, `cri-resmgr simulate` and the
+tests: placing a container (with rollback when the policy refuses), applying a decision,
+releasing and forgetting, the order in which containers are (re)allocated, and the
+shadow copy on which a policy switch is decided. It does no I/O and never awaits, so the
+engine calls it under its lock and everything here is atomic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from policies.base import Policy
+from resmgr.model import Container, ContainerState, Decision, Pod, QOSClass, Resources, View
+
+_QOS_ORDER = {QOSClass.GUARANTEED: 0, QOSClass.BURSTABLE: 1, QOSClass.BEST_EFFORT: 2}
+
+
+class Ledger:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.pods: dict[str, Pod] = {}
+        self.containers: dict[str, Container] = {}  # by Container.key
+        self.seq = 0
+
+    def view(self) -> View:
+        return View(self.pods, self.containers)
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def load(self, pods: Iterable[Pod], containers: Iterable[Container]) -> None:
+        self.pods = {p.id: p for p in pods}
+        self.containers = {c.key: c for c in containers}
+        self.seq = max([p.seq for p in self.pods.values()] + [c.seq for c in self.containers.values()] + [0])
+
+    # -- pods --------------------------------------------------------------------------
+    def add_pod(self, pod: Pod) -> Pod:
+        """Record pod (a newer sequence number than anything before); returns it."""
+        pod.seq = self.next_seq()
+        self.pods[pod.id] = pod
+        return pod
+
+    def drop_pod(self, pod: Pod) -> Decision:
+        """Forget a pod and every container in it."""
+        decision = Decision()
+        for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
+            decision.updates.update(self.forget(c).updates)
+        self.pods.pop(pod.id, None)
+        return decision
+
+    # -- containers ----------------------------------------------------------------------
+    def place(self, c: Container, pod: Pod, adopt: bool = False) -> Decision:
+        """Add c and let the policy allocate it (adopt: it already runs with c.resources).
+
+        The decision is applied to c; its updates (other containers) are the caller's to
+        record. If the policy refuses, the ledger is as it was and the error propagates.
+        """
+        c.seq = self.next_seq()
+        self.containers[c.key] = c
+        try:
+            decision = (self.policy.adopt if adopt else self.policy.allocate)(c, pod, self.view())
+        except BaseException:
+            del self.containers[c.key]
+            raise
+        self.apply(c, decision)
+        return decision
+
+    @staticmethod
+    def apply(c: Container, decision: Decision) -> None:
+        """c's own part of a decision: its resources, and the classes the decision names."""
+        if decision.resources is not None:
+            c.resources = decision.resources
+        c.rdt_class = decision.rdt_class or c.rdt_class
+        c.blockio_class = decision.blockio_class or c.blockio_class
+
+    def record(self, updates: dict[str, Resources]) -> dict[str, Resources]:
+        """Take updates as the containers' resources, pending until the runtime has them.
+
+        Returns the updates for containers whose create has not returned yet (no runtime ID):
+        they cannot be pushed until it has.
+        """
+        early: dict[str, Resources] = {}
+        for key, res in updates.items():
+            c = self.containers.get(key)
+            if c is None:
+                continue
+            if not c.id:
+                early[key] = res
+            else:
+                c.resources = res
+                c.pending = c.state != ContainerState.EXITED
+        return early
+
+    def rename(self, c: Container, old_key: str) -> None:
+        """c's key changed from old_key (its runtime ID became known)."""
+        self.containers.pop(old_key, None)
+        c.seq = self.next_seq()  # known to the runtime from now on, not from when it was asked
+        self.containers[c.key] = c
+        self.policy.rename(old_key, c.key)
+
+    def release(self, c: Container) -> Decision:
+        """Give back what c holds (it exited); it stays known."""
+        if c.state == ContainerState.EXITED:
+            return Decision()
+        decision = self.policy.release(c, self.view())
+        c.state = ContainerState.EXITED
+        c.pending = False
+        # Newer than any reconciliation observation in flight, which may still list it running.
+        c.seq = self.next_seq()
+        return decision
+
+    def forget(self, c: Container) -> Decision:
+        """Release c and drop it."""
+        decision = self.release(c)
+        self.containers.pop(c.key, None)
+        return decision
+
+    def remove(self, c: Container) -> Decision:
+        """Forget c, and its pod once it has no container left (simulate's and the tests' removal)."""
+        decision = self.forget(c)
+        if not any(o.pod_id == c.pod_id for o in self.containers.values()):
+            self.pods.pop(c.pod_id, None)
+        self.record(decision.updates)
+        return decision
+
+    def allocation_order(self, containers: Iterable[Container]) -> list[Container]:
+        """Live containers, Guaranteed first, then by size: big exclusive grants before the rest."""
+        live = [c for c in containers if c.state != ContainerState.EXITED and c.pod_id in self.pods]
+        return sorted(live, key=lambda c: (_QOS_ORDER[self.pods[c.pod_id].qos_class],
+                                           -c.requested.memory_limit_in_bytes, -c.requested.cpu_shares, c.key))
+
+    def reallocate(self, policy: Policy) -> dict[str, Resources]:
+        """Allocate every live container under another policy and make it the ledger's.
+
+        Decided on a shadow copy, so a PolicyError half-way leaves the ledger as it was.
+        Returns the containers whose resources change; their classes are taken at once.
+        """
+        shadow = {k: dataclasses.replace(c) for k, c in self.containers.items()}
+        view = View(self.pods, shadow)
+        for c in self.allocation_order(shadow.values()):
+            decision = policy.allocate(c, self.pods[c.pod_id], view)
+            self.apply(c, decision)
+            for key, res in decision.updates.items():
+                if key in shadow:
+                    shadow[key].resources = res
+        updates = {}
+        for key, c in shadow.items():
+            old = self.containers[key]
+            if c.state != ContainerState.EXITED and c.resources != old.resources:
+                updates[key] = c.resources
+            old.rdt_class, old.blockio_class = c.rdt_class, c.blockio_class
+        self.policy = policy
+        return updates

@@ -1,0 +1,557 @@
+"""The engine: owns pod and container state, asks the policy, applies decisions.
+
+It speaks the model only (resmgr.model); each front end translates its protocol. A
+lifecycle call that needs a decision is planned under the engine lock, the front end
+makes the runtime call without it, then the plan is committed or aborted under it, so
+calls for different pods run in parallel. Calls that need no decision take the runtime
+call as a coroutine function and do the same around it.
+
+What a container holds is given back only once the runtime confirms it is gone: a stop,
+remove or create whose runtime call failed or was cancelled may or may not have happened,
+so its grant stays until reconciliation (reconcile.py) has asked the runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from policies.base import Policy
+from resmgr.controllers import Controllers
+from resmgr.engine.ledger import Ledger
+from resmgr.engine.reconcile import Reconciling, brief
+from resmgr.engine.store import StateStore
+from resmgr.model import Container, ContainerEvent, ContainerState, Decision, Pod, PodState, Resources, View
+
+log = logging.getLogger("cri-resmgr.engine")
+
+T = TypeVar("T")
+Call = Callable[[], Awaitable[T]]
+
+READY_WAIT = 10.0  # how long a call waits for the first reconciliation before it is refused
+
+
+class NotReady(Exception):
+    """The engine cannot decide yet: its state is not reconciled with the runtime."""
+
+
+def _failure(err: BaseException) -> str:
+    if isinstance(err, asyncio.CancelledError):
+        return "was cancelled by the caller"
+    return f"failed: {brief(err)}"
+
+
+class Runtime(Protocol):
+    """What the engine asks the runtime on its own behalf, in model terms (a front end adapts)."""
+
+    async def list_pods(self) -> list[Pod]:
+        """Pods as listed: ID, metadata, state (no cgroup parent yet)."""
+        ...
+
+    async def pod_details(self, pod: Pod) -> Pod:
+        """A listed pod completed for adoption (cgroup parent, QoS class)."""
+        ...
+
+    async def list_containers(self, pod_id: str = "") -> list[Container]:
+        """Containers as listed: ID, pod, metadata, state (no resources yet)."""
+        ...
+
+    async def container_details(self, c: Container) -> tuple[Container, list[str]]:
+        """A listed container completed for adoption, and the host paths of its devices."""
+        ...
+
+    async def running_resources(self, container_id: str) -> tuple[str, str] | None:
+        """The cpuset CPUs and memory nodes the runtime reports for a container."""
+        ...
+
+    async def update_resources(self, container_id: str, res: Resources) -> None: ...
+
+
+@dataclass
+class CreatePlan:
+    """A create decided by the engine and not yet made by the runtime."""
+
+    pod: Pod
+    container: Container  # its resources are what it must be created with
+    decided: bool  # the policy set its resources (else the request stands as it is)
+    updates: dict[str, Resources] = field(default_factory=dict)  # others moved, pushed once it exists
+
+
+@dataclass
+class UpdatePlan:
+    """An update of a container's resources decided by the engine, not yet taken by the runtime."""
+
+    container: Container
+    pod: Pod
+    before: Resources  # what was requested until now
+    requested: Resources
+    resize: bool
+    resources: Resources | None  # what to send; None: it changes nothing, answer without the runtime
+    moved: dict[str, Resources] = field(default_factory=dict)
+
+
+class Engine(Reconciling):
+    def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
+                 controllers: Controllers | None = None, cgroup_root: str = "", gated: bool = False) -> None:
+        """gated: lifecycle decisions wait for the first reconciliation (the daemon's case)."""
+        self.ledger = Ledger(policy)
+        self.controllers = controllers or Controllers([])
+        # Device host paths -> {path: NUMA nodes}; the daemon reads sysfs, tests may stub it.
+        self.device_hints: Callable[[list[str]], dict[str, list[int]]] = lambda paths: {}
+        self.store = store
+        self.runtime = runtime
+        self.cgroup_root = cgroup_root  # where container cgroups are read back ("": not at all)
+        self._lock = asyncio.Lock()
+        self.reconciled = asyncio.Event()
+        if not gated:
+            self.reconciled.set()
+        self._swept = False
+        self._sweep_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        # Updates for containers whose create was still in flight, applied once it lands.
+        self._deferred: dict[str, Resources] = {}
+        # Known containers the policy holds nothing for (it changed, its data was lost, no room).
+        self._unallocated: set[str] = set()
+        # Containers running as plain shared ones because what they ask for did not fit.
+        self._degraded: set[str] = set()
+        # Pending creates whose runtime call failed or was cancelled: created or not, nobody knows yet.
+        self._unsettled: set[str] = set()
+        # Runtime updates: one at a time per container, a bounded number at once overall.
+        self._push_locks: dict[str, asyncio.Lock] = {}
+        self._push_slots = asyncio.Semaphore(16)
+        # Updates pushed in the background, and those a container's start waits for.
+        self._background: set[asyncio.Task[None]] = set()
+        self._repins: dict[str, asyncio.Task[None]] = {}
+
+    # -- state -------------------------------------------------------------
+    @property
+    def policy(self) -> Policy:
+        return self.ledger.policy
+
+    @property
+    def pods(self) -> dict[str, Pod]:
+        return self.ledger.pods
+
+    @property
+    def containers(self) -> dict[str, Container]:
+        return self.ledger.containers
+
+    def view(self) -> View:
+        return self.ledger.view()
+
+    def snapshot(self) -> dict[str, Any]:
+        ids = {c.key for c in self.containers.values() if c.id}
+        return {
+            "pods": [p.to_dict() for p in self.pods.values()],
+            "containers": [c.to_dict() for c in self.containers.values() if c.id],
+            "policy": {"name": self.policy.name, "data": self.policy.export_state(), "config": self.policy.config},
+            "unallocated": sorted(self._unallocated & ids),
+            "degraded": sorted(self._degraded & ids),
+        }
+
+    def restore(self, data: dict[str, Any] | None) -> None:
+        """Take a persisted state (validated by resmgr.engine.statefile) as the starting point."""
+        if not data:
+            return
+        self.ledger.load([Pod.from_dict(p) for p in data.get("pods", [])],
+                         [Container.from_dict(c) for c in data.get("containers", [])])
+        self._unallocated = set(data.get("unallocated", [])) & set(self.containers)
+        self._degraded = set(data.get("degraded", [])) & set(self.containers)
+        pdata = data.get("policy") or {}
+        if pdata.get("name") == self.policy.name:
+            try:
+                self.policy.restore_state(pdata.get("data") or {})
+                return
+            except Exception as err:
+                log.error("persisted %s policy data is unusable (%s); re-allocating every container",
+                          self.policy.name, err)
+        elif pdata.get("name"):
+            log.warning("active policy changed from %s to %s; re-allocating every container",
+                        pdata.get("name"), self.policy.name)
+        self._degraded.clear()
+        self._unallocated = {k for k, c in self.containers.items() if c.state != ContainerState.EXITED}
+
+    async def save(self) -> None:
+        await self.store.save(self.snapshot)
+
+    async def _until_reconciled(self) -> None:
+        if self.reconciled.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.reconciled.wait(), READY_WAIT)
+        except TimeoutError:
+            raise NotReady("cri-resmgr has not yet reconciled its state with the runtime (is the runtime "
+                           "reachable?); try again") from None
+
+    def _release(self, c: Container) -> Decision:
+        return self.ledger.release(c)
+
+    def _forget(self, c: Container) -> Decision:
+        """Release c and drop it from the state (caller holds the lock)."""
+        decision = self.ledger.forget(c)
+        for keys in (self._unallocated, self._degraded, self._unsettled):
+            keys.discard(c.key)
+        return decision
+
+    def _drop_pod(self, pod: Pod) -> Decision:
+        """Forget a pod and its containers (caller holds the lock)."""
+        gone = {c.key for c in self.containers.values() if c.pod_id == pod.id}
+        decision = self.ledger.drop_pod(pod)
+        for keys in (self._unallocated, self._degraded, self._unsettled):
+            keys -= gone
+        return decision
+
+    def _record(self, updates: dict[str, Resources]) -> None:
+        """Take a decision's updates as the containers' desired resources (caller holds the lock).
+
+        Recording under the lock, and pushing whatever is desired at push time, keeps an
+        older decision from overwriting a newer one in the runtime. A recorded update is
+        pending (and persisted as such) until the runtime has taken it.
+        """
+        self._deferred.update(self.ledger.record(updates))  # pushed once its create lands
+
+    # -- pushing updates to the runtime -------------------------------------------------
+    async def _apply_updates(self, decision: Decision) -> None:
+        """Push the desired resources of the containers a decision moved (no engine lock held)."""
+        await self._push_all(decision.updates)
+
+    def _apply_soon(self, decision: Decision, before_start: str = "") -> None:
+        """Push a decision's updates in the background, so the call that caused them returns now.
+
+        They are recorded (and saved) as pending, so a crash cannot lose them. The container
+        before_start is not started until they are done: a new exclusive grant must not run
+        while shared containers still run on its CPUs.
+        """
+        if not decision.updates:
+            return
+        task = asyncio.create_task(self._apply_updates(decision))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        if before_start:
+            self._repins[before_start] = task
+            task.add_done_callback(lambda t: self._repins.pop(before_start, None)
+                                   if self._repins.get(before_start) is t else None)
+
+    async def settle_updates(self) -> None:
+        """Wait for the updates pushed in the background (at shutdown, in tests)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    async def _push_pending(self) -> None:
+        await self._push_all([k for k, c in self.containers.items() if c.pending and c.id])
+
+    async def _push_all(self, keys: Iterable[str]) -> None:
+        keys = [k for k in keys if (c := self.containers.get(k)) is not None and c.id]
+        if keys:
+            await asyncio.gather(*(self._push(k) for k in keys))
+
+    async def _push(self, key: str) -> None:
+        lock = self._push_locks.setdefault(key, asyncio.Lock())
+        async with self._push_slots, lock:
+            c = self.containers.get(key)
+            if c is None or not c.id or not c.pending:
+                return  # gone, or an earlier push already sent the latest
+            res = c.resources
+            try:
+                await self.runtime.update_resources(c.id, res)
+            except Exception as err:
+                log.error("updating resources of container %s failed (will retry): %s", c.id, brief(err))
+                self.wake()
+                return
+            if c.resources is res:
+                c.pending = False
+        if not lock.locked() and key not in self.containers:
+            self._push_locks.pop(key, None)
+
+    # -- pod lifecycle ---------------------------------------------------------
+    async def pod_created(self, pod: Pod) -> None:
+        """The runtime made a pod: record it (an older pod with the same UID is gone)."""
+        async with self._lock:
+            decision = Decision()
+            for old in [p for p in self.pods.values() if p.uid == pod.uid and p.id != pod.id]:
+                decision.updates.update(self._drop_pod(old).updates)
+            self.ledger.add_pod(pod)
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+        await self.save()
+
+    async def _call_or_wake(self, what: str, call: Call[T]) -> T:
+        """The runtime call of a stop or remove; if it fails, its outcome is left to reconciliation."""
+        try:
+            return await call()
+        except BaseException as err:
+            log.warning("%s %s; what it holds stays held until the runtime shows it gone", what, _failure(err))
+            self.wake()
+            raise
+
+    async def stop_pod(self, pod_id: str, call: Call[T]) -> T:
+        """Stop a pod through call(); its containers give back what they hold once it is done."""
+        resp = await self._call_or_wake(f"stopping pod {pod_id}", call)
+        async with self._lock:
+            decision = Decision()
+            pod = self.pods.get(pod_id)
+            if pod is not None:
+                pod.state = PodState.NOT_READY
+                for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
+                    decision.updates.update(self._release(c).updates)
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+        await self.save()
+        return resp
+
+    async def remove_pod(self, pod_id: str, call: Call[T]) -> T:
+        """Remove a pod through call(); it and its containers are forgotten once it is done."""
+        resp = await self._call_or_wake(f"removing pod {pod_id}", call)
+        async with self._lock:
+            pod = self.pods.get(pod_id)
+            decision = self._drop_pod(pod) if pod is not None else Decision()
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+        await self.save()
+        return resp
+
+    # -- container creation ------------------------------------------------------
+    async def plan_create(self, pod: Pod, c: Container, devices: Iterable[str] = ()) -> CreatePlan:
+        """Decide where a new container goes (PolicyError, ControllerError: refused, nothing changed).
+
+        pod is used if the engine does not know the pod yet (created while it was away).
+        The front end creates the container with plan.container.resources, then calls
+        commit_create or abort_create.
+        """
+        await self._until_reconciled()
+        if c.key in self._unsettled:
+            await self._settle(c.pod_id)  # a retry: did the first attempt create it?
+        c.hints = self.device_hints(list(devices))  # sysfs reads: not under the lock
+        async with self._lock:
+            known = self.pods.get(c.pod_id)
+            if known is None:
+                known = self.ledger.add_pod(pod)
+            pod = known
+            self.controllers.check(c, pod)  # an annotation naming a class that does not exist
+            decision = Decision()
+            for old in [o for o in self.containers.values()
+                        if o.pod_id == pod.id and o.name == c.name and o.key != c.key and o.id]:
+                decision.updates.update(self._release(old).updates)  # re-creation
+            alloc = self.ledger.place(c, pod)
+            decision.updates.update(alloc.updates)
+            self._record(decision.updates)
+        return CreatePlan(pod, c, alloc.resources is not None, decision.updates)
+
+    async def abort_create(self, plan: CreatePlan, err: BaseException, refused: bool) -> None:
+        """The runtime call failed: refused (it certainly did nothing) gives the grant back;
+        otherwise the grant stays until the runtime shows whether the container exists."""
+        c = plan.container
+        if refused:
+            async with self._lock:
+                undo = self._forget(c) if self.containers.get(c.key) is c else Decision()
+                self._deferred.pop(c.key, None)
+                self._record(undo.updates)
+            await self._apply_updates(undo)
+            return
+        self._unsettled.add(c.key)
+        log.warning("creating container %s in pod %s %s; its grant is kept until the runtime shows whether "
+                    "the container exists", c.name, plan.pod.id, _failure(err))
+        self.wake()
+
+    async def commit_create(self, plan: CreatePlan, container_id: str) -> Container:
+        """The runtime made the container: it is known by its ID from now on."""
+        c = plan.container
+        async with self._lock:
+            pending_key = c.key
+            c.id, c.state = container_id, ContainerState.CREATED
+            self.ledger.rename(c, pending_key)
+            late = self._deferred.pop(pending_key, None)
+            if late is not None:  # the policy moved it while the runtime was creating it
+                c.resources, c.pending = late, True
+                plan.updates[c.key] = late
+        self._apply_soon(Decision(updates=plan.updates), before_start=c.key)
+        await self.save()
+        return c
+
+    # -- other container calls ------------------------------------------------------
+    async def start_container(self, container_id: str, call: Call[T]) -> T:
+        """Start a container through call(), once the containers its grant moved are off its CPUs."""
+        repin = self._repins.get(container_id)
+        if repin is not None:
+            await asyncio.shield(repin)
+        resp = await call()
+        async with self._lock:
+            c = self.containers.get(container_id)
+            if c is not None and c.state != ContainerState.EXITED:
+                c.state = ContainerState.RUNNING
+        if c is not None:
+            await self._controllers_apply(c)
+            await self.save()
+        return resp
+
+    async def plan_update(self, container_id: str, asked: Resources, plain: bool) -> UpdatePlan | None:
+        """kubelet's updates: an in-place resize re-allocates; the CPU manager's cpusets never win.
+
+        asked holds the fields the caller names (zero: keep the value; kubelet's CPU manager
+        sends a cpuset alone); plain: the call carries nothing the model does not hold, so
+        one that changes nothing can be answered without the runtime (plan.resources None).
+        None: not a container the engine manages; the call goes to the runtime as it is.
+        PolicyError: a resize that cannot be met; nothing changed.
+        """
+        await self._until_reconciled()
+        async with self._lock:
+            c = self.containers.get(container_id)
+            pod = self.pods.get(c.pod_id) if c is not None else None
+            if c is None or pod is None or c.state == ContainerState.EXITED:
+                return None
+            before = c.requested
+            requested = before.merged(asked)
+            resize = requested.cpu() != before.cpu() or \
+                requested.memory_limit_in_bytes != before.memory_limit_in_bytes
+            if resize:
+                decision = self.policy.resize(c, pod, requested, self.view())
+            else:
+                decision = self.policy.update(c, requested, self.view())
+            wanted = decision.resources or requested
+            if not resize and plain and self._changes_nothing(asked, c, wanted):
+                log.debug("update of container %s changes nothing; answered without the runtime", c.id)
+                return UpdatePlan(c, pod, before, requested, resize, None)
+            self._record(decision.updates)  # pushed to the runtime once it took this one
+            return UpdatePlan(c, pod, before, requested, resize, wanted, decision.updates)
+
+    @staticmethod
+    def _changes_nothing(asked: Resources, c: Container, wanted: Resources) -> bool:
+        """Whether asking for asked would leave the container as the runtime already holds it:
+        what we recorded is confirmed (not pending) and every field asked names equals it."""
+        if c.pending or wanted != c.resources:
+            return False
+        asked = dataclasses.replace(asked, cpuset_cpus=c.resources.cpuset_cpus,
+                                    cpuset_mems=c.resources.cpuset_mems)
+        return c.resources.merged(asked) == c.resources
+
+    async def abort_update(self, plan: UpdatePlan) -> None:
+        """The runtime refused (or may not have taken) the update: a resize is undone."""
+        if plan.resize:
+            await self._undo_resize(plan.container, plan.pod, plan.before)
+
+    async def commit_update(self, plan: UpdatePlan, sent: Resources) -> None:
+        """The runtime took sent for the container."""
+        c = plan.container
+        async with self._lock:
+            c.requested = plan.requested
+            # Ask again: another decision may have moved this container meanwhile.
+            now = self.policy.update(c, plan.requested, self.view())
+            c.resources = now.resources or sent
+            c.pending = c.resources != sent and c.state != ContainerState.EXITED
+            self.ledger.apply(c, Decision(rdt_class=now.rdt_class, blockio_class=now.blockio_class))
+            updates = dict(plan.moved)
+            if c.pending:
+                updates[c.key] = c.resources
+        if plan.resize:
+            log.info("container %s resized: cpu shares/quota/period %s, memory %d, cpus %s; %d other(s) moved",
+                     c.id, "/".join(map(str, plan.requested.cpu())), plan.requested.memory_limit_in_bytes,
+                     c.resources.cpuset_cpus or "any", len(plan.moved))
+        await self._apply_updates(Decision(updates=updates))
+        await self._controllers_apply(c)
+        await self.save()
+
+    async def _undo_resize(self, c: Container, pod: Pod, before: Resources) -> None:
+        """Place the container as it was asked before."""
+        async with self._lock:
+            try:
+                undo = self.policy.resize(c, pod, before, self.view())
+            except Exception as err:
+                log.error("undoing the resize of container %s failed: %s", c.id, brief(err))
+                return
+            if undo.resources is not None:
+                c.resources, c.pending = undo.resources, True
+                undo.updates[c.key] = undo.resources
+            self._record(undo.updates)
+        self.wake()
+        await self._apply_updates(undo)
+
+    async def stop_container(self, container_id: str, call: Call[T]) -> T:
+        """Stop a container through call(); it gives back what it holds once that is done."""
+        return await self._end_container(f"stopping container {container_id}", container_id, call, forget=False)
+
+    async def remove_container(self, container_id: str, call: Call[T]) -> T:
+        """Remove a container through call(); it is forgotten once that is done."""
+        return await self._end_container(f"removing container {container_id}", container_id, call, forget=True)
+
+    async def _end_container(self, what: str, container_id: str, call: Call[T], forget: bool) -> T:
+        resp = await self._call_or_wake(what, call)
+        async with self._lock:
+            c = self.containers.get(container_id)
+            decision = Decision() if c is None else self._forget(c) if forget else self._release(c)
+            self._record(decision.updates)
+        self._apply_soon(decision)  # CPUs given back: nobody has to wait for that
+        await self.save()  # also when an event got there first: its save may not be on disk yet
+        return resp
+
+    async def container_event(self, kind: ContainerEvent, container_id: str, pod_id: str = "") -> None:
+        """A runtime event: a container that stopped or was deleted gives back what it holds.
+
+        It stays in the state: the caller's own stop or remove, or the next reconciliation
+        round, forgets it.
+        """
+        if not container_id or container_id == pod_id:
+            return  # a pod sandbox's own event: pods hold nothing
+        if kind == ContainerEvent.CREATED:
+            if container_id not in self.containers and not self._creating(pod_id):
+                self.wake()  # made behind our back: adopt it
+            return
+        if kind not in (ContainerEvent.STOPPED, ContainerEvent.DELETED):
+            return
+        async with self._lock:
+            c = self.containers.get(container_id)
+            if c is None or c.state == ContainerState.EXITED:
+                return
+            decision = self._release(c)
+            self._record(decision.updates)
+        log.debug("container %s stopped: released, %d container(s) move", c.id, len(decision.updates))
+        await self._apply_updates(decision)
+        await self.save()
+
+    def _creating(self, pod_id: str) -> bool:
+        """Whether one of our own creates in that pod has not returned yet."""
+        return any(not c.id and (not pod_id or c.pod_id == pod_id) for c in self.containers.values())
+
+    # -- policy and configuration --------------------------------------------------
+    async def switch_policy(self, new: Policy) -> None:
+        """Re-allocate every container under another policy (PolicyError: nothing changed)."""
+        async with self._lock:
+            old = self.policy.name
+            updates = self.ledger.reallocate(new)
+            log.info("policy switched from %s to %s; %d container(s) move", old, new.name, len(updates))
+            self._unallocated.clear()
+            self._degraded.clear()
+            self._record(updates)
+        await self._apply_updates(Decision(updates=updates))
+        await self.save()
+
+    async def reconfigure(self, policy_config: dict[str, Any]) -> None:
+        """Hand the policy a new configuration (PolicyError: rejected, nothing changed)."""
+        async with self._lock:
+            decision = self.policy.reconfigure(policy_config, self.view())
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+        await self.save()
+
+    async def _controllers_apply(self, c: Container) -> None:
+        pod = self.pods.get(c.pod_id)
+        if pod is not None and c.id and c.state == ContainerState.RUNNING:
+            await self.controllers.apply(c, pod)
+
+    async def reapply(self) -> None:
+        """Put every running container into its classes again (after a configuration change)."""
+        for c in list(self.containers.values()):
+            await self._controllers_apply(c)
+
+    async def rebalance(self) -> int:
+        """Let the policy re-place containers; returns how many moved."""
+        async with self._lock:
+            decision = self.policy.rebalance(self.view())
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+        if decision.updates:
+            await self.save()
+        return len(decision.updates)

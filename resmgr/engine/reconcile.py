@@ -1,0 +1,363 @@
+"""Reconciliation: the engine's record compared with what the runtime runs, and repaired.
+
+It runs at start-up, then every reconcile interval, and soon after any runtime call
+whose outcome is unknown. In one round:
+
+- pods and containers the runtime no longer has are dropped and release what they held;
+- containers that exited release theirs; one we released that still runs is allocated again;
+- creates whose outcome was unknown (the runtime failed or the caller went away) are
+  settled: adopted with the grant decided for them if the runtime has them, else released;
+- pods and containers made behind our back (or while we were down) are adopted and
+  allocated before anything new is decided, keeping the exclusive CPUs they run on when
+  that is consistent; one that does not fit runs as a plain shared container until it does;
+- every live container whose cgroup or runtime-reported cpuset differs from its grant, or
+  whose last update never reached the runtime, is updated again.
+
+Nothing the runtime returns makes a round fail: what cannot be read is logged and skipped.
+Observation (runtime calls) happens without the engine lock; repairs are decided under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from policies.base import PolicyError
+from resmgr.controllers.cgroups import read_cpuset
+from resmgr.model import Container, ContainerState, Decision, Pod, PodState, QOSClass, Resources
+from resmgr.topology.cpuset import CPUSet
+
+if TYPE_CHECKING:
+    from resmgr.engine import Engine
+
+log = logging.getLogger("cri-resmgr.engine")
+
+RETRY_MIN = 0.5  # seconds before the first retry of a failed round
+PARALLEL = 8  # runtime status calls in flight at once
+
+T = TypeVar("T")
+
+
+@dataclass
+class Observation:
+    start_seq: int
+    unsettled: set[str]
+    pods: dict[str, Pod]  # as the runtime lists them
+    containers: dict[str, Container]
+    new_pods: dict[str, Pod] = field(default_factory=dict)
+    new_containers: dict[str, Container] = field(default_factory=dict)
+    actual: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # id -> (cpus, mems) per source
+
+
+@dataclass
+class Outcome:
+    adopted_pods: int = 0
+    adopted: int = 0
+    dropped_pods: int = 0
+    dropped: int = 0
+    exited: int = 0
+    settled: int = 0
+    repaired: int = 0
+    revived: int = 0
+
+    def changed(self) -> bool:
+        return any(dataclasses.astuple(self))
+
+
+async def _limited(items: Iterable[T], fn: Callable[[T], Awaitable[Any]]) -> list[Any]:
+    slots = asyncio.Semaphore(PARALLEL)
+
+    async def one(item: T) -> Any:
+        async with slots:
+            return await fn(item)
+
+    return await asyncio.gather(*(one(i) for i in items))
+
+
+def _same(actual: str, wanted: str) -> bool:
+    try:
+        return CPUSet.parse(actual) == CPUSet.parse(wanted)
+    except ValueError:
+        return False
+
+
+def brief(err: BaseException) -> str:
+    """One line for a failure: a gRPC error's code and details, else the exception."""
+    details, code = getattr(err, "details", None), getattr(err, "code", None)
+    if callable(details) and callable(code):
+        return f"{code().name}: {details()}"
+    return str(err) or type(err).__name__
+
+
+class Reconciling:
+    """The reconciliation half of the Engine (see engine.py for the state it repairs)."""
+
+    # -- the loop ----------------------------------------------------------------------
+    def wake(self: Engine) -> None:
+        """Reconcile soon: something happened whose outcome only the runtime knows."""
+        self._wake.set()
+
+    async def run_reconciler(self: Engine, interval: float) -> None:
+        """Reconcile every interval (0: only when woken), and retry a failed round with backoff."""
+        failures = 0
+        while True:
+            if failures:
+                await asyncio.sleep(min(RETRY_MIN * 2 ** (failures - 1), interval or 10.0))
+            else:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), interval or None)
+                except TimeoutError:
+                    pass
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Exception as err:  # the runtime is away, or it said something odd: try again
+                failures += 1
+                (log.warning if failures == 1 else log.debug)("reconciliation with the runtime failed: %s",
+                                                              brief(err))
+                continue
+            if failures:
+                log.info("reconciliation with the runtime works again")
+            failures = 0
+
+    async def reconcile(self: Engine) -> None:
+        """One round: observe the runtime, repair the state, push what is pending, save."""
+        async with self._sweep_lock:
+            started = time.perf_counter()
+            first = not self.reconciled.is_set() or not self._swept
+            obs = await self._observe()
+            async with self._lock:
+                outcome, decision, fresh = self._commit(obs)
+                self._record(decision.updates)
+            await self._push_pending()
+            if first:
+                await self.reapply()  # containers started while we were away join their classes too
+            else:
+                for c in fresh:
+                    await self._controllers_apply(c)
+            if first or outcome.changed():
+                await self.save()
+            self._swept = True
+            self.reconciled.set()
+        log.debug("reconciliation round: %d containers checked in %.1f ms", len(obs.actual),
+                  (time.perf_counter() - started) * 1000)
+        if first or outcome.changed():
+            log.info("reconciled with the runtime: %d pods, %d containers known; adopted %d pods, %d containers; "
+                     "dropped %d pods, %d containers; %d exited, %d settled, %d repaired, %d revived",
+                     len(self.pods), len(self.containers), outcome.adopted_pods, outcome.adopted,
+                     outcome.dropped_pods, outcome.dropped, outcome.exited, outcome.settled, outcome.repaired,
+                     outcome.revived)
+
+    # -- observing ----------------------------------------------------------------------
+    async def _observe(self: Engine) -> Observation:
+        start_seq, unsettled = self.ledger.seq, set(self._unsettled)
+        pods = {p.id: p for p in await self.runtime.list_pods() if p.id}
+        ctrs = {c.id: c for c in await self.runtime.list_containers() if c.id}
+        obs = Observation(start_seq, unsettled, pods, ctrs)
+        # Creates in flight now: the runtime may list them before they return to us.
+        in_flight = {(c.pod_id, c.name, c.attempt) for k, c in self.containers.items()
+                     if not c.id and k not in unsettled}
+        new_pods = [p for pid, p in pods.items() if pid not in self.pods]
+        for pod in await _limited(new_pods, self._adopt_pod):
+            obs.new_pods[pod.id] = pod
+        new = [c for cid, c in ctrs.items() if cid not in self.containers and c.state.live
+               and (c.pod_id, c.name, c.attempt) not in in_flight]
+        for c in await _limited(new, self._adopt_container):
+            if c is not None:
+                obs.new_containers[c.id] = c
+        known = [c for c in self.containers.values() if c.id and c.state != ContainerState.EXITED
+                 and ctrs.get(c.id) is not None and ctrs[c.id].state.live]
+        for c, seen in zip(known, await _limited(known, self._actual), strict=True):
+            obs.actual[c.id] = seen
+        return obs
+
+    async def _actual(self: Engine, c: Container) -> list[tuple[str, str]]:
+        """The cpuset a container runs with: from its cgroup, and as the runtime reports it."""
+        seen = []
+        pod = self.pods.get(c.pod_id)
+        if self.cgroup_root and pod is not None:
+            cg = await asyncio.to_thread(read_cpuset, self.cgroup_root, pod.cgroup_parent, c.id)
+            if cg is not None:
+                seen.append(cg)
+        try:
+            reported = await self.runtime.running_resources(c.id)
+            if reported is not None:
+                seen.append(reported)
+        except Exception as err:  # gone meanwhile, or the runtime hiccuped: the next round sees
+            log.debug("no status for container %s: %s", c.id, brief(err))
+        return seen
+
+    async def _adopt_pod(self: Engine, p: Pod) -> Pod:
+        try:
+            return await self.runtime.pod_details(p)
+        except Exception as err:  # status may race with removal; adopt with what we have
+            log.warning("no verbose status for pod %s: %s", p.id, brief(err))
+            return p
+
+    async def _adopt_container(self: Engine, c: Container) -> Container | None:
+        try:
+            full, devices = await self.runtime.container_details(c)
+        except Exception as err:
+            log.warning("no status for container %s, not adopting it yet: %s", c.id, brief(err))
+            return None
+        full.hints = await asyncio.to_thread(self.device_hints, [d for d in devices if d])
+        return full
+
+    # -- repairing (engine lock held) -------------------------------------------------
+    def _commit(self: Engine, obs: Observation) -> tuple[Outcome, Decision, list[Container]]:
+        out, decision, fresh = Outcome(), Decision(), []
+        for pod in [p for p in self.pods.values() if p.id not in obs.pods and p.seq <= obs.start_seq]:
+            decision.updates.update(self._drop_pod(pod).updates)
+            out.dropped_pods += 1
+        for c in list(self.containers.values()):
+            if not c.id or c.seq > obs.start_seq:
+                continue
+            live = obs.containers.get(c.id)
+            if live is None or c.pod_id not in self.pods:
+                decision.updates.update(self._forget(c).updates)
+                out.dropped += 1
+            elif live.state == ContainerState.EXITED:
+                if c.state != ContainerState.EXITED:
+                    decision.updates.update(self._release(c).updates)
+                    out.exited += 1
+            elif live.state.live:
+                if c.state == ContainerState.EXITED:  # released, yet it runs: it needs a grant again
+                    log.warning("container %s was released but still runs; allocating it again", c.id)
+                    c.state = live.state
+                    self._unallocated.add(c.key)
+                    out.revived += 1
+                    continue
+                c.state = live.state
+                if not c.pending and self._differs(c, obs.actual.get(c.id, [])):
+                    log.warning("container %s runs with other CPUs or memory nodes than granted (%s); "
+                                "updating it again", c.id, self._describe_actual(obs.actual.get(c.id, [])))
+                    c.pending = True
+                    out.repaired += 1
+        out.settled += self._settle_in(obs.unsettled, obs.containers.values(), obs.new_containers, fresh)
+        for live_pod in obs.pods.values():
+            if live_pod.id in self.pods and live_pod.state == PodState.NOT_READY:
+                self.pods[live_pod.id].state = PodState.NOT_READY
+        for pid, pod in obs.new_pods.items():
+            if pid not in self.pods:
+                self.ledger.add_pod(pod)
+                out.adopted_pods += 1
+        for cid, c in obs.new_containers.items():
+            if cid in self.containers or c.pod_id not in self.pods:
+                continue
+            c.seq = self.ledger.next_seq()
+            self.containers[cid] = c
+            self._unallocated.add(cid)
+            fresh.append(c)
+            out.adopted += 1
+        decision.updates.update(self._allocate_waiting())
+        return out, decision, fresh
+
+    def _differs(self: Engine, c: Container, seen: list[tuple[str, str]]) -> bool:
+        want_cpus, want_mems = c.resources.cpuset_cpus, c.resources.cpuset_mems
+        return any((want_cpus and not _same(cpus, want_cpus)) or (want_mems and not _same(mems, want_mems))
+                   for cpus, mems in seen)
+
+    @staticmethod
+    def _describe_actual(seen: list[tuple[str, str]]) -> str:
+        return "; ".join(f"cpus {cpus or '-'} mems {mems or '-'}" for cpus, mems in seen)
+
+    def _settle_in(self: Engine, keys: set[str], live: Iterable[Container],
+                   adopted: dict[str, Container], fresh: list[Container]) -> int:
+        """Settle the creates in keys whose outcome was unknown, against a runtime listing taken after they failed."""
+        by_name = {(c.pod_id, c.name, c.attempt): c for c in live}
+        settled = 0
+        for key in sorted(keys & self._unsettled):
+            self._unsettled.discard(key)
+            c = self.containers.get(key)
+            if c is None or c.id:
+                continue
+            settled += 1
+            match = by_name.get((c.pod_id, c.name, c.attempt))
+            if match is None or match.id in self.containers or not match.state.live:
+                log.info("create of %s (pod %s) did not happen in the runtime; released", c.name, c.pod_id)
+                self._record(self._forget(c).updates)
+                self._deferred.pop(key, None)
+                continue
+            c.id, c.state = match.id, match.state
+            self.ledger.rename(c, key)
+            twin = adopted.pop(match.id, None)
+            late = self._deferred.pop(key, None)
+            if late is not None:
+                c.resources = late
+            c.pending = late is not None or twin is None or twin.resources != c.resources
+            fresh.append(c)
+            log.info("create of %s (pod %s) did happen in the runtime: container %s keeps its grant",
+                     c.name, c.pod_id, c.id)
+        return settled
+
+    async def _settle(self: Engine, pod_id: str) -> None:
+        """Settle unknown creates in one pod now (a caller retries one of them)."""
+        live = await self.runtime.list_containers(pod_id)
+        async with self._lock:
+            keys = {k for k in self._unsettled if (c := self.containers.get(k)) is not None and c.pod_id == pod_id}
+            fresh: list[Container] = []
+            self._settle_in(keys, live, {}, fresh)
+        await self._push_pending()
+
+    def _allocate_waiting(self: Engine) -> dict[str, Resources]:
+        """Allocate containers the policy holds nothing for, and retry those that did not fit."""
+        updates: dict[str, Resources] = {}
+        view = self.view()
+        waiting = [self.containers[k] for k in self._unallocated | self._degraded if k in self.containers]
+        for c in self.ledger.allocation_order(waiting):
+            pod = self.pods[c.pod_id]
+            degraded = c.key in self._degraded
+            try:
+                decision = (self.policy.allocate if degraded else self.policy.adopt)(c, pod, view)
+                self._degraded.discard(c.key)
+                if degraded:
+                    log.info("container %s now gets what it asks for", c.id)
+            except PolicyError as err:
+                if degraded:
+                    continue  # still no room; it keeps running as a shared container
+                decision = self._fallback(c, pod, err)
+                if decision is None:
+                    continue  # left in _unallocated: tried again next round
+            except Exception:  # a policy bug on one container must not stop every round
+                log.exception("allocating container %s failed; it runs as it is until a later round", c.id)
+                continue
+            self._unallocated.discard(c.key)
+            self.ledger.apply(c, decision)
+            updates.update(decision.updates)
+            if decision.resources is not None:
+                updates[c.key] = decision.resources
+        return updates
+
+    def _fallback(self: Engine, c: Container, pod: Pod, err: PolicyError) -> Decision | None:
+        """A container found running that the policy refuses: without its annotations, else as a plain
+        shared container (never left on CPUs that are someone else's)."""
+        view = self.view()
+        try:
+            decision = self.policy.adopt(dataclasses.replace(c, annotations={}),
+                                         dataclasses.replace(pod, annotations={}), view)
+            log.warning("container %s (%s/%s/%s): %s; allocated ignoring its annotations", c.id, pod.namespace,
+                        pod.name, c.name, err)
+            return decision
+        except PolicyError:
+            pass
+        plain = dataclasses.replace(c, annotations={}, requested=Resources())
+        try:
+            decision = self.policy.allocate(plain, dataclasses.replace(pod, annotations={},
+                                                                       qos_class=QOSClass.BEST_EFFORT), view)
+        except PolicyError as err2:
+            log.error("container %s (%s/%s/%s) cannot be allocated (%s; %s); it runs as it is until it can",
+                      c.id, pod.namespace, pod.name, c.name, err, err2)
+            return None
+        log.error("container %s (%s/%s/%s): %s; it runs as a shared container until there is room", c.id,
+                  pod.namespace, pod.name, c.name, err)
+        self._degraded.add(c.key)
+        if decision.resources is not None:  # only where it runs changes, never its limits
+            res = c.requested.with_cpus(decision.resources.cpuset_cpus)
+            res.cpuset_mems = decision.resources.cpuset_mems
+            decision.resources = res
+        return decision

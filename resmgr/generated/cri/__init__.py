@@ -1,0 +1,1 @@
+"""Generated CRI v1 (runtime.v1) protobuf and gRPC modules; see scripts/genproto.py."""

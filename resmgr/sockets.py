@@ -1,0 +1,67 @@
+"""Unix sockets the daemons listen on: stale ones replaced, live ones refused, modes set."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+from pathlib import Path
+
+import grpc
+
+
+class SocketInUse(Exception):
+    pass
+
+
+def prepare(path: str) -> None:
+    """Create the socket's directory; remove a stale socket; refuse a live one."""
+    p = Path(path)
+    if not p.parent.exists():
+        p.parent.mkdir(parents=True, mode=0o711)
+    try:
+        st = p.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketInUse(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError as err:
+        if err.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            p.unlink(missing_ok=True)  # stale: nobody listens behind it
+            return
+        raise
+    finally:
+        probe.close()
+    raise SocketInUse(f"{path} already exists and a live server answers on it "
+                      "(another cri-resmgr running?)")
+
+
+def match_runtime(path: str, runtime_socket: str) -> None:
+    """Give the relay socket the owner, group and mode of the runtime socket (else 0660)."""
+    try:
+        st = os.stat(runtime_socket)
+    except OSError:
+        os.chmod(path, 0o660)
+        return
+    try:
+        os.chown(path, st.st_uid, st.st_gid)
+    except PermissionError:
+        pass
+    os.chmod(path, stat.S_IMODE(st.st_mode))
+
+
+async def start_private(server: grpc.aio.Server, path: str) -> None:
+    """Start server on a root-only (0600) socket; its directory is created 0700 if missing."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    prepare(path)
+    old = os.umask(0o177)  # the socket is born 0600: no window in which others can connect
+    try:
+        server.add_insecure_port("unix:" + path)
+        await server.start()
+    finally:
+        os.umask(old)

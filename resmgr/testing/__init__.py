@@ -1,1 +1,0 @@
-"""Test and demo support: a private containerd with locally built images."""

@@ -1,0 +1,70 @@
+"""The layering rules of docs/architecture.md, checked by reading every module's imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FRONT_ENDS = ("resmgr.relay", "resmgr.cri", "resmgr.app", "harness")
+PROTOCOLS = ("resmgr.generated", "grpc", "google.protobuf")
+# Modules that reach the node or the network: sockets, processes, sysfs, files, the event loop.
+IO = ("asyncio", "socket", "subprocess", "os", "pathlib", "shutil", "resmgr.topology.sysfs", "resmgr.topology.hints",
+      "resmgr.topology.generate", "resmgr.engine", "resmgr.config", "resmgr.log")
+
+RULES = [
+    # (modules under, must not import, why)
+    ("policies", FRONT_ENDS + PROTOCOLS + IO + ("resmgr.controllers", "agent"),
+     "policies are pure: no front end, controller, agent or I/O"),
+    ("resmgr/engine", FRONT_ENDS + PROTOCOLS, "the engine speaks the model, not a protocol"),
+    ("resmgr/model.py", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine"), "the model is plain data"),
+    ("resmgr/requests.py", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine", "resmgr.controllers"),
+     "request parsing is shared by policies and controllers"),
+    ("resmgr/topology", ("policies", "resmgr.engine", "resmgr.controllers") + FRONT_ENDS,
+     "topology knows nothing of what is placed on it"),
+    ("resmgr/controllers", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine"),
+     "controllers turn class names into kernel settings, nothing more"),
+    ("agent", ("resmgr.engine", "resmgr.relay", "resmgr.cri", "resmgr.app", "policies", "resmgr.controllers"),
+     "the agent talks to the cluster and to cri-resmgr's config link only"),
+    ("resmgr", ("harness", "tests", "benchmarks"), "the shipped package does not need the test harness"),
+]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def _modules(under: str) -> list[Path]:
+    base = ROOT / under
+    files = [base] if base.suffix == ".py" else sorted(base.rglob("*.py"))
+    return [f for f in files if "generated" not in f.parts]
+
+
+def _hits(name: str, banned: tuple[str, ...]) -> bool:
+    return any(name == b or name.startswith(b + ".") for b in banned)
+
+
+@pytest.mark.parametrize("under, banned, why", RULES, ids=[r[0] for r in RULES])
+def test_layering(under, banned, why):
+    broken = []
+    for path in _modules(under):
+        for name in sorted(_imports(path)):
+            if _hits(name, banned):
+                broken.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not broken, f"{why}:\n" + "\n".join(broken)
+
+
+def test_the_rules_see_imports():
+    assert "resmgr.model" in _imports(ROOT / "resmgr/engine/ledger.py")
+    assert _hits("grpc.aio", PROTOCOLS) and not _hits("grpcio", PROTOCOLS)
