@@ -28,6 +28,7 @@ class Policy:
     """Base class; subclasses override what they act on. Instances must be deterministic."""
 
     name: str = ""
+    pins = True  # it decides containers' CPUs and memory nodes (the none policy does not)
     description: str = ""
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:

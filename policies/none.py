@@ -12,6 +12,7 @@ from resmgr.model import Container, Pod
 
 class NonePolicy(Policy):
     name = "none"
+    pins = False
     description = "no resource management: requests pass to the runtime unchanged"
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:

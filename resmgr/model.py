@@ -75,6 +75,26 @@ class Resources:
                 setattr(out, f.name, value)
         return out
 
+    def overlaid(self, over: Resources | None) -> Resources:
+        """These values with every field over sets laid on top; unified and hugepage limits merge by key."""
+        if over is None:
+            return self
+        out = self.merged(over)
+        if over.unified and self.unified:
+            out.unified = {**self.unified, **over.unified}
+        if over.hugepage_limits and self.hugepage_limits:
+            out.hugepage_limits = {**self.hugepage_limits, **over.hugepage_limits}
+        return out
+
+    def without(self, names: set[str]) -> Resources | None:
+        """These values with the named fields unset (None when nothing is left set)."""
+        out = dataclasses.replace(self, **{n: type(getattr(self, n))() for n in names})
+        return out if out.to_dict() else None
+
+    def differing(self, other: Resources) -> set[str]:
+        """The fields whose values differ."""
+        return {f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)}
+
     def with_cpus(self, cpuset_cpus: str) -> Resources:
         """A copy with another cpuset (cheaper than dataclasses.replace, used per shared container)."""
         out = object.__new__(Resources)
@@ -131,16 +151,25 @@ class Pod:
     annotations: dict[str, str] = field(default_factory=dict)
     runtime_handler: str = ""
     seq: int = 0  # insertion order; reconciliation uses it to spot fresh entries
+    attempt: int = 0
+    # The sandbox's own overhead and the sum of its containers' resources, as the runtime got them.
+    overhead: Resources = field(default_factory=Resources)
+    resources: Resources = field(default_factory=Resources)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["state"], d["qos_class"] = self.state.value, self.qos_class.value
+        d["overhead"], d["resources"] = self.overhead.to_dict(), self.resources.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Pod:
         d = dict(d)
         d["state"], d["qos_class"] = PodState(d["state"]), QOSClass(d["qos_class"])
+        d["overhead"] = Resources.from_dict(d.get("overhead", {}))
+        d["resources"] = Resources.from_dict(d.get("resources", {}))
+        if d.get("adjusted") is not None:
+            d["adjusted"] = Resources.from_dict(d["adjusted"])
         return cls(**d)
 
 
@@ -166,6 +195,9 @@ class Container:
     hints: dict[str, list[int]] = field(default_factory=dict)
     # `resources` not yet confirmed by the runtime: pushed again until it is.
     pending: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    # Fields the runtime hook plugins set, laid over whatever the policy decides later.
+    adjusted: Resources | None = None
 
     @property
     def key(self) -> str:
@@ -176,6 +208,10 @@ class Container:
         d = dataclasses.asdict(self)
         d["state"] = self.state.value
         d["requested"], d["resources"] = self.requested.to_dict(), self.resources.to_dict()
+        if self.adjusted is None:
+            del d["adjusted"]
+        else:
+            d["adjusted"] = self.adjusted.to_dict()
         return d
 
     @classmethod
@@ -184,6 +220,8 @@ class Container:
         d["state"] = ContainerState(d["state"])
         d["requested"] = Resources.from_dict(d.get("requested", {}))
         d["resources"] = Resources.from_dict(d.get("resources", {}))
+        if d.get("adjusted") is not None:
+            d["adjusted"] = Resources.from_dict(d["adjusted"])
         return cls(**d)
 
 
@@ -200,6 +238,30 @@ class Decision:
     rdt_class: str = ""
     blockio_class: str = ""
     updates: dict[str, Resources] = field(default_factory=dict)
+
+
+@dataclass
+class Adjustment:
+    """What runtime hook plugins change in a pod's or a container's request (empty: nothing).
+
+    Labels, annotations and environment variables are set (merged over the request's);
+    `resources` holds only the fields to replace; a cgroup parent, when set, replaces the pod's.
+    """
+
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    resources: Resources | None = None
+    cgroup_parent: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.labels or self.annotations or self.env or self.resources or self.cgroup_parent)
+
+    def then(self, later: Adjustment) -> Adjustment:
+        """This adjustment followed by a later one (the later wins where both set a field)."""
+        res = self.resources.overlaid(later.resources) if self.resources else later.resources
+        return Adjustment({**self.labels, **later.labels}, {**self.annotations, **later.annotations},
+                          {**self.env, **later.env}, res, later.cgroup_parent or self.cgroup_parent)
 
 
 class View:

@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # proto file (relative to protos/) -> Python package that holds its modules
 TARGETS = {"cri/api.proto": "resmgr.generated.cri", "config/api.proto": "resmgr.generated.config",
-           "config/status.proto": "resmgr.generated.config", "agent/api.proto": "resmgr.generated.agent"}
+           "config/status.proto": "resmgr.generated.config", "agent/api.proto": "resmgr.generated.agent",
+           "hooks/api.proto": "resmgr.generated.hooks"}
 
 
 def generate(out_root: Path) -> list[Path]:

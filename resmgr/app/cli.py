@@ -21,7 +21,9 @@ from resmgr.sockets import SocketInUse, prepare
 DESCRIPTION = """\
 CRI resource manager: a CRI relay between kubelet and the container runtime.
 Point kubelet's --container-runtime-endpoint at the relay socket; pod and container
-lifecycle calls are handed to the active policy, everything else passes through.
+lifecycle calls are handed to the active policy and to the runtime hook plugins
+registered in the hook directory, everything else passes through. It accepts
+koord-runtime-proxy's flags, so it can take that binary's place on a node.
 
 `cri-resmgr simulate --help` runs a policy over a list of pods without a runtime;
 `cri-resmgr status --help` shows what a running relay has in force."""
@@ -42,12 +44,28 @@ def build_parser() -> argparse.ArgumentParser:
     d = Options()
     p = argparse.ArgumentParser(prog="cri-resmgr", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--relay-socket", default=d.relay_socket,
+    p.add_argument("--relay-socket", "--koord-runtimeproxy-endpoint", dest="relay_socket", default=d.relay_socket,
                    help="unix socket the relay serves CRI on (default: %(default)s)")
-    p.add_argument("--runtime-socket", default=d.runtime_socket,
-                   help="container runtime's CRI socket (default: %(default)s)")
-    p.add_argument("--image-socket", default="",
+    p.add_argument("--runtime-socket", "--remote-runtime-service-endpoint", dest="runtime_socket",
+                   default=d.runtime_socket, help="container runtime's CRI socket (default: %(default)s)")
+    p.add_argument("--image-socket", "--remote-image-service-endpoint", dest="image_socket", default="",
                    help="CRI image service socket (default: the runtime socket)")
+    p.add_argument("--backend-runtime-mode", choices=["Containerd"], default="Containerd",
+                   help="accepted for koord-runtime-proxy compatibility; only a CRI runtime (Containerd, "
+                        "also CRI-O) is supported")
+    hooks = p.add_argument_group("runtime hook plugins (koordinator RuntimeHookService)")
+    hooks.add_argument("--hook-dir", default=d.hook_dir, metavar="DIR",
+                       help="directory of plugin registration files (*.json), watched for changes "
+                            "('disabled': no hook plugins; default: %(default)s)")
+    hooks.add_argument("--hook-timeout", type=duration, default=d.hook_timeout, metavar="DURATION",
+                       help="time a plugin gets per call unless its file says otherwise; never beyond the "
+                            "lifecycle call's own deadline (default: %(default)ss)")
+    hooks.add_argument("--hook-skip-label-key", "--runtime-hook-server-key", dest="hook_skip_key",
+                       default=d.hook_skip_label[0], metavar="KEY",
+                       help="pods with this label (set to the value below) and their containers are never sent "
+                            "to plugins (default: %(default)s)")
+    hooks.add_argument("--hook-skip-label-value", "--runtime-hook-server-val", dest="hook_skip_value",
+                       default=d.hook_skip_label[1], metavar="VALUE", help="(default: %(default)s)")
     p.add_argument("--relay-dir", default=d.relay_dir,
                    help="directory for persisted state (default: %(default)s)")
     p.add_argument("--pid-file", default="", help="write the daemon's PID here")
@@ -179,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                    runtime_events=args.runtime_events == "on",
                    config_socket=args.config_socket,
                    disable_policy_switch=args.disable_policy_switch,
-                   resctrl_root=args.resctrl_path,
+                   resctrl_root=args.resctrl_path, hook_dir=args.hook_dir, hook_timeout=args.hook_timeout,
+                   hook_skip_label=(args.hook_skip_key, args.hook_skip_value),
                    cgroup_root=args.cgroup_root or os.path.join(args.host_root, "sys/fs/cgroup"))
     try:
         return _run(Daemon(opts, sources, config).run())

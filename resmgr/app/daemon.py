@@ -26,6 +26,7 @@ from resmgr.cri import events
 from resmgr.cri.runtime import CriRuntime, RuntimeClient
 from resmgr.engine import Engine, statefile
 from resmgr.engine.store import StateStore
+from resmgr.hooks import DEFAULT_DIR, SKIP_LABEL, Hooks
 from resmgr.relay import memory
 from resmgr.relay.dispatch import Dispatcher
 from resmgr.relay.dump import Dumper
@@ -60,6 +61,9 @@ class Options:
     rebalance_interval: float = 0.0  # seconds; 0: off
     reconcile_interval: float = 10.0  # seconds; 0: only when something failed
     runtime_events: bool = True  # follow GetContainerEvents when the runtime serves it
+    hook_dir: str = DEFAULT_DIR  # "disabled": no hook plugins
+    hook_timeout: float = 2.0
+    hook_skip_label: tuple[str, str] = SKIP_LABEL
 
 
 class StartupError(Exception):
@@ -87,6 +91,7 @@ class Daemon:
         image = opts.image_socket
         self.image_socket = _path(image) if image and image != "default" else self.runtime_socket
         self._stop = asyncio.Event()
+        self.hooks: Hooks | None = None
 
     async def _check_runtime(self, engine: Engine) -> None:
         version = await self.client.version()
@@ -167,8 +172,9 @@ class Daemon:
         self._open_channels()
         try:
             engine = self._make_engine(store, state)
+            self.hooks = self._make_hooks()
             dispatcher = Dispatcher(engine, self.runtime_ch, self.image_ch, None, self.runtime_socket,
-                                    self.image_socket)
+                                    self.image_socket, self.hooks)
             control = self._make_control(engine, dispatcher)
             background = await self._first_reconcile(engine)
             stop_server = await self._serve(dispatcher)
@@ -186,6 +192,8 @@ class Daemon:
                 Path(self.opts.pid_file).unlink(missing_ok=True)
             if self.dispatcher is not None and self.dispatcher.dumper is not None:
                 self.dispatcher.dumper.close()
+            if self.hooks is not None:
+                await self.hooks.close()
             await self.runtime_ch.close()
             if self.image_ch is not self.runtime_ch:
                 await self.image_ch.close()
@@ -236,6 +244,14 @@ class Daemon:
         engine.restore(state)
         return engine
 
+    def _make_hooks(self) -> Hooks | None:
+        if self.opts.hook_dir in ("", "disabled"):
+            return None
+        hooks = Hooks(self.opts.hook_dir, self.opts.hook_skip_label, self.opts.hook_timeout)
+        hooks.configure(self.config.data.get("hooks") or {})
+        hooks.registry.scan()  # registered before the first call; then kept current by the watch
+        return hooks
+
     def _make_control(self, engine: Engine, dispatcher: Dispatcher) -> ConfigManager:
         self.dispatcher = dispatcher
 
@@ -246,7 +262,7 @@ class Daemon:
 
         control = ConfigManager(self.sources, self.config, engine, self.topology, set_dumper,
                                 self.opts.disable_policy_switch, (self.opts.dump, self.opts.dump_file),
-                                self.opts.cgroup_root)
+                                self.opts.cgroup_root, self.hooks)
         try:
             set_dumper(control.dumper_for(self.config))
         except Rejected as err:
@@ -307,6 +323,8 @@ class Daemon:
             loops.append(asyncio.create_task(events.follow(engine, self.client)))
         if self.opts.rebalance_interval > 0:
             loops.append(asyncio.create_task(self._rebalance(engine)))
+        if self.hooks is not None:
+            loops.append(asyncio.create_task(self.hooks.watch()))
         return loops
 
     async def _shut_down(self, engine: Engine, stop_server: Callable[[float], Awaitable[None]],

@@ -1,6 +1,6 @@
 """Configuration: cri-resmgr's module sections, each validated by a JSON Schema.
 
-Sections (modules): `policy`, `dump`, `logger`, `rdt`, `blockio`, `instrumentation`,
+Sections (modules): `policy`, `dump`, `logger`, `rdt`, `blockio`, `hooks`, `instrumentation`,
 `resource-manager.control`; their schemas live in `config/schemas/`. A configuration
 comes either as one YAML document (a file) or as a map of key -> YAML text (a
 ConfigMap's data), where a key names a section or a dotted path into one
@@ -29,7 +29,7 @@ from resmgr.relay import dump
 SCHEMA_DIR = next((d for d in (Path(__file__).resolve().parents[2] / "config" / "schemas",
                                Path(sys.prefix) / "share" / "cri-resmgr" / "schemas") if d.is_dir()),
                   Path(sys.prefix) / "share" / "cri-resmgr" / "schemas")
-MODULES = ("policy", "dump", "logger", "rdt", "blockio", "instrumentation", "resource-manager.control")
+MODULES = ("policy", "dump", "logger", "rdt", "blockio", "hooks", "instrumentation", "resource-manager.control")
 
 DEFAULTS: dict[str, Any] = {
     "policy": {"Active": "none", "AvailableResources": {}, "ReservedResources": {}},

@@ -23,6 +23,7 @@ from resmgr.config import Config, ConfigError, cpus, from_map, load_file
 from resmgr.controllers import ControllerError
 from resmgr.engine import Engine
 from resmgr.engine.store import StateStore
+from resmgr.hooks import Hooks
 from resmgr.relay.dump import Dumper
 from resmgr.topology.model import Topology
 
@@ -94,8 +95,9 @@ class ConfigManager:
     def __init__(self, sources: Sources, config: Config, engine: Engine, topology: Topology | None,
                  set_dumper: Callable[[Dumper], None], disable_policy_switch: bool = False,
                  dump_override: tuple[str | None, str | None] = (None, None),
-                 cgroup_root: str = "/sys/fs/cgroup") -> None:
+                 cgroup_root: str = "/sys/fs/cgroup", hooks: Hooks | None = None) -> None:
         self.sources = sources
+        self.hooks = hooks
         self.config = config
         self.engine = engine
         self.topology = topology
@@ -147,6 +149,8 @@ class ConfigManager:
         self.set_dumper(dumper)
         logsetup.set_debug(config.debug_sources)
         commit_controllers()
+        if self.hooks is not None:
+            self.hooks.configure(config.data.get("hooks") or {})
         await self.engine.reapply()
         self.config = config
 

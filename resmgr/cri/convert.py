@@ -58,13 +58,16 @@ def only_modelled(msg: cri.LinuxContainerResources) -> bool:
 
 
 def pod_from_config(pod_id: str, config: cri.PodSandboxConfig, runtime_handler: str = "") -> Pod:
-    cgroup_parent = config.linux.cgroup_parent
+    linux = config.linux
+    cgroup_parent = linux.cgroup_parent
     return Pod(
         id=pod_id, uid=config.metadata.uid, name=config.metadata.name,
         namespace=config.metadata.namespace, cgroup_parent=cgroup_parent,
         qos_class=qos_class_from_cgroup_parent(cgroup_parent),
         labels=dict(config.labels), annotations=dict(config.annotations),
-        runtime_handler=runtime_handler,
+        runtime_handler=runtime_handler, attempt=config.metadata.attempt,
+        overhead=resources(linux.overhead if linux.HasField("overhead") else None),
+        resources=resources(linux.resources if linux.HasField("resources") else None),
     )
 
 
@@ -74,14 +77,46 @@ def container_from_config(pod_id: str, config: cri.ContainerConfig) -> Container
         id="", pod_id=pod_id, name=config.metadata.name, attempt=config.metadata.attempt,
         image=config.image.image, command=list(config.command), args=list(config.args),
         labels=dict(config.labels), annotations=dict(config.annotations),
-        requested=res, resources=dataclasses.replace(res),
+        requested=res, resources=dataclasses.replace(res), env=envs(config),
     )
+
+
+def envs(config: cri.ContainerConfig) -> dict[str, str]:
+    """The environment as text; bytes that are not UTF-8 survive the round trip (surrogateescape)."""
+    return {e.key: e.value.decode("utf-8", "surrogateescape") for e in config.envs}
+
+
+def set_envs(config: cri.ContainerConfig, env: dict[str, str]) -> None:
+    """Make config's environment env, in env's order."""
+    del config.envs[:]
+    for key, value in env.items():
+        config.envs.add(key=key, value=value.encode("utf-8", "surrogateescape"))
+
+
+_INT_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes", "oom_score_adj",
+               "memory_swap_limit_in_bytes")
+
+
+def json_resources(doc: Any) -> Resources:
+    """Resources from the runtime's verbose JSON of a LinuxContainerResources (odd values skipped)."""
+    if not isinstance(doc, dict):
+        return Resources()
+    res = Resources()
+    for name in _INT_FIELDS:
+        if isinstance(doc.get(name), int):
+            setattr(res, name, doc[name])
+    for name in ("cpuset_cpus", "cpuset_mems"):
+        if isinstance(doc.get(name), str):
+            setattr(res, name, doc[name])
+    if isinstance(doc.get("unified"), dict):
+        res.unified = {str(k): str(v) for k, v in doc["unified"].items()}
+    return res
 
 
 def listed_pod(p: cri.PodSandbox) -> Pod:
     """A pod as ListPodSandbox shows it (its cgroup parent needs the verbose status)."""
     return Pod(id=p.id, uid=p.metadata.uid, name=p.metadata.name, namespace=p.metadata.namespace,
-               state=PodState.READY if p.state == cri.SANDBOX_READY else PodState.NOT_READY,
+               attempt=p.metadata.attempt, state=PodState.READY if p.state == cri.SANDBOX_READY else PodState.NOT_READY,
                labels=dict(p.labels), annotations=dict(p.annotations), runtime_handler=p.runtime_handler)
 
 

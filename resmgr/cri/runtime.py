@@ -111,8 +111,11 @@ class CriRuntime:
 
     async def pod_details(self, pod: Pod) -> Pod:
         st = await self.client.pod_status(pod.id)
-        parent = str(convert.dig(convert.verbose_info(st.info), "config", "linux", "cgroup_parent") or "")
+        linux = convert.dig(convert.verbose_info(st.info), "config", "linux")
+        parent = str(convert.dig(linux, "cgroup_parent") or "")
         pod.cgroup_parent, pod.qos_class = parent, qos_class_from_cgroup_parent(parent)
+        pod.overhead = convert.json_resources(convert.dig(linux, "overhead"))
+        pod.resources = convert.json_resources(convert.dig(linux, "resources"))
         return pod
 
     async def list_containers(self, pod_id: str = "") -> list[Container]:
@@ -127,6 +130,8 @@ class CriRuntime:
         c.command, c.args = ([str(x) for x in v] if isinstance(v, list) else []
                              for v in (config.get("command"), config.get("args")))
         c.requested, c.resources = res, Resources.from_dict(res.to_dict())
+        c.env = {str(e.get("key") or ""): str(e.get("value") or "") for e in config.get("envs") or []
+                 if isinstance(e, dict) and e.get("key")}
         return c, devices
 
     async def running_resources(self, container_id: str) -> tuple[str, str] | None:

@@ -1,5 +1,8 @@
 """The state ledger: pods, containers and what the policy granted them, kept consistent.
 
+Whatever resources a decision gives a container, the fields runtime hook plugins set for
+it (Container.adjusted) are laid over them, so a later move keeps a plugin's changes.
+
 One synchronous piece of bookkeeping used by the engine, `cri-resmgr simulate` and the
 tests: placing a container (with rollback when the policy refuses), applying a decision,
 releasing and forgetting, the order in which containers are (re)allocated, and the
@@ -73,7 +76,7 @@ class Ledger:
     def apply(c: Container, decision: Decision) -> None:
         """c's own part of a decision: its resources, and the classes the decision names."""
         if decision.resources is not None:
-            c.resources = decision.resources
+            c.resources = decision.resources.overlaid(c.adjusted)
         c.rdt_class = decision.rdt_class or c.rdt_class
         c.blockio_class = decision.blockio_class or c.blockio_class
 
@@ -91,7 +94,7 @@ class Ledger:
             if not c.id:
                 early[key] = res
             else:
-                c.resources = res
+                c.resources = res.overlaid(c.adjusted)
                 c.pending = c.state != ContainerState.EXITED
         return early
 
@@ -146,7 +149,7 @@ class Ledger:
             self.apply(c, decision)
             for key, res in decision.updates.items():
                 if key in shadow:
-                    shadow[key].resources = res
+                    shadow[key].resources = res.overlaid(shadow[key].adjusted)
         updates = {}
         for key, c in shadow.items():
             old = self.containers[key]

@@ -25,7 +25,17 @@ from resmgr.controllers import Controllers
 from resmgr.engine.ledger import Ledger
 from resmgr.engine.reconcile import Reconciling, brief
 from resmgr.engine.store import StateStore
-from resmgr.model import Container, ContainerEvent, ContainerState, Decision, Pod, PodState, Resources, View
+from resmgr.model import (
+    Adjustment,
+    Container,
+    ContainerEvent,
+    ContainerState,
+    Decision,
+    Pod,
+    PodState,
+    Resources,
+    View,
+)
 
 log = logging.getLogger("cri-resmgr.engine")
 
@@ -92,6 +102,8 @@ class UpdatePlan:
     resize: bool
     resources: Resources | None  # what to send; None: it changes nothing, answer without the runtime
     moved: dict[str, Resources] = field(default_factory=dict)
+    pinned: bool = False  # the policy set its CPUs and memory nodes
+    adjusted: Resources | None = None  # hook plugins' earlier changes that still stand
 
 
 class Engine(Reconciling):
@@ -142,6 +154,16 @@ class Engine(Reconciling):
 
     def view(self) -> View:
         return self.ledger.view()
+
+    def context(self, container_id: str) -> tuple[Pod, Container] | None:
+        """A known container and its pod, as recorded (for hook plugins; not to be changed)."""
+        c = self.containers.get(container_id)
+        pod = self.pods.get(c.pod_id) if c is not None else None
+        return None if c is None or pod is None else (pod, c)
+
+    def pins(self, c: Container) -> bool:
+        """Whether the container's CPUs and memory nodes are the policy's."""
+        return self.policy.pins and c.key not in self._unallocated
 
     def snapshot(self) -> dict[str, Any]:
         ids = {c.key for c in self.containers.values() if c.id}
@@ -357,6 +379,18 @@ class Engine(Reconciling):
                     "the container exists", c.name, plan.pod.id, _failure(err))
         self.wake()
 
+    def amend_create(self, plan: CreatePlan, adj: Adjustment) -> None:
+        """Hook plugins changed the planned create: it is made (and recorded) with their changes.
+
+        Their resource fields stay laid over whatever the policy decides later. Atomic (no
+        await), so it needs no lock.
+        """
+        c = plan.container
+        c.annotations.update(adj.annotations)
+        c.env.update(adj.env)
+        c.adjusted = adj.resources
+        c.resources = c.resources.overlaid(adj.resources)
+
     async def commit_create(self, plan: CreatePlan, container_id: str) -> Container:
         """The runtime made the container: it is known by its ID from now on."""
         c = plan.container
@@ -366,13 +400,23 @@ class Engine(Reconciling):
             self.ledger.rename(c, pending_key)
             late = self._deferred.pop(pending_key, None)
             if late is not None:  # the policy moved it while the runtime was creating it
-                c.resources, c.pending = late, True
-                plan.updates[c.key] = late
+                c.resources, c.pending = late.overlaid(c.adjusted), True
+                plan.updates[c.key] = c.resources
         self._apply_soon(Decision(updates=plan.updates), before_start=c.key)
         await self.save()
         return c
 
     # -- other container calls ------------------------------------------------------
+    async def adjust(self, container_id: str, res: Resources) -> None:
+        """Hook plugins changed a created container's resources: push them to the runtime now."""
+        async with self._lock:
+            c = self.containers.get(container_id)
+            if c is None or c.state == ContainerState.EXITED:
+                return
+            c.adjusted = c.adjusted.overlaid(res) if c.adjusted else res
+            self._record({c.key: c.resources})
+        await self._push(c.key)
+
     async def start_container(self, container_id: str, call: Call[T]) -> T:
         """Start a container through call(), once the containers its grant moved are off its CPUs."""
         repin = self._repins.get(container_id)
@@ -411,12 +455,14 @@ class Engine(Reconciling):
                 decision = self.policy.resize(c, pod, requested, self.view())
             else:
                 decision = self.policy.update(c, requested, self.view())
-            wanted = decision.resources or requested
+            kept = c.adjusted.without(before.differing(requested)) if c.adjusted else None  # kubelet's word wins
+            wanted = (decision.resources or requested).overlaid(kept)
             if not resize and plain and self._changes_nothing(asked, c, wanted):
                 log.debug("update of container %s changes nothing; answered without the runtime", c.id)
                 return UpdatePlan(c, pod, before, requested, resize, None)
             self._record(decision.updates)  # pushed to the runtime once it took this one
-            return UpdatePlan(c, pod, before, requested, resize, wanted, decision.updates)
+            return UpdatePlan(c, pod, before, requested, resize, wanted, decision.updates,
+                              decision.resources is not None and self.pins(c), kept)
 
     @staticmethod
     def _changes_nothing(asked: Resources, c: Container, wanted: Resources) -> bool:
@@ -433,14 +479,15 @@ class Engine(Reconciling):
         if plan.resize:
             await self._undo_resize(plan.container, plan.pod, plan.before)
 
-    async def commit_update(self, plan: UpdatePlan, sent: Resources) -> None:
-        """The runtime took sent for the container."""
+    async def commit_update(self, plan: UpdatePlan, sent: Resources, adjusted: Resources | None = None) -> None:
+        """The runtime took sent for the container (adjusted: the fields hook plugins changed in it)."""
         c = plan.container
         async with self._lock:
             c.requested = plan.requested
+            c.adjusted = plan.adjusted.overlaid(adjusted) if plan.adjusted else adjusted
             # Ask again: another decision may have moved this container meanwhile.
             now = self.policy.update(c, plan.requested, self.view())
-            c.resources = now.resources or sent
+            c.resources = now.resources.overlaid(c.adjusted) if now.resources else sent
             c.pending = c.resources != sent and c.state != ContainerState.EXITED
             self.ledger.apply(c, Decision(rdt_class=now.rdt_class, blockio_class=now.blockio_class))
             updates = dict(plan.moved)
@@ -463,8 +510,8 @@ class Engine(Reconciling):
                 log.error("undoing the resize of container %s failed: %s", c.id, brief(err))
                 return
             if undo.resources is not None:
-                c.resources, c.pending = undo.resources, True
-                undo.updates[c.key] = undo.resources
+                c.resources, c.pending = undo.resources.overlaid(c.adjusted), True
+                undo.updates[c.key] = c.resources
             self._record(undo.updates)
         self.wake()
         await self._apply_updates(undo)

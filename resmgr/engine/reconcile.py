@@ -288,7 +288,7 @@ class Reconciling:
             twin = adopted.pop(match.id, None)
             late = self._deferred.pop(key, None)
             if late is not None:
-                c.resources = late
+                c.resources = late.overlaid(c.adjusted)
             c.pending = late is not None or twin is None or twin.resources != c.resources
             fresh.append(c)
             log.info("create of %s (pod %s) did happen in the runtime: container %s keeps its grant",
@@ -330,7 +330,7 @@ class Reconciling:
             self.ledger.apply(c, decision)
             updates.update(decision.updates)
             if decision.resources is not None:
-                updates[c.key] = decision.resources
+                updates[c.key] = c.resources
         return updates
 
     def _fallback(self: Engine, c: Container, pod: Pod, err: PolicyError) -> Decision | None:

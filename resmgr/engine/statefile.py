@@ -37,6 +37,7 @@ _POD = {
         "state": {"enum": ["ready", "notready"]},
         "qos_class": {"enum": ["Guaranteed", "Burstable", "BestEffort"]},
         "cgroup_parent": _STR, "labels": _STR_MAP, "annotations": _STR_MAP, "runtime_handler": _STR, "seq": _INT,
+        "attempt": _INT, "overhead": _RESOURCES, "resources": _RESOURCES,
     },
 }
 
@@ -50,7 +51,7 @@ _CONTAINER = {
         "image": _STR, "command": _STR_LIST, "args": _STR_LIST, "labels": _STR_MAP, "annotations": _STR_MAP,
         "requested": _RESOURCES, "resources": _RESOURCES, "rdt_class": _STR, "blockio_class": _STR, "seq": _INT,
         "hints": {"type": "object", "additionalProperties": {"type": "array", "items": _INT}},
-        "pending": {"type": "boolean"},
+        "pending": {"type": "boolean"}, "env": _STR_MAP, "adjusted": _RESOURCES,
     },
 }
 

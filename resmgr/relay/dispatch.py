@@ -20,6 +20,7 @@ from resmgr.controllers import ControllerError
 from resmgr.cri import protowire
 from resmgr.cri.lifecycle import CriLifecycle
 from resmgr.engine import Engine, NotReady
+from resmgr.hooks import HookFailed, Hooks
 from resmgr.relay import memory
 from resmgr.relay.dump import Dumper, Level
 from resmgr.relay.methods import KNOWN, is_image_method, short_name
@@ -63,8 +64,8 @@ class Dispatcher:
 
     def __init__(self, engine: Engine | None, runtime_channel: grpc.aio.Channel,
                  image_channel: grpc.aio.Channel, dumper: Dumper | None = None,
-                 runtime_socket: str = "", image_socket: str = "") -> None:
-        self.engine_calls = CriLifecycle(engine).calls() if engine is not None else {}
+                 runtime_socket: str = "", image_socket: str = "", hooks: Hooks | None = None) -> None:
+        self.engine_calls = CriLifecycle(engine, hooks).calls() if engine is not None else {}
         self.channels = (runtime_channel, image_channel)
         self.sockets = (runtime_socket, image_socket or runtime_socket)
         self.dumper = dumper
@@ -129,8 +130,9 @@ class Dispatcher:
                 raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                            details=details) from None
 
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            reply = await engine_call(msg, send)
+            reply = await engine_call(msg, send, deadline)
             outcome = Outcome(grpc.StatusCode.OK, reply=reply.SerializeToString())
             if calls:
                 outcome.initial = tuple(await calls[-1].initial_metadata() or ())
@@ -150,6 +152,9 @@ class Dispatcher:
         except ControllerError as err:
             log.error("%s refused: %s", path, err)
             outcome = Outcome(grpc.StatusCode.INVALID_ARGUMENT, f"cri-resmgr: {err}")
+        except HookFailed as err:  # logged where it failed
+            code = grpc.StatusCode.__members__.get(err.code, grpc.StatusCode.UNKNOWN)
+            outcome = Outcome(grpc.StatusCode.UNKNOWN if code == grpc.StatusCode.OK else code, f"cri-resmgr: {err}")
         except Exception as err:
             log.exception("%s failed in the resource manager", path)
             outcome = Outcome(grpc.StatusCode.INTERNAL, f"cri-resmgr: {path}: {err}")
