@@ -27,6 +27,8 @@ RULES = [
      "topology knows nothing of what is placed on it"),
     ("resmgr/controllers", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine"),
      "controllers turn class names into kernel settings, nothing more"),
+    ("resmgr/hooks", FRONT_ENDS + ("policies", "resmgr.engine", "resmgr.controllers", "resmgr.cri.convert"),
+     "hook plugins speak the model and their own protocol, so every front end can call them"),
     ("agent", ("resmgr.engine", "resmgr.relay", "resmgr.cri", "resmgr.app", "policies", "resmgr.controllers"),
      "the agent talks to the cluster and to cri-resmgr's config link only"),
     ("resmgr", ("harness", "tests", "benchmarks"), "the shipped package does not need the test harness"),
