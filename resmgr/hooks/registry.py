@@ -138,7 +138,15 @@ class Registry:
         self._complained: dict[str, str] = {}
 
     def scan(self) -> None:
-        """Read the directory again; files that did not change are not parsed again."""
+        """Read the directory again and take what it registers."""
+        self.take(self.read())
+
+    async def rescan(self) -> None:
+        """scan, with the file reads off the event loop."""
+        self.take(await asyncio.to_thread(self.read))
+
+    def read(self) -> dict[str, PluginSpec]:
+        """The registrations in the directory; files that did not change are not parsed again."""
         seen: dict[str, tuple[tuple[int, int, int], PluginSpec | None]] = {}
         try:
             entries = [e for e in os.scandir(self.directory) if e.name.endswith(".json")]
@@ -163,7 +171,9 @@ class Registry:
         for gone in set(self._complained) - set(seen):
             del self._complained[gone]
         self._seen = seen
-        specs = {s.name: s for _, s in seen.values() if s is not None}
+        return {s.name: s for _, s in seen.values() if s is not None}
+
+    def take(self, specs: dict[str, PluginSpec]) -> None:
         if specs != self.specs:
             for name in sorted(set(self.specs) | set(specs)):
                 old_spec, new_spec = self.specs.get(name), specs.get(name)
@@ -204,12 +214,12 @@ class Registry:
     async def _watch_once(self) -> None:
         with Inotify() as inotify:
             if not self.directory.is_dir():
-                self.scan()
+                await self.rescan()
                 await self._until_exists(inotify)
                 return
             inotify.add_watch(self.directory, Mask.CREATE | Mask.CLOSE_WRITE | Mask.MODIFY | Mask.MOVED_TO
                               | Mask.MOVED_FROM | Mask.DELETE | Mask.ATTRIB | Mask.DELETE_SELF | Mask.MOVE_SELF)
-            self.scan()
+            await self.rescan()
             while True:
                 event = await inotify.get()
                 gone = bool(event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED))
@@ -219,7 +229,7 @@ class Registry:
                     except TimeoutError:
                         break
                     gone = bool(event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED))
-                self.scan()
+                await self.rescan()
                 if gone or event.mask & Mask.Q_OVERFLOW and not self.directory.is_dir():
                     return  # watch again, from wherever the directory is now
 
