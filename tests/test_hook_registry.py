@@ -297,3 +297,16 @@ def test_koord_runtime_proxy_flags_are_accepted():
     assert (args.hook_skip_key, args.hook_skip_value, args.hook_dir) == ("infra", "yes", "/etc/runtime/hookserver.d")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--backend-runtime-mode", "Docker"])
+
+
+def test_hooks_configuration_section():
+    from resmgr.config import ConfigError, from_map, validate
+
+    assert validate({"hooks": {"AllowPinningOverride": True}}).data["hooks"] == {"AllowPinningOverride": True}
+    with pytest.raises(ConfigError, match="hooks.AllowPinningOverride"):
+        validate({"hooks": {"AllowPinningOverride": "yes"}})
+    with pytest.raises(ConfigError, match="hooks.Timeout: unknown key"):
+        from_map({"hooks": "Timeout: 2s"})
+    hooks = Hooks("/nonexistent")
+    hooks.configure(from_map({"hooks.AllowPinningOverride": "true"}).data["hooks"])
+    assert hooks.allow_pinning_override
