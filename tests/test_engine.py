@@ -582,3 +582,30 @@ async def test_a_release_while_a_round_observes_is_not_undone_by_it(engine, how)
     await engine.reconcile()
     assert engine.containers["c1"].state == ContainerState.EXITED
     assert "c1" not in engine.snapshot()["unallocated"]
+
+
+async def test_hook_adjustments_outlive_moves_and_updates_that_change_nothing(engine):
+    from resmgr.model import Adjustment
+
+    pod_id, cfg = await _run_pod(engine)
+    pod = engine.pods[pod_id]
+    plan = await engine.plan_create(pod, engine_container(pod_id, "a"))
+    engine.amend_create(plan, Adjustment(env={"X": "1"}, resources=Resources(cpu_quota=25000)))
+    await engine.commit_create(plan, "c1")
+    await _create(engine, pod_id, cfg, cid="c2", name="b")  # the policy moves c1
+    await engine.settle_updates()
+    c1 = engine.containers["c1"]
+    assert c1.resources.cpuset_cpus == "0-1" and c1.resources.cpu_quota == 25000 and c1.env == {"X": "1"}
+    pushed = [res for cid, res in engine.runtime.client.updates if cid == "c1"]
+    assert pushed and pushed[-1].cpu_quota == 25000
+    # An update that changes nothing keeps what the plugins set.
+    plan = await engine.plan_update("c1", Resources(cpu_shares=c1.requested.cpu_shares), plain=True)
+    assert plan.resources is None and plan.adjusted == Resources(cpu_quota=25000)
+    await engine.commit_update(plan, c1.resources)
+    assert engine.containers["c1"].adjusted == Resources(cpu_quota=25000)
+
+
+def engine_container(pod_id, name):
+    from resmgr.cri import convert
+
+    return convert.container_from_config(pod_id, container_config(name))

@@ -459,7 +459,7 @@ class Engine(Reconciling):
             wanted = (decision.resources or requested).overlaid(kept)
             if not resize and plain and self._changes_nothing(asked, c, wanted):
                 log.debug("update of container %s changes nothing; answered without the runtime", c.id)
-                return UpdatePlan(c, pod, before, requested, resize, None)
+                return UpdatePlan(c, pod, before, requested, resize, None, pinned=self.pins(c), adjusted=kept)
             self._record(decision.updates)  # pushed to the runtime once it took this one
             return UpdatePlan(c, pod, before, requested, resize, wanted, decision.updates,
                               decision.resources is not None and self.pins(c), kept)
