@@ -111,6 +111,11 @@ class Resources:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def overlay(base: Resources | None, over: Resources | None) -> Resources | None:
+    """Fields set by over laid on base, either of which may be absent."""
+    return base.overlaid(over) if base is not None else over
+
+
 class PodState(StrEnum):
     READY = "ready"
     NOT_READY = "notready"
@@ -259,9 +264,9 @@ class Adjustment:
 
     def then(self, later: Adjustment) -> Adjustment:
         """This adjustment followed by a later one (the later wins where both set a field)."""
-        res = self.resources.overlaid(later.resources) if self.resources else later.resources
         return Adjustment({**self.labels, **later.labels}, {**self.annotations, **later.annotations},
-                          {**self.env, **later.env}, res, later.cgroup_parent or self.cgroup_parent)
+                          {**self.env, **later.env}, overlay(self.resources, later.resources),
+                          later.cgroup_parent or self.cgroup_parent)
 
 
 class View:

@@ -36,11 +36,6 @@ def refused(err: BaseException) -> bool:
     return getattr(code, "name", None) in _REFUSALS
 
 
-def _merge_map(target: Any, values: dict[str, str]) -> None:
-    for key, value in values.items():
-        target[key] = value
-
-
 class CriLifecycle:
     def __init__(self, engine: Engine, hooks: Hooks | None = None) -> None:
         self.engine = engine
@@ -91,8 +86,7 @@ class CriLifecycle:
             convert.to_linux(plan.container.resources, req.config.linux.resources)
         try:
             if self.hooks is not None:
-                pinned = plan.decided and self.engine.policy.pins
-                adj = await self.hooks.pre_create(plan.pod, plan.container, pinned, deadline)
+                adj = await self.hooks.pre_create(plan.pod, plan.container, plan.pinned, deadline)
                 if adj:
                     self.engine.amend_create(plan, adj)
                     _apply_container(req, adj, plan.container.resources)
@@ -106,7 +100,7 @@ class CriLifecycle:
     async def start_container(self, req: cri.StartContainerRequest, send: Send,
                               deadline: float | None = None) -> cri.StartContainerResponse:
         known = self.engine.context(req.container_id) if self.hooks is not None else None
-        if self.hooks is not None and known is not None and self.hooks.for_hook(Hook.PRE_START_CONTAINER, known[0]):
+        if self.hooks is not None and known is not None:
             pod, c = known
             adj = await self.hooks.pre_start(pod, c, self.engine.pins(c), deadline)
             if adj.resources is not None:
@@ -135,7 +129,7 @@ class CriLifecycle:
                 assert self.hooks is not None
                 c = dataclasses.replace(plan.container, resources=resources)
                 adj = await self.hooks.pre_update(plan.pod, c, plan.pinned, deadline)
-                _merge_map(req.annotations, adj.annotations)
+                req.annotations.update(adj.annotations)
                 if adj.resources is not None:
                     adjusted = adj.resources
                     convert.to_linux(resources.overlaid(adj.resources), req.linux)
@@ -161,8 +155,8 @@ class CriLifecycle:
 
 def _apply_pod(config: cri.PodSandboxConfig, adj: Adjustment) -> None:
     """A PreRunPodSandbox adjustment: labels and annotations merged, cgroup parent and resources replaced."""
-    _merge_map(config.labels, adj.labels)
-    _merge_map(config.annotations, adj.annotations)
+    config.labels.update(adj.labels)
+    config.annotations.update(adj.annotations)
     if adj.cgroup_parent:
         config.linux.cgroup_parent = adj.cgroup_parent
     if adj.resources is not None:
@@ -173,7 +167,7 @@ def _apply_pod(config: cri.PodSandboxConfig, adj: Adjustment) -> None:
 def _apply_container(req: cri.CreateContainerRequest, adj: Adjustment, resources: Any) -> None:
     """A PreCreateContainer adjustment: annotations and environment merged, resources and the
     sandbox's cgroup parent replaced."""
-    _merge_map(req.config.annotations, adj.annotations)
+    req.config.annotations.update(adj.annotations)
     if adj.env:
         env = convert.envs(req.config)
         if any(k in env for k in adj.env) or len(env) != len(req.config.envs):

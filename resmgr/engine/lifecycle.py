@@ -35,6 +35,7 @@ from resmgr.model import (
     PodState,
     Resources,
     View,
+    overlay,
 )
 
 log = logging.getLogger("cri-resmgr.engine")
@@ -89,6 +90,7 @@ class CreatePlan:
     container: Container  # its resources are what it must be created with
     decided: bool  # the policy set its resources (else the request stands as it is)
     updates: dict[str, Resources] = field(default_factory=dict)  # others moved, pushed once it exists
+    pinned: bool = False  # the policy set its CPUs and memory nodes
 
 
 @dataclass
@@ -361,7 +363,8 @@ class Engine(Reconciling):
             alloc = self.ledger.place(c, pod)
             decision.updates.update(alloc.updates)
             self._record(decision.updates)
-        return CreatePlan(pod, c, alloc.resources is not None, decision.updates)
+        decided = alloc.resources is not None
+        return CreatePlan(pod, c, decided, decision.updates, decided and self.policy.pins)
 
     async def abort_create(self, plan: CreatePlan, err: BaseException, refused: bool) -> None:
         """The runtime call failed: refused (it certainly did nothing) gives the grant back;
@@ -413,7 +416,7 @@ class Engine(Reconciling):
             c = self.containers.get(container_id)
             if c is None or c.state == ContainerState.EXITED:
                 return
-            c.adjusted = c.adjusted.overlaid(res) if c.adjusted else res
+            c.adjusted = overlay(c.adjusted, res)
             self._record({c.key: c.resources})
         await self._push(c.key)
 
@@ -484,7 +487,7 @@ class Engine(Reconciling):
         c = plan.container
         async with self._lock:
             c.requested = plan.requested
-            c.adjusted = plan.adjusted.overlaid(adjusted) if plan.adjusted else adjusted
+            c.adjusted = overlay(plan.adjusted, adjusted)
             # Ask again: another decision may have moved this container meanwhile.
             now = self.policy.update(c, plan.requested, self.view())
             c.resources = now.resources.overlaid(c.adjusted) if now.resources else sent
