@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-FRONT_ENDS = ("resmgr.relay", "resmgr.cri", "resmgr.app", "harness")
+FRONT_ENDS = ("resmgr.relay", "resmgr.cri", "resmgr.nri", "resmgr.app", "harness")
 PROTOCOLS = ("resmgr.generated", "grpc", "google.protobuf")
 # Modules that reach the node or the network: sockets, processes, sysfs, files, the event loop.
 IO = ("asyncio", "socket", "subprocess", "os", "pathlib", "shutil", "resmgr.topology.sysfs", "resmgr.topology.hints",
@@ -29,6 +29,10 @@ RULES = [
      "controllers turn class names into kernel settings, nothing more"),
     ("resmgr/hooks", FRONT_ENDS + ("policies", "resmgr.engine", "resmgr.controllers", "resmgr.cri.convert"),
      "hook plugins speak the model and their own protocol, so every front end can call them"),
+    ("resmgr/nri", ("resmgr.relay", "resmgr.cri", "resmgr.app", "harness"),
+     "the NRI front end shares the engine, the model and the hooks with the relay, never the relay's code"),
+    ("resmgr/cri", ("resmgr.nri",), "the CRI front end knows nothing of NRI"),
+    ("resmgr/relay", ("resmgr.nri",), "the relay knows nothing of NRI"),
     ("agent", ("resmgr.engine", "resmgr.relay", "resmgr.cri", "resmgr.app", "policies", "resmgr.controllers"),
      "the agent talks to the cluster and to cri-resmgr's config link only"),
     ("resmgr", ("harness", "tests", "benchmarks"), "the shipped package does not need the test harness"),

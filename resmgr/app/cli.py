@@ -25,6 +25,10 @@ lifecycle calls are handed to the active policy and to the runtime hook plugins
 registered in the hook directory, everything else passes through. It accepts
 koord-runtime-proxy's flags, so it can take that binary's place on a node.
 
+With --nri it runs instead as an NRI plugin inside the runtime (containerd >= 1.7,
+CRI-O >= 1.26 with NRI enabled): no kubelet reconfiguration, the same policies, state
+and hook plugins.
+
 `cri-resmgr simulate --help` runs a policy over a list of pods without a runtime;
 `cri-resmgr status --help` shows what a running relay has in force."""
 
@@ -53,6 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend-runtime-mode", choices=["Containerd"], default="Containerd",
                    help="accepted for koord-runtime-proxy compatibility; only a CRI runtime (Containerd, "
                         "also CRI-O) is supported")
+    nri = p.add_argument_group("NRI front end (instead of the CRI relay)")
+    nri.add_argument("--nri", action="store_true",
+                     help="run as an NRI plugin of the runtime rather than as a CRI relay; the relay flags "
+                          "are then unused. A plugin the runtime starts itself (from its plugin directory) "
+                          "takes its socket, name and index from NRI_PLUGIN_SOCKET/NAME/IDX")
+    nri.add_argument("--nri-socket", default=d.nri_socket, metavar="PATH",
+                     help="the runtime's NRI socket (default: %(default)s)")
+    nri.add_argument("--nri-plugin-name", default=d.nri_name, metavar="NAME",
+                     help="name to register with ([a-zA-Z0-9_.+-]+; default: %(default)s)")
+    nri.add_argument("--nri-plugin-index", default=d.nri_index, metavar="NN",
+                     help="two-digit index: plugins are called in ascending order, so a high one runs after "
+                          "device plugins and sees their changes (default: %(default)s)")
     hooks = p.add_argument_group("runtime hook plugins (koordinator RuntimeHookService)")
     hooks.add_argument("--hook-dir", default=d.hook_dir, metavar="DIR",
                        help="directory of plugin registration files (*.json), watched for changes "
@@ -199,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                    disable_policy_switch=args.disable_policy_switch,
                    resctrl_root=args.resctrl_path, hook_dir=args.hook_dir, hook_timeout=args.hook_timeout,
                    hook_skip_label=(args.hook_skip_key, args.hook_skip_value),
+                   nri=args.nri, nri_socket=args.nri_socket, nri_name=args.nri_plugin_name,
+                   nri_index=args.nri_plugin_index,
                    cgroup_root=args.cgroup_root or os.path.join(args.host_root, "sys/fs/cgroup"))
     try:
         return _run(Daemon(opts, sources, config).run())

@@ -25,8 +25,13 @@ from resmgr.controllers.rdt import RDTController
 from resmgr.cri import events
 from resmgr.cri.runtime import CriRuntime, RuntimeClient
 from resmgr.engine import Engine, statefile
-from resmgr.engine.store import StateStore
+from resmgr.engine.lifecycle import Runtime
+from resmgr.engine.store import StateInUse, StateStore
 from resmgr.hooks import DEFAULT_DIR, SKIP_LABEL, Hooks
+from resmgr.nri import connect
+from resmgr.nri.connect import Endpoint
+from resmgr.nri.plugin import NriPlugin
+from resmgr.nri.runtime import NriRuntime
 from resmgr.relay import memory
 from resmgr.relay.dispatch import Dispatcher
 from resmgr.relay.dump import Dumper
@@ -64,6 +69,10 @@ class Options:
     hook_dir: str = DEFAULT_DIR  # "disabled": no hook plugins
     hook_timeout: float = 2.0
     hook_skip_label: tuple[str, str] = SKIP_LABEL
+    nri: bool = False  # serve as an NRI plugin instead of relaying CRI
+    nri_socket: str = "/var/run/nri/nri.sock"
+    nri_name: str = "cri-resmgr"
+    nri_index: str = "90"
 
 
 class StartupError(Exception):
@@ -166,12 +175,14 @@ class Daemon:
         self.config = kept
 
     async def run(self) -> int:
+        if self.opts.nri:
+            return await self._run_nri()
         memory.tune()
         sockets.prepare(self.relay_socket)
         store, state = self._load_state()
         self._open_channels()
         try:
-            engine = self._make_engine(store, state)
+            engine = self._make_engine(store, state, CriRuntime(self.client))
             self.hooks = self._make_hooks()
             dispatcher = Dispatcher(engine, self.runtime_ch, self.image_ch, None, self.runtime_socket,
                                     self.image_socket, self.hooks)
@@ -199,9 +210,53 @@ class Daemon:
                 await self.image_ch.close()
         return 0
 
+    async def _run_nri(self) -> int:
+        """The NRI front end: the same engine, state and hook plugins, as a plugin of the runtime."""
+        try:
+            endpoint = Endpoint.from_environment(_path(self.opts.nri_socket), self.opts.nri_name, self.opts.nri_index)
+        except ValueError as err:
+            raise StartupError(str(err)) from None
+        store, state = self._load_state()
+        runtime = NriRuntime()
+        engine = self._make_engine(store, state, runtime)
+        runtime.on_failure = engine.wake
+        self.hooks = self._make_hooks()
+        plugin = NriPlugin(engine, runtime, self.hooks)
+        control = self._make_control(engine, None)
+        config_server = await self._serve_config(control)
+        if self.opts.pid_file:
+            Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
+        log.info("NRI plugin %s-%s for the runtime on %s, policy %s", endpoint.index, endpoint.name,
+                 "an inherited socket" if endpoint.inherited_fd is not None else endpoint.socket_path,
+                 engine.policy.name)
+        loops = [asyncio.create_task(engine.run_reconciler(self.opts.reconcile_interval)),
+                 asyncio.create_task(runtime.run_sender())]
+        if self.opts.rebalance_interval > 0:
+            loops.append(asyncio.create_task(self._rebalance(engine)))
+        if self.hooks is not None:
+            loops.append(asyncio.create_task(self.hooks.watch()))
+        serving = asyncio.create_task(connect.serve(plugin, endpoint))
+        stopping = asyncio.create_task(self._stop.wait())
+        try:
+            await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
+            for task in [*loops, serving, stopping]:
+                task.cancel()
+            await asyncio.gather(*loops, serving, return_exceptions=True)
+            await self._shut_down(engine, None, config_server)
+        finally:
+            if self.opts.pid_file:
+                Path(self.opts.pid_file).unlink(missing_ok=True)
+            if self.hooks is not None:
+                await self.hooks.close()
+        return serving.result() if serving.done() and not serving.cancelled() else 0
+
     def _load_state(self) -> tuple[StateStore, dict | None]:
         store = StateStore(self.opts.relay_dir)
         store.prepare()
+        try:
+            store.claim()
+        except StateInUse as err:
+            raise StartupError(str(err)) from None
         state = store.load(statefile.check)
         self._keep_persisted_policy(state, store)
         return store, state
@@ -213,7 +268,7 @@ class Daemon:
         self.client = RuntimeClient(self.runtime_ch)
         self.dispatcher: Dispatcher | None = None
 
-    def _make_engine(self, store: StateStore, state: dict | None) -> Engine:
+    def _make_engine(self, store: StateStore, state: dict | None, runtime: Runtime) -> Engine:
         """The topology, the policy, the controllers and the engine restored from the state file."""
         try:
             try:
@@ -233,7 +288,7 @@ class Daemon:
             controllers.prepare(self.config.data)()
         except ControllerError as err:
             raise StartupError(f"{self.config.source}: {err}") from None
-        engine = Engine(policy, store, CriRuntime(self.client), controllers, cgroup_root=self.opts.cgroup_root,
+        engine = Engine(policy, store, runtime, controllers, cgroup_root=self.opts.cgroup_root,
                         gated=True)
         engine.device_hints = functools.partial(device_hints, host_root=self.opts.host_root)
         persisted = ((state or {}).get("policy") or {}).get("name")
@@ -252,10 +307,13 @@ class Daemon:
         hooks.registry.scan()  # registered before the first call; then kept current by the watch
         return hooks
 
-    def _make_control(self, engine: Engine, dispatcher: Dispatcher) -> ConfigManager:
+    def _make_control(self, engine: Engine, dispatcher: Dispatcher | None) -> ConfigManager:
         self.dispatcher = dispatcher
 
         def set_dumper(dumper: Dumper) -> None:
+            if dispatcher is None:  # no CRI messages to dump
+                dumper.close()
+                return
             old, dispatcher.dumper = dispatcher.dumper, dumper
             if old is not None:
                 old.close()
@@ -327,10 +385,11 @@ class Daemon:
             loops.append(asyncio.create_task(self.hooks.watch()))
         return loops
 
-    async def _shut_down(self, engine: Engine, stop_server: Callable[[float], Awaitable[None]],
+    async def _shut_down(self, engine: Engine, stop_server: Callable[[float], Awaitable[None]] | None,
                          config_server: grpc.aio.Server | None) -> None:
         log.info("shutting down: letting in-flight calls finish (grace %.1fs)", self.opts.shutdown_grace)
-        await stop_server(self.opts.shutdown_grace)
+        if stop_server is not None:
+            await stop_server(self.opts.shutdown_grace)
         if config_server is not None:
             await config_server.stop(1.0)
             Path(_path(self.opts.config_socket)).unlink(missing_ok=True)

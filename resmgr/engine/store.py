@@ -8,6 +8,7 @@ Saves are coalesced: callers that ask while a write is running share the next on
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -26,6 +27,10 @@ class StateFileError(Exception):
     pass
 
 
+class StateInUse(Exception):
+    pass
+
+
 class StateStore:
     def __init__(self, directory: str | Path, name: str = "cache",
                  on_loss: str = "rebuilding from the runtime") -> None:
@@ -38,6 +43,17 @@ class StateStore:
 
     def prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def claim(self) -> None:
+        """Hold the directory for this process (StateInUse if another holds it): two daemons
+        on one state, a relay and an NRI plugin say, would book the same CPUs twice."""
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StateInUse(f"another cri-resmgr uses the state in {self.dir}") from None
+        self._claim = fd  # held until the process exits
 
     def load(self, check: Callable[[Any], None] | None = None) -> dict[str, Any] | None:
         """The saved state, or None. A file that is broken, or that check (raising ValueError)
