@@ -75,3 +75,34 @@ def policy_relay(workdir: Path, runtime_socket: str, policy: str, *extra: str,
     config = workdir / f"{policy}.yaml"
     config.write_text(f"policy:\n  Active: {policy}\n")
     return RelayProcess(workdir, runtime_socket, "--force-config", str(config), *extra, relay_dir=relay_dir)
+
+
+class NriProcess(RelayProcess):
+    """cri-resmgr run as an NRI plugin of a private containerd (its NRI socket is {dir}/nri.sock)."""
+
+    def __init__(self, workdir: Path, nri_socket: str, *extra: str, relay_dir: Path | None = None) -> None:
+        super().__init__(workdir, "", *extra, relay_dir=relay_dir)
+        self.args = [sys.executable, "-m", "resmgr", "--nri", "--nri-socket", nri_socket,
+                     "--relay-dir", str(self.relay_dir), "--log-level", "DEBUG",
+                     "--config-socket", str(workdir / "config.sock"), *extra]
+        self.syncs = 0
+
+    def start(self, wait: bool = True) -> NriProcess:
+        self.syncs = self.log().count("NRI: synchronized") if self.log_path.exists() else 0
+        super().start(wait=False)
+        if wait:
+            self.wait_synchronized()
+        return self
+
+    def wait_synchronized(self, timeout: float = 20.0) -> None:
+        """Until the runtime has synchronized this plugin once more than before."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"NRI plugin exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            if self.log_path.exists() and self.log().count("NRI: synchronized") > self.syncs:
+                self.syncs += 1
+                return
+            time.sleep(0.02)
+        raise TimeoutError(f"NRI plugin not synchronized after {timeout}s:\n{self.log()[-3000:]}")
