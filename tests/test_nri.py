@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from harness.relay import NriProcess, policy_relay
 from resmgr.generated.cri import api_pb2 as cri
-from tests.helpers import ONLINE, Cri, cgroup_cpus, container_config, pod_config, wait_until
+from tests.helpers import ONLINE, ROOT, Cri, cgroup_cpus, container_config, pod_config, wait_until
 from tests.test_config_link import Link
 from tests.test_hooks import Plugin
 from tests.test_policy_e2e import resources
@@ -215,3 +216,36 @@ def test_hook_plugins_run_from_nri_events(containerd, workdir, pods, tmp_path):
     finally:
         plugin.stop()
         hook.stop()
+
+
+def test_containerd_launches_the_plugin_from_its_plugin_directory(containerd, workdir, pods):
+    """Placed in containerd's plugin directory, the plugin is started by containerd with an inherited socket,
+    and exits when that connection ends (containerd starts a new copy when it comes back)."""
+    config = workdir / "static.yaml"
+    config.write_text("policy:\n  Active: static\n")
+    log = workdir / "launched.log"
+    script = containerd.dir / "nri-plugins" / "45-resmgr-test"
+    script.parent.mkdir(exist_ok=True)
+    # containerd gives a launched plugin nothing but NRI_PLUGIN_{NAME,IDX,SOCKET}: absolute paths only.
+    script.write_text(f"#!/bin/sh\ncd {ROOT}\nexec {sys.executable} -m resmgr --nri --relay-dir {workdir / 'state'} "
+                      f"--force-config {config} --config-socket disabled --hook-dir disabled --log-level DEBUG "
+                      f"--pid-file {workdir / 'launched.pid'} >>{log} 2>&1\n")
+    script.chmod(0o755)
+    try:
+        containerd.restart()
+        wait_until(lambda: log.exists() and "NRI: synchronized" in log.read_text(), timeout=30,
+                   what="launched plugin synchronized")
+        text = log.read_text()
+        assert "registered as 45-resmgr-test" in text and "an inherited socket" in text
+        g_cfg, mine_id = pods.run("guaranteed", 1000)
+        assert len(cgroup_cpus(g_cfg, mine_id)) == 1
+        pid = int((workdir / "launched.pid").read_text())
+        script.unlink()
+        containerd.kill()
+        wait_until(lambda: not Path(f"/proc/{pid}").exists() or
+                   Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", timeout=15, what="launched plugin exit")
+        assert "dropped its connection; exiting" in log.read_text()
+    finally:
+        script.unlink(missing_ok=True)
+        if containerd.proc is None or containerd.proc.poll() is not None:
+            containerd.start()

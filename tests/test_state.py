@@ -121,3 +121,29 @@ def test_without_configuration_the_persisted_policy_is_kept(containerd, workdir,
             via.remove_pod(p)
         via.close()
         relay.stop()
+
+
+def test_snapshots_are_plain_copies_that_round_trip():
+    """to_dict is hand-written for speed (a snapshot is taken at every lifecycle event): it must
+    say what dataclasses.asdict says, and share no mutable value with the live object."""
+    import dataclasses
+
+    from resmgr.model import Container, Pod, Resources
+
+    res = Resources(cpu_shares=2, cpuset_cpus="1", unified={"memory.high": "1"}, hugepage_limits={"2MB": 4})
+    c = Container(id="c", pod_id="p", name="n", command=["sh"], labels={"a": "b"}, hints={"/dev/x": [0, 1]},
+                  requested=res, resources=res, adjusted=Resources(cpu_quota=5), env={"K": "v"})
+    p = Pod(id="p", uid="u", name="n", namespace="ns", labels={"l": "v"}, resources=res)
+    for obj in (c, p):
+        d = obj.to_dict()
+        plain = dataclasses.asdict(obj)
+        for key in ("requested", "resources", "adjusted", "overhead"):
+            if key in plain and plain[key] is not None:
+                plain[key] = {k: v for k, v in plain[key].items() if v}
+        assert d == {k: getattr(v, "value", v) for k, v in plain.items()}
+        assert type(obj).from_dict(d) == obj
+    d = c.to_dict()
+    d["labels"]["x"] = "y"
+    d["hints"]["/dev/x"].append(9)
+    d["resources"]["unified"]["x"] = "y"
+    assert c.labels == {"a": "b"} and c.hints == {"/dev/x": [0, 1]} and "x" not in c.resources.unified

@@ -220,6 +220,7 @@ class Daemon:
         runtime = NriRuntime()
         engine = self._make_engine(store, state, runtime)
         runtime.on_failure = engine.wake
+        engine.write_behind = True  # the runtime waits for every answer; Synchronize heals a lost write
         self.hooks = self._make_hooks()
         plugin = NriPlugin(engine, runtime, self.hooks)
         control = self._make_control(engine, None)
@@ -397,4 +398,4 @@ class Daemon:
             await asyncio.wait_for(engine.settle_updates(), self.opts.shutdown_grace)
         except TimeoutError:
             log.warning("shutting down with container updates still pending; they are pushed after restart")
-        await engine.save()
+        await engine.flush()

@@ -140,6 +140,10 @@ class Engine(Reconciling):
         # Updates pushed in the background, and those a container's start waits for.
         self._background: set[asyncio.Task[None]] = set()
         self._repins: dict[str, asyncio.Task[None]] = {}
+        # A front end whose answers need not wait for the disk: a crash between the answer and
+        # the write loses nothing, reconciliation finds the container where the answer put it.
+        self.write_behind = False
+        self._saves: set[asyncio.Task[None]] = set()
 
     # -- state -------------------------------------------------------------
     @property
@@ -200,6 +204,18 @@ class Engine(Reconciling):
         self._unallocated = {k for k, c in self.containers.items() if c.state != ContainerState.EXITED}
 
     async def save(self) -> None:
+        """Persist the state; with write_behind, soon, without waiting for the disk."""
+        if not self.write_behind:
+            await self.store.save(self.snapshot)
+            return
+        task = asyncio.create_task(self.store.save(self.snapshot))
+        self._saves.add(task)
+        task.add_done_callback(self._saves.discard)
+
+    async def flush(self) -> None:
+        """Persist the state now, and wait for it (at shutdown)."""
+        if self._saves:
+            await asyncio.gather(*self._saves, return_exceptions=True)
         await self.store.save(self.snapshot)
 
     async def _until_reconciled(self) -> None:
