@@ -143,6 +143,15 @@ def test_shipped_samples_are_valid():
     daemonset = yaml.safe_load((root / "kubernetes" / "agent-daemonset.yaml").read_text())
     env = daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
     assert env[0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # The NRI DaemonSet's command line is one cri-resmgr accepts, and its mounts hold what it names.
+    from resmgr.app.cli import build_parser
+
+    nri = yaml.safe_load((root / "kubernetes" / "nri-daemonset.yaml").read_text())["spec"]["template"]["spec"]
+    cmd = nri["containers"][0]["command"]
+    args = build_parser().parse_args(cmd[1:])
+    mounts = [m["mountPath"] for m in nri["containers"][0]["volumeMounts"]]
+    assert args.nri and any(args.nri_socket.startswith(m + "/") for m in mounts)
+    assert args.relay_dir in mounts and args.host_root + "/sys" in mounts
 
 
 @pytest.mark.parametrize("v2", [False, True])

@@ -134,7 +134,7 @@ def test_forced_configuration_reloads_on_sighup_and_refuses_pushes(containerd, w
         assert out.returncode == 3 and "policy: static" in out.stdout and "rejected" in out.stdout
         assert f"source: forced config file {forced}" in out.stdout
         out = cli("--reset-config", "--relay-socket", relay.socket, "--relay-dir", str(relay.relay_dir))
-        assert out.returncode == 1 and "cannot reset while the relay runs" in out.stderr
+        assert out.returncode == 1 and "cannot reset while cri-resmgr runs" in out.stderr
     finally:
         link.close()
         assert relay.stop() == 0

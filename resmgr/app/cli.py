@@ -15,7 +15,7 @@ from resmgr import __version__, log
 from resmgr.app.daemon import Daemon, Options, StartupError
 from resmgr.config import ConfigError
 from resmgr.config.manager import Sources
-from resmgr.engine.store import StateStore
+from resmgr.engine.store import StateInUse, StateStore
 from resmgr.sockets import SocketInUse, prepare
 
 DESCRIPTION = """\
@@ -145,14 +145,16 @@ def _reset(args: argparse.Namespace, sources: Sources) -> int:
     """--reset-config / --reset-policy: only while no relay runs on this socket."""
     try:
         prepare(args.relay_socket)
-    except SocketInUse as err:
-        print(f"cri-resmgr: cannot reset while the relay runs: {err}", file=sys.stderr)
+        store = StateStore(args.relay_dir)
+        store.prepare()
+        store.claim()  # an NRI plugin on this state has no relay socket
+    except (SocketInUse, StateInUse) as err:
+        print(f"cri-resmgr: cannot reset while cri-resmgr runs: {err}", file=sys.stderr)
         return 1
     if args.reset_config:
         done = sources.reset_pushed()
         print("pushed configuration removed" if done else "no pushed configuration to remove")
     if args.reset_policy:
-        store = StateStore(args.relay_dir)
         state = store.load() if store.path.exists() else None
         if state and state.pop("policy", None) is not None:
             state.pop("version", None)
