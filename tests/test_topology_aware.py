@@ -537,3 +537,25 @@ def test_device_numa_nodes_from_sysfs(tmp_path):
     assert hints(["/dev/null", "/dev/does-not-exist", "/etc/hostname"], str(tmp_path)) == {"/dev/null": [1]}
     (pci / "numa_node").write_text("-1\n")  # the kernel does not know
     assert hints(["/dev/null"], str(tmp_path)) == {}
+
+
+def test_a_rebalance_that_cannot_place_everyone_keeps_the_old_arrangement():
+    """Found by the state machine: a container that no longer fitted anywhere went back to its old
+    pool after others had already taken that room, overcommitting the pool's shared CPUs."""
+    m = TopologyAwareMachine()
+    g, b = QOSClass.GUARANTEED, QOSClass.BURSTABLE
+    for step in [
+            (g, 0, 0, False, False), (g, 0, 8, True, False), (g, 0, 8, True, False), (g, 0, 8, True, False),
+            (g, 1000, 8, False, False), (g, 1000, 8, False, False), (b, 1000, 8, False, False),
+            (g, 2000, 8, False, False), (g, 1500, 8, False, False), "rebalance",
+            (g, 0, 1, True, False), (g, 0, 8, True, False), (g, 0, 20, True, False), (g, 100, 20, False, True),
+            (g, 7000, 0, False, False), (g, 0, 20, True, False), "rebalance"]:
+        if step == "rebalance":
+            m.rebalance()
+        else:
+            qos, milli, memory, system, pmem = step
+            m.create(qos=qos, milli=milli, memory=memory, system=system, pmem=pmem)
+        m.shared_capacity_is_never_overcommitted()
+        m.shared_users_see_exactly_their_pools_shared_cpus()
+        m.exclusive_cpus_belong_to_one_container()
+    m.teardown()

@@ -506,14 +506,22 @@ class TopologyAwarePolicy(Policy):
         before = {k: (self.cpus_of_grant(g), self.mems_of_grant(g)) for k, g in self.grants.items()}
         old = {k: self._remove(k) for k in movable}
         movable.sort(key=lambda k: (-old[k].shared, -old[k].memory, k))
+        placed = []
         for key in movable:
             c = view.containers[key]
             pod = view.pods[c.pod_id]
             try:
                 r = self._request(c, pod, container_requirements(c, pod), view)
                 self._add(key, self._grant(self._choose(r), r))
+                placed.append(key)
             except PolicyError:
-                self._add(key, old[key])
+                # The new arrangement has no room for everyone, and the old room may be taken
+                # already: keep the old arrangement, which fitted.
+                for k in placed:
+                    self._remove(k)
+                for k in movable:
+                    self._add(k, old[k])
+                return Decision()
         updates = {}
         for key, g in self.grants.items():
             c = view.containers.get(key)
