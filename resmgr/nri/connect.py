@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from resmgr.generated.nri import api_pb2 as nri
 from resmgr.nri.plugin import NriPlugin
+from resmgr.nri.runtime import Send
 from resmgr.nri.transport import Trunk
 
 log = logging.getLogger("cri-resmgr.nri")
@@ -66,7 +67,8 @@ async def _register(trunk: Trunk, ep: Endpoint) -> None:
     await trunk.call(RUNTIME_SERVICE, "RegisterPlugin", req.SerializeToString(), REGISTER_TIMEOUT)
 
 
-def update_sender(trunk: Trunk):  # noqa: ANN201 - the NriRuntime's Send
+def update_sender(trunk: Trunk) -> Send:
+    """UpdateContainers over this connection, for the NriRuntime."""
     async def send(updates: list[nri.ContainerUpdate]) -> list[nri.ContainerUpdate]:
         req = nri.UpdateContainersRequest(update=updates)
         raw = await trunk.call(RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), 10.0)

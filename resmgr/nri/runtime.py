@@ -77,7 +77,7 @@ class NriRuntime:
             copy.linux.resources.cpu.cpus = known.linux.resources.cpu.cpus
             copy.linux.resources.cpu.mems = known.linux.resources.cpu.mems
         if state is not None:
-            copy.state = state  # type: ignore[assignment]
+            copy.state = state
         self.containers[c.id] = copy
 
     def gone_container(self, container_id: str) -> None:
