@@ -7,9 +7,10 @@ import functools
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -192,7 +193,10 @@ class Daemon:
             config_server = await self._serve_config(control)
             log.info("relaying %s -> runtime %s, images %s, policy %s, %s front end", self.relay_socket,
                      self.runtime_socket, self.image_socket, engine.policy.name, self.opts.relay_mode)
-            loops = self._start_loops(engine)
+            relay_loops = [self._watch_runtime(self.runtime_ch, engine)]
+            if self.opts.runtime_events:
+                relay_loops.append(events.follow(engine, self.client))
+            loops = self._start_loops(engine, *relay_loops)
             await self._stop.wait()
             for task in [*loops, *([background] if background else [])]:
                 task.cancel()
@@ -230,12 +234,7 @@ class Daemon:
         log.info("NRI plugin %s-%s for the runtime on %s, policy %s", endpoint.index, endpoint.name,
                  "an inherited socket" if endpoint.inherited_fd is not None else endpoint.socket_path,
                  engine.policy.name)
-        loops = [asyncio.create_task(engine.run_reconciler(self.opts.reconcile_interval)),
-                 asyncio.create_task(runtime.run_sender())]
-        if self.opts.rebalance_interval > 0:
-            loops.append(asyncio.create_task(self._rebalance(engine)))
-        if self.hooks is not None:
-            loops.append(asyncio.create_task(self.hooks.watch()))
+        loops = self._start_loops(engine, runtime.run_sender())
         serving = asyncio.create_task(connect.serve(plugin, endpoint))
         stopping = asyncio.create_task(self._stop.wait())
         try:
@@ -375,11 +374,10 @@ class Daemon:
             return await configlink.serve(control, _path(self.opts.config_socket))
         return None
 
-    def _start_loops(self, engine: Engine) -> list[asyncio.Task]:
+    def _start_loops(self, engine: Engine, *front_end: Coroutine[Any, Any, None]) -> list[asyncio.Task]:
+        """The loops every front end runs, and the front end's own."""
         loops = [asyncio.create_task(engine.run_reconciler(self.opts.reconcile_interval)),
-                 asyncio.create_task(self._watch_runtime(self.runtime_ch, engine))]
-        if self.opts.runtime_events:
-            loops.append(asyncio.create_task(events.follow(engine, self.client)))
+                 *(asyncio.create_task(coro) for coro in front_end)]
         if self.opts.rebalance_interval > 0:
             loops.append(asyncio.create_task(self._rebalance(engine)))
         if self.hooks is not None:

@@ -9,12 +9,14 @@ see runtime.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import grpc
 from google.protobuf.message import Message
 
 from policies.base import PolicyError
@@ -25,8 +27,16 @@ from resmgr.generated.nri import api_pb2 as nri
 from resmgr.hooks import HookFailed, Hooks
 from resmgr.model import Adjustment, Resources
 from resmgr.nri import convert
-from resmgr.nri.runtime import COLLECTING, Collector, NriRuntime, Send
-from resmgr.nri.transport import Call, RpcError
+from resmgr.nri.runtime import Collector, NriRuntime, Send, collecting
+from resmgr.nri.transport import (
+    FAILED_PRECONDITION,
+    INVALID_ARGUMENT,
+    UNAVAILABLE,
+    UNIMPLEMENTED,
+    UNKNOWN,
+    Call,
+    RpcError,
+)
 
 log = logging.getLogger("cri-resmgr.nri")
 
@@ -39,7 +49,16 @@ EVENTS = [E.RUN_POD_SANDBOX, E.STOP_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_
           E.UPDATE_POD_SANDBOX]
 OLD_EVENTS_MASK = 0x7FF
 MARGIN = 0.2  # seconds kept back from the runtime's deadline for our own answer
-CODES = {"FAILED_PRECONDITION": 9, "UNAVAILABLE": 14, "DEADLINE_EXCEEDED": 4, "INVALID_ARGUMENT": 3}
+# Events whose answer carries nothing, by the method newer runtimes deliver them with (older
+# ones use StateChange): request, event, answer.
+EVENT_METHODS = {
+    "RunPodSandbox": (nri.RunPodSandboxRequest, E.RUN_POD_SANDBOX, nri.RunPodSandboxResponse),
+    "StopPodSandbox": (nri.StopPodSandboxRequest, E.STOP_POD_SANDBOX, nri.StopPodSandboxResponse),
+    "RemovePodSandbox": (nri.RemovePodSandboxRequest, E.REMOVE_POD_SANDBOX, nri.RemovePodSandboxResponse),
+    "StartContainer": (nri.StartContainerRequest, E.START_CONTAINER, nri.StartContainerResponse),
+    "PostStartContainer": (nri.PostStartContainerRequest, E.POST_START_CONTAINER, nri.PostStartContainerResponse),
+    "RemoveContainer": (nri.RemoveContainerRequest, E.REMOVE_CONTAINER, nri.RemoveContainerResponse),
+}
 
 
 def mask(events: list[int]) -> int:
@@ -49,10 +68,8 @@ def mask(events: list[int]) -> int:
     return out
 
 
-def _noop() -> Awaitable[None]:
-    async def done() -> None:
-        return None
-    return done()
+async def _noop() -> None:
+    """The runtime call of an engine lifecycle call: in NRI the runtime makes it itself."""
 
 
 def knows_pod_updates(runtime: str, version: str, nri_version: str) -> bool:
@@ -78,17 +95,18 @@ class NriPlugin:
         self.send: Send | None = None  # UpdateContainers on the current connection
         self._sync_pods: list[nri.PodSandbox] = []
         self._sync_containers: list[nri.Container] = []
-        req = {"Configure": nri.ConfigureRequest, "Synchronize": nri.SynchronizeRequest,
-               "Shutdown": nri.Empty, "StateChange": nri.StateChangeEvent,
-               "CreateContainer": nri.CreateContainerRequest, "UpdateContainer": nri.UpdateContainerRequest,
-               "StopContainer": nri.StopContainerRequest, "UpdatePodSandbox": nri.UpdatePodSandboxRequest,
-               "RunPodSandbox": nri.RunPodSandboxRequest, "StopPodSandbox": nri.StopPodSandboxRequest,
-               "RemovePodSandbox": nri.RemovePodSandboxRequest, "StartContainer": nri.StartContainerRequest,
-               "PostStartContainer": nri.PostStartContainerRequest,
-               "RemoveContainer": nri.RemoveContainerRequest}
         self._methods: dict[str, tuple[type[Message], Callable[[Any, float | None], Awaitable[Message]]]] = {
-            name: (cls, getattr(self, "_" + re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()))
-            for name, cls in req.items()}
+            "Configure": (nri.ConfigureRequest, self._configure),
+            "Synchronize": (nri.SynchronizeRequest, self._synchronize),
+            "Shutdown": (nri.Empty, self._shutdown),
+            "StateChange": (nri.StateChangeEvent, self._state_change),
+            "CreateContainer": (nri.CreateContainerRequest, self._create_container),
+            "UpdateContainer": (nri.UpdateContainerRequest, self._update_container),
+            "StopContainer": (nri.StopContainerRequest, self._stop_container),
+            "UpdatePodSandbox": (nri.UpdatePodSandboxRequest, self._update_pod_sandbox),
+        }
+        for name, (request, event, answer) in EVENT_METHODS.items():
+            self._methods[name] = (request, functools.partial(self._event_method, event, answer))
 
     def reset(self, send: Send | None) -> None:
         """A new connection (None: it is gone): configuration and synchronization start over."""
@@ -102,7 +120,7 @@ class NriPlugin:
         entry = self._methods.get(call.method) if call.service == SERVICE else None
         if entry is None:
             log.warning("NRI runtime called unknown method %s.%s", call.service, call.method)
-            raise RpcError(12, f"{call.service}.{call.method} is not implemented")
+            raise RpcError(UNIMPLEMENTED, f"{call.service}.{call.method} is not implemented")
         cls, fn = entry
         req = cls.FromString(call.payload)
         deadline = call.deadline - MARGIN if call.deadline is not None else None
@@ -110,11 +128,12 @@ class NriPlugin:
         try:
             resp = await fn(req, deadline)
         except (PolicyError, ControllerError) as err:
-            raise RpcError(CODES["FAILED_PRECONDITION"], str(err)) from None
+            raise RpcError(FAILED_PRECONDITION, str(err)) from None
         except NotReady as err:
-            raise RpcError(CODES["UNAVAILABLE"], str(err)) from None
-        except HookFailed as err:
-            raise RpcError(CODES.get(err.code, 2), str(err)) from None
+            raise RpcError(UNAVAILABLE, str(err)) from None
+        except HookFailed as err:  # the plugin's own status code, as the relay answers it
+            code = getattr(grpc.StatusCode, err.code, None)
+            raise RpcError(code.value[0] if code is not None else UNKNOWN, str(err)) from None
         log.debug("NRI %s answered in %.2f ms", call.method, (time.perf_counter() - started) * 1000)
         return resp.SerializeToString()
 
@@ -122,7 +141,7 @@ class NriPlugin:
         if not self.events & (1 << (event - 1)):
             name = nri.Event.Name(event) if event in nri.Event.values() else str(event)
             log.warning("NRI runtime sent event %s, which this plugin did not subscribe to", name)
-            raise RpcError(CODES["FAILED_PRECONDITION"], f"not subscribed to event {name}")
+            raise RpcError(FAILED_PRECONDITION, f"not subscribed to event {name}")
 
     # -- set-up -----------------------------------------------------------------------------
     async def _configure(self, req: nri.ConfigureRequest, deadline: float | None) -> nri.ConfigureResponse:
@@ -145,13 +164,9 @@ class NriPlugin:
         self.runtime.connected(self.send)  # the record is current again
         pods, ctrs = len(self._sync_pods), len(self._sync_containers)
         self._sync_pods, self._sync_containers = [], []
-        collector = Collector()
-        COLLECTING.set(collector)
-        try:
+        with collecting() as collector:
             await self.engine.reconcile()
             await self.engine.settle_updates()
-        finally:
-            collector.open = False
         self.synchronized = True
         resp = nri.SynchronizeResponse(update=self._updates(collector))
         log.info("NRI: synchronized %d pods, %d containers in %.1f ms; %d container(s) updated", pods, ctrs,
@@ -175,42 +190,20 @@ class NriPlugin:
 
     # -- events delivered one by one, or through StateChange ---------------------------------
     async def _state_change(self, req: nri.StateChangeEvent, deadline: float | None) -> nri.Empty:
-        self._subscribed(req.event)
-        handler = self._events.get(req.event)
-        if handler is None:
-            raise RpcError(CODES["INVALID_ARGUMENT"], f"event {req.event} cannot come as a state change")
-        await handler(self, req.pod, req.container, deadline)
+        await self._on_event(req.event, req.pod, req.container, deadline)
         return nri.Empty()
 
-    async def _run_pod_sandbox(self, req: nri.RunPodSandboxRequest, deadline: float | None) -> Message:
-        self._subscribed(E.RUN_POD_SANDBOX)
-        await self._pod_run(req.pod, None, deadline)
-        return nri.RunPodSandboxResponse()
+    async def _event_method(self, event: int, answer: type[Message], req: Any, deadline: float | None) -> Message:
+        await self._on_event(event, req.pod, getattr(req, "container", None), deadline)
+        return answer()
 
-    async def _stop_pod_sandbox(self, req: nri.StopPodSandboxRequest, deadline: float | None) -> Message:
-        self._subscribed(E.STOP_POD_SANDBOX)
-        await self._pod_stop(req.pod, None, deadline)
-        return nri.StopPodSandboxResponse()
-
-    async def _remove_pod_sandbox(self, req: nri.RemovePodSandboxRequest, deadline: float | None) -> Message:
-        self._subscribed(E.REMOVE_POD_SANDBOX)
-        await self._pod_remove(req.pod, None, deadline)
-        return nri.RemovePodSandboxResponse()
-
-    async def _start_container(self, req: nri.StartContainerRequest, deadline: float | None) -> Message:
-        self._subscribed(E.START_CONTAINER)
-        await self._container_start(req.pod, req.container, deadline)
-        return nri.StartContainerResponse()
-
-    async def _post_start_container(self, req: nri.PostStartContainerRequest, deadline: float | None) -> Message:
-        self._subscribed(E.POST_START_CONTAINER)
-        await self._container_started(req.pod, req.container, deadline)
-        return nri.PostStartContainerResponse()
-
-    async def _remove_container(self, req: nri.RemoveContainerRequest, deadline: float | None) -> Message:
-        self._subscribed(E.REMOVE_CONTAINER)
-        await self._container_remove(req.pod, req.container, deadline)
-        return nri.RemoveContainerResponse()
+    async def _on_event(self, event: int, pod: nri.PodSandbox, c: nri.Container | None,
+                        deadline: float | None) -> None:
+        self._subscribed(event)
+        handler = self._events.get(event)
+        if handler is None:
+            raise RpcError(INVALID_ARGUMENT, f"event {event} cannot come as a state change")
+        await handler(self, pod, c, deadline)
 
     async def _pod_run(self, p: nri.PodSandbox, _: Any, deadline: float | None) -> None:
         pod = convert.pod(p)
@@ -256,14 +249,10 @@ class NriPlugin:
         await self.engine.remove_container(c.id, _noop)
         self.runtime.gone_container(c.id)
 
-    async def _container_stop_event(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
-        await self._container_stop(c, deadline, Collector(open=False))
-
-    async def _container_stop(self, c: nri.Container, deadline: float | None, collector: Collector) -> None:
+    async def _container_stop(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
         known = self.engine.context(c.id)
         await self.engine.stop_container(c.id, _noop)
-        await self.engine.settle_updates()
-        collector.open = False
+        await self.engine.settle_updates()  # the CPUs it gave back: in the answer when it carries updates
         if c.id in self.runtime.containers:
             self.runtime.seen_container(c, nri.CONTAINER_STOPPED)
         if self.hooks is not None and known is not None:
@@ -272,7 +261,7 @@ class NriPlugin:
     _events: dict[int, Callable[..., Awaitable[None]]] = {
         E.RUN_POD_SANDBOX: _pod_run, E.STOP_POD_SANDBOX: _pod_stop, E.REMOVE_POD_SANDBOX: _pod_remove,
         E.START_CONTAINER: _container_start, E.POST_START_CONTAINER: _container_started,
-        E.REMOVE_CONTAINER: _container_remove, E.STOP_CONTAINER: _container_stop_event,
+        E.REMOVE_CONTAINER: _container_remove, E.STOP_CONTAINER: _container_stop,
     }
 
     # -- events whose answer carries changes ---------------------------------------------------
@@ -284,10 +273,8 @@ class NriPlugin:
         c = convert.container(req.container)
         cid, c.id = c.id, ""
         requested = c.requested
-        collector = Collector()
-        COLLECTING.set(collector)
         adj: Adjustment | None = None
-        try:
+        with collecting() as collector:
             plan = await self.engine.plan_create(pod, c)
             try:
                 if self.hooks is not None:
@@ -299,8 +286,6 @@ class NriPlugin:
                 raise
             created = await self.engine.commit_create(plan, cid)
             await self.engine.settle_updates()
-        finally:
-            collector.open = False
         res = collector.updates.pop(cid, None) or created.resources
         self.runtime.seen_container(req.container, nri.CONTAINER_CREATED)
         self.runtime.applied(cid, res)
@@ -312,9 +297,7 @@ class NriPlugin:
         self._subscribed(E.UPDATE_CONTAINER)
         cid = req.container.id
         asked = convert.resources(req.linux_resources)
-        collector = Collector()
-        COLLECTING.set(collector)
-        try:
+        with collecting() as collector:
             plan = await self.engine.plan_update(cid, asked, False)
             if plan is None:
                 return nri.UpdateContainerResponse()
@@ -330,8 +313,6 @@ class NriPlugin:
             sent = resources.overlaid(adjusted)
             await self.engine.commit_update(plan, sent, adjusted)
             await self.engine.settle_updates()
-        finally:
-            collector.open = False
         final = collector.updates.pop(cid, None) or sent
         self.runtime.applied(cid, final)
         updates = [convert.update(cid, final)] + self._updates(collector, cid)
@@ -339,12 +320,8 @@ class NriPlugin:
 
     async def _stop_container(self, req: nri.StopContainerRequest, deadline: float | None) -> Message:
         self._subscribed(E.STOP_CONTAINER)
-        collector = Collector()
-        COLLECTING.set(collector)
-        try:
-            await self._container_stop(req.container, deadline, collector)
-        finally:
-            collector.open = False
+        with collecting() as collector:
+            await self._container_stop(req.pod, req.container, deadline)
         return nri.StopContainerResponse(update=self._updates(collector, req.container.id))
 
     async def _update_pod_sandbox(self, req: nri.UpdatePodSandboxRequest, deadline: float | None) -> Message:

@@ -17,9 +17,10 @@ Container updates reach the runtime in one of two ways:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 from resmgr.generated.nri import api_pb2 as nri
@@ -40,6 +41,22 @@ class Collector:
 
 
 COLLECTING: contextvars.ContextVar[Collector | None] = contextvars.ContextVar("nri_collecting", default=None)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[Collector]:
+    """Collect the updates pushed while the block runs (and by the tasks it starts) for an answer.
+
+    Tasks copy the context when they start, so one still running after the block sees the
+    collector closed and sends with UpdateContainers instead.
+    """
+    collector = Collector()
+    token = COLLECTING.set(collector)
+    try:
+        yield collector
+    finally:
+        collector.open = False
+        COLLECTING.reset(token)
 
 Send = Callable[[list[nri.ContainerUpdate]], Awaitable[list[nri.ContainerUpdate]]]
 
