@@ -76,8 +76,19 @@ class Policy:
         raise NotImplementedError
 
     def describe_pools(self) -> list[dict[str, Any]]:
-        """The policy's pools (name, cpus, mems, ...) for simulate and introspection."""
+        """The policy's pools for simulate, introspection and metrics.
+
+        Each: name, parent (""), CPU sets as text (cpus: all below the pool; shared: what its
+        shared containers run on now; reserved; isolated: free isolated ones), mems, memory
+        (bytes by type), and the counts exclusive_grants, containers, shared_milli_requested,
+        shared_milli_free (negative when overcommitted).
+        """
         return []
+
+    def describe_grant(self, key: str) -> dict[str, Any] | None:
+        """What a container holds: pool, exclusive (CPU set text), shared_milli, kind
+        (exclusive, shared, mixed or reserved); None when it holds nothing of the policy."""
+        return None
 
     def export_state(self) -> dict[str, Any]:
         """Opaque policy data persisted with the engine state."""

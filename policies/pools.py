@@ -154,8 +154,47 @@ class PoolPolicy(Policy):
         if old_key in self.grants:
             self.grants[new_key] = self.grants.pop(old_key)
 
+    def pool_bases(self) -> dict[str, CPUSet]:
+        """Every pool's CPUs before exclusive grants took any."""
+        raise NotImplementedError
+
+    def reserved_cpus(self) -> CPUSet:
+        raise NotImplementedError
+
+    def _source(self, g: CPUGrant, bases: Mapping[str, CPUSet]) -> str:
+        """The pool a grant counts in: its shared pool, else the one its exclusive CPUs came from."""
+        if g.pool:
+            return g.pool
+        return next((name for name, base in bases.items() if g.exclusive and g.exclusive <= base), "")
+
     def describe_pools(self) -> list[dict[str, Any]]:
-        return [{"name": name, "cpus": str(cpus), "mems": ""} for name, cpus in self.pool_cpus().items()]
+        assert self.topology is not None
+        bases, now, reserved = self.pool_bases(), self.pool_cpus(), self.reserved_cpus()
+        out = []
+        for name, base in bases.items():
+            grants = [g for g in self.grants.values() if self._source(g, bases) == name]
+            requested = sum(max(g.milli - 1000 * len(g.exclusive), 0) for g in grants if g.pool == name)
+            shared = now.get(name, EMPTY) if name != "isolated" else EMPTY
+            nodes = [n for n in self.topology.nodes.values() if n.cpus & base]
+            memory: dict[str, int] = {}
+            for n in nodes:
+                memory[n.kind.value] = memory.get(n.kind.value, 0) + n.memory
+            out.append({"name": name, "parent": "", "cpus": str(base), "shared": str(shared),
+                        "reserved": str(base & reserved), "isolated": str(now[name]) if name == "isolated" else "",
+                        "mems": str(CPUSet(n.id for n in nodes)), "memory": memory,
+                        "exclusive_grants": sum(1 for g in grants if g.exclusive),
+                        "containers": len(grants), "shared_milli_requested": requested,
+                        "shared_milli_free": 1000 * len(shared) - requested if shared else 0})
+        return out
+
+    def describe_grant(self, key: str) -> dict[str, Any] | None:
+        g = self.grants.get(key)
+        if g is None:
+            return None
+        kind = "mixed" if g.exclusive and g.pool else "exclusive" if g.exclusive else \
+            "reserved" if g.pool == "reserved" else "shared"
+        return {"pool": self._source(g, self.pool_bases()), "exclusive": str(g.exclusive),
+                "shared_milli": max(g.milli - 1000 * len(g.exclusive), 0) if g.pool else 0, "kind": kind}
 
     def export_state(self) -> dict[str, Any]:
         return {"grants": {k: g.to_dict() for k, g in sorted(self.grants.items())}}

@@ -41,6 +41,12 @@ class StaticPolicy(PoolPolicy):
         taken = self.taken()
         return {DEFAULT: self.available - taken, "isolated": self.isolated - taken}
 
+    def pool_bases(self) -> dict[str, CPUSet]:
+        return {DEFAULT: self.available, "isolated": self.isolated}
+
+    def reserved_cpus(self) -> CPUSet:
+        return self.reserved
+
     def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
         taken = self.taken()
         return [(self.isolated - taken, 0), (self.available - taken - self.reserved, 0 if self.reserved else 1)]

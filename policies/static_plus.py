@@ -47,6 +47,12 @@ class StaticPlusPolicy(PoolPolicy):
         taken = self.taken()
         return {RESERVED: self.reserved, SHARED: self.shared_base - taken, "isolated": self.isolated - taken}
 
+    def pool_bases(self) -> dict[str, CPUSet]:
+        return {RESERVED: self.reserved, SHARED: self.shared_base, "isolated": self.isolated}
+
+    def reserved_cpus(self) -> CPUSet:
+        return self.reserved
+
     def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
         taken = self.taken()
         return [(self.isolated - taken, 0), (self.shared_base - taken, 1)]

@@ -54,12 +54,14 @@ def test_simulate_json(tmp_path):
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["policy"] == "static-plus"
-    pools = {p["name"]: p["cpus"] for p in result["pools"]}
-    assert pools["reserved"] == "0,56"
+    pools = {p["name"]: p for p in result["pools"]}
+    assert pools["reserved"]["cpus"] == "0,56"
     by_name = {c["name"]: c for c in result["containers"]}
     assert by_name["dns"]["cpus"] == "0,56" and by_name["dns"]["pool"] == "reserved"
     assert by_name["postgres"]["pool"] == "exclusive" and by_name["postgres"]["cpus"] == "1-2,57-58"
-    assert by_name["nginx"]["cpus"] == pools["shared"]
+    # cpus: all of the pool's CPUs; shared: what is left to its shared containers now
+    assert pools["shared"]["cpus"] == "1-55,57-111" and pools["shared"]["exclusive_grants"] == 1
+    assert by_name["nginx"]["cpus"] == pools["shared"]["shared"]
     assert by_name["batch"]["rdt_class"] == "gold" and by_name["batch"]["blockio_class"] == "BestEffort"
     assert set(by_name["postgres"]) == {"pod", "name", "cpus", "mems", "rdt_class", "blockio_class", "pool"}
 

@@ -593,8 +593,23 @@ class TopologyAwarePolicy(Policy):
         self._add(key, g)
 
     def describe_pools(self) -> list[dict[str, Any]]:
+        exclusive = [0] * len(self.pools)
+        for g in self.grants.values():
+            if g.exclusive:
+                exclusive[self.by_name[g.pool].id] += 1
         return [{"name": p.name, "cpus": str(p.cpus), "mems": str(p.all_mems),
                  "parent": p.parent.name if p.parent else "", "shared": str(self._sharable[p.id]),
                  "isolated": str(p.isolated - self._taken), "reserved": str(p.reserved),
-                 "memory": {t.value: p.memory[t] for t in sorted(p.memory)}} for p in self.pools]
+                 "memory": {t.value: p.memory[t] for t in sorted(p.memory)},
+                 "exclusive_grants": exclusive[p.id], "containers": self._count[p.id],
+                 "shared_milli_requested": self._milli[p.id],
+                 # what the pool's own shared CPUs can still give, its children's requests counted
+                 "shared_milli_free": 1000 * len(self._sharable[p.id]) - self._subtree_milli(p)}
+                for p in self.pools]
+
+    def describe_grant(self, key: str) -> dict[str, Any] | None:
+        g = self.grants.get(key)
+        if g is None:
+            return None
+        return {"pool": g.pool, "exclusive": str(g.exclusive), "shared_milli": g.shared, "kind": g.kind}
 

@@ -17,6 +17,7 @@ from resmgr.config import ConfigError
 from resmgr.config.manager import Sources
 from resmgr.engine.store import StateInUse, StateStore
 from resmgr.sockets import SocketInUse, prepare
+from resmgr.view.server import Address
 
 DESCRIPTION = """\
 CRI resource manager: a CRI relay between kubelet and the container runtime.
@@ -82,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "to plugins (default: %(default)s)")
     hooks.add_argument("--hook-skip-label-value", "--runtime-hook-server-val", dest="hook_skip_value",
                        default=d.hook_skip_label[1], metavar="VALUE", help="(default: %(default)s)")
+    view = p.add_argument_group("what an operator sees (off unless an address is given)")
+    view.add_argument("--metrics-address", default=d.metrics_address, metavar="ADDR",
+                      help="serve Prometheus metrics at /metrics, the node's state as JSON at /api/v1/state and "
+                           "a live picture of CPUs and containers at / on ADDR: unix:/PATH, or HOST:PORT on "
+                           "loopback, e.g. 127.0.0.1:8891 (default: not served)")
+    view.add_argument("--metrics-allow-remote", action="store_true",
+                      help="allow a --metrics-address beyond loopback (e.g. :8891 or the node's IP); the endpoint "
+                           "has no authentication and shows every pod and container of the node")
     p.add_argument("--relay-dir", default=d.relay_dir,
                    help="directory for persisted state (default: %(default)s)")
     p.add_argument("--pid-file", default="", help="write the daemon's PID here")
@@ -188,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_policies:
         print(policies.describe())
         return 0
+    if args.metrics_address:
+        try:
+            Address.parse(args.metrics_address, args.metrics_allow_remote)
+        except ValueError as err:
+            print(f"cri-resmgr: --metrics-address {err}", file=sys.stderr)
+            return 2
     sources = Sources(args.force_config, args.fallback_config, args.relay_dir)
     if args.reset_config or args.reset_policy:
         return _reset(args, sources)
@@ -218,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                    resctrl_root=args.resctrl_path, hook_dir=args.hook_dir, hook_timeout=args.hook_timeout,
                    hook_skip_label=(args.hook_skip_key, args.hook_skip_value),
                    nri=args.nri, nri_socket=args.nri_socket, nri_name=args.nri_plugin_name,
-                   nri_index=args.nri_plugin_index,
+                   nri_index=args.nri_plugin_index, metrics_address=args.metrics_address,
+                   metrics_allow_remote=args.metrics_allow_remote,
                    cgroup_root=args.cgroup_root or os.path.join(args.host_root, "sys/fs/cgroup"))
     try:
         return _run(Daemon(opts, sources, config).run())

@@ -16,7 +16,7 @@ import grpc
 
 import policies
 from policies import PolicyError
-from resmgr import sockets
+from resmgr import metrics, sockets
 from resmgr.config import Config, ConfigError, cpus, validate
 from resmgr.config import link as configlink
 from resmgr.config.manager import ConfigManager, Rejected, Sources
@@ -40,6 +40,8 @@ from resmgr.relay.proxy import CHANNEL_OPTIONS, SERVER_OPTIONS, Relay
 from resmgr.relay.splice import SpliceServer
 from resmgr.topology.hints import hints as device_hints
 from resmgr.topology.sysfs import TopologyError, discover
+from resmgr.view import state as statedoc
+from resmgr.view.server import Address, ViewServer
 
 log = logging.getLogger("cri-resmgr")
 
@@ -74,6 +76,8 @@ class Options:
     nri_socket: str = "/var/run/nri/nri.sock"
     nri_name: str = "cri-resmgr"
     nri_index: str = "90"
+    metrics_address: str = ""  # "": no HTTP endpoint
+    metrics_allow_remote: bool = False
 
 
 class StartupError(Exception):
@@ -188,6 +192,7 @@ class Daemon:
             dispatcher = Dispatcher(engine, self.runtime_ch, self.image_ch, None, self.runtime_socket,
                                     self.image_socket, self.hooks)
             control = self._make_control(engine, dispatcher)
+            view = await self._serve_view(engine, control)
             background = await self._first_reconcile(engine)
             stop_server = await self._serve(dispatcher)
             config_server = await self._serve_config(control)
@@ -200,7 +205,7 @@ class Daemon:
             await self._stop.wait()
             for task in [*loops, *([background] if background else [])]:
                 task.cancel()
-            await self._shut_down(engine, stop_server, config_server)
+            await self._shut_down(engine, stop_server, config_server, view)
         finally:
             Path(self.relay_socket).unlink(missing_ok=True)
             if self.opts.pid_file:
@@ -228,6 +233,7 @@ class Daemon:
         self.hooks = self._make_hooks()
         plugin = NriPlugin(engine, runtime, self.hooks)
         control = self._make_control(engine, None)
+        view = await self._serve_view(engine, control)
         config_server = await self._serve_config(control)
         if self.opts.pid_file:
             Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
@@ -242,7 +248,7 @@ class Daemon:
             for task in [*loops, serving, stopping]:
                 task.cancel()
             await asyncio.gather(*loops, serving, return_exceptions=True)
-            await self._shut_down(engine, None, config_server)
+            await self._shut_down(engine, None, config_server, view)
         finally:
             if self.opts.pid_file:
                 Path(self.opts.pid_file).unlink(missing_ok=True)
@@ -327,6 +333,30 @@ class Daemon:
             raise StartupError(str(err)) from None
         return control
 
+    async def _serve_view(self, engine: Engine, control: ConfigManager) -> ViewServer | None:
+        """The HTTP endpoint (metrics, state, picture), when an address is given."""
+        if not self.opts.metrics_address:
+            return None
+        try:
+            address = Address.parse(self.opts.metrics_address, self.opts.metrics_allow_remote)
+        except ValueError as err:
+            raise StartupError(f"--metrics-address {err}") from None
+        metrics.enable()
+        metrics.config_applied(control.config.source, control.generation)
+        topo = statedoc.topology_doc(self.topology)
+
+        def snapshot() -> dict[str, Any]:
+            return statedoc.build(self.topology, engine.policy, engine.pods, engine.containers,
+                                  control.describe(), topo)
+
+        view = ViewServer(snapshot, address)
+        try:
+            await view.start()
+        except OSError as err:
+            raise StartupError(f"--metrics-address {address}: {err}") from None
+        control.http_address = str(address)
+        return view
+
     async def _first_reconcile(self, engine: Engine) -> asyncio.Task | None:
         """Check the runtime and reconcile once; if it is away or slow, go on doing so in the background."""
         try:
@@ -385,7 +415,7 @@ class Daemon:
         return loops
 
     async def _shut_down(self, engine: Engine, stop_server: Callable[[float], Awaitable[None]] | None,
-                         config_server: grpc.aio.Server | None) -> None:
+                         config_server: grpc.aio.Server | None, view: ViewServer | None) -> None:
         log.info("shutting down: letting in-flight calls finish (grace %.1fs)", self.opts.shutdown_grace)
         if stop_server is not None:
             await stop_server(self.opts.shutdown_grace)
@@ -397,3 +427,5 @@ class Daemon:
         except TimeoutError:
             log.warning("shutting down with container updates still pending; they are pushed after restart")
         await engine.flush()
+        if view is not None:
+            await view.stop()

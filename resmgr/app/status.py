@@ -1,10 +1,12 @@
-"""`cri-resmgr status`: what the running relay has in force and where it came from.
+"""`cri-resmgr status`: what the running daemon has in force, where it came from, and its pools.
 
-    cri-resmgr status [--config-socket PATH] [--output text|json]
+    cri-resmgr status [--config-socket PATH] [--address ADDR] [--output text|json]
 
-Asks the relay over its config socket (root only). Exit status 0 when the last pushed
-or reloaded configuration was applied, 3 when it was rejected, 1 when the relay
-cannot be reached.
+Asks the daemon over its config socket (root only). When the daemon serves its state
+(--metrics-address), the pools and containers are read from there too: each pool's CPUs,
+what its shared containers run on now, exclusive grants, containers, and the shared
+milli-CPU requested and still free. Exit status 0 when the last pushed or reloaded
+configuration was applied, 3 when it was rejected, 1 when the daemon cannot be reached.
 """
 
 from __future__ import annotations
@@ -12,12 +14,43 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 
 from resmgr.app.daemon import Options
 from resmgr.generated.config import status_pb2, status_pb2_grpc
+from resmgr.view import client
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def tables(doc: dict[str, Any]) -> str:
+    """Pools, then containers, of a state document (/api/v1/state)."""
+    pools: list[tuple[str, ...]] = [("POOL", "PARENT", "CPUS", "SHARED NOW", "EXCL GRANTS", "CONTAINERS",
+                                     "SHARED REQ (m)", "SHARED FREE (m)", "MEMS")]
+    for p in doc["pools"]:
+        st = p["stats"]
+        pools.append((p["name"], p.get("parent") or "-", f"{p['cpus'] or '-'} ({st['cpus']})",
+                      f"{p.get('shared') or '-'} ({st['shared_cpus']})", str(st["exclusive_grants"]),
+                      str(st["containers"]), str(st["shared_milli_requested"]), str(st["shared_milli_free"]),
+                      p.get("mems") or "-"))
+    lines = _table(pools) if doc["pools"] else [f"the {doc['policy']} policy has no pools"]
+    ctrs: list[tuple[str, ...]] = [("POD/CONTAINER", "STATE", "GRANT", "POOL", "CPUS", "MEMS", "RDT", "BLOCKIO")]
+    for pod in doc["pods"]:
+        for c in pod["containers"]:
+            ctrs.append((f"{pod['namespace']}/{pod['name']}/{c['name']}", c["state"], c["kind"] or "-",
+                         c["pool"] or "-", c["cpus"] or "-", c["mems"] or "-", c["rdt_class"] or "-",
+                         c["blockio_class"] or "-"))
+    roles: dict[str, int] = {}
+    for cpu in doc["cpus"]:
+        roles[cpu["role"]] = roles.get(cpu["role"], 0) + 1
+    summary = ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))
+    return "\n".join([*lines, "", f"CPUs: {summary or 'none known'}", "", *_table(ctrs)])
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +60,9 @@ def main(argv: list[str]) -> int:
                     help="the relay's config socket (default: %(default)s)")
     ap.add_argument("--output", choices=["text", "json"], default="text")
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the relay")
+    ap.add_argument("--address", metavar="ADDR",
+                    help="the daemon's --metrics-address, to read pools and containers from (default: the "
+                         "address the daemon reports)")
     args = ap.parse_args(argv)
     try:
         with grpc.insecure_channel("unix://" + args.config_socket) as channel:
@@ -36,15 +72,30 @@ def main(argv: list[str]) -> int:
         print(f"cri-resmgr status: cannot reach the relay on {args.config_socket}: {err.details()}",
               file=sys.stderr)
         return 1
+    address = args.address or reply.http_address
+    doc, why = None, "the daemon serves no state (start it with --metrics-address)"
+    if address:
+        try:
+            doc = client.state(address, args.timeout)
+        except (OSError, ValueError) as err:
+            why = f"cannot read the state from {address}: {err}"
     if args.output == "json":
-        print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True,
-                                       always_print_fields_with_no_presence=True), indent=2))
+        out = MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        if doc is not None:
+            out["state"] = doc
+        print(json.dumps(out, indent=2))
     else:
         print(f"policy: {reply.policy}")
         print(f"source: {reply.source}")
         print(f"pods: {reply.pods}, containers: {reply.containers}")
         if reply.last_error:
             print(f"last configuration rejected: {reply.last_error}")
+        if doc is not None:
+            print()
+            print(tables(doc))
+            print()
+        else:
+            print(f"pools: unknown; {why}")
         print("# effective configuration")
         print(reply.config, end="")
     return 3 if reply.last_error else 0

@@ -19,6 +19,7 @@ from typing import Any
 import policies
 from policies import PolicyError
 from resmgr import log as logsetup
+from resmgr import metrics
 from resmgr.config import Config, ConfigError, cpus, from_map, load_file
 from resmgr.controllers import ControllerError
 from resmgr.engine import Engine
@@ -106,6 +107,9 @@ class ConfigManager:
         self.dump_override = dump_override  # --dump / --dump-file win over the config
         self.cgroup_root = cgroup_root  # where cgroup: CPU values are read
         self.last_error = ""
+        self.generation = 1  # configurations put in force; 1: the start-up one
+        self.http_address = ""  # where the daemon serves its state, if it does
+        self._yaml: tuple[Config | None, str] = (None, "")
         self._lock = asyncio.Lock()
 
     def dumper_for(self, config: Config) -> Dumper:
@@ -124,6 +128,7 @@ class ConfigManager:
 
     def _reject(self, source: str, reason: str) -> Rejected:
         self.last_error = reason
+        metrics.config_rejected(source)
         log.error("configuration from %s rejected: %s", source, reason)
         return Rejected(reason)
 
@@ -133,6 +138,8 @@ class ConfigManager:
         except Rejected as err:
             raise self._reject(config.source, str(err)) from None
         self.last_error = ""
+        self.generation += 1
+        metrics.config_applied(config.source, self.generation)
         log.info("configuration from %s applied (policy %s)", config.source, config.policy_name)
 
     async def _apply(self, config: Config) -> None:
@@ -203,8 +210,15 @@ class ConfigManager:
             except Rejected:
                 pass  # logged
 
+    def describe(self) -> dict[str, Any]:
+        """The configuration in force for the state document."""
+        if self._yaml[0] is not self.config:  # rendered once per configuration, not per scrape
+            self._yaml = (self.config, self.config.to_yaml())
+        return {"source": self.config.source, "generation": self.generation, "last_error": self.last_error,
+                "policy": self.engine.policy.name, "yaml": self._yaml[1]}
+
     def status(self) -> dict[str, Any]:
         return {"config": self.config.to_yaml(), "source": self.config.source, "policy": self.engine.policy.name,
                 "last_error": self.last_error, "pods": len(self.engine.pods),
-                "containers": len(self.engine.containers)}
+                "containers": len(self.engine.containers), "http_address": self.http_address}
 

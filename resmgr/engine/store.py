@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from resmgr import metrics
+
 log = logging.getLogger("cri-resmgr.engine.store")
 
 VERSION = 1
@@ -109,7 +111,13 @@ class StateStore:
                 return  # a write that started after our request already covered it
             generation = self._wanted
             data = snapshot()
-            await asyncio.to_thread(self.write, data)
+            started = time.perf_counter()
+            try:
+                await asyncio.to_thread(self.write, data)
+            except Exception:
+                metrics.state_saved(time.perf_counter() - started, False)
+                raise
+            metrics.state_saved(time.perf_counter() - started, True)
             self._written = generation
 
     def remove(self) -> None:

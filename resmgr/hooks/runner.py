@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from resmgr import metrics
 from resmgr.generated.hooks import api_pb2_grpc as pb_grpc
 from resmgr.hooks import messages
 from resmgr.hooks.registry import DEFAULT_TIMEOUT, FailurePolicy, Hook, PluginSpec, Registry
@@ -247,6 +248,7 @@ class Hooks:
                 raise PluginError("DEADLINE_EXCEEDED", "no time left before the lifecycle call's deadline")
             resp = await plugin.call(hook, request, timeout)
         except PluginError as err:
+            metrics.hook_call(plugin.spec.name, hook.value, err.code, time.perf_counter() - started)
             fail = hook.pre and plugin.spec.failure_policy == FailurePolicy.FAIL
             log.log(logging.ERROR if fail else logging.WARNING, "%s: runtime hook plugin %s failed in %s after "
                     "%.3fs: %s%s", what, plugin.spec.name, hook, time.perf_counter() - started, err,
@@ -254,6 +256,7 @@ class Hooks:
             if fail:
                 raise HookFailed(plugin.spec.name, hook, err.code, err.details) from None
             return None
+        metrics.hook_call(plugin.spec.name, hook.value, "OK", time.perf_counter() - started)
         log.debug("%s: runtime hook plugin %s answered %s in %.3fs", what, plugin.spec.name, hook,
                   time.perf_counter() - started)
         return resp

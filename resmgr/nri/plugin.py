@@ -20,6 +20,7 @@ import grpc
 from google.protobuf.message import Message
 
 from policies.base import PolicyError
+from resmgr import metrics
 from resmgr.controllers import ControllerError
 from resmgr.engine import Engine
 from resmgr.engine.lifecycle import NotReady
@@ -39,6 +40,7 @@ from resmgr.nri.transport import (
 )
 
 log = logging.getLogger("cri-resmgr.nri")
+CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 E = nri.Event
@@ -125,17 +127,28 @@ class NriPlugin:
         req = cls.FromString(call.payload)
         deadline = call.deadline - MARGIN if call.deadline is not None else None
         started = time.perf_counter()
+        event = _event_name(call.method, req)
         try:
             resp = await fn(req, deadline)
         except (PolicyError, ControllerError) as err:
-            raise RpcError(FAILED_PRECONDITION, str(err)) from None
+            raise self._failed(event, started, RpcError(FAILED_PRECONDITION, str(err))) from None
         except NotReady as err:
-            raise RpcError(UNAVAILABLE, str(err)) from None
+            raise self._failed(event, started, RpcError(UNAVAILABLE, str(err))) from None
         except HookFailed as err:  # the plugin's own status code, as the relay answers it
             code = getattr(grpc.StatusCode, err.code, None)
-            raise RpcError(code.value[0] if code is not None else UNKNOWN, str(err)) from None
-        log.debug("NRI %s answered in %.2f ms", call.method, (time.perf_counter() - started) * 1000)
+            raise self._failed(event, started, RpcError(code.value[0] if code is not None else UNKNOWN,
+                                                        str(err))) from None
+        except RpcError as err:
+            raise self._failed(event, started, err) from None
+        seconds = time.perf_counter() - started
+        metrics.nri_event(event, "OK", seconds)
+        log.debug("NRI %s answered in %.2f ms", event, seconds * 1000)
         return resp.SerializeToString()
+
+    @staticmethod
+    def _failed(event: str, started: float, err: RpcError) -> RpcError:
+        metrics.nri_event(event, CODE_NAMES.get(err.code, "UNKNOWN"), time.perf_counter() - started)
+        return err
 
     def _subscribed(self, event: int) -> None:
         if not self.events & (1 << (event - 1)):
@@ -332,3 +345,12 @@ class NriPlugin:
             pod.overhead = convert.resources(req.overhead_linux_resources)
             pod.resources = convert.resources(req.linux_resources)
         return nri.UpdatePodSandboxResponse()
+
+
+def _event_name(method: str, req: Message) -> str:
+    """The metric label of a request: its method, or for StateChange the event it carries
+    ('RUN_POD_SANDBOX' -> 'RunPodSandbox'), so both ways of delivering an event count alike."""
+    if method != "StateChange" or not isinstance(req, nri.StateChangeEvent):
+        return method
+    name = nri.Event.Name(req.event) if req.event in nri.Event.values() else "Unknown"
+    return "".join(part.capitalize() for part in name.split("_"))

@@ -9,14 +9,16 @@ Dispatcher wants (lifecycle, dumped) go through it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
+from resmgr import metrics
 from resmgr.relay import memory
 from resmgr.relay.dispatch import MAX_REQUEST, Dispatcher, name_socket
-from resmgr.relay.methods import KNOWN
+from resmgr.relay.methods import KNOWN, short_name
 
 log = logging.getLogger("cri-resmgr.relay")
 
@@ -102,14 +104,18 @@ class Relay(grpc.GenericRpcHandler):
 
     def _unary(self, path: str, channel: grpc.aio.Channel, socket: str) -> Behaviour:
         call_backend = channel.unary_unary(path)
+        method = short_name(path)
 
         async def relay(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            started = time.perf_counter()
             call = call_backend(request, timeout=context.time_remaining(),
                                 metadata=_forward_metadata(context))
             try:
                 reply = await call
             except grpc.aio.AioRpcError as err:
+                metrics.cri_call(method, "passthrough", err.code().name, time.perf_counter() - started)
                 await _abort_like(name_socket(err, socket), context)
+            metrics.cri_call(method, "passthrough", "OK", time.perf_counter() - started)
             await _reply_metadata(call, context)
             return reply
 
@@ -119,6 +125,7 @@ class Relay(grpc.GenericRpcHandler):
         call_backend = channel.unary_stream(path)
 
         async def relay(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+            started = time.perf_counter()
             call = call_backend(request, timeout=context.time_remaining(),
                                 metadata=_forward_metadata(context))
             try:
@@ -128,7 +135,9 @@ class Relay(grpc.GenericRpcHandler):
                 async for reply in call:
                     yield reply
             except grpc.aio.AioRpcError as err:
+                metrics.cri_call(short_name(path), "passthrough", err.code().name, time.perf_counter() - started)
                 await _abort_like(name_socket(err, socket), context)
+            metrics.cri_call(short_name(path), "passthrough", "OK", time.perf_counter() - started)
             trailing = await call.trailing_metadata()
             if trailing:
                 context.set_trailing_metadata(tuple(trailing))
@@ -140,13 +149,16 @@ class Relay(grpc.GenericRpcHandler):
 
         async def relay(requests: AsyncIterator[bytes],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+            started = time.perf_counter()
             call = call_backend(requests, timeout=context.time_remaining(),
                                 metadata=_forward_metadata(context))
             try:
                 async for reply in call:
                     yield reply
             except grpc.aio.AioRpcError as err:
+                metrics.cri_call(short_name(path), "passthrough", err.code().name, time.perf_counter() - started)
                 await _abort_like(name_socket(err, socket), context)
+            metrics.cri_call(short_name(path), "passthrough", "OK", time.perf_counter() - started)
             await _reply_metadata(call, context)
 
         return relay

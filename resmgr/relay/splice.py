@@ -34,9 +34,11 @@ import grpc
 import hpack
 from hpack.exceptions import HPACKError
 
+from resmgr import metrics
 from resmgr.relay import frames as h2
 from resmgr.relay.dispatch import MAX_REQUEST, Dispatcher, Outcome
 from resmgr.relay.methods import is_image_method
+from resmgr.relay.tally import Tally
 
 log = logging.getLogger("cri-resmgr.relay")
 
@@ -169,6 +171,7 @@ class _Conn(asyncio.Protocol):
         self.max_frame = h2.DEFAULT_MAX_FRAME  # what the runtime accepts, so the client may send
         self.held = 0  # bytes held for calls answered here
         self.queued: dict[int, int] = {}  # reply bytes of streams we answer, not yet written
+        self.tally = Tally() if metrics.enabled else None
 
     # -- client side ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -293,6 +296,8 @@ class _Conn(asyncio.Protocol):
                         self._drop_reply(sid)  # the runtime never saw the stream: nothing goes on
                     elif self.failed is None:
                         self.open.pop(sid, None)
+                        if self.tally is not None:
+                            self.tally.ended(sid, "CANCELLED")  # by the client
                         out.append(buf[at:end])
                 elif ftype == h2.PING and (self.failed is not None or not flags & h2.ACK):
                     # Answered here: the runtime would count the client's pings against calls it
@@ -392,6 +397,8 @@ class _Conn(asyncio.Protocol):
                 self._local_end(sid, ls)
             return
         self.open[sid] = False
+        if self.tally is not None:
+            self.tally.started(sid, path)
         out.append(h2.header_frames(sid, h2.encode_headers(headers), end_stream))
 
     # -- calls answered here ---------------------------------------------------------------
@@ -511,9 +518,15 @@ class _Conn(asyncio.Protocol):
             if ftype == h2.DATA:
                 flow = end - at - 9
                 if flags & h2.END_STREAM:
-                    self.open.pop(int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF, None)
+                    sid = int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF
+                    self.open.pop(sid, None)
+                    if self.tally is not None:
+                        self.tally.ended(sid, "UNKNOWN")  # gRPC ends with trailers; this is no gRPC
             elif ftype == h2.HEADERS or ftype == h2.CONTINUATION:
                 self.back_hdr_open = not flags & h2.END_HEADERS
+                if self.tally is not None:
+                    self.tally.header_frame(ftype, flags, int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF,
+                                            bytes(buf[at + 9:end]))
                 if ftype == h2.HEADERS:
                     sid = int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF
                     if flags & h2.END_STREAM:
@@ -521,7 +534,10 @@ class _Conn(asyncio.Protocol):
                     elif sid in self.open:
                         self.open[sid] = True
             elif ftype == h2.RST_STREAM:
-                self.open.pop(int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF, None)
+                sid = int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF
+                self.open.pop(sid, None)
+                if self.tally is not None:
+                    self.tally.ended(sid, "CANCELLED")
             elif ftype == h2.SETTINGS and not flags & h2.ACK:
                 settings = h2.parse_settings(bytes(buf[at + 9:end]))
                 size = settings.get(h2.SETTINGS_HEADER_TABLE_SIZE)

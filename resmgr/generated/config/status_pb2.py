@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63onfig/status.proto\x12\x08\x63rirm.v1\"\x12\n\x10GetStatusRequest\"v\n\x0eGetStatusReply\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x12\n\nlast_error\x18\x04 \x01(\t\x12\x0c\n\x04pods\x18\x05 \x01(\x05\x12\x12\n\ncontainers\x18\x06 \x01(\x05\x32M\n\x06Status\x12\x43\n\tGetStatus\x12\x1a.crirm.v1.GetStatusRequest\x1a\x18.crirm.v1.GetStatusReply\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63onfig/status.proto\x12\x08\x63rirm.v1\"\x12\n\x10GetStatusRequest\"\x8c\x01\n\x0eGetStatusReply\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x12\n\nlast_error\x18\x04 \x01(\t\x12\x0c\n\x04pods\x18\x05 \x01(\x05\x12\x12\n\ncontainers\x18\x06 \x01(\x05\x12\x14\n\x0chttp_address\x18\x07 \x01(\t2M\n\x06Status\x12\x43\n\tGetStatus\x12\x1a.crirm.v1.GetStatusRequest\x1a\x18.crirm.v1.GetStatusReply\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETSTATUSREQUEST']._serialized_start=33
   _globals['_GETSTATUSREQUEST']._serialized_end=51
-  _globals['_GETSTATUSREPLY']._serialized_start=53
-  _globals['_GETSTATUSREPLY']._serialized_end=171
-  _globals['_STATUS']._serialized_start=173
-  _globals['_STATUS']._serialized_end=250
+  _globals['_GETSTATUSREPLY']._serialized_start=54
+  _globals['_GETSTATUSREPLY']._serialized_end=194
+  _globals['_STATUS']._serialized_start=196
+  _globals['_STATUS']._serialized_end=273
 # @@protoc_insertion_point(module_scope)

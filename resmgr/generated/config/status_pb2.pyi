@@ -9,17 +9,19 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusReply(_message.Message):
-    __slots__ = ("config", "source", "policy", "last_error", "pods", "containers")
+    __slots__ = ("config", "source", "policy", "last_error", "pods", "containers", "http_address")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     PODS_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     config: str
     source: str
     policy: str
     last_error: str
     pods: int
     containers: int
-    def __init__(self, config: _Optional[str] = ..., source: _Optional[str] = ..., policy: _Optional[str] = ..., last_error: _Optional[str] = ..., pods: _Optional[int] = ..., containers: _Optional[int] = ...) -> None: ...
+    http_address: str
+    def __init__(self, config: _Optional[str] = ..., source: _Optional[str] = ..., policy: _Optional[str] = ..., last_error: _Optional[str] = ..., pods: _Optional[int] = ..., containers: _Optional[int] = ..., http_address: _Optional[str] = ...) -> None: ...
