@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 # fuse3/libfuse3-3: the tests serve a resctrl filesystem with FUSE (this kernel has no RDT).
+# chromium: the node picture is tested in a headless browser.
 # libseccomp-dev: runc is built with seccomp support. containerd and runc themselves are built
 # from the Go module proxy (scripts/build-runtime.sh), not taken from Debian.
-for pkg in containernetworking-plugins iptables busybox-static gcc libc6-dev libseccomp-dev pkg-config curl fuse3 libfuse3-3; do
+for pkg in containernetworking-plugins iptables busybox-static gcc libc6-dev libseccomp-dev pkg-config curl fuse3 libfuse3-3 chromium; do
     have_pkg "$pkg" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

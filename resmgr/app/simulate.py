@@ -6,7 +6,7 @@ the memory limit), handed to the policy in order, and every container's final
 placement is printed.
 
     cri-resmgr simulate --machine sockets=2,nodes=2,cores=14,threads=2 \\
-        --config policy.yaml --pods pods.yaml [--output json]
+        --config policy.yaml --pods pods.yaml [--output json] [--html picture.html]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import yaml
 
 import policies
 from policies import PolicyError
+from policies.base import Policy
 from resmgr.config import Config, ConfigError, cpus, load_file
 from resmgr.engine.ledger import Ledger
 from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
@@ -29,6 +30,8 @@ from resmgr.requests import RequirementError, milli_to_shares, parse_cpu, parse_
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.model import Topology
 from resmgr.topology.sysfs import TopologyError, discover
+from resmgr.view import state as statedoc
+from resmgr.view.html import standalone
 
 
 class SimulationError(Exception):
@@ -105,6 +108,12 @@ def load_pods(doc: Any) -> list[tuple[Pod, list[Container]]]:
 
 def run(topology: Topology, config: Config, pods: list[tuple[Pod, list[Container]]],
         cgroup_root: str = "/sys/fs/cgroup") -> dict[str, Any]:
+    return summary(topology, *place(topology, config, pods, cgroup_root), pods)
+
+
+def place(topology: Topology, config: Config, pods: list[tuple[Pod, list[Container]]],
+          cgroup_root: str = "/sys/fs/cgroup") -> tuple[Policy, Ledger]:
+    """The policy, and the ledger after every container of pods was placed in order."""
     try:
         section = cpus.resolve(config.data["policy"], cgroup_root)
         policy = policies.create(config.policy_name, section, topology)
@@ -120,6 +129,11 @@ def run(topology: Topology, config: Config, pods: list[tuple[Pod, list[Container
             except PolicyError as err:
                 who = f"{pod.namespace}/{pod.name}/{c.name}"
                 raise SimulationError(str(err) if who in str(err) else f"container {who}: {err}") from None
+    return policy, ledger
+
+
+def summary(topology: Topology, policy: Policy, ledger: Ledger,
+            pods: list[tuple[Pod, list[Container]]]) -> dict[str, Any]:
     pools = policy.describe_pools()
     result = []
     for pod, containers in pods:
@@ -157,6 +171,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--config", metavar="FILE", help="YAML configuration (policy section); default: none policy")
     ap.add_argument("--pods", metavar="FILE", required=True, help="YAML list of pods to place, in order")
     ap.add_argument("--output", choices=["table", "json"], default="table")
+    ap.add_argument("--html", metavar="FILE",
+                    help="also write the placement as the node picture the daemon serves (one self-contained "
+                         "HTML file, opened in any browser)")
     args = ap.parse_args(argv)
     try:
         if args.machine:
@@ -174,7 +191,18 @@ def main(argv: list[str]) -> int:
                 doc = yaml.safe_load(f)
         except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError) as err:
             raise SimulationError(f"pods file {args.pods}: {err}") from None
-        result = run(topology, config, load_pods(doc), os.path.join(args.host_root or "/", "sys/fs/cgroup"))
+        pods = load_pods(doc)
+        policy, ledger = place(topology, config, pods, os.path.join(args.host_root or "/", "sys/fs/cgroup"))
+        result = summary(topology, policy, ledger, pods)
+        if args.html:
+            described = {"source": f"simulated: {args.config or 'built-in defaults'}", "policy": policy.name,
+                         "generation": 0, "last_error": "", "yaml": config.to_yaml()}
+            picture = standalone(statedoc.build(topology, policy, ledger.pods, ledger.containers, described))
+            try:
+                with open(args.html, "w", encoding="utf-8") as f:
+                    f.write(picture)
+            except OSError as err:
+                raise SimulationError(f"--html {args.html}: {err}") from None
     except (SimulationError, ConfigError, TopologyError) as err:
         print(f"cri-resmgr simulate: {err}", file=sys.stderr)
         return 1

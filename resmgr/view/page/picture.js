@@ -41,8 +41,8 @@ function drawMachine(doc) {
           for (const id of core.cpus) {
             const cpu = byId.get(id) || {role: "free", holders: []};
             const holders = cpu.holders || [];
-            const text = cpu.role === "exclusive" ? shortName(holders[0])
-              : holders.length ? `${holders.length} ctr` : cpu.role;
+            const text = holders.length === 1 ? shortName(holders[0])
+              : holders.length ? `${holders.length} containers` : cpu.role;
             c.append(el("div", {class: `cpu role-${cpu.role}`, "data-cpu": id, "data-role": cpu.role,
                                 "data-holders": holders.join(" "),
                                 title: `CPU ${id}: ${cpu.role}${holders.length ? "\n" + holders.join("\n") : ""}`},
