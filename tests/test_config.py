@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -152,6 +154,31 @@ def test_shipped_samples_are_valid():
     mounts = [m["mountPath"] for m in nri["containers"][0]["volumeMounts"]]
     assert args.nri and any(args.nri_socket.startswith(m + "/") for m in mounts)
     assert args.relay_dir in mounts and args.host_root + "/sys" in mounts
+
+
+def test_webhook_manifests_hang_together():
+    from resmgr.webhook.main import build_parser
+    from resmgr.webhook.review import API_VERSION
+
+    path = Path(__file__).resolve().parent.parent / "config/kubernetes/webhook.yaml"
+    docs = {d["kind"]: d for d in yaml.safe_load_all(path.read_text())}
+    deployment, service, config = docs["Deployment"], docs["Service"], docs["MutatingWebhookConfiguration"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = build_parser().parse_args(container["command"][1:])
+    mount = container["volumeMounts"][0]["mountPath"]
+    assert args.tls_cert_file.startswith(mount + "/") and args.tls_private_key_file.startswith(mount + "/")
+    assert container["ports"][0]["containerPort"] == args.listen[1]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["admissionReviewVersions"] == [API_VERSION.split("/")[1]]
+    ref = hook["clientConfig"]["service"]
+    assert (ref["name"], ref["namespace"], ref["path"]) == (service["metadata"]["name"],
+                                                            deployment["metadata"]["namespace"], "/mutate")
+    (expr,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expr["operator"] == "NotIn" and deployment["metadata"]["namespace"] in expr["values"]
+    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
 
 
 @pytest.mark.parametrize("v2", [False, True])

@@ -17,8 +17,16 @@ IO = ("asyncio", "socket", "subprocess", "os", "pathlib", "shutil", "resmgr.topo
 
 RULES = [
     # (modules under, must not import, why)
-    ("policies", FRONT_ENDS + PROTOCOLS + IO + ("resmgr.controllers", "agent"),
-     "policies are pure: no front end, controller, agent or I/O"),
+    ("policies", FRONT_ENDS + PROTOCOLS + IO + ("resmgr.controllers", "agent", "resmgr.metrics", "resmgr.view"),
+     "policies are pure: no front end, controller, agent, metrics or I/O"),
+    ("resmgr/metrics.py", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine", "resmgr.controllers",
+                                                    "resmgr.config", "resmgr.view", "resmgr.hooks"),
+     "metrics are recorded by every layer, so they depend on none"),
+    ("resmgr/view", FRONT_ENDS + PROTOCOLS + ("resmgr.engine", "resmgr.controllers", "resmgr.config"),
+     "the view draws the state document it is given; it neither reaches into the engine nor speaks CRI"),
+    ("resmgr/webhook", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine", "resmgr.controllers", "resmgr.config",
+                                                 "resmgr.view", "resmgr.hooks", "resmgr.topology"),
+     "the webhook runs in the cluster, apart from the node daemon: it shares only the annotation's format"),
     ("resmgr/engine", FRONT_ENDS + PROTOCOLS, "the engine speaks the model, not a protocol"),
     ("resmgr/model.py", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine"), "the model is plain data"),
     ("resmgr/requests.py", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine", "resmgr.controllers"),

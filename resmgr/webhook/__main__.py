@@ -1,0 +1,5 @@
+import sys
+
+from resmgr.webhook.main import main
+
+sys.exit(main())
