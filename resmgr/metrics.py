@@ -63,10 +63,19 @@ def source_kind(source: str) -> str:
     return "other"
 
 
+_cri_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+
 def cri_call(method: str, route: str, code: str, seconds: float) -> None:
-    if enabled:
-        CRI_CALLS.labels(method, route, code).inc()
-        CRI_SECONDS.labels(method, route).observe(seconds)
+    if not enabled:
+        return
+    # labels() takes a lock and builds a key each time; the relay's hot path keeps the children.
+    key = (method, route, code)
+    children = _cri_children.get(key)
+    if children is None:
+        children = _cri_children[key] = (CRI_CALLS.labels(method, route, code), CRI_SECONDS.labels(method, route))
+    children[0].inc()
+    children[1].observe(seconds)
 
 
 def hook_call(plugin: str, hook: str, code: str, seconds: float) -> None:

@@ -241,3 +241,37 @@ def test_hook_and_nri_metrics(containerd, workdir):
         plugin.stop()
         good.stop()
         bad.stop()
+
+
+@pytest.mark.unit
+def test_pass_through_outcomes_follow_the_runtime_header_table():
+    """The tally decodes every header block the runtime sends; cached blocks never go stale."""
+    import hpack
+
+    from resmgr import metrics
+    from resmgr.relay import frames as h2
+    from resmgr.relay.tally import Tally
+
+    metrics.enable()
+    enc = hpack.Encoder()
+    tally = Tally()
+    path = "/runtime.v1.RuntimeService/ContainerStatus"
+    before = {code: metrics.CRI_CALLS.labels("ContainerStatus", "passthrough", code)._value.get()
+              for code in ("OK", "NOT_FOUND", "UNKNOWN")}
+    # grpc-status 0 twice (literal, then indexed), 5 (literal: the table changes), 0 and 5 indexed.
+    sequence = ["0", "0", "5", "0", "5", "5", "0"]
+    for sid, status in zip(range(1, 30, 2), sequence, strict=False):
+        tally.started(sid, path)
+        tally.header_frame(h2.HEADERS, h2.END_HEADERS, sid, enc.encode([(":status", "200"),
+                                                                        ("content-type", "application/grpc")]))
+        block = enc.encode([("grpc-status", status), ("grpc-message", "" if status == "0" else "not found")])
+        # trailers split over a HEADERS and a CONTINUATION frame
+        tally.header_frame(h2.HEADERS, h2.END_STREAM, sid, block[:1])
+        tally.header_frame(h2.CONTINUATION, h2.END_HEADERS, sid, block[1:])
+    after = {code: metrics.CRI_CALLS.labels("ContainerStatus", "passthrough", code)._value.get() for code in before}
+    assert after["OK"] - before["OK"] == 4 and after["NOT_FOUND"] - before["NOT_FOUND"] == 3
+    assert after["UNKNOWN"] == before["UNKNOWN"] and not tally.calls
+    # An undecodable block stops reading outcomes on that connection instead of guessing.
+    tally.started(99, "/made/up")
+    tally.header_frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 99, b"\xff\xff\xff\xff\xff\xff")
+    assert tally.broken and metrics.CRI_CALLS.labels("unknown", "passthrough", "UNKNOWN")._value.get() >= 1

@@ -59,7 +59,8 @@ class Webhook:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "resmgr.webhook", "--listen", f"127.0.0.1:{self.port}",
                                           "--tls-cert-file", str(self.certs / "tls.crt"), "--tls-private-key-file",
-                                          str(self.certs / "tls.key"), "--log-level", "DEBUG"],
+                                          str(self.certs / "tls.key"), "--log-level", "DEBUG",
+                                          "--cert-check-interval", "0.2"],
                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         wait_until(self._up, what="the webhook serving https")
 
@@ -202,6 +203,24 @@ def test_huge_pods(webhook):
     resp = webhook.review(admission(crowded))
     assert "patch" not in resp and "262144" in resp["warnings"][0]
     assert "not written" in webhook.log.read_text()
+
+
+@pytest.mark.integration
+def test_a_rotated_certificate_is_taken_without_a_restart(webhook, tmp_path):
+    old_ca = tmp_path / "old-ca.crt"
+    old_ca.write_bytes((webhook.certs / "ca.crt").read_bytes())
+    fresh = tmp_path / "fresh"
+    subprocess.run(["bash", str(ROOT / "scripts/webhook-certs.sh"), str(fresh), "default", "DNS:localhost"],
+                   check=True, capture_output=True)
+    for name in ("ca.crt", "tls.key", "tls.crt"):  # as a Secret update lands: new files in place
+        (webhook.certs / name).write_bytes((fresh / name).read_bytes())
+    obj = pod([ctr("app", {"cpu": "1"})])
+    wait_until(lambda: "TLS certificate reloaded" in webhook.log.read_text(), what="the new certificate loaded")
+    assert "patch" in webhook.review(admission(obj))  # trusted through the new CA
+    (webhook.certs / "ca.crt").write_bytes(old_ca.read_bytes())
+    with pytest.raises(ssl.SSLCertVerificationError):
+        webhook.review(admission(obj))
+    assert webhook.proc.poll() is None
 
 
 def test_annotated_pod_gets_its_cpus_through_the_relay(containerd, workdir, webhook):

@@ -24,7 +24,7 @@ from resmgr.engine import Engine, NotReady
 from resmgr.hooks import HookFailed, Hooks
 from resmgr.relay import memory
 from resmgr.relay.dump import Dumper, Level
-from resmgr.relay.methods import KNOWN, is_image_method, short_name
+from resmgr.relay.methods import KNOWN, is_image_method, method_label, short_name
 
 log = logging.getLogger("cri-resmgr.relay")
 
@@ -104,13 +104,13 @@ class Dispatcher:
                 log.error("%s refused: %s", path, outcome.details)
                 if self.dumped(path):
                     self._dump(path, started, "intercepted", None, request, outcome)
-                metrics.cri_call(short_name(path), "engine", outcome.code.name, time.perf_counter() - started)
+                metrics.cri_call(method_label(path), "engine", outcome.code.name, time.perf_counter() - started)
                 return outcome
         if engine_call is None:
             outcome = await self._forward_raw(path, request, metadata, timeout)
             if self.dumped(path):
                 self._dump(path, started, "passthrough", None, request, outcome)
-            metrics.cri_call(short_name(path), "relayed", outcome.code.name, time.perf_counter() - started)
+            metrics.cri_call(method_label(path), "relayed", outcome.code.name, time.perf_counter() - started)
             return outcome
         calls: list[grpc.aio.Call] = []
         channel, socket = self.route(path)
@@ -145,7 +145,7 @@ class Dispatcher:
             log.info("%s failed in the runtime: %s: %s", path, err.code().name, err.details())
         except asyncio.CancelledError:
             log.warning("%s cancelled by the caller after %.3fs", path, time.perf_counter() - started)
-            metrics.cri_call(short_name(path), "engine", "CANCELLED", time.perf_counter() - started)
+            metrics.cri_call(method_label(path), "engine", "CANCELLED", time.perf_counter() - started)
             raise
         except NotReady as err:
             log.warning("%s refused: %s", path, err)
@@ -164,7 +164,7 @@ class Dispatcher:
             outcome = Outcome(grpc.StatusCode.INTERNAL, f"cri-resmgr: {path}: {err}")
         if self.dumped(path):
             self._dump(path, started, "intercepted", msg, request, outcome)
-        metrics.cri_call(short_name(path), "engine", outcome.code.name, time.perf_counter() - started)
+        metrics.cri_call(method_label(path), "engine", outcome.code.name, time.perf_counter() - started)
         return outcome
 
     async def _forward_raw(self, path: str, request: bytes, metadata: tuple | None,

@@ -43,6 +43,12 @@ def short_name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
+def method_label(path: str) -> str:
+    """A metric label for a call: the method's name, "unknown" for a path not in the schema
+    (a client's made-up paths must not grow the metrics without bound)."""
+    return short_name(path) if path in KNOWN else "unknown"
+
+
 def is_image_method(path: str) -> bool:
     info = KNOWN.get(path)
     if info is not None:

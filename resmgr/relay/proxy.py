@@ -18,7 +18,7 @@ import grpc
 from resmgr import metrics
 from resmgr.relay import memory
 from resmgr.relay.dispatch import MAX_REQUEST, Dispatcher, name_socket
-from resmgr.relay.methods import KNOWN, short_name
+from resmgr.relay.methods import KNOWN, method_label
 
 log = logging.getLogger("cri-resmgr.relay")
 
@@ -104,7 +104,7 @@ class Relay(grpc.GenericRpcHandler):
 
     def _unary(self, path: str, channel: grpc.aio.Channel, socket: str) -> Behaviour:
         call_backend = channel.unary_unary(path)
-        method = short_name(path)
+        method = method_label(path)
 
         async def relay(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             started = time.perf_counter()
@@ -135,9 +135,9 @@ class Relay(grpc.GenericRpcHandler):
                 async for reply in call:
                     yield reply
             except grpc.aio.AioRpcError as err:
-                metrics.cri_call(short_name(path), "passthrough", err.code().name, time.perf_counter() - started)
+                metrics.cri_call(method_label(path), "passthrough", err.code().name, time.perf_counter() - started)
                 await _abort_like(name_socket(err, socket), context)
-            metrics.cri_call(short_name(path), "passthrough", "OK", time.perf_counter() - started)
+            metrics.cri_call(method_label(path), "passthrough", "OK", time.perf_counter() - started)
             trailing = await call.trailing_metadata()
             if trailing:
                 context.set_trailing_metadata(tuple(trailing))
@@ -156,9 +156,9 @@ class Relay(grpc.GenericRpcHandler):
                 async for reply in call:
                     yield reply
             except grpc.aio.AioRpcError as err:
-                metrics.cri_call(short_name(path), "passthrough", err.code().name, time.perf_counter() - started)
+                metrics.cri_call(method_label(path), "passthrough", err.code().name, time.perf_counter() - started)
                 await _abort_like(name_socket(err, socket), context)
-            metrics.cri_call(short_name(path), "passthrough", "OK", time.perf_counter() - started)
+            metrics.cri_call(method_label(path), "passthrough", "OK", time.perf_counter() - started)
             await _reply_metadata(call, context)
 
         return relay

@@ -27,7 +27,6 @@ from resmgr.webhook.review import BadReview, answer
 log = logging.getLogger("cri-resmgr.webhook")
 
 MAX_BODY = 8 << 20  # the API server sends at most a few MiB
-CERT_CHECK = 30.0  # seconds between looks at the certificate files
 
 
 def _listen(text: str) -> tuple[str | None, int]:
@@ -41,8 +40,8 @@ def _listen(text: str) -> tuple[str | None, int]:
 class Certificates:
     """The TLS context, reloaded when the certificate or key file changes."""
 
-    def __init__(self, cert: str, key: str) -> None:
-        self.cert, self.key = cert, key
+    def __init__(self, cert: str, key: str, interval: float = 30.0) -> None:
+        self.cert, self.key, self.interval = cert, key, interval
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.context.load_cert_chain(cert, key)
@@ -66,7 +65,7 @@ class Certificates:
 
     async def watch(self) -> None:
         while True:
-            await asyncio.sleep(CERT_CHECK)
+            await asyncio.sleep(self.interval)
             self.reload_if_changed()
 
 
@@ -122,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tls-cert-file", required=True, metavar="FILE",
                     help="PEM certificate (chain) for the webhook's Service DNS name")
     ap.add_argument("--tls-private-key-file", required=True, metavar="FILE", help="its PEM private key")
+    ap.add_argument("--cert-check-interval", type=float, default=30.0, metavar="SECONDS",
+                    help="how often the certificate and key files are checked for changes (default: %(default)s)")
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     ap.add_argument("--version", action="version", version=f"cri-resmgr-webhook {__version__}")
     return ap
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logsetup.setup(args.log_level, [])
     try:
-        certs = Certificates(args.tls_cert_file, args.tls_private_key_file)
+        certs = Certificates(args.tls_cert_file, args.tls_private_key_file, max(args.cert_check_interval, 0.1))
     except (OSError, ssl.SSLError) as err:
         print(f"cri-resmgr-webhook: cannot load the TLS certificate and key: {err}", file=sys.stderr)
         return 1
