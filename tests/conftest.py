@@ -68,7 +68,8 @@ def pytest_addoption(parser):
 # Modules whose tests start cri-resmgr or agent processes (or the private containerd).
 PROCESSES = {f"tests.{m}" for m in ("test_agent", "test_config_link", "test_hostile", "test_interop",
                                      "test_passthrough", "test_policy_e2e", "test_rdt", "test_blockio",
-                                     "test_resize", "test_soak", "test_state", "test_wire", "test_hooks")}
+                                     "test_resize", "test_soak", "test_state", "test_wire", "test_hooks",
+                                     "test_webhook", "test_picture")}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -116,7 +116,6 @@ def read_back(obj: dict, name: str, qos: QOSClass):
     return requirements(Container(id="c", pod_id="p", name=name), p)
 
 
-@pytest.mark.integration
 def test_valid_pods_get_the_annotation(webhook):
     obj = pod([ctr("app", {"cpu": "2", "memory": "1Gi"}, {"cpu": "2", "memory": "1Gi"}),
                ctr("sidecar", {"cpu": "250m", "memory": "64Mi"}, {"cpu": "500m"}), ctr("plain")],
@@ -145,7 +144,6 @@ def test_valid_pods_get_the_annotation(webhook):
                     "value": {RESOURCES_ANNOTATION: '{"app":{"limits":{"cpu":"1"},"requests":{"cpu":"1"}}}'}}]
 
 
-@pytest.mark.integration
 def test_init_containers_pods_without_resources_and_other_objects(webhook):
     obj = pod([ctr("app", {"cpu": "1"}, {"cpu": "1"})], init=[ctr("migrate", {"cpu": "3"}, {"cpu": "3"})],
               annotations={})
@@ -167,7 +165,6 @@ def test_init_containers_pods_without_resources_and_other_objects(webhook):
     assert "patch" not in webhook.review(binding)
 
 
-@pytest.mark.integration
 def test_malformed_bodies_are_refused(webhook):
     assert webhook.post_raw(b"{not json")[0] == 400
     assert webhook.post_raw(b"[1, 2]")[0] == 400
@@ -187,7 +184,6 @@ def test_malformed_bodies_are_refused(webhook):
     assert "patch" in webhook.review(admission(ok))
 
 
-@pytest.mark.integration
 def test_huge_pods(webhook):
     many = pod([ctr(f"c{i:04d}", {"cpu": "100m", "memory": "16Mi"}, {"cpu": "200m", "memory": "32Mi"})
                 for i in range(2000)])
@@ -205,7 +201,6 @@ def test_huge_pods(webhook):
     assert "not written" in webhook.log.read_text()
 
 
-@pytest.mark.integration
 def test_a_rotated_certificate_is_taken_without_a_restart(webhook, tmp_path):
     old_ca = tmp_path / "old-ca.crt"
     old_ca.write_bytes((webhook.certs / "ca.crt").read_bytes())
