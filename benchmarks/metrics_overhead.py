@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -31,16 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test helpers
 from benchmarks.relay_overhead import cpu_seconds, make_pods, measure, pct, rss_mb, wait_serving  # noqa: E402
 from harness.containerd import PrivateContainerd  # noqa: E402
 from harness.images import BUSYBOX_IMAGE  # noqa: E402
-from harness.relay import RelayProcess  # noqa: E402
+from harness.relay import RelayProcess, free_port  # noqa: E402
 from resmgr.generated.cri import api_pb2 as cri  # noqa: E402
 from resmgr.generated.cri import api_pb2_grpc as cri_grpc  # noqa: E402
 from resmgr.view import client  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Scraper(threading.Thread):

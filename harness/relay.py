@@ -16,6 +16,13 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_socket(path: str, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
     """Wait until something accepts connections on the unix socket."""
     deadline = time.monotonic() + timeout

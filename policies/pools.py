@@ -18,13 +18,6 @@ from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
 
 
-def _cpus(text: str) -> CPUSet:
-    try:
-        return CPUSet.parse(text)
-    except ValueError:
-        return EMPTY
-
-
 @dataclass(frozen=True)
 class CPUGrant:
     pool: str  # shared pool the container runs in ("" for exclusive-only)
@@ -101,7 +94,7 @@ class PoolPolicy(Policy):
         return self._allocate(container, pod, view, keep=EMPTY)
 
     def adopt(self, container: Container, pod: Pod, view: View) -> Decision:
-        return self._allocate(container, pod, view, keep=_cpus(container.resources.cpuset_cpus))
+        return self._allocate(container, pod, view, keep=CPUSet.parse_or_empty(container.resources.cpuset_cpus))
 
     def _allocate(self, container: Container, pod: Pod, view: View, keep: CPUSet) -> Decision:
         """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""

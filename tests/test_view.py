@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.relay import NriProcess
+from harness.relay import NriProcess, free_port
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.generated.cri import api_pb2_grpc as cri_grpc
 from resmgr.topology.cpuset import CPUSet
@@ -30,12 +29,6 @@ from tests.helpers import (
 )
 from tests.test_hooks import Plugin
 from tests.test_policy_e2e import resources
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(address: str) -> dict[tuple[str, frozenset], float]:

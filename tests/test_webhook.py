@@ -17,12 +17,12 @@ from pathlib import Path
 import jsonpatch
 import pytest
 
+from harness.relay import free_port
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import Container, Pod, QOSClass
 from resmgr.requests import RESOURCES_ANNOTATION, requirements
 from resmgr.webhook import review
 from tests.helpers import ONLINE, ROOT, Cri, cgroup_cpus, container_config, pod_config, policy_relay, wait_until
-from tests.test_view import free_port
 
 
 def pod(containers: list[dict], init: list[dict] | None = None, annotations: dict | None = None) -> dict:

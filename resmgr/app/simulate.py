@@ -23,6 +23,7 @@ import yaml
 import policies
 from policies import PolicyError
 from policies.base import Policy
+from resmgr.app.text import columns
 from resmgr.config import Config, ConfigError, cpus, load_file
 from resmgr.engine.ledger import Ledger
 from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
@@ -155,8 +156,7 @@ def table(result: dict[str, Any]) -> str:
     rows = [("POD", "CONTAINER", "POOL", "CPUS", "MEMS", "RDT", "BLOCKIO")]
     rows += [(c["pod"], c["name"], c["pool"] or "-", c["cpus"] or "-", c["mems"] or "-", c["rdt_class"] or "-",
               c["blockio_class"] or "-") for c in result["containers"]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines += columns(rows)
     return "\n".join(lines)
 
 

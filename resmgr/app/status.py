@@ -20,13 +20,9 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from resmgr.app.daemon import Options
+from resmgr.app.text import columns
 from resmgr.generated.config import status_pb2, status_pb2_grpc
 from resmgr.view import client
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
 def tables(doc: dict[str, Any]) -> str:
@@ -39,7 +35,7 @@ def tables(doc: dict[str, Any]) -> str:
                       f"{p.get('shared') or '-'} ({st['shared_cpus']})", str(st["exclusive_grants"]),
                       str(st["containers"]), str(st["shared_milli_requested"]), str(st["shared_milli_free"]),
                       p.get("mems") or "-"))
-    lines = _table(pools) if doc["pools"] else [f"the {doc['policy']} policy has no pools"]
+    lines = columns(pools) if doc["pools"] else [f"the {doc['policy']} policy has no pools"]
     ctrs: list[tuple[str, ...]] = [("POD/CONTAINER", "STATE", "GRANT", "POOL", "CPUS", "MEMS", "RDT", "BLOCKIO")]
     for pod in doc["pods"]:
         for c in pod["containers"]:
@@ -50,7 +46,7 @@ def tables(doc: dict[str, Any]) -> str:
     for cpu in doc["cpus"]:
         roles[cpu["role"]] = roles.get(cpu["role"], 0) + 1
     summary = ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))
-    return "\n".join([*lines, "", f"CPUs: {summary or 'none known'}", "", *_table(ctrs)])
+    return "\n".join([*lines, "", f"CPUs: {summary or 'none known'}", "", *columns(ctrs)])
 
 
 def main(argv: list[str]) -> int:

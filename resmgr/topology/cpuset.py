@@ -32,6 +32,14 @@ class CPUSet:
         return s
 
     @classmethod
+    def parse_or_empty(cls, text: str) -> CPUSet:
+        """parse, with an unreadable value (a runtime's odd cpuset) taken as no CPUs."""
+        try:
+            return cls.parse(text)
+        except ValueError:
+            return cls.from_bits(0)
+
+    @classmethod
     def parse(cls, text: str) -> CPUSet:
         """Parse the kernel list syntax: '0-3,8,10-11' (whitespace and an empty string allowed)."""
         bits = 0

@@ -20,13 +20,6 @@ VERSION = 1
 ROLES = ("exclusive", "reserved", "isolated", "shared", "free")
 
 
-def _set(text: str) -> CPUSet:
-    try:
-        return CPUSet.parse(text or "")
-    except ValueError:
-        return EMPTY
-
-
 def topology_doc(topology: Topology | None) -> dict[str, Any]:
     """Sockets > dies > NUMA nodes > cores > CPUs, plus memory-only nodes."""
     if topology is None:
@@ -42,7 +35,7 @@ def topology_doc(topology: Topology | None) -> dict[str, Any]:
             {"id": node, "cores": [{"id": core, "cpus": ids} for core, ids in sorted(cores.items())]}
             for node, cores in sorted(by_node.items())]} for (_, die), by_node in sorted(dies.items())]}
             for pkg, dies in sorted(sockets.items())],
-        "memory_nodes": [n["id"] for n in nodes if not _set(str(n["cpus"]))],
+        "memory_nodes": [n["id"] for n in nodes if not CPUSet.parse_or_empty(str(n["cpus"]))],
         "nodes": nodes, "online": str(topology.online), "offline": str(topology.offline),
         "isolated": str(topology.isolated),
     }
@@ -69,8 +62,8 @@ def cpu_roles(topology: Topology | None, pools: list[dict[str, Any]],
         return []
     reserved = isolated = EMPTY
     for p in pools:
-        reserved |= _set(p.get("reserved", ""))
-        isolated |= _set(p.get("isolated", ""))
+        reserved |= CPUSet.parse_or_empty(p.get("reserved", ""))
+        isolated |= CPUSet.parse_or_empty(p.get("isolated", ""))
     isolated |= topology.isolated
     owner: dict[int, str] = {}
     runs: dict[int, list[str]] = {}
@@ -79,9 +72,9 @@ def cpu_roles(topology: Topology | None, pools: list[dict[str, Any]],
             if c["state"] not in ("created", "running", "pending"):
                 continue
             who = f"{pod['namespace']}/{pod['name']}/{c['name']}"
-            for cpu in _set(c["exclusive"]):
+            for cpu in CPUSet.parse_or_empty(c["exclusive"]):
                 owner[cpu] = who
-            for cpu in _set(c["runs_on"]):
+            for cpu in CPUSet.parse_or_empty(c["runs_on"]):
                 runs.setdefault(cpu, []).append(who)
     out = []
     for cpu in sorted(topology.cpus.values(), key=lambda c: c.id):
@@ -100,7 +93,8 @@ def cpu_roles(topology: Topology | None, pools: list[dict[str, Any]],
 
 
 def _stats(p: Mapping[str, Any]) -> dict[str, int]:
-    return {"cpus": len(_set(p.get("cpus", ""))), "shared_cpus": len(_set(p.get("shared", ""))),
+    return {"cpus": len(CPUSet.parse_or_empty(p.get("cpus", ""))),
+            "shared_cpus": len(CPUSet.parse_or_empty(p.get("shared", ""))),
             **{k: int(p.get(k, 0)) for k in ("exclusive_grants", "containers", "shared_milli_requested",
                                              "shared_milli_free")}}
 
