@@ -137,8 +137,14 @@ def test_metrics_of_a_running_relay(containerd, workdir, mode):
         assert value(m, "cri_resmgr_config_rejections_total", source="forced") == 1
         assert value(m, "cri_resmgr_config_applies_total", source="forced") == 2  # start-up, then SIGHUP
         assert value(m, "cri_resmgr_config_generation") == 2
-        saves = value(m, "cri_resmgr_state_saves_total", outcome="ok")
-        assert saves >= 4 and value(m, "cri_resmgr_state_save_duration_seconds_count") == saves
+        # A background save may land between a counter and its histogram while the text is
+        # rendered in another thread: scrape until one scrape sees both agree.
+        def saves_agree() -> bool:
+            m = scrape(address)
+            saves = value(m, "cri_resmgr_state_saves_total", outcome="ok")
+            return saves >= 4 and value(m, "cri_resmgr_state_save_duration_seconds_count") == saves
+
+        wait_until(saves_agree, what="state saves counted with their latency")
         assert value(m, "process_resident_memory_bytes") > 0
 
         doc = client.state(address)
@@ -213,9 +219,11 @@ def test_hook_and_nri_metrics(containerd, workdir):
         cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
         pods.append(direct.run_pod(cfg))
         direct.run_container(pods[-1], cfg, container_config(resources=resources(1000, True)))
-        wait_until(lambda: good.calls("PostStartContainer"), what="PostStart reached the plugin")
-        m = scrape(address)
+        # The plugin records a call before it answers: wait for the daemon's count, not the record.
         hooks = "cri_resmgr_hook_requests_total"
+        wait_until(lambda: value(scrape(address), hooks, plugin="h1", hook="PostStartContainer", code="OK") == 1,
+                   what="PostStart answered and counted")
+        m = scrape(address)
         assert value(m, hooks, plugin="h1", hook="PreCreateContainer", code="OK") == 1
         assert value(m, hooks, plugin="h1", hook="PostStartContainer", code="OK") == 1
         failed = matching(m, hooks, plugin="h2", hook="PreCreateContainer")
