@@ -11,7 +11,7 @@ import pytest
 from policies import Decision, Policy
 from resmgr.cri.lifecycle import CriLifecycle
 from resmgr.cri.runtime import CriRuntime
-from resmgr.engine import Engine, NotReady
+from resmgr.engine import Engine, NotReady, reconcile
 from resmgr.engine.store import StateStore
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import ContainerEvent, ContainerState, Resources
@@ -235,7 +235,7 @@ async def test_failed_remove_keeps_the_container(engine):
     assert "c1" not in engine.containers
 
 
-async def test_unsettled_create_keeps_its_grant_and_is_adopted_or_released(engine):
+async def test_unsettled_create_keeps_its_grant_and_is_adopted_or_released(engine, monkeypatch):
     pod_id, cfg = await _run_pod(engine)
     engine.runtime.client.pod(pod_id)
     released = []
@@ -256,6 +256,10 @@ async def test_unsettled_create_keeps_its_grant_and_is_adopted_or_released(engin
     allocations = []
     allocate = engine.policy.allocate
     engine.policy.allocate = lambda c, pod, view: allocations.append(c.key) or allocate(c, pod, view)
+    await engine.reconcile()
+    # Listed too soon after its call failed: the runtime may still be making it.
+    assert released == [] and f"pending:{pod_id}:never:0" in engine.containers
+    monkeypatch.setattr(reconcile, "SETTLE_GRACE", 0.0)
     await engine.reconcile()
     assert released == [f"pending:{pod_id}:never:0"]
     made = engine.containers["c-made"]
@@ -281,6 +285,104 @@ async def test_a_retried_create_settles_the_unknown_one_first(engine):
     with pytest.raises(RuntimeError_, match="reserved"):
         await front(engine).create_container(req, reserved)
     assert set(engine.containers) == {"c-first"}
+    first = engine.containers["c-first"]
+    assert first.state == ContainerState.RUNNING and first.resources.cpuset_cpus == "0"  # its grant stands
+
+
+def _holding(engine, pod_id, cid="c1", cpus="0"):
+    """The engine holds container cid (name "a", attempt 0) as created, and the runtime lists it."""
+    engine.runtime.client.pod(pod_id)
+    engine.runtime.client.run(cid, pod_id, state=cri.CONTAINER_CREATED)
+    engine.runtime.client.cpusets[cid] = cpus
+
+
+async def test_a_create_refused_for_a_held_name_leaves_the_holder_as_it_was(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    _holding(engine, pod_id)
+    holder = engine.containers["c1"]
+    granted = holder.resources
+    asked = []
+    allocate = engine.policy.allocate
+    engine.policy.allocate = lambda c, pod, view: asked.append(c.key) or allocate(c, pod, view)
+    sent = []
+
+    async def reserved(req):
+        sent.append(req.config.linux.resources.cpuset_cpus)
+        raise RuntimeError_(grpc.StatusCode.FAILED_PRECONDITION,
+                            'failed to reserve container name "a_p": name "a_p" is reserved for "c1"')
+
+    req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg)
+    with pytest.raises(RuntimeError_, match="reserved"):
+        await front(engine).create_container(req, reserved)
+    assert asked == [] and sent == ["0"]  # nothing granted to it; it carried the holder's grant
+    assert set(engine.containers) == {"c1"} and holder.state == ContainerState.CREATED
+    assert holder.resources == granted and not holder.pending
+    await engine.start_container("c1", _ok)
+    assert holder.state == ContainerState.RUNNING and holder.resources == granted
+
+
+async def _ok():
+    return None
+
+
+async def test_a_create_the_runtime_takes_for_a_held_name_takes_over_the_grant(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    granted = engine.containers["c1"].resources
+    engine.runtime.client.pod(pod_id)
+    engine.runtime.client.run("c1", pod_id, state=cri.CONTAINER_CREATED)
+    asked = []
+    allocate = engine.policy.allocate
+    engine.policy.allocate = lambda c, pod, view: asked.append(c.key) or allocate(c, pod, view)
+    engine.runtime.client.containers = []  # c1 was removed behind our back, after we last asked
+
+    async def made(req):
+        return cri.CreateContainerResponse(container_id="c2")
+
+    engine._confirm_older = _no_check  # the removal comes after the engine asked about c1
+    await front(engine).create_container(cri.CreateContainerRequest(
+        pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), made)
+    assert asked == [] and set(engine.containers) == {"c2"}
+    assert engine.containers["c2"].resources == granted and engine.containers["c2"].state == ContainerState.CREATED
+
+
+async def _no_check(c):
+    return None
+
+
+async def test_a_create_in_flight_holds_its_name_against_a_second_one(engine):
+    pod_id, cfg = await _run_pod(engine)
+    req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg)
+    first_sent, release_first = asyncio.Event(), asyncio.Event()
+
+    async def slow(req):
+        first_sent.set()
+        await release_first.wait()
+        return cri.CreateContainerResponse(container_id="c1")
+
+    async def reserved(req):
+        raise RuntimeError_(grpc.StatusCode.FAILED_PRECONDITION, 'name "a" is reserved for "c1"')
+
+    first = asyncio.create_task(front(engine).create_container(req, slow))
+    await first_sent.wait()
+    with pytest.raises(RuntimeError_, match="reserved"):
+        await front(engine).create_container(req, reserved)
+    release_first.set()
+    await first
+    assert set(engine.containers) == {"c1"} and engine.containers["c1"].resources.cpuset_cpus == "0"
+
+
+async def test_a_new_sandbox_of_a_pod_does_not_release_the_old_ones_containers(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+
+    async def again(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod-again")
+
+    await front(engine).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), again)  # same pod UID
+    assert {pod_id, "pod-again"} <= set(engine.pods)
+    assert engine.containers["c1"].state == ContainerState.CREATED
 
 
 async def test_failed_updates_stay_pending_across_restarts_until_pushed(engine, tmp_path):
@@ -381,20 +483,36 @@ async def test_reconcile_tolerates_odd_runtime_data(engine):
     assert set(engine.pods) == {"p1"} and set(engine.containers) == {"x1"}
 
 
-async def test_recreated_container_releases_the_old_one(engine):
+async def test_a_new_attempt_releases_the_old_one_only_once_the_runtime_shows_it_ended(engine):
     pod_id, cfg = await _run_pod(engine)
-    ids = iter(["c1", "c2"])
+    rt = engine.runtime.client
+    ids = iter(["c1", "c2", "c3"])
 
     async def create(req):
-        return cri.CreateContainerResponse(container_id=next(ids))
+        cid = next(ids)
+        rt.run(cid, pod_id, attempt=req.config.metadata.attempt, state=cri.CONTAINER_CREATED)
+        return cri.CreateContainerResponse(container_id=cid)
 
-    for attempt in (0, 1):
+    async def attempt(n):
         cc = container_config("a")
-        cc.metadata.attempt = attempt
+        cc.metadata.attempt = n
         await front(engine).create_container(cri.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=cc, sandbox_config=cfg), create)
-    assert engine.containers["c1"].state == ContainerState.EXITED
+
+    released = []
+    release = engine.policy.release
+    engine.policy.release = lambda c, view: released.append(c.key) or release(c, view)
+    await attempt(0)
+    rt.run("c1", pod_id, attempt=0, state=cri.CONTAINER_RUNNING)
+    await attempt(1)  # the runtime still runs attempt 0: it keeps what it holds
+    assert engine.containers["c1"].state == ContainerState.CREATED and released == []
     assert engine.containers["c2"].state == ContainerState.CREATED
+    rt.run("c1", pod_id, attempt=0, state=cri.CONTAINER_EXITED)
+    rt.containers = [c for c in rt.containers if c.id != "c2"]  # removed behind our back
+    await attempt(2)
+    assert engine.containers["c1"].state == ContainerState.EXITED  # exited: released, still known
+    assert "c2" not in engine.containers  # removed: forgotten
+    assert engine.containers["c3"].state == ContainerState.CREATED
 
 
 async def test_reconcile_drops_vanished_adopts_new_and_keeps_fresh(engine):

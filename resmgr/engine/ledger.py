@@ -98,6 +98,44 @@ class Ledger:
                 c.pending = c.state != ContainerState.EXITED
         return early
 
+    def plain(self, c: Container, pod: Pod) -> Decision:
+        """The policy's decision for c placed as a plain best-effort container (PolicyError: no room):
+        only where it runs is decided, never its limits. Its own resources are the caller's to apply."""
+        plain = dataclasses.replace(c, annotations={}, requested=Resources())
+        decision = self.policy.allocate(plain, dataclasses.replace(pod, annotations={}, qos_class=QOSClass.BEST_EFFORT),
+                                        self.view())
+        if decision.resources is not None:
+            res = c.requested.with_cpus(decision.resources.cpuset_cpus)
+            res.cpuset_mems = decision.resources.cpuset_mems
+            decision.resources = res
+        return decision
+
+    def demote(self, c: Container, pod: Pod) -> Decision:
+        """c gives back what it holds and stays, placed as a plain shared container (an older attempt
+        that will never be started). Its new resources are among the returned updates.
+
+        PolicyError: it holds nothing now and runs where it did.
+        """
+        decision = self.policy.release(c, self.view())
+        placed = self.plain(c, pod)
+        decision.updates.update(placed.updates)
+        if placed.resources is not None:
+            decision.updates[c.key] = placed.resources
+        return decision
+
+    def enter(self, c: Container) -> None:
+        """Record a container the policy has not allocated yet (found running, or made unplanned)."""
+        c.seq = self.next_seq()
+        self.containers[c.key] = c
+
+    def take_over(self, holder: Container, c: Container) -> None:
+        """c replaces holder, which is gone, and takes over what the policy granted it (its resources
+        stay what the runtime made it with: the caller pushes the grant's if they differ)."""
+        self.containers.pop(holder.key, None)
+        c.rdt_class, c.blockio_class = holder.rdt_class, holder.blockio_class
+        self.enter(c)
+        self.policy.rename(holder.key, c.key)
+
     def rename(self, c: Container, old_key: str) -> None:
         """c's key changed from old_key (its runtime ID became known)."""
         self.containers.pop(old_key, None)

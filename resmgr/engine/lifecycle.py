@@ -16,14 +16,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from policies.base import Policy
+from policies.base import Policy, PolicyError
 from resmgr.controllers import Controllers
 from resmgr.engine.ledger import Ledger
-from resmgr.engine.reconcile import Reconciling, brief
+from resmgr.engine.reconcile import SETTLE_GRACE, Reconciling, brief
 from resmgr.engine.store import StateStore
 from resmgr.model import (
     Adjustment,
@@ -91,6 +92,9 @@ class CreatePlan:
     decided: bool  # the policy set its resources (else the request stands as it is)
     updates: dict[str, Resources] = field(default_factory=dict)  # others moved, pushed once it exists
     pinned: bool = False  # the policy set its CPUs and memory nodes
+    # The container we know to hold this name (pod, name, attempt), if any. The runtime decides: it
+    # refuses the name while that one exists, and a container it makes anyway takes over its grant.
+    holder: Container | None = None
 
 
 @dataclass
@@ -132,8 +136,9 @@ class Engine(Reconciling):
         self._unallocated: set[str] = set()
         # Containers running as plain shared ones because what they ask for did not fit.
         self._degraded: set[str] = set()
-        # Pending creates whose runtime call failed or was cancelled: created or not, nobody knows yet.
-        self._unsettled: set[str] = set()
+        # Pending creates whose runtime call failed or was cancelled (created or not, nobody knows
+        # yet), with when that was known.
+        self._unsettled: dict[str, float] = {}
         # Runtime updates: one at a time per container, a bounded number at once overall.
         self._push_locks: dict[str, asyncio.Lock] = {}
         self._push_slots = asyncio.Semaphore(16)
@@ -143,6 +148,7 @@ class Engine(Reconciling):
         # A front end whose answers need not wait for the disk: a crash between the answer and
         # the write loses nothing, reconciliation finds the container where the answer put it.
         self.write_behind = False
+        self._fallback: list[str] = []  # the policy's fallback conditions last logged
         self._saves: set[asyncio.Task[None]] = set()
 
     # -- state -------------------------------------------------------------
@@ -233,16 +239,19 @@ class Engine(Reconciling):
     def _forget(self, c: Container) -> Decision:
         """Release c and drop it from the state (caller holds the lock)."""
         decision = self.ledger.forget(c)
-        for keys in (self._unallocated, self._degraded, self._unsettled):
-            keys.discard(c.key)
+        self._unallocated.discard(c.key)
+        self._degraded.discard(c.key)
+        self._unsettled.pop(c.key, None)
         return decision
 
     def _drop_pod(self, pod: Pod) -> Decision:
         """Forget a pod and its containers (caller holds the lock)."""
         gone = {c.key for c in self.containers.values() if c.pod_id == pod.id}
         decision = self.ledger.drop_pod(pod)
-        for keys in (self._unallocated, self._degraded, self._unsettled):
-            keys -= gone
+        self._unallocated -= gone
+        self._degraded -= gone
+        for key in gone:
+            self._unsettled.pop(key, None)
         return decision
 
     def _record(self, updates: dict[str, Resources]) -> None:
@@ -253,6 +262,19 @@ class Engine(Reconciling):
         pending (and persisted as such) until the runtime has taken it.
         """
         self._deferred.update(self.ledger.record(updates))  # pushed once its create lands
+        self._note_fallback()
+
+    def _note_fallback(self) -> None:
+        """Log once when containers start or stop running elsewhere than they normally would."""
+        now = self.policy.fallback()
+        if now == self._fallback:
+            return
+        for line in now:
+            if line not in self._fallback:
+                log.warning("%s", line)
+        if self._fallback and not now:
+            log.info("shared containers run on their pools' own shared CPUs again")
+        self._fallback = now
 
     # -- pushing updates to the runtime -------------------------------------------------
     async def _apply_updates(self, decision: Decision) -> None:
@@ -309,14 +331,13 @@ class Engine(Reconciling):
 
     # -- pod lifecycle ---------------------------------------------------------
     async def pod_created(self, pod: Pod) -> None:
-        """The runtime made a pod: record it (an older pod with the same UID is gone)."""
+        """The runtime made a pod: record it.
+
+        An older sandbox of the same pod UID stays until the runtime shows it gone (its stop,
+        its removal or a reconciliation round): a new sandbox does not prove its containers ended.
+        """
         async with self._lock:
-            decision = Decision()
-            for old in [p for p in self.pods.values() if p.uid == pod.uid and p.id != pod.id]:
-                decision.updates.update(self._drop_pod(old).updates)
             self.ledger.add_pod(pod)
-            self._record(decision.updates)
-        await self._apply_updates(decision)
         await self.save()
 
     async def _call_or_wake(self, what: str, call: Call[T]) -> T:
@@ -365,6 +386,7 @@ class Engine(Reconciling):
         await self._until_reconciled()
         if c.key in self._unsettled:
             await self._settle(c.pod_id)  # a retry: did the first attempt create it?
+        await self._confirm_older(c)
         c.hints = self.device_hints(list(devices))  # sysfs reads: not under the lock
         async with self._lock:
             known = self.pods.get(c.pod_id)
@@ -372,20 +394,93 @@ class Engine(Reconciling):
                 known = self.ledger.add_pod(pod)
             pod = known
             self.controllers.check(c, pod)  # an annotation naming a class that does not exist
-            decision = Decision()
-            for old in [o for o in self.containers.values()
-                        if o.pod_id == pod.id and o.name == c.name and o.key != c.key and o.id]:
-                decision.updates.update(self._release(old).updates)  # re-creation
+            holder = self._holder(c)
+            if holder is not None:
+                return self._successor_plan(pod, c, holder)
             alloc = self.ledger.place(c, pod)
-            decision.updates.update(alloc.updates)
-            self._record(decision.updates)
+            self._record(alloc.updates)
         decided = alloc.resources is not None
-        return CreatePlan(pod, c, decided, decision.updates, decided and self.policy.pins)
+        return CreatePlan(pod, c, decided, alloc.updates, decided and self.policy.pins)
+
+    async def _confirm_older(self, c: Container) -> None:
+        """Ask the runtime about older containers of c's name that we hold as live: a create asking for
+        a name proves nothing about them.
+
+        Those the runtime shows ended give back what they hold. An older attempt it shows created but
+        never started is one kubelet gave up on (it makes the next attempt and never starts that one,
+        as its CPU manager frees the CPUs of every container that is not running): it gives back its
+        grant and waits on the shared CPUs. A running one keeps its grant.
+        """
+        older = [o for o in self.containers.values() if o.pod_id == c.pod_id and o.name == c.name and o.id
+                 and o.state != ContainerState.EXITED]
+        if not older:
+            return
+        start_seq = self.ledger.seq
+        try:
+            listed = {x.id: x for x in await self.runtime.list_containers(c.pod_id)}
+        except Exception as err:  # unknown: they keep their grants, reconciliation finds out
+            log.warning("cannot ask the runtime whether container(s) %s still run: %s",
+                        ", ".join(o.id for o in older), brief(err))
+            return
+        async with self._lock:
+            decision = Decision()
+            for o in older:
+                if self.containers.get(o.key) is not o or o.seq > start_seq:
+                    continue  # changed meanwhile: what we heard may be older than that
+                seen = listed.get(o.id)
+                if seen is not None and seen.state == ContainerState.CREATED and o.attempt < c.attempt:
+                    decision.updates.update(self._supersede(o))
+                else:
+                    decision.updates.update(self._ended(o, seen).updates)
+            self._record(decision.updates)
+        await self._apply_updates(decision)
+
+    def _supersede(self, o: Container) -> dict[str, Resources]:
+        """An older attempt that will not be started gives back its grant (caller holds the lock)."""
+        pod = self.pods.get(o.pod_id)
+        if pod is None:
+            return {}
+        try:
+            decision = self.ledger.demote(o, pod)
+        except PolicyError as err:
+            log.error("container %s holds nothing now and stays where it is (%s)", o.id, brief(err))
+            self._unallocated.add(o.key)
+            return {}
+        self._unallocated.discard(o.key)
+        self._degraded.discard(o.key)
+        log.info("container %s (%s, attempt %d) was never started and a later attempt is made: its grant is "
+                 "given back and it waits on the shared CPUs", o.id, o.name, o.attempt)
+        return decision.updates
+
+    def _holder(self, c: Container) -> Container | None:
+        """The container we know to hold c's runtime name (same pod, name and attempt): one being
+        created, or one the runtime made that has not ended."""
+        for o in self.containers.values():
+            if (o.pod_id, o.name, o.attempt) == (c.pod_id, c.name, c.attempt) and \
+                    (not o.id or o.state != ContainerState.EXITED):
+                return o
+        return None
+
+    def _successor_plan(self, pod: Pod, c: Container, holder: Container) -> CreatePlan:
+        """A create of a name we know to be held: the runtime refuses it while the holder exists. It
+        goes with the holder's grant, which a container the runtime makes anyway takes over."""
+        log.info("create of %s in pod %s asks for the name held by %s; the runtime decides, and the "
+                 "holder keeps its grant unless the runtime shows it gone", c.name, pod.id,
+                 holder.id or "a create in flight")
+        pinned = self.pins(holder)
+        if pinned:
+            c.resources = dataclasses.replace(holder.resources)
+        c.rdt_class, c.blockio_class = holder.rdt_class, holder.blockio_class
+        return CreatePlan(pod, c, pinned, pinned=pinned, holder=holder)
 
     async def abort_create(self, plan: CreatePlan, err: BaseException, refused: bool) -> None:
         """The runtime call failed: refused (it certainly did nothing) gives the grant back;
         otherwise the grant stays until the runtime shows whether the container exists."""
         c = plan.container
+        if plan.holder is not None:  # nothing was granted to it
+            if not refused:
+                self.wake()  # made or not: the runtime's listing tells
+            return
         if refused:
             async with self._lock:
                 undo = self._forget(c) if self.containers.get(c.key) is c else Decision()
@@ -393,10 +488,11 @@ class Engine(Reconciling):
                 self._record(undo.updates)
             await self._apply_updates(undo)
             return
-        self._unsettled.add(c.key)
+        self._unsettled[c.key] = time.monotonic()
         log.warning("creating container %s in pod %s %s; its grant is kept until the runtime shows whether "
                     "the container exists", c.name, plan.pod.id, _failure(err))
         self.wake()
+        asyncio.get_running_loop().call_later(SETTLE_GRACE, self.wake)
 
     def amend_create(self, plan: CreatePlan, adj: Adjustment) -> None:
         """Hook plugins changed the planned create: it is made (and recorded) with their changes.
@@ -413,6 +509,8 @@ class Engine(Reconciling):
     async def commit_create(self, plan: CreatePlan, container_id: str) -> Container:
         """The runtime made the container: it is known by its ID from now on."""
         c = plan.container
+        if plan.holder is not None:
+            return await self._commit_successor(plan, container_id)
         async with self._lock:
             pending_key = c.key
             c.id, c.state = container_id, ContainerState.CREATED
@@ -422,6 +520,37 @@ class Engine(Reconciling):
                 c.resources, c.pending = late.overlaid(c.adjusted), True
                 plan.updates[c.key] = c.resources
         self._apply_soon(Decision(updates=plan.updates), before_start=c.key)
+        await self.save()
+        return c
+
+    async def _commit_successor(self, plan: CreatePlan, container_id: str) -> Container:
+        """The runtime made a container under a name we held for another: that one is gone (or its
+        create never happened), so the new container takes over its grant."""
+        c, holder = plan.container, plan.holder
+        assert holder is not None
+        async with self._lock:
+            known = self.containers.get(container_id)
+            if known is not None:  # a reconciliation round adopted it meanwhile
+                return known
+            c.id, c.state = container_id, ContainerState.CREATED
+            if self.containers.get(holder.key) is holder and (not holder.id or holder.state != ContainerState.EXITED):
+                log.info("container %s takes over the grant of %s, which held its name", c.id,
+                         holder.id or "a create that did not happen")
+                late = self._deferred.pop(holder.key, None)
+                self._unsettled.pop(holder.key, None)
+                for keys in (self._unallocated, self._degraded):
+                    if holder.key in keys:
+                        keys.discard(holder.key)
+                        keys.add(c.key)
+                self.ledger.take_over(holder, c)
+                wanted = late or holder.resources
+                updates = {c.key: wanted} if wanted.overlaid(c.adjusted) != c.resources else {}
+            else:  # the holder ended meanwhile: allocated like a container found running
+                self.ledger.enter(c)
+                self._unallocated.add(c.key)
+                updates = self._allocate_waiting()
+            self._record(updates)
+        self._apply_soon(Decision(updates=updates), before_start=c.key)
         await self.save()
         return c
 
@@ -437,7 +566,13 @@ class Engine(Reconciling):
         await self._push(c.key)
 
     async def start_container(self, container_id: str, call: Call[T]) -> T:
-        """Start a container through call(), once the containers its grant moved are off its CPUs."""
+        """Start a container through call(), once the containers its grant moved are off its CPUs.
+
+        One we do not know was made behind our back (or by a create whose answer was lost): it is
+        adopted first, so it never runs on CPUs that are someone else's.
+        """
+        if container_id not in self.containers and self.reconciled.is_set():
+            await self.reconcile()
         repin = self._repins.get(container_id)
         if repin is not None:
             await asyncio.shield(repin)

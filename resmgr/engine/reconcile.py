@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from policies.base import PolicyError
 from resmgr.controllers.cgroups import read_cpuset
-from resmgr.model import Container, ContainerState, Decision, Pod, PodState, QOSClass, Resources
+from resmgr.model import Container, ContainerState, Decision, Pod, PodState, Resources
 from resmgr.topology.cpuset import CPUSet
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ log = logging.getLogger("cri-resmgr.engine")
 
 RETRY_MIN = 0.5  # seconds before the first retry of a failed round
 PARALLEL = 8  # runtime status calls in flight at once
+# How long after its call failed a create the runtime does not list counts as never made: a runtime
+# may still finish a create whose caller went away.
+SETTLE_GRACE = 2.0
 
 T = TypeVar("T")
 
@@ -46,6 +49,7 @@ T = TypeVar("T")
 @dataclass
 class Observation:
     start_seq: int
+    listed_at: float  # time.monotonic() before the runtime was asked
     unsettled: set[str]
     pods: dict[str, Pod]  # as the runtime lists them
     containers: dict[str, Container]
@@ -155,10 +159,10 @@ class Reconciling:
 
     # -- observing ----------------------------------------------------------------------
     async def _observe(self: Engine) -> Observation:
-        start_seq, unsettled = self.ledger.seq, set(self._unsettled)
+        start_seq, unsettled, listed_at = self.ledger.seq, set(self._unsettled), time.monotonic()
         pods = {p.id: p for p in await self.runtime.list_pods() if p.id}
         ctrs = {c.id: c for c in await self.runtime.list_containers() if c.id}
-        obs = Observation(start_seq, unsettled, pods, ctrs)
+        obs = Observation(start_seq, listed_at, unsettled, pods, ctrs)
         # Creates in flight now: the runtime may list them before they return to us.
         in_flight = {(c.pod_id, c.name, c.attempt) for k, c in self.containers.items()
                      if not c.id and k not in unsettled}
@@ -219,11 +223,11 @@ class Reconciling:
                 continue
             live = obs.containers.get(c.id)
             if live is None or c.pod_id not in self.pods:
-                decision.updates.update(self._forget(c).updates)
+                decision.updates.update(self._ended(c, None).updates)
                 out.dropped += 1
             elif live.state == ContainerState.EXITED:
                 if c.state != ContainerState.EXITED:
-                    decision.updates.update(self._release(c).updates)
+                    decision.updates.update(self._ended(c, live).updates)
                     out.exited += 1
             elif live.state.live:
                 if c.state == ContainerState.EXITED:  # released, yet it runs: it needs a grant again
@@ -238,7 +242,8 @@ class Reconciling:
                                 "updating it again", c.id, self._describe_actual(obs.actual.get(c.id, [])))
                     c.pending = True
                     out.repaired += 1
-        out.settled += self._settle_in(obs.unsettled, obs.containers.values(), obs.new_containers, fresh)
+        out.settled += self._settle_in(obs.unsettled, obs.listed_at, obs.containers.values(), obs.new_containers,
+                                       fresh)
         for live_pod in obs.pods.values():
             if live_pod.id in self.pods and live_pod.state == PodState.NOT_READY:
                 self.pods[live_pod.id].state = PodState.NOT_READY
@@ -249,13 +254,21 @@ class Reconciling:
         for cid, c in obs.new_containers.items():
             if cid in self.containers or c.pod_id not in self.pods:
                 continue
-            c.seq = self.ledger.next_seq()
-            self.containers[cid] = c
+            self.ledger.enter(c)
             self._unallocated.add(cid)
             fresh.append(c)
             out.adopted += 1
         decision.updates.update(self._allocate_waiting())
         return out, decision, fresh
+
+    def _ended(self: Engine, c: Container, listed: Container | None) -> Decision:
+        """What c gives back, as the runtime lists it (None: not at all): removed, it is forgotten;
+        exited, released; otherwise it keeps its grant."""
+        if listed is None:
+            return self._forget(c)
+        if listed.state == ContainerState.EXITED:
+            return self._release(c)
+        return Decision()
 
     def _differs(self: Engine, c: Container, seen: list[tuple[str, str]]) -> bool:
         want_cpus, want_mems = c.resources.cpuset_cpus, c.resources.cpuset_mems
@@ -266,18 +279,25 @@ class Reconciling:
     def _describe_actual(seen: list[tuple[str, str]]) -> str:
         return "; ".join(f"cpus {cpus or '-'} mems {mems or '-'}" for cpus, mems in seen)
 
-    def _settle_in(self: Engine, keys: set[str], live: Iterable[Container],
+    def _settle_in(self: Engine, keys: set[str], listed_at: float, live: Iterable[Container],
                    adopted: dict[str, Container], fresh: list[Container]) -> int:
-        """Settle the creates in keys whose outcome was unknown, against a runtime listing taken after they failed."""
+        """Settle the creates in keys whose outcome was unknown, against a runtime listing taken after they failed.
+
+        One the listing does not show is taken as never made only once SETTLE_GRACE has passed since
+        its call failed: until then the runtime may still be making it, and it keeps its grant.
+        """
         by_name = {(c.pod_id, c.name, c.attempt): c for c in live}
         settled = 0
-        for key in sorted(keys & self._unsettled):
-            self._unsettled.discard(key)
+        for key in sorted(keys & set(self._unsettled)):
             c = self.containers.get(key)
             if c is None or c.id:
+                self._unsettled.pop(key, None)
                 continue
-            settled += 1
             match = by_name.get((c.pod_id, c.name, c.attempt))
+            if match is None and listed_at < self._unsettled[key] + SETTLE_GRACE:
+                continue  # too early to tell
+            self._unsettled.pop(key, None)
+            settled += 1
             if match is None or match.id in self.containers or not match.state.live:
                 log.info("create of %s (pod %s) did not happen in the runtime; released", c.name, c.pod_id)
                 self._record(self._forget(c).updates)
@@ -297,11 +317,12 @@ class Reconciling:
 
     async def _settle(self: Engine, pod_id: str) -> None:
         """Settle unknown creates in one pod now (a caller retries one of them)."""
+        listed_at = time.monotonic()
         live = await self.runtime.list_containers(pod_id)
         async with self._lock:
             keys = {k for k in self._unsettled if (c := self.containers.get(k)) is not None and c.pod_id == pod_id}
             fresh: list[Container] = []
-            self._settle_in(keys, live, {}, fresh)
+            self._settle_in(keys, listed_at, live, {}, fresh)
         await self._push_pending()
 
     def _allocate_waiting(self: Engine) -> dict[str, Resources]:
@@ -345,10 +366,8 @@ class Reconciling:
             return decision
         except PolicyError:
             pass
-        plain = dataclasses.replace(c, annotations={}, requested=Resources())
         try:
-            decision = self.policy.allocate(plain, dataclasses.replace(pod, annotations={},
-                                                                       qos_class=QOSClass.BEST_EFFORT), view)
+            decision = self.ledger.plain(c, pod)
         except PolicyError as err2:
             log.error("container %s (%s/%s/%s) cannot be allocated (%s; %s); it runs as it is until it can",
                       c.id, pod.namespace, pod.name, c.name, err, err2)
@@ -356,8 +375,4 @@ class Reconciling:
         log.error("container %s (%s/%s/%s): %s; it runs as a shared container until there is room", c.id,
                   pod.namespace, pod.name, c.name, err)
         self._degraded.add(c.key)
-        if decision.resources is not None:  # only where it runs changes, never its limits
-            res = c.requested.with_cpus(decision.resources.cpuset_cpus)
-            res.cpuset_mems = decision.resources.cpuset_mems
-            decision.resources = res
         return decision
