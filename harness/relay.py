@@ -77,10 +77,14 @@ class RelayProcess:
 
 
 def policy_relay(workdir: Path, runtime_socket: str, policy: str, *extra: str,
-                 relay_dir: Path | None = None) -> RelayProcess:
-    """A relay (not started) with a forced configuration that names the policy."""
+                 relay_dir: Path | None = None, reserved: str = "") -> RelayProcess:
+    """A relay (not started) with a forced configuration that names the policy (and reserved CPUs: a
+    ReservedResources cpu value, such as cpuset:0)."""
     config = workdir / f"{policy}.yaml"
-    config.write_text(f"policy:\n  Active: {policy}\n")
+    text = f"policy:\n  Active: {policy}\n"
+    if reserved:
+        text += f"  ReservedResources:\n    cpu: \"{reserved}\"\n"
+    config.write_text(text)
     return RelayProcess(workdir, runtime_socket, "--force-config", str(config), *extra, relay_dir=relay_dir)
 
 

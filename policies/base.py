@@ -78,16 +78,24 @@ class Policy:
     def describe_pools(self) -> list[dict[str, Any]]:
         """The policy's pools for simulate, introspection and metrics.
 
-        Each: name, parent (""), CPU sets as text (cpus: all below the pool; shared: what its
-        shared containers run on now; reserved; isolated: free isolated ones), mems, memory
-        (bytes by type), and the counts exclusive_grants, containers, shared_milli_requested,
-        shared_milli_free (negative when overcommitted).
+        Each: name, parent (""), CPU sets as text (cpus: all below the pool; shared: the pool's own
+        shared CPUs now; reserved; isolated: free isolated ones), mems, memory (bytes by type),
+        and the counts exclusive_grants, containers, shared_milli_requested, shared_milli_free
+        (negative when overcommitted), shared_elsewhere (its shared containers that run on a parent
+        pool's or the reserved CPUs because exclusive grants took all of its own).
         """
+        return []
+
+    def fallback(self) -> list[str]:
+        """Conditions in which containers run somewhere other than they normally would (shared
+        containers on the reserved CPUs because exclusive grants took every shared CPU), one line
+        each; the engine logs each when it starts and when it ends."""
         return []
 
     def describe_grant(self, key: str) -> dict[str, Any] | None:
         """What a container holds: pool, exclusive (CPU set text), shared_milli, kind
-        (exclusive, shared, mixed or reserved); None when it holds nothing of the policy."""
+        (exclusive, shared, mixed or reserved), and fallback ("reserved" or "parent") when a shared
+        one runs there for want of its pool's own shared CPUs; None when it holds nothing of the policy."""
         return None
 
     def export_state(self) -> dict[str, Any]:

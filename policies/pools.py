@@ -154,6 +154,10 @@ class PoolPolicy(Policy):
     def reserved_cpus(self) -> CPUSet:
         raise NotImplementedError
 
+    def shared_elsewhere(self) -> dict[str, int]:
+        """Pools whose shared users run on the reserved CPUs, none of the pool's own left: how many."""
+        return {}
+
     def _source(self, g: CPUGrant, bases: Mapping[str, CPUSet]) -> str:
         """The pool a grant counts in: its shared pool, else the one its exclusive CPUs came from."""
         if g.pool:
@@ -163,6 +167,7 @@ class PoolPolicy(Policy):
     def describe_pools(self) -> list[dict[str, Any]]:
         assert self.topology is not None
         bases, now, reserved = self.pool_bases(), self.pool_cpus(), self.reserved_cpus()
+        elsewhere = self.shared_elsewhere()
         out = []
         for name, base in bases.items():
             grants = [g for g in self.grants.values() if self._source(g, bases) == name]
@@ -173,6 +178,7 @@ class PoolPolicy(Policy):
             for n in nodes:
                 memory[n.kind.value] = memory.get(n.kind.value, 0) + n.memory
             out.append({"name": name, "parent": "", "cpus": str(base), "shared": str(shared),
+                        "shared_elsewhere": elsewhere.get(name, 0),
                         "reserved": str(base & reserved), "isolated": str(now[name]) if name == "isolated" else "",
                         "mems": str(CPUSet(n.id for n in nodes)), "memory": memory,
                         "exclusive_grants": sum(1 for g in grants if g.exclusive),
@@ -186,8 +192,11 @@ class PoolPolicy(Policy):
             return None
         kind = "mixed" if g.exclusive and g.pool else "exclusive" if g.exclusive else \
             "reserved" if g.pool == "reserved" else "shared"
-        return {"pool": self._source(g, self.pool_bases()), "exclusive": str(g.exclusive),
-                "shared_milli": max(g.milli - 1000 * len(g.exclusive), 0) if g.pool else 0, "kind": kind}
+        doc = {"pool": self._source(g, self.pool_bases()), "exclusive": str(g.exclusive),
+               "shared_milli": max(g.milli - 1000 * len(g.exclusive), 0) if g.pool else 0, "kind": kind}
+        if g.pool in self.shared_elsewhere():
+            doc["fallback"] = "reserved"
+        return doc
 
     def export_state(self) -> dict[str, Any]:
         return {"grants": {k: g.to_dict() for k, g in sorted(self.grants.items())}}

@@ -5,7 +5,9 @@ namespaces) run on the reserved CPUs; requests under one CPU share the shared po
 whole CPUs go to isolated CPUs when enough are free (unless the container opts out
 with prefer-isolated-cpus: "false"), else they are sliced exclusively off the shared
 pool; mixed requests get the whole part exclusively plus the shared pool. The shared
-pool always keeps at least one CPU. Shared users never spill onto reserved CPUs.
+pool keeps enough CPUs for what its users request. When exclusive grants take all of
+it, its users (who then request no CPU time) run on the reserved CPUs, as kubelet's
+shared pool does, until shared CPUs come free; without reserved CPUs it keeps one CPU.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class StaticPlusPolicy(PoolPolicy):
 
     def pool_cpus(self) -> dict[str, CPUSet]:
         taken = self.taken()
-        return {RESERVED: self.reserved, SHARED: self.shared_base - taken, "isolated": self.isolated - taken}
+        return {RESERVED: self.reserved, SHARED: (self.shared_base - taken) or self.reserved,
+                "isolated": self.isolated - taken}
 
     def pool_bases(self) -> dict[str, CPUSet]:
         return {RESERVED: self.reserved, SHARED: self.shared_base, "isolated": self.isolated}
@@ -55,7 +58,24 @@ class StaticPlusPolicy(PoolPolicy):
 
     def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
         taken = self.taken()
-        return [(self.isolated - taken, 0), (self.shared_base - taken, 1)]
+        return [(self.isolated - taken, 0), (self.shared_base - taken, self._shared_need())]
+
+    def _shared_need(self, milli: int = 0) -> int:
+        """CPUs the shared pool must keep for its users' requests (and milli more); one at least
+        without reserved CPUs to fall back on."""
+        milli += sum(max(g.milli - 1000 * len(g.exclusive), 0) for g in self.grants.values() if g.pool == SHARED)
+        need = -(-milli // 1000)
+        return need if self.reserved else max(need, 1)
+
+    def shared_elsewhere(self) -> dict[str, int]:
+        if self.shared_base - self.taken():
+            return {}
+        users = sum(1 for g in self.grants.values() if g.pool == SHARED)
+        return {SHARED: users} if users else {}
+
+    def fallback(self) -> list[str]:
+        return [f"exclusive grants hold every shared CPU: the shared containers run on the reserved CPUs "
+                f"{self.reserved}"] if self.shared_elsewhere() else []
 
     def place(self, container: Container, pod: Pod, req: Requirements) -> CPUGrant:
         who = f"container {pod.namespace}/{pod.name}/{container.name}"
@@ -70,7 +90,8 @@ class StaticPlusPolicy(PoolPolicy):
         if prefer_isolated(container, pod) is not False and len(free_isolated) >= count:
             return CPUGrant(pool, take_cpus(self.topology, free_isolated, count), req.cpu_request)
         shared = self.shared_base - taken
-        if len(shared) <= count:  # keep one CPU for the shared pool
+        need = self._shared_need(req.fraction if pool else 0)
+        if len(shared) - need < count:
             raise PolicyError(f"{who} needs {count} exclusive CPUs; the shared pool has {len(shared)} "
-                              f"({shared or 'none'}) and must keep one")
+                              f"({shared or 'none'}) and must keep {need} for its users")
         return CPUGrant(pool, take_cpus(self.topology, shared, count), req.cpu_request)

@@ -165,6 +165,9 @@ class StateCollector(Collector):
             "shared_milli_free": _gauge("pool_shared_free_millicpus",
                                         "Milli-CPU of the pool's shared CPUs not requested (negative: "
                                         "overcommitted)", labels),
+            "shared_elsewhere": _gauge("pool_shared_elsewhere_containers",
+                                       "Shared containers of the pool running on a parent pool's or the reserved "
+                                       "CPUs, as exclusive grants hold all of the pool's own", labels),
         }
         memory = _gauge("pool_memory_bytes", "Memory of the pool's NUMA nodes by type", [*labels, "type"])
         for p in pools:

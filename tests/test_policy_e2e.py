@@ -170,3 +170,31 @@ def test_a_container_that_exits_on_its_own_gives_its_cpus_back(containerd, workd
             via.remove_pod(p)
         via.close()
         relay.stop()
+
+
+@pytest.mark.skipif(len(ONLINE) != 2, reason="counts on 2 CPUs: CPU 0 reserved, one left to share or hold")
+@pytest.mark.parametrize("policy", ["topology-aware", "static-plus"])
+def test_best_effort_runs_on_the_reserved_cpu_while_the_other_is_exclusive(containerd, workdir, direct, policy):
+    """What a scheduler admits runs: with the only unreserved CPU held exclusively, a best-effort
+    container is not refused; it runs on the reserved CPU, and moves back once that CPU is free."""
+    relay = policy_relay(workdir, containerd.socket, policy, reserved="cpuset:0").start()
+    via = Cri(relay.socket)
+    pods = []
+    try:
+        g_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(g_cfg))
+        g = via.run_container(pods[-1], g_cfg, container_config(resources=resources(1000, True)))
+        assert cgroup_cpus(g_cfg, g) == CPUSet([1])
+        be_cfg = pod_config(qos="besteffort", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(be_cfg))
+        be = via.run_container(pods[-1], be_cfg, container_config(resources=resources(0, False)))
+        assert cgroup_cpus(be_cfg, be) == CPUSet([0])
+        assert relay.log().count("exclusive grants hold every shared CPU") == 1
+        via.remove_pod(pods.pop(0))
+        wait_until(lambda: cgroup_cpus(be_cfg, be) == CPUSet([1]), what="the best-effort container moves back")
+        wait_until(lambda: "run on their pools' own shared CPUs again" in relay.log(), what="the end is logged")
+    finally:
+        for pod in pods:
+            via.remove_pod(pod)
+        via.close()
+        relay.stop()

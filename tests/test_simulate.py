@@ -85,6 +85,25 @@ def test_simulate_topology_aware_json(tmp_path):
     assert "topology-aware" in out.stdout
 
 
+GUARANTEED_1 = "- name: {}\n  containers:\n    - name: main\n      limits: {{cpu: 1, memory: 64Mi}}\n"
+BEST_EFFORT = "- name: {}\n  containers:\n    - name: main\n"
+
+
+@pytest.mark.parametrize("best_effort_first", [False, True])
+def test_simulate_best_effort_after_every_shared_cpu_went_exclusive(tmp_path, best_effort_first):
+    """7 CPUs allocatable, 7 Guaranteed 1-CPU pods and a best-effort one: all of them run."""
+    config = "policy:\n  Active: topology-aware\n  ReservedResources:\n    cpu: cpuset:0\n"
+    pods = "".join(GUARANTEED_1.format(f"g{i}") for i in range(7))
+    pods = BEST_EFFORT.format("be") + pods if best_effort_first else pods + BEST_EFFORT.format("be")
+    out = simulate(tmp_path, "--machine", "sockets=1,nodes=1,cores=8,threads=1", config=config, pods=pods)
+    assert out.returncode == 0, out.stderr
+    assert "note: exclusive grants hold every shared CPU of pool socket #0: its shared containers run on the " \
+           "reserved CPUs 0" in out.stdout
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.startswith("default/")}
+    assert rows["default/be"][4] == "0"  # pod, container, "socket", "#0", CPUs
+    assert sorted(int(rows[f"default/g{i}"][4]) for i in range(7)) == list(range(1, 8))
+
+
 def test_simulate_table_from_a_host_root(tmp_path):
     from resmgr.topology.generate import MachineSpec, generate
 

@@ -67,6 +67,31 @@ def test_static_plus_pools():
     assert len(w.cpus(mixed) - shared_now) == 1
 
 
+def test_static_plus_shared_containers_run_on_reserved_cpus_while_every_shared_cpu_is_exclusive():
+    w = World("static-plus", ReservedResources={"cpu": "cpuset:0"})
+    be = w.add(QOSClass.BEST_EFFORT, 0)
+    shared = w.cpus(be)
+    assert len(shared) == 13  # 16 CPUs, 2 isolated, 1 reserved
+    burstable = w.add(QOSClass.BURSTABLE, 500)
+    with pytest.raises(PolicyError, match="must keep 1"):  # its 500m needs a CPU
+        w.add(QOSClass.GUARANTEED, 13000)
+    w.remove(burstable)
+    g = w.add(QOSClass.GUARANTEED, 13000)  # what the scheduler admits runs: all 13 shared CPUs
+    assert w.cpus(g) == shared and w.cpus(be) == CPUSet([0])
+    assert w.policy.describe_grant(be.key)["fallback"] == "reserved"
+    assert {p["name"]: p for p in w.policy.describe_pools()}["shared"]["shared_elsewhere"] == 1
+    assert w.policy.fallback()
+    w.remove(g)
+    assert w.cpus(be) == shared and not w.policy.fallback()
+
+
+def test_without_reserved_cpus_static_plus_keeps_one_shared_cpu():
+    w = World("static-plus")
+    w.add(QOSClass.BEST_EFFORT, 0)
+    with pytest.raises(PolicyError, match="must keep 1"):
+        w.add(QOSClass.GUARANTEED, 14000)
+
+
 @pytest.mark.parametrize("name", ["static", "static-plus"])
 def test_an_adopted_container_keeps_its_exclusive_cpus_when_they_are_free(name):
     w = World(name, ReservedResources={"cpu": "cpuset:0"})
@@ -198,7 +223,7 @@ class PolicyMachine(RuleBasedStateMachine):
                 continue
             if g.exclusive:
                 assert g.exclusive.isdisjoint(policy.reserved)
-            if self.policy_name == "static-plus":
+            if self.policy_name == "static-plus" and not policy.shared_elsewhere():
                 assert self.world.cpus(c).isdisjoint(policy.reserved)
 
     def teardown(self):

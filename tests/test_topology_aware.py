@@ -470,7 +470,12 @@ class TopologyAwareMachine(RuleBasedStateMachine):
     def reserved_cpus_only_for_the_reserved_class(self):
         policy = self.world.policy
         for c in self.live:
-            if self.world.pods[c.pod_id].namespace != "kube-system":
+            g = policy.grants[c.key]
+            pool = policy.by_name[g.pool]
+            # ... and best-effort containers when exclusive grants hold every shared CPU, as in kubelet
+            everything_exclusive = g.on_shared and not g.shared and not any(
+                policy.sharable(a) for a in pool.ancestors)
+            if self.world.pods[c.pod_id].namespace != "kube-system" and not everything_exclusive:
                 assert self.world.cpus(c).isdisjoint(policy.reserved)
 
     @invariant()
@@ -487,7 +492,10 @@ class TopologyAwareMachine(RuleBasedStateMachine):
         for c in self.live:
             g = policy.grants[c.key]
             if g.on_shared:
-                assert self.world.cpus(c) == g.exclusive | policy.sharable(policy.by_name[g.pool])
+                pool = policy.by_name[g.pool]
+                assert self.world.cpus(c) == g.exclusive | policy.shared_cpus(pool)
+                if not policy.sharable(pool):  # only a container asking for no CPU time runs elsewhere
+                    assert g.shared == 0 and not g.exclusive
 
     @invariant()
     def shared_capacity_is_never_overcommitted(self):
@@ -559,3 +567,59 @@ def test_a_rebalance_that_cannot_place_everyone_keeps_the_old_arrangement():
         m.shared_users_see_exactly_their_pools_shared_cpus()
         m.exclusive_cpus_belong_to_one_container()
     m.teardown()
+
+
+# -- best-effort containers once exclusive grants hold every shared CPU ------------------------------
+
+ONE_NODE = machine("sockets=1,nodes=1,cores=8,threads=1")
+
+
+@pytest.mark.parametrize("best_effort_first", [False, True])
+def test_best_effort_runs_on_reserved_cpus_while_every_shared_cpu_is_exclusive(best_effort_first):
+    """What the scheduler admits (7 CPUs allocatable) all runs; kubelet's shared pool keeps the reserved CPUs."""
+    w = World(TA, ONE_NODE, ReservedResources={"cpu": "cpuset:0"})
+    early = w.add(BE, 0) if best_effort_first else None
+    guaranteed = [w.add(G, 1000) for _ in range(7)]
+    late = w.add(BE, 0)
+    assert exclusive(w, guaranteed) == CPUSet.parse("1-7")
+    for c in filter(None, (early, late)):
+        assert w.cpus(c) == CPUSet([0])
+        assert w.policy.describe_grant(c.key)["fallback"] == "reserved"
+    assert pools(w.policy)["socket #0"]["shared_elsewhere"] == (2 if early else 1)
+    assert w.policy.fallback() == ["exclusive grants hold every shared CPU of pool socket #0: its shared "
+                                   "containers run on the reserved CPUs 0"]
+    with pytest.raises(PolicyError, match="no pool can take"):  # 300m more than the 7 CPUs allocatable
+        w.add(B, 300)
+    w.remove(guaranteed[3])  # a CPU comes free: the shared containers move onto it
+    freed = CPUSet.parse("1-7") - exclusive(w, [g for g in guaranteed if g.key in w.containers])
+    assert w.cpus(late) == freed and "fallback" not in w.policy.describe_grant(late.key)
+    assert w.policy.fallback() == []
+
+
+def exclusive(w: World, containers: list[Container]) -> CPUSet:
+    out = CPUSet()
+    for c in containers:
+        out |= w.cpus(c)
+    return out
+
+
+def test_best_effort_falls_back_to_the_parent_pools_shared_cpus_first():
+    w = World(TA, machine("sockets=2,nodes=1,cores=2,threads=1"), ReservedResources={"cpu": "cpuset:0"})
+    be = w.add(BE, 0)
+    home = w.policy.by_name[pool_of(w, be)]
+    root = w.policy.pools[0]
+    g = w.add(G, 1000 * len(w.policy.sharable(home)))  # takes all of the home pool's shared CPUs
+    assert pool_of(w, g) == home.name and not w.policy.sharable(home)
+    assert w.policy.sharable(root), "the other socket still has shared CPUs"
+    assert w.cpus(be) == w.policy.sharable(root) and w.policy.describe_grant(be.key)["fallback"] == "parent"
+    other = w.add(BE, 0)  # a new one goes where shared CPUs are
+    assert "fallback" not in w.policy.describe_grant(other.key) and w.cpus(other) == w.policy.sharable(root)
+
+
+def test_without_reserved_cpus_a_pool_with_shared_users_keeps_one():
+    w = World(TA, ONE_NODE)
+    w.add(BE, 0)
+    for _ in range(7):
+        w.add(G, 1000)
+    with pytest.raises(PolicyError):
+        w.add(G, 1000)

@@ -9,7 +9,12 @@ and every shared user of a pool is re-pinned when they do.
 
 Capacity is accounted in milli-CPU: a pool can give shared capacity only while, for it
 and each of its ancestors, the shared requests granted below it fit its shared CPUs, and
-an exclusive slice never leaves a pool with shared users without a shared CPU. Memory
+an exclusive slice never leaves a pool fewer shared CPUs than its shared users request.
+Users that request no CPU time (best-effort) need none of their own: when exclusive grants
+take all of a pool's shared CPUs, they run on the nearest ancestor's shared CPUs, and
+when every pool's are taken, on the reserved CPUs, as kubelet's shared pool does; they
+move back as soon as shared CPUs come free. Without reserved CPUs a pool with shared
+users always keeps one shared CPU (an empty cpuset would mean any CPU). Memory
 is accounted the same way over the pool and its ancestors; a grant whose memory no
 longer fits where it is has its memory widened to the nearest pool up the tree where it
 does.
@@ -201,10 +206,31 @@ class TopologyAwarePolicy(Policy):
         return any(self._users[q.id] for q in pool.subtree)
 
     def _spare_own(self, pool: Pool, milli: int = 0, user: bool = False) -> int:
-        """CPUs the pool's shared set can lose and still serve the shared users below it."""
+        """CPUs the pool's shared set can lose and still serve the shared users below it (users asking
+        for no CPU time need none of their own where reserved CPUs can take them)."""
         m = self._subtree_milli(pool) + milli
-        need = max(-(-m // 1000), 1 if user or self._has_users(pool) else 0)
+        keep_one = not self.reserved and (user or self._has_users(pool))
+        need = max(-(-m // 1000), 1 if keep_one else 0)
         return len(self._sharable[pool.id]) - need
+
+    def shared_cpus(self, pool: Pool) -> CPUSet:
+        """Where the pool's shared users run: its shared CPUs; once exclusive grants took them all, the
+        nearest ancestor's, and when every pool's are taken, the reserved CPUs."""
+        for a in pool.ancestors:
+            if self._sharable[a.id]:
+                return self._sharable[a.id]
+        return self.reserved
+
+    def fallback(self) -> list[str]:
+        """Pools whose shared users run elsewhere than on the pool's own shared CPUs, one line each."""
+        out = []
+        for pool in self.pools:
+            if self._users[pool.id] and not self._sharable[pool.id]:
+                where = next((f"the shared CPUs of pool {a.name}" for a in pool.ancestors if self._sharable[a.id]),
+                             f"the reserved CPUs {self.reserved}")
+                out.append(f"exclusive grants hold every shared CPU of pool {pool.name}: its shared containers "
+                           f"run on {where}")
+        return out
 
     def _spare(self, pool: Pool, milli: int = 0, user: bool = False) -> int:
         """CPUs an exclusive slice may take from the pool: its own spare, and what its children can give.
@@ -301,8 +327,8 @@ class TopologyAwarePolicy(Policy):
             elif any(self._spare_own(a, r.shared, r.on_shared) < r.exclusive for a in pool.ancestors[1:]) \
                     or self._spare(pool, r.shared, r.on_shared) < r.exclusive:
                 return None
-        if r.on_shared and not self._sharable[pool.id]:
-            return None
+        if r.on_shared and not self._sharable[pool.id] and (r.shared or not self.shared_cpus(pool)):
+            return None  # only a container asking for no CPU time may run on another pool's or reserved CPUs
         take = 0 if isolated else 1000 * r.exclusive
         left = self._shared_free(pool) - take - (r.shared if r.on_shared else 0)
         if left < 0:
@@ -327,7 +353,8 @@ class TopologyAwarePolicy(Policy):
             preferred_cpu = isolated == r.isolated
             mems = pool.all_mems
             hinted = sum(1 for nodes in r.hints.values() if any(n in mems for n in nodes))
-            ranked.append(((-affinity, not all_types, -hinted, not preferred_cpu, -pool.depth, -left,
+            elsewhere = r.on_shared and not self._sharable[pool.id]  # would run on another pool's CPUs
+            ranked.append(((elsewhere, -affinity, not all_types, -hinted, not preferred_cpu, -pool.depth, -left,
                             self._count[pool.id], pool.id), pool))
         if not ranked:
             raise PolicyError(f"container {r.who}: no pool can take {r.describe() or 'it'}; free: {self._free()}")
@@ -391,7 +418,7 @@ class TopologyAwarePolicy(Policy):
         if g.reserved:
             cpus |= self.reserved
         if g.on_shared:
-            cpus |= self._sharable[pool.id]
+            cpus |= self.shared_cpus(pool)
         return cpus
 
     def mems_of_grant(self, g: PoolGrant) -> CPUSet:
@@ -408,7 +435,7 @@ class TopologyAwarePolicy(Policy):
         return out
 
     def _snapshot(self) -> list[CPUSet]:
-        return list(self._sharable)
+        return [self.shared_cpus(p) for p in self.pools]
 
     def _updates(self, before: list[CPUSet], view: View, skip: str) -> dict[str, Resources]:
         """Shared users of every pool whose shared CPUs moved."""
@@ -416,7 +443,7 @@ class TopologyAwarePolicy(Policy):
         if not self.pin_cpu:
             return updates
         for pool in self.pools:
-            if before[pool.id] == self._sharable[pool.id]:
+            if before[pool.id] == self.shared_cpus(pool):
                 continue
             for key in sorted(self._users[pool.id]):
                 c = view.containers.get(key)
@@ -568,7 +595,7 @@ class TopologyAwarePolicy(Policy):
     def _overcommitted(self) -> str:
         """What is wrong with the grants as they stand ("" when nothing is)."""
         for pool in self.pools:
-            if self._users[pool.id] and not self._sharable[pool.id]:
+            if self._users[pool.id] and not self.shared_cpus(pool):
                 return f"pool {pool.name} has shared users and no shared CPU left"
             if 1000 * len(self._sharable[pool.id]) < self._subtree_milli(pool):
                 return (f"pool {pool.name}: {self._subtree_milli(pool)}m shared CPU granted, "
@@ -599,6 +626,8 @@ class TopologyAwarePolicy(Policy):
                 exclusive[self.by_name[g.pool].id] += 1
         return [{"name": p.name, "cpus": str(p.cpus), "mems": str(p.all_mems),
                  "parent": p.parent.name if p.parent else "", "shared": str(self._sharable[p.id]),
+                 # shared users running on an ancestor's or the reserved CPUs, none of the pool's own left
+                 "shared_elsewhere": len(self._users[p.id]) if not self._sharable[p.id] else 0,
                  "isolated": str(p.isolated - self._taken), "reserved": str(p.reserved),
                  "memory": {t.value: p.memory[t] for t in sorted(p.memory)},
                  "exclusive_grants": exclusive[p.id], "containers": self._count[p.id],
@@ -611,5 +640,9 @@ class TopologyAwarePolicy(Policy):
         g = self.grants.get(key)
         if g is None:
             return None
-        return {"pool": g.pool, "exclusive": str(g.exclusive), "shared_milli": g.shared, "kind": g.kind}
+        doc = {"pool": g.pool, "exclusive": str(g.exclusive), "shared_milli": g.shared, "kind": g.kind}
+        pool = self.by_name[g.pool]
+        if g.on_shared and not self._sharable[pool.id]:
+            doc["fallback"] = "reserved" if not any(self._sharable[a.id] for a in pool.ancestors) else "parent"
+        return doc
 

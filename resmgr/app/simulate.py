@@ -145,7 +145,7 @@ def summary(topology: Topology, policy: Policy, ledger: Ledger,
                            "cpus": c.resources.cpuset_cpus or str(topology.online),
                            "mems": c.resources.cpuset_mems, "rdt_class": c.rdt_class,
                            "blockio_class": c.blockio_class, "pool": pool})
-    return {"policy": policy.name, "pools": pools, "containers": result}
+    return {"policy": policy.name, "pools": pools, "containers": result, "notices": policy.fallback()}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -153,6 +153,7 @@ def table(result: dict[str, Any]) -> str:
     for p in result["pools"]:
         extra = "".join(f", {k} {p[k] or '-'}" for k in ("mems", "shared", "isolated") if k in p)
         lines.append(f"pool {p['name']}: cpus {p['cpus'] or '-'}{extra}")
+    lines += [f"note: {n}" for n in result.get("notices", [])]
     rows = [("POD", "CONTAINER", "POOL", "CPUS", "MEMS", "RDT", "BLOCKIO")]
     rows += [(c["pod"], c["name"], c["pool"] or "-", c["cpus"] or "-", c["mems"] or "-", c["rdt_class"] or "-",
               c["blockio_class"] or "-") for c in result["containers"]]

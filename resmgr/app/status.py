@@ -39,14 +39,16 @@ def tables(doc: dict[str, Any]) -> str:
     ctrs: list[tuple[str, ...]] = [("POD/CONTAINER", "STATE", "GRANT", "POOL", "CPUS", "MEMS", "RDT", "BLOCKIO")]
     for pod in doc["pods"]:
         for c in pod["containers"]:
-            ctrs.append((f"{pod['namespace']}/{pod['name']}/{c['name']}", c["state"], c["kind"] or "-",
+            kind = f"{c['kind']} (on {c['fallback']} CPUs)" if c.get("fallback") else c["kind"]
+            ctrs.append((f"{pod['namespace']}/{pod['name']}/{c['name']}", c["state"], kind or "-",
                          c["pool"] or "-", c["cpus"] or "-", c["mems"] or "-", c["rdt_class"] or "-",
                          c["blockio_class"] or "-"))
     roles: dict[str, int] = {}
     for cpu in doc["cpus"]:
         roles[cpu["role"]] = roles.get(cpu["role"], 0) + 1
     summary = ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))
-    return "\n".join([*lines, "", f"CPUs: {summary or 'none known'}", "", *columns(ctrs)])
+    notices = [f"note: {n}" for n in doc.get("notices", [])]
+    return "\n".join([*lines, *notices, "", f"CPUs: {summary or 'none known'}", "", *columns(ctrs)])
 
 
 def main(argv: list[str]) -> int:

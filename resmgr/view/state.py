@@ -47,7 +47,7 @@ def _container_doc(c: Container, policy: Policy, online: CPUSet) -> dict[str, An
             "cpus": c.resources.cpuset_cpus, "mems": c.resources.cpuset_mems,
             # without a cpuset the container may run on any online CPU
             "runs_on": c.resources.cpuset_cpus or str(online),
-            "pool": grant.get("pool", ""), "kind": grant.get("kind", ""),
+            "pool": grant.get("pool", ""), "kind": grant.get("kind", ""), "fallback": grant.get("fallback", ""),
             "exclusive": grant.get("exclusive", ""), "shared_milli": grant.get("shared_milli", 0),
             "rdt_class": c.rdt_class, "blockio_class": c.blockio_class,
             "cpu_shares": c.resources.cpu_shares, "cpu_quota": c.resources.cpu_quota,
@@ -96,7 +96,7 @@ def _stats(p: Mapping[str, Any]) -> dict[str, int]:
     return {"cpus": len(CPUSet.parse_or_empty(p.get("cpus", ""))),
             "shared_cpus": len(CPUSet.parse_or_empty(p.get("shared", ""))),
             **{k: int(p.get(k, 0)) for k in ("exclusive_grants", "containers", "shared_milli_requested",
-                                             "shared_milli_free")}}
+                                             "shared_milli_free", "shared_elsewhere")}}
 
 
 def build(topology: Topology | None, policy: Policy, pods: Mapping[str, Pod], containers: Mapping[str, Container],
@@ -113,4 +113,5 @@ def build(topology: Topology | None, policy: Policy, pods: Mapping[str, Pod], co
     return {"version": VERSION, "time": time.time(), "policy": policy.name,
             "config": dict(config or {}),
             "topology": topo if topo is not None else topology_doc(topology),
-            "pools": pools, "cpus": cpu_roles(topology, pools, pod_docs), "pods": pod_docs}
+            "pools": pools, "cpus": cpu_roles(topology, pools, pod_docs), "pods": pod_docs,
+            "notices": policy.fallback()}

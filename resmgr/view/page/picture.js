@@ -87,7 +87,8 @@ function drawTables(doc) {
   for (const pod of doc.pods) {
     for (const c of pod.containers) {
       const who = `${pod.namespace}/${pod.name}/${c.name}`;
-      rows.push([{"data-container": who}, [who, pod.qos_class, c.state, c.kind || "", c.pool || "",
+      const grant = c.fallback ? `${c.kind} (on ${c.fallback} CPUs)` : c.kind;
+      rows.push([{"data-container": who}, [who, pod.qos_class, c.state, grant || "", c.pool || "",
         c.exclusive || "", c.cpus || "", c.mems || "", c.rdt_class || "", c.blockio_class || ""]]);
     }
   }
@@ -115,6 +116,7 @@ function draw(doc) {
   document.getElementById("counts").textContent =
     `${doc.cpus.length} CPUs, ${doc.pods.length} pods, ${containers} containers`;
   document.getElementById("updated").textContent = new Date(doc.time * 1000).toLocaleTimeString();
+  document.getElementById("notices").replaceChildren(...(doc.notices || []).map(n => el("div", {class: "notice"}, n)));
   drawMachine(doc);
   drawTables(doc);
   highlight();
