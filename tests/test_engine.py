@@ -727,3 +727,39 @@ def engine_container(pod_id, name):
     from resmgr.cri import convert
 
     return convert.container_from_config(pod_id, container_config(name))
+
+
+class TakingPolicy(Policy):
+    """Gives each new container CPU n+1 of its own (n: containers before it) and moves every other to CPU 0."""
+
+    name = "test-taking"
+
+    def allocate(self, container, pod, view):
+        n = len(view.containers)
+        others = {k: Resources(cpuset_cpus="0") for k in view.containers if k != container.key}
+        return Decision(resources=Resources(cpuset_cpus=str(n)), updates=others)
+
+
+async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_path):
+    store = StateStore(tmp_path)
+    store.prepare()
+    engine = Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    started = []
+
+    async def start():
+        started.append(True)
+
+    await engine.start_container("c1", start)
+    rt.fail_updates = True  # the runtime goes away while c2's create moves c1 off CPU 2
+    await _create(engine, pod_id, cfg, cid="c2", name="b")
+    await engine.settle_updates()
+    assert engine.containers["c1"].pending and rt.cpusets.get("c1") != "0"
+    with pytest.raises(NotReady, match="c1"):
+        await engine.start_container("c2", start)
+    assert started == [True]  # c2 was not started while c1 may still run on its CPU
+    rt.fail_updates = False
+    await engine.start_container("c2", start)
+    assert started == [True, True] and rt.cpusets["c1"] == "0" and not engine.containers["c1"].pending

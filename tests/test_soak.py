@@ -1,16 +1,21 @@
 """Soak: pods churned through the relay by parallel kubelet-like workers while cri-resmgr is
 SIGKILLed at random moments and containerd now and then.
 
-Each round kills one to three times at random moments while the workers churn, most of the
-time aimed inside a lifecycle call: cri-resmgr alone, or containerd alone (cri-resmgr sees its
-calls fail), or both (cri-resmgr may come back before containerd does), or cri-resmgr while
-containerd is frozen for a few seconds. Some containers ignore SIGTERM and their callers give
-up on the stop before they end, as a kubelet deadline would. Then the workers are paused and the node is
-checked, reading only the runtime and the cgroups:
+CPU 0 is reserved and reconciliation runs at its default interval, as on a node. Each round
+kills one to three times at random moments while the workers churn, most of the time aimed
+inside a lifecycle call: cri-resmgr alone, or containerd alone (cri-resmgr sees its calls
+fail), or both (cri-resmgr may come back before containerd does), or cri-resmgr while
+containerd is frozen for a few seconds; some kills land after containerd made a container and
+before its create answered. The workers do what clients do: retry a call that failed; take a
+name the runtime holds for an earlier create of theirs by starting or removing the container
+the error names, or (as kubelet does) by making the next attempt; give up on stops of
+containers that ignore SIGTERM, as a kubelet deadline would. Then the workers are paused and
+the node is checked, reading only the runtime and the cgroups:
 
-- no CPU is held exclusively by two live containers (also watched all along, not only then);
-- every other live container runs on exactly the shared CPUs (all CPUs but the exclusive
-  ones), so nothing the runtime removed is still held and every cpuset is the policy's;
+- no CPU held exclusively is used by any other running container (also watched all along, not
+  only then);
+- every other live container runs on exactly the shared CPUs (see shared_cpus), so nothing the
+  runtime removed is still held and every cpuset is the policy's;
 - cri-resmgr never exits by itself.
 
 A worker that cannot finish its step within 120 s is reported as a stall (with the call it is in
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -42,9 +48,11 @@ from tests.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_conf
 
 pytestmark = [pytest.mark.soak, pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")]
 
+NAME_HELD = re.compile(r'is reserved for "([0-9a-f]+)"')
 RETRIED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
            grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED}
 CONVERGE = 15.0
+RESERVED_CPUS = CPUSet([0])
 WORKERS = 3
 LIVE = (cri.CONTAINER_CREATED, cri.CONTAINER_RUNNING)
 
@@ -68,6 +76,7 @@ class Stats:
     calls: int = 0
     retries: int = 0
     refused: int = 0  # creates refused for lack of CPUs (expected: one exclusive CPU at most)
+    reserved: int = 0  # creates refused because the runtime held the name for an earlier one
     relay_kills: int = 0
     containerd_kills: int = 0
     freezes: int = 0
@@ -78,6 +87,7 @@ class Stats:
     converge: list[float] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
 
     def add(self, name: str, n: int = 1) -> None:
         with self.lock:
@@ -96,10 +106,16 @@ class Kubelet:
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.in_call = ""  # the lifecycle call in flight, for the killer to aim at
+        self.creating = ""  # the label of the container being created
+        self.last_error = ""  # the last call that failed, for a stall's report
 
     # -- calls with retries ---------------------------------------------------------------
-    def _call(self, method: str, req, settle=None, done_codes=(), timeout: float = 30):
-        """Call until it succeeds; after a failure, settle() may find it was done after all."""
+    def _call(self, method: str, req, settle=None, done_codes=(), timeout: float = 30, on_reserved=None):
+        """Call until it succeeds; after a failure, settle() may find it was done after all.
+
+        A name the runtime holds for an earlier create (its caller was cut off) is handed to
+        on_reserved(holder ID), which may return the call's result; else the call is made again.
+        """
         delay = 0.1
         while True:
             self.stats.add("calls")
@@ -107,16 +123,21 @@ class Kubelet:
             try:
                 return getattr(self.cri.rt, method)(req, timeout=timeout)
             except grpc.RpcError as err:
+                self.last_error = f"{method}: {err.code().name}: {err.details()}"
                 if err.code() in done_codes:
                     return None
-                # A name still reserved by the runtime for an earlier attempt that is still in
-                # progress there (its caller was cut off): kubelet tries again at its next sync.
-                reserved = err.code() == grpc.StatusCode.FAILED_PRECONDITION and "is reserved for" in err.details()
-                if err.code() not in RETRIED and not reserved:
+                holder = NAME_HELD.search(err.details() or "") if err.code() == grpc.StatusCode.FAILED_PRECONDITION \
+                    else None
+                if err.code() not in RETRIED and holder is None:
                     raise
             finally:
                 self.in_call = ""
             self.stats.add("retries")
+            if holder is not None and on_reserved is not None:
+                self.stats.add("reserved")
+                found = on_reserved(holder.group(1))
+                if found is not None:
+                    return found
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
             if settle is not None:
@@ -152,7 +173,30 @@ class Kubelet:
             return cri.CreateContainerResponse(container_id=found[0].id) if found else None
 
         req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=cfg)
-        return self._call("CreateContainer", req, settle).container_id
+
+        def on_reserved(holder: str):
+            """What clients do with a name the runtime holds for an earlier create of theirs."""
+            how = self.rng.random()
+            if how < 0.5:  # take the container the error names as the one made, and start it
+                return cri.CreateContainerResponse(container_id=holder)
+            if how < 0.75:  # remove it, then create again under the same name
+                try:
+                    self.cri.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=holder), timeout=10)
+                except grpc.RpcError:
+                    pass
+                return None
+            # kubelet: the next attempt, the earlier container left created (never started) until the
+            # pod goes, as kubelet's container GC keeps the last dead one of each name
+            req.config.metadata.attempt += 1
+            return None
+
+        # Mostly like kubelet, which learns of a cut-off create only from the name; else by a label.
+        self.creating = label
+        try:
+            return self._call("CreateContainer", req, settle if self.rng.random() < 0.3 else None,
+                              on_reserved=on_reserved).container_id
+        finally:
+            self.creating = ""
 
     def start(self, cid: str) -> None:
         def settle():
@@ -239,8 +283,8 @@ class Kubelet:
 
 
 # -- what the node really runs ------------------------------------------------------------------
-def live_cpusets(direct: Cri, states: tuple[int, ...], selector: dict[str, str] | None = None):
-    """(container, cgroup cpuset.cpus) of each container in states, read from the runtime and the cgroups."""
+def live_cgroups(direct: Cri, states: tuple[int, ...], selector: dict[str, str] | None = None):
+    """(container, (cgroup parent, name)) of each container in states, as the runtime reports them."""
     listed = direct.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
         label_selector=selector or {})), timeout=10).containers
     for c in listed:
@@ -248,14 +292,32 @@ def live_cpusets(direct: Cri, states: tuple[int, ...], selector: dict[str, str] 
             continue
         try:
             st = direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=10)
-            path = json.loads(st.info.get("info", "{}")).get("runtimeSpec", {}).get("linux", {}).get(
-                "cgroupsPath", "")
-            yield c, cgroup_cpus(os.path.dirname(path), os.path.basename(path))
-        except (grpc.RpcError, OSError):
+        except grpc.RpcError:
             continue  # removed meanwhile
+        path = json.loads(st.info.get("info", "{}")).get("runtimeSpec", {}).get("linux", {}).get("cgroupsPath", "")
+        yield c, (os.path.dirname(path), os.path.basename(path))
 
 
-def check(direct: Cri, stats: Stats) -> list[str]:
+def live_cpusets(direct: Cri, states: tuple[int, ...], selector: dict[str, str] | None = None):
+    """(container, cgroup cpuset.cpus) of each container in states, read from the runtime and the cgroups
+    (a container that has not been started has no cgroup yet, and is left out)."""
+    for c, cgroup in live_cgroups(direct, states, selector):
+        try:
+            yield c, cgroup_cpus(*cgroup)
+        except OSError:
+            continue
+
+
+def shared_cpus(policy: str, exclusive: CPUSet) -> CPUSet:
+    """Where every container without exclusive CPUs must run, CPU 0 being reserved: static's default set
+    keeps the reserved CPUs; topology-aware's shared CPUs are the unreserved ones no exclusive grant holds,
+    and the reserved ones once exclusive grants hold them all."""
+    if policy == "static":
+        return ONLINE - exclusive
+    return (ONLINE - RESERVED_CPUS - exclusive) or RESERVED_CPUS
+
+
+def check(direct: Cri, stats: Stats, policy: str) -> list[str]:
     """What is wrong with the node now, reading only the runtime and the cgroups."""
     holders: dict[str, CPUSet] = {}
     others: dict[str, tuple[str, CPUSet]] = {}
@@ -274,19 +336,13 @@ def check(direct: Cri, stats: Stats) -> list[str]:
             if cpu in seen:
                 problems.append(f"CPU {cpu} held exclusively by {seen[cpu][:12]} and {cid[:12]}")
             seen[cpu] = cid
-    shared = ONLINE - CPUSet(seen)
+    shared = shared_cpus(policy, CPUSet(seen))
     for cid, (kind, cpus) in others.items():
         if cpus != shared:
             problems.append(f"{kind} container {cid[:12]} runs on {cpus}; the shared CPUs are {shared}")
     if not problems:
         stats.degraded = max(stats.degraded, degraded)
     return problems
-
-
-def exclusive_holders(direct: Cri) -> dict[str, CPUSet]:
-    """Live exclusive containers holding one CPU, by ID."""
-    return {c.id: cpus for c, cpus in live_cpusets(direct, (cri.CONTAINER_RUNNING,), {"soak-kind": "exclusive"})
-            if len(cpus) == 1}
 
 
 def still_running(direct: Cri, ids: list[str]) -> bool:
@@ -297,27 +353,68 @@ def still_running(direct: Cri, ids: list[str]) -> bool:
         return False
 
 
+def shared_at_once(direct: Cri, holder: tuple[str, str], other: tuple[str, str]) -> CPUSet:
+    """The holder's CPUs that the other container has too, read in an order that proves both ran on them
+    together: the holder's cgroup, then the other's, then both still running (a container that runs
+    was started, and a start waits until the others are off its CPUs)."""
+    try:
+        mine = cgroup_cpus(*holder)
+        theirs = cgroup_cpus(*other)
+    except OSError:
+        return CPUSet()
+    both = mine & theirs
+    return both if both and still_running(direct, [holder[1], other[1]]) else CPUSet()
+
+
 def monitor(socket: str, stats: Stats, stop: threading.Event) -> None:
-    """Two running containers on one exclusive CPU is never right, not even for a moment."""
+    """A CPU held exclusively is never under another running container, not even for a moment."""
     direct = Cri(socket)
     reported: set[tuple[str, str]] = set()
     while not stop.is_set():
         try:
-            holders = exclusive_holders(direct)
-            by_cpu: dict[int, list[str]] = {}
-            for cid, cpus in holders.items():
-                by_cpu.setdefault(min(cpus), []).append(cid)
-            for cpu, ids in by_cpu.items():
-                pair = tuple(sorted(ids))
-                # Read again after the cgroups: both were running together on that CPU.
-                if len(ids) > 1 and pair not in reported and still_running(direct, ids):
-                    reported.add(pair)
-                    stats.violations.append(f"CPU {cpu} held exclusively by {', '.join(i[:12] for i in ids)} "
-                                            "at once (seen while churning)")
+            running = {c.id: (c, cgroup) for c, cgroup in live_cgroups(direct, (cri.CONTAINER_RUNNING,))}
+            cpus = {}
+            for cid, (_, cgroup) in running.items():
+                try:
+                    cpus[cid] = cgroup_cpus(*cgroup)
+                except OSError:
+                    continue
+            holders = [cid for cid in cpus if running[cid][0].labels.get("soak-kind") == "exclusive"
+                       and len(cpus[cid]) == 1]
+            for hid in holders:
+                for oid in cpus:
+                    pair = (hid, oid)
+                    if oid == hid or pair in reported or not cpus[hid] & cpus[oid]:
+                        continue
+                    both = shared_at_once(direct, running[hid][1], running[oid][1])
+                    if both:
+                        reported.add(pair)
+                        kind = running[oid][0].labels.get("soak-kind", "?")
+                        stats.violations.append(f"CPU {both} held exclusively by {hid[:12]} and used by {kind} "
+                                                f"container {oid[:12]} at once (seen while churning)")
         except grpc.RpcError:
             pass  # containerd is down or frozen: nothing to see
         stop.wait(0.1)
     direct.close()
+
+
+def made_before_answer(direct: Cri, workers: list[Kubelet], wait: float = 3.0) -> None:
+    """Return as soon as containerd lists a container whose create has not yet returned to its worker."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        busy = [(w, w.creating) for w in workers if w.in_call == "CreateContainer" and w.creating]
+        if not busy:
+            time.sleep(0.002)
+            continue
+        w, label = busy[0]
+        while w.in_call == "CreateContainer" and w.creating == label and time.monotonic() < deadline:
+            try:
+                if direct.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
+                        label_selector={"soak-ctr": label})), timeout=1).containers:
+                    return
+            except grpc.RpcError:
+                return  # containerd is away: kill now
+        return
 
 
 def answers(socket: str) -> bool:
@@ -330,11 +427,11 @@ def answers(socket: str) -> bool:
         client.close()
 
 
-def converge(direct: Cri, stats: Stats, when: str) -> None:
+def converge(direct: Cri, stats: Stats, when: str, policy: str) -> None:
     """Give the relay CONVERGE seconds to repair; record how long it took, or what stayed wrong."""
     start = time.monotonic()
     while True:
-        problems = check(direct, stats)
+        problems = check(direct, stats, policy)
         if not problems:
             stats.converge.append(time.monotonic() - start)
             break
@@ -354,10 +451,11 @@ def test_soak_with_kills(workdir, policy, request):
     ctrd = PrivateContainerd().start()
     stats = Stats()
     direct = Cri(ctrd.socket)
-    relay = policy_relay(workdir, ctrd.socket, policy, "--reconcile-interval", "1s").start()
+    # CPU 0 reserved, reconciliation rounds at the default interval.
+    relay = policy_relay(workdir, ctrd.socket, policy, reserved=f"cpuset:{RESERVED_CPUS}").start()
 
     def relaunch() -> RelayProcess:
-        return policy_relay(workdir, ctrd.socket, policy, "--reconcile-interval", "1s",
+        return policy_relay(workdir, ctrd.socket, policy, reserved=f"cpuset:{RESERVED_CPUS}",
                             relay_dir=relay.relay_dir).start()
 
     workers: list[Kubelet] = []
@@ -378,7 +476,11 @@ def test_soak_with_kills(workdir, policy, request):
             for _ in range(rng.randint(1, 3)):  # kills close together
                 time.sleep(rng.uniform(0.05, 1.5))
                 fate = rng.random()
-                if rng.random() < 0.6:  # aimed: inside a lifecycle call of some worker
+                aim = rng.random()
+                if aim < 0.35:  # aimed at the end of a create: containerd made the container, its answer is
+                    # not back yet (a retry of it then finds the name taken)
+                    made_before_answer(direct, workers)
+                elif aim < 0.7:  # aimed: inside a lifecycle call of some worker
                     wait_for = time.monotonic() + 3
                     while not any(w.in_call for w in workers) and time.monotonic() < wait_for:
                         time.sleep(0.002)
@@ -413,16 +515,17 @@ def test_soak_with_kills(workdir, policy, request):
                 w.paused.set()
             for w in workers:
                 if not w.idle.wait(120):  # reported, not an invariant: the node is still checked
-                    stats.stalls.append(f"a worker stuck in {w.in_call or 'no call'} for 120 s; "
+                    stats.stalls.append(f"a worker stuck in {w.in_call or 'no call'} for 120 s (last failure: "
+                                        f"{w.last_error or 'none'}); "
                                         f"the relay {'answers' if answers(relay.socket) else 'does not answer'}")
-            converge(direct, stats, f"after kill {stats.relay_kills}")
+            converge(direct, stats, f"after kill {stats.relay_kills}", policy)
             for w in workers:
                 w.paused.clear()
         for w in workers:
             w.stop.set()
         for t in threads:
             t.join(120)
-        converge(direct, stats, "at the end")
+        converge(direct, stats, "at the end", policy)
         done.set()
         watching.join(30)
         if relay.proc.poll() is not None:
@@ -431,7 +534,8 @@ def test_soak_with_kills(workdir, policy, request):
         slowest = max(stats.converge, default=0.0)
         print(f"\nsoak {policy} (--soak-seed {seed}): {seconds:.0f}s, {stats.iterations} iterations, "
               f"{stats.calls} CRI calls "
-              f"({stats.retries} retried, {stats.refused} creates refused for lack of CPUs), "
+              f"({stats.retries} retried, {stats.refused} creates refused for lack of CPUs, "
+              f"{stats.reserved} for a name held by an earlier create), "
               f"{stats.relay_kills} cri-resmgr kills, {stats.containerd_kills} containerd kills, "
               f"{stats.freezes} containerd freezes, {stats.cut_stops} stops cut short, "
               f"{stats.checks} checks, slowest repair {slowest:.1f}s, {stats.degraded} degraded, "

@@ -38,6 +38,7 @@ from resmgr.model import (
     View,
     overlay,
 )
+from resmgr.topology.cpuset import CPUSet
 
 log = logging.getLogger("cri-resmgr.engine")
 
@@ -565,17 +566,22 @@ class Engine(Reconciling):
             self._record({c.key: c.resources})
         await self._push(c.key)
 
-    async def start_container(self, container_id: str, call: Call[T]) -> T:
+    async def start_container(self, container_id: str, call: Call[T], before: bool = True) -> T:
         """Start a container through call(), once the containers its grant moved are off its CPUs.
 
         One we do not know was made behind our back (or by a create whose answer was lost): it is
-        adopted first, so it never runs on CPUs that are someone else's.
+        adopted first, so it never runs on CPUs that are someone else's. If the runtime has not
+        taken the moves of the containers that must leave its CPUs (their updates failed, or were
+        lost with a restart), they are pushed again, and the start is refused (NotReady) while
+        any is still not confirmed. before=False: the runtime has started it already (NRI).
         """
-        if container_id not in self.containers and self.reconciled.is_set():
-            await self.reconcile()
-        repin = self._repins.get(container_id)
-        if repin is not None:
-            await asyncio.shield(repin)
+        if before:
+            if container_id not in self.containers and self.reconciled.is_set():
+                await self.reconcile()
+            repin = self._repins.get(container_id)
+            if repin is not None:
+                await asyncio.shield(repin)
+            await self._clear_the_way(container_id)
         resp = await call()
         async with self._lock:
             c = self.containers.get(container_id)
@@ -585,6 +591,33 @@ class Engine(Reconciling):
             await self._controllers_apply(c)
             await self.save()
         return resp
+
+    async def _clear_the_way(self, container_id: str) -> None:
+        c = self.containers.get(container_id)
+        if c is None:
+            return
+        blocking = self._in_the_way(c)
+        if blocking:
+            await self._push_all(blocking)
+            blocking = self._in_the_way(c)
+        if blocking:
+            raise NotReady(f"container {container_id} cannot start yet: the runtime has not taken the update "
+                           f"moving container(s) {', '.join(k[:12] for k in blocking)} off its CPUs; try again")
+
+    def _in_the_way(self, c: Container) -> list[str]:
+        """Containers the runtime may still run on c's CPUs: they were given others, and the runtime
+        has not confirmed it."""
+        mine = CPUSet.parse_or_empty(c.resources.cpuset_cpus)
+        if not mine:
+            return []
+        out = []
+        for key, o in self.containers.items():
+            if key == c.key or not o.pending or not o.id or o.state == ContainerState.EXITED:
+                continue
+            theirs = CPUSet.parse_or_empty(o.resources.cpuset_cpus)
+            if theirs and theirs.isdisjoint(mine):
+                out.append(key)
+        return out
 
     async def plan_update(self, container_id: str, asked: Resources, plain: bool) -> UpdatePlan | None:
         """kubelet's updates: an in-place resize re-allocates; the CPU manager's cpusets never win.

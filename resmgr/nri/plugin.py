@@ -253,7 +253,7 @@ class NriPlugin:
 
     async def _container_started(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
         self.runtime.seen_container(c, nri.CONTAINER_RUNNING)
-        await self.engine.start_container(c.id, _noop)
+        await self.engine.start_container(c.id, _noop, before=False)
         known = self.engine.context(c.id)
         if self.hooks is not None and known is not None:
             await self.hooks.post_start(*known, deadline)
