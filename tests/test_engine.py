@@ -763,3 +763,35 @@ async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_p
     rt.fail_updates = False
     await engine.start_container("c2", start)
     assert started == [True, True] and rt.cpusets["c1"] == "0" and not engine.containers["c1"].pending
+
+
+async def test_a_container_updated_while_the_runtime_starts_it_is_updated_again(tmp_path):
+    """The runtime may start a container from what it held before an update that came meanwhile;
+    whoever gets the CPUs it was moved off waits until it is started and updated again."""
+    store = StateStore(tmp_path)
+    store.prepare()
+    engine = Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    events = []
+    in_runtime, finish = asyncio.Event(), asyncio.Event()
+
+    async def slow_start():
+        in_runtime.set()
+        await finish.wait()
+        events.append("c1 started")
+
+    async def start():
+        events.append("c2 started")
+
+    first = asyncio.create_task(engine.start_container("c1", slow_start))
+    await in_runtime.wait()
+    await _create(engine, pod_id, cfg, cid="c2", name="b")  # moves c1 off CPU 2 while it starts
+    second = asyncio.create_task(engine.start_container("c2", start))
+    await asyncio.sleep(0.05)
+    assert events == []  # c2 waits for c1's start
+    finish.set()
+    await asyncio.gather(first, second)
+    assert events == ["c1 started", "c2 started"]
+    assert [cid for cid, _ in rt.updates].count("c1") == 2  # once while starting, once after

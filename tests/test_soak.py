@@ -89,9 +89,16 @@ class Stats:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+    longest: tuple[float, str] = (0.0, "")  # the longest a call took to succeed, and its last failure
+
     def add(self, name: str, n: int = 1) -> None:
         with self.lock:
             setattr(self, name, getattr(self, name) + n)
+
+    def retried_for(self, seconds: float, failure: str) -> None:
+        with self.lock:
+            if seconds > self.longest[0]:
+                self.longest = (seconds, failure)
 
 
 class Kubelet:
@@ -116,12 +123,14 @@ class Kubelet:
         A name the runtime holds for an earlier create (its caller was cut off) is handed to
         on_reserved(holder ID), which may return the call's result; else the call is made again.
         """
-        delay = 0.1
+        delay, first, self.last_error = 0.1, time.monotonic(), ""
         while True:
             self.stats.add("calls")
             self.in_call = method
             try:
-                return getattr(self.cri.rt, method)(req, timeout=timeout)
+                resp = getattr(self.cri.rt, method)(req, timeout=timeout)
+                self.stats.retried_for(time.monotonic() - first, self.last_error)
+                return resp
             except grpc.RpcError as err:
                 self.last_error = f"{method}: {err.code().name}: {err.details()}"
                 if err.code() in done_codes:
@@ -149,6 +158,8 @@ class Kubelet:
                     return found
 
     def run_pod(self, cfg: cri.PodSandboxConfig) -> str:
+        req = cri.RunPodSandboxRequest(config=cfg)
+
         def settle():
             items = self.cri.rt.ListPodSandbox(cri.ListPodSandboxRequest(filter=cri.PodSandboxFilter(
                 label_selector={"soak-pod": cfg.labels["soak-pod"]})), timeout=10).items
@@ -156,9 +167,14 @@ class Kubelet:
             for p in items:
                 if p.state != cri.SANDBOX_READY:  # half made: kubelet removes it and tries again
                     self.remove_pod(p.id)
-            return cri.RunPodSandboxResponse(pod_sandbox_id=ready[0].id) if ready else None
+            if ready:
+                return cri.RunPodSandboxResponse(pod_sandbox_id=ready[0].id)
+            # kubelet's next attempt. (The same name again can leave containerd 2.2 two sandboxes of
+            # one name after a kill, and then it refuses to start: "failed to recover state".)
+            req.config.metadata.attempt += 1
+            return None
 
-        return self._call("RunPodSandbox", cri.RunPodSandboxRequest(config=cfg), settle).pod_sandbox_id
+        return self._call("RunPodSandbox", req, settle).pod_sandbox_id
 
     def create(self, pod_id: str, cfg: cri.PodSandboxConfig, kind: str) -> str:
         stubborn = self.rng.random() < 0.5  # ignores SIGTERM: a stop must wait, then kill
@@ -317,6 +333,12 @@ def shared_cpus(policy: str, exclusive: CPUSet) -> CPUSet:
     return (ONLINE - RESERVED_CPUS - exclusive) or RESERVED_CPUS
 
 
+def holds_exclusively(kind: str, cpus: CPUSet) -> bool:
+    """An exclusive container on a CPU of its own (one that did not fit runs on the shared or the
+    reserved CPUs, which may be a single one too)."""
+    return kind == "exclusive" and len(cpus) == 1 and not cpus & RESERVED_CPUS
+
+
 def check(direct: Cri, stats: Stats, policy: str) -> list[str]:
     """What is wrong with the node now, reading only the runtime and the cgroups."""
     holders: dict[str, CPUSet] = {}
@@ -324,7 +346,7 @@ def check(direct: Cri, stats: Stats, policy: str) -> list[str]:
     degraded = 0
     for c, cpus in live_cpusets(direct, LIVE):
         kind = c.labels.get("soak-kind", "?")
-        if kind == "exclusive" and len(cpus) == 1:
+        if holds_exclusively(kind, cpus):
             holders[c.id] = cpus
         else:
             degraded += kind == "exclusive"
@@ -379,8 +401,7 @@ def monitor(socket: str, stats: Stats, stop: threading.Event) -> None:
                     cpus[cid] = cgroup_cpus(*cgroup)
                 except OSError:
                     continue
-            holders = [cid for cid in cpus if running[cid][0].labels.get("soak-kind") == "exclusive"
-                       and len(cpus[cid]) == 1]
+            holders = [cid for cid in cpus if holds_exclusively(running[cid][0].labels.get("soak-kind", ""), cpus[cid])]
             for hid in holders:
                 for oid in cpus:
                     pair = (hid, oid)
@@ -542,6 +563,8 @@ def test_soak_with_kills(workdir, policy, request):
               f"{len(stats.violations)} violations, {len(stats.stalls)} stalls")
         for stall in stats.stalls:
             print(f"soak {policy}: {stall}")
+        print(f"soak {policy}: the longest a call took to succeed: {stats.longest[0]:.1f}s "
+              f"(last failure: {stats.longest[1] or 'none'})")
         assert not errors, errors
         assert stats.violations == [], "\n".join(stats.violations[:20])
     finally:

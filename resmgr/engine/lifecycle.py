@@ -46,6 +46,7 @@ T = TypeVar("T")
 Call = Callable[[], Awaitable[T]]
 
 READY_WAIT = 10.0  # how long a call waits for the first reconciliation before it is refused
+START_WAIT = 10.0  # how long a start waits for the starts of containers moved off its CPUs
 
 
 class NotReady(Exception):
@@ -150,6 +151,10 @@ class Engine(Reconciling):
         # the write loses nothing, reconciliation finds the container where the answer put it.
         self.write_behind = False
         self._fallback: list[str] = []  # the policy's fallback conditions last logged
+        # Containers whose StartContainer the runtime is carrying out, and those of them updated
+        # meanwhile (updated again once started).
+        self._starting: dict[str, asyncio.Event] = {}
+        self._raced: set[str] = set()
         self._saves: set[asyncio.Task[None]] = set()
 
     # -- state -------------------------------------------------------------
@@ -319,12 +324,15 @@ class Engine(Reconciling):
             if c is None or not c.id or not c.pending:
                 return  # gone, or an earlier push already sent the latest
             res = c.resources
+            starting = key in self._starting  # the runtime may start it from what it held before
             try:
                 await self.runtime.update_resources(c.id, res)
             except Exception as err:
                 log.error("updating resources of container %s failed (will retry): %s", c.id, brief(err))
                 self.wake()
                 return
+            if starting or key in self._starting:
+                self._raced.add(key)
             if c.resources is res:
                 c.pending = False
         if not lock.locked() and key not in self.containers:
@@ -582,7 +590,17 @@ class Engine(Reconciling):
             if repin is not None:
                 await asyncio.shield(repin)
             await self._clear_the_way(container_id)
-        resp = await call()
+        started = self._starting.setdefault(container_id, asyncio.Event())
+        try:
+            resp = await call()
+        finally:
+            if container_id in self._raced:
+                # Updated while the runtime was starting it: the runtime may have started it with
+                # what it held before (its record says the new CPUs, its cgroup the old ones).
+                await self._push_again(container_id)
+            if self._starting.get(container_id) is started:
+                del self._starting[container_id]
+            started.set()
         async with self._lock:
             c = self.containers.get(container_id)
             if c is not None and c.state != ContainerState.EXITED:
@@ -592,27 +610,42 @@ class Engine(Reconciling):
             await self.save()
         return resp
 
+    async def _push_again(self, key: str) -> None:
+        self._raced.discard(key)
+        c = self.containers.get(key)
+        if c is not None and c.id and c.state != ContainerState.EXITED:
+            c.pending = True
+            await self._push(key)
+
     async def _clear_the_way(self, container_id: str) -> None:
         c = self.containers.get(container_id)
         if c is None:
             return
-        blocking = self._in_the_way(c)
+        others = self._elsewhere(c)
+        starting = [self._starting[k] for k in others if k in self._starting]
+        if starting:  # the runtime is starting them; one updated meanwhile is updated again after
+            waits = [asyncio.create_task(e.wait()) for e in starting]
+            await asyncio.wait(waits, timeout=START_WAIT)
+            for w in waits:
+                w.cancel()
+        blocking = [k for k in others if self.containers[k].pending]
         if blocking:
             await self._push_all(blocking)
-            blocking = self._in_the_way(c)
+            blocking = [k for k in blocking if (o := self.containers.get(k)) is not None and o.pending
+                        and o.state != ContainerState.EXITED]
         if blocking:
             raise NotReady(f"container {container_id} cannot start yet: the runtime has not taken the update "
                            f"moving container(s) {', '.join(k[:12] for k in blocking)} off its CPUs; try again")
 
-    def _in_the_way(self, c: Container) -> list[str]:
-        """Containers the runtime may still run on c's CPUs: they were given others, and the runtime
-        has not confirmed it."""
+    def _elsewhere(self, c: Container) -> list[str]:
+        """Other live containers given CPUs apart from c's: the runtime may still run one on c's CPUs
+        while its update is not confirmed."""
         mine = CPUSet.parse_or_empty(c.resources.cpuset_cpus)
         if not mine:
             return []
         out = []
         for key, o in self.containers.items():
-            if key == c.key or not o.pending or not o.id or o.state == ContainerState.EXITED:
+            if key == c.key or not o.id or o.state == ContainerState.EXITED:
                 continue
             theirs = CPUSet.parse_or_empty(o.resources.cpuset_cpus)
             if theirs and theirs.isdisjoint(mine):
