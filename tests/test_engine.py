@@ -11,7 +11,7 @@ import pytest
 from policies import Decision, Policy
 from resmgr.cri.lifecycle import CriLifecycle
 from resmgr.cri.runtime import CriRuntime
-from resmgr.engine import Engine, NotReady, reconcile
+from resmgr.engine import Engine, NotReady, lifecycle, reconcile
 from resmgr.engine.store import StateStore
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import ContainerEvent, ContainerState, Resources
@@ -763,6 +763,27 @@ async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_p
     rt.fail_updates = False
     await engine.start_container("c2", start)
     assert started == [True, True] and rt.cpusets["c1"] == "0" and not engine.containers["c1"].pending
+
+
+async def test_a_runtime_that_never_takes_the_moves_does_not_keep_a_container_from_running(tmp_path, monkeypatch):
+    store = StateStore(tmp_path)
+    store.prepare()
+    engine = Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    rt.fail_updates = True
+    await _create(engine, pod_id, cfg, cid="c2", name="b")
+    started = []
+
+    async def start():
+        started.append(True)
+
+    with pytest.raises(NotReady):
+        await engine.start_container("c2", start)
+    monkeypatch.setattr(lifecycle, "HOLD_BACK_MAX", 0.0)  # refused for longer than that
+    await engine.start_container("c2", start)
+    assert started == [True] and engine.containers["c1"].pending  # started all the same, logged
 
 
 async def test_a_container_updated_while_the_runtime_starts_it_is_updated_again(tmp_path):

@@ -127,6 +127,7 @@ class Kubelet:
         while True:
             self.stats.add("calls")
             self.in_call = method
+            kills = self.stats.containerd_kills
             try:
                 resp = getattr(self.cri.rt, method)(req, timeout=timeout)
                 self.stats.retried_for(time.monotonic() - first, self.last_error)
@@ -142,6 +143,10 @@ class Kubelet:
             finally:
                 self.in_call = ""
             self.stats.add("retries")
+            if method == "CreateContainer" and self.stats.containerd_kills != kills:
+                # containerd died with the create in it: the next attempt, as kubelet would once it
+                # lists the pod again (the same name again risks what run_pod says of sandboxes).
+                req.config.metadata.attempt += 1
             if holder is not None and on_reserved is not None:
                 self.stats.add("reserved")
                 found = on_reserved(holder.group(1))
@@ -169,8 +174,9 @@ class Kubelet:
                     self.remove_pod(p.id)
             if ready:
                 return cri.RunPodSandboxResponse(pod_sandbox_id=ready[0].id)
-            # kubelet's next attempt. (The same name again can leave containerd 2.2 two sandboxes of
-            # one name after a kill, and then it refuses to start: "failed to recover state".)
+            # kubelet's next attempt. (The same name again after containerd was killed in the call
+            # left containerd 2.2.9 two sandboxes of one name, and then it refused to start: "failed
+            # to recover state: failed to reserve sandbox name".)
             req.config.metadata.attempt += 1
             return None
 
@@ -509,8 +515,8 @@ def test_soak_with_kills(workdir, policy, request):
                 if relay.proc.poll() is not None:
                     stats.violations.append(f"cri-resmgr exited by itself with {relay.proc.returncode}")
                 if fate < 0.3:  # containerd dies while the call is in it
+                    stats.add("containerd_kills")  # first: a worker whose call fails may ask
                     ctrd.kill()
-                    stats.containerd_kills += 1
                 if fate < 0.15:  # ... alone: cri-resmgr sees the calls fail
                     time.sleep(rng.uniform(0, 2.0))
                     ctrd.restart()

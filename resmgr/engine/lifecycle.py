@@ -47,6 +47,7 @@ Call = Callable[[], Awaitable[T]]
 
 READY_WAIT = 10.0  # how long a call waits for the first reconciliation before it is refused
 START_WAIT = 10.0  # how long a start waits for the starts of containers moved off its CPUs
+HOLD_BACK_MAX = 60.0  # how long starts are refused while the runtime does not take such moves
 
 
 class NotReady(Exception):
@@ -155,6 +156,7 @@ class Engine(Reconciling):
         # meanwhile (updated again once started).
         self._starting: dict[str, asyncio.Event] = {}
         self._raced: set[str] = set()
+        self._held_back: dict[str, float] = {}  # starts refused since, by container
         self._saves: set[asyncio.Task[None]] = set()
 
     # -- state -------------------------------------------------------------
@@ -248,6 +250,8 @@ class Engine(Reconciling):
         self._unallocated.discard(c.key)
         self._degraded.discard(c.key)
         self._unsettled.pop(c.key, None)
+        self._held_back.pop(c.key, None)
+        self._raced.discard(c.key)
         return decision
 
     def _drop_pod(self, pod: Pod) -> Decision:
@@ -628,14 +632,27 @@ class Engine(Reconciling):
             await asyncio.wait(waits, timeout=START_WAIT)
             for w in waits:
                 w.cancel()
-        blocking = [k for k in others if self.containers[k].pending]
+        blocking = self._unconfirmed(others)
         if blocking:
             await self._push_all(blocking)
-            blocking = [k for k in blocking if (o := self.containers.get(k)) is not None and o.pending
-                        and o.state != ContainerState.EXITED]
-        if blocking:
+            blocking = self._unconfirmed(blocking)
+        if not blocking:
+            self._held_back.pop(container_id, None)
+            return
+        since = self._held_back.setdefault(container_id, time.monotonic())
+        names = ", ".join(k[:12] for k in blocking)
+        if time.monotonic() - since < HOLD_BACK_MAX:
             raise NotReady(f"container {container_id} cannot start yet: the runtime has not taken the update "
-                           f"moving container(s) {', '.join(k[:12] for k in blocking)} off its CPUs; try again")
+                           f"moving container(s) {names} off its CPUs; try again")
+        # A runtime that keeps refusing those updates must not keep the container from ever running.
+        log.error("starting container %s although the runtime has refused for %.0f s to move container(s) %s "
+                  "off its CPUs", container_id, time.monotonic() - since, names)
+        self._held_back.pop(container_id, None)
+
+    def _unconfirmed(self, keys: list[str]) -> list[str]:
+        """Those of keys whose last update the runtime has not taken (gone or exited ones aside)."""
+        return [k for k in keys if (o := self.containers.get(k)) is not None and o.pending
+                and o.state != ContainerState.EXITED]
 
     def _elsewhere(self, c: Container) -> list[str]:
         """Other live containers given CPUs apart from c's: the runtime may still run one on c's CPUs
