@@ -287,15 +287,22 @@ def test_configmap_change_re_pins_running_containers(env, containerd):
         s = via.run_container(pods[-1], s_cfg, container_config(resources=resources(0, False)))
         mine = cgroup_cpus(g_cfg, g)
         assert len(mine) == 1 and cgroup_cpus(s_cfg, s) == ONLINE - mine
-        # Reserving the shared CPU leaves no room for both containers: refused, nothing moves.
+        # Reserving every CPU leaves none to run anything on: refused, nothing moves.
+        env.api.configmap(NS, "cri-resmgr-config.default", policy_map(
+            "topology-aware", f"ReservedResources:\n  cpu: cpuset:{ONLINE}\n"))
+        wait_for(lambda: env.node_status().get("applied") is False, what="the rejection")
+        assert env.active() == "static" and "no CPUs left to share" in env.node_status()["error"]
+        assert cgroup_cpus(g_cfg, g) == mine and cgroup_cpus(s_cfg, s) == ONLINE - mine
+        # Reserving the shared CPU: the exclusive container keeps its CPU and the best-effort one runs
+        # on the reserved CPU, as kubelet's shared pool would.
         env.api.configmap(NS, "cri-resmgr-config.default", policy_map(
             "topology-aware", f"ReservedResources:\n  cpu: cpuset:{min(ONLINE - mine)}\n"))
-        wait_for(lambda: env.node_status().get("applied") is False, what="the rejection")
-        assert env.active() == "static" and "no pool can take" in env.node_status()["error"]
+        wait_for(lambda: env.active() == "topology-aware" and "cpuset:" in env.status().config, what="the switch")
         assert cgroup_cpus(g_cfg, g) == mine and cgroup_cpus(s_cfg, s) == ONLINE - mine
-        # A switch that keeps every container placeable is applied and re-pins the cgroups.
+        # Without reserved CPUs: applied, and the cgroups are as the policy says.
         env.api.configmap(NS, "cri-resmgr-config.default", policy_map("topology-aware"))
-        wait_for(lambda: env.active() == "topology-aware" and env.node_status().get("applied"), what="the switch")
+        wait_for(lambda: "cpuset:" not in env.status().config and env.node_status().get("applied"),
+                 what="the switch")
         mine = cgroup_cpus(g_cfg, g)
         assert len(mine) == 1 and cgroup_cpus(s_cfg, s) == ONLINE - mine
         assert cgroup_cpuset(g_cfg, g, "mems")  # topology-aware pins memory as well
