@@ -172,7 +172,7 @@ class PoolPolicy(Policy):
         for name, base in bases.items():
             grants = [g for g in self.grants.values() if self._source(g, bases) == name]
             requested = sum(max(g.milli - 1000 * len(g.exclusive), 0) for g in grants if g.pool == name)
-            shared = now.get(name, EMPTY) if name != "isolated" else EMPTY
+            shared = now.get(name, EMPTY) if name != "isolated" and name not in elsewhere else EMPTY
             nodes = [n for n in self.topology.nodes.values() if n.cpus & base]
             memory: dict[str, int] = {}
             for n in nodes:
