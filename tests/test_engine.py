@@ -740,10 +740,14 @@ class TakingPolicy(Policy):
         return Decision(resources=Resources(cpuset_cpus=str(n)), updates=others)
 
 
-async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_path):
+def taking_engine(tmp_path) -> Engine:
     store = StateStore(tmp_path)
     store.prepare()
-    engine = Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+    return Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+
+
+async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_path):
+    engine = taking_engine(tmp_path)
     rt = engine.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
@@ -766,9 +770,7 @@ async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_p
 
 
 async def test_a_runtime_that_never_takes_the_moves_does_not_keep_a_container_from_running(tmp_path, monkeypatch):
-    store = StateStore(tmp_path)
-    store.prepare()
-    engine = Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+    engine = taking_engine(tmp_path)
     rt = engine.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
@@ -789,9 +791,7 @@ async def test_a_runtime_that_never_takes_the_moves_does_not_keep_a_container_fr
 async def test_a_container_updated_while_the_runtime_starts_it_is_updated_again(tmp_path):
     """The runtime may start a container from what it held before an update that came meanwhile;
     whoever gets the CPUs it was moved off waits until it is started and updated again."""
-    store = StateStore(tmp_path)
-    store.prepare()
-    engine = Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+    engine = taking_engine(tmp_path)
     rt = engine.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
