@@ -24,6 +24,11 @@ class CPUGrant:
     exclusive: CPUSet = EMPTY
     milli: int = 0  # CPU request, for accounting
 
+    @property
+    def shared_milli(self) -> int:
+        """The part of the request its shared pool serves (beyond its exclusive CPUs)."""
+        return max(self.milli - 1000 * len(self.exclusive), 0) if self.pool else 0
+
     def to_dict(self) -> dict[str, Any]:
         return {"pool": self.pool, "exclusive": str(self.exclusive), "milli": self.milli}
 
@@ -171,7 +176,7 @@ class PoolPolicy(Policy):
         out = []
         for name, base in bases.items():
             grants = [g for g in self.grants.values() if self._source(g, bases) == name]
-            requested = sum(max(g.milli - 1000 * len(g.exclusive), 0) for g in grants if g.pool == name)
+            requested = sum(g.shared_milli for g in grants if g.pool == name)
             shared = now.get(name, EMPTY) if name != "isolated" and name not in elsewhere else EMPTY
             nodes = [n for n in self.topology.nodes.values() if n.cpus & base]
             memory: dict[str, int] = {}
@@ -193,7 +198,7 @@ class PoolPolicy(Policy):
         kind = "mixed" if g.exclusive and g.pool else "exclusive" if g.exclusive else \
             "reserved" if g.pool == "reserved" else "shared"
         doc = {"pool": self._source(g, self.pool_bases()), "exclusive": str(g.exclusive),
-               "shared_milli": max(g.milli - 1000 * len(g.exclusive), 0) if g.pool else 0, "kind": kind}
+               "shared_milli": g.shared_milli, "kind": kind}
         if g.pool in self.shared_elsewhere():
             doc["fallback"] = "reserved"
         return doc

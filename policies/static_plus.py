@@ -63,7 +63,7 @@ class StaticPlusPolicy(PoolPolicy):
     def _shared_need(self, milli: int = 0) -> int:
         """CPUs the shared pool must keep for its users' requests (and milli more); one at least
         without reserved CPUs to fall back on."""
-        milli += sum(max(g.milli - 1000 * len(g.exclusive), 0) for g in self.grants.values() if g.pool == SHARED)
+        milli += sum(g.shared_milli for g in self.grants.values() if g.pool == SHARED)
         need = -(-milli // 1000)
         return need if self.reserved else max(need, 1)
 

@@ -213,21 +213,24 @@ class TopologyAwarePolicy(Policy):
         need = max(-(-m // 1000), 1 if keep_one else 0)
         return len(self._sharable[pool.id]) - need
 
+    def _lender(self, pool: Pool) -> Pool | None:
+        """The pool whose shared CPUs the pool's shared users run on: itself, once exclusive grants took
+        them all the nearest ancestor that has some, and None when no pool has any (the reserved CPUs)."""
+        return next((a for a in pool.ancestors if self._sharable[a.id]), None)
+
     def shared_cpus(self, pool: Pool) -> CPUSet:
-        """Where the pool's shared users run: its shared CPUs; once exclusive grants took them all, the
-        nearest ancestor's, and when every pool's are taken, the reserved CPUs."""
-        for a in pool.ancestors:
-            if self._sharable[a.id]:
-                return self._sharable[a.id]
-        return self.reserved
+        """Where the pool's shared users run (see _lender)."""
+        lender = self._lender(pool)
+        return self._sharable[lender.id] if lender is not None else self.reserved
 
     def fallback(self) -> list[str]:
         """Pools whose shared users run elsewhere than on the pool's own shared CPUs, one line each."""
         out = []
         for pool in self.pools:
             if self._users[pool.id] and not self._sharable[pool.id]:
-                where = next((f"the shared CPUs of pool {a.name}" for a in pool.ancestors if self._sharable[a.id]),
-                             f"the reserved CPUs {self.reserved}")
+                lender = self._lender(pool)
+                where = f"the shared CPUs of pool {lender.name}" if lender is not None else \
+                    f"the reserved CPUs {self.reserved}"
                 out.append(f"exclusive grants hold every shared CPU of pool {pool.name}: its shared containers "
                            f"run on {where}")
         return out
@@ -643,6 +646,6 @@ class TopologyAwarePolicy(Policy):
         doc = {"pool": g.pool, "exclusive": str(g.exclusive), "shared_milli": g.shared, "kind": g.kind}
         pool = self.by_name[g.pool]
         if g.on_shared and not self._sharable[pool.id]:
-            doc["fallback"] = "reserved" if not any(self._sharable[a.id] for a in pool.ancestors) else "parent"
+            doc["fallback"] = "reserved" if self._lender(pool) is None else "parent"
         return doc
 
