@@ -76,16 +76,22 @@ class RelayProcess:
         return grpc.insecure_channel("unix://" + self.socket)
 
 
-def policy_relay(workdir: Path, runtime_socket: str, policy: str, *extra: str,
-                 relay_dir: Path | None = None, reserved: str = "") -> RelayProcess:
-    """A relay (not started) with a forced configuration that names the policy (and reserved CPUs: a
-    ReservedResources cpu value, such as cpuset:0)."""
+def policy_config(workdir: Path, policy: str, reserved: str = "") -> Path:
+    """A configuration file that names the policy (and reserved CPUs: a ReservedResources cpu value,
+    such as cpuset:0)."""
     config = workdir / f"{policy}.yaml"
     text = f"policy:\n  Active: {policy}\n"
     if reserved:
         text += f"  ReservedResources:\n    cpu: \"{reserved}\"\n"
     config.write_text(text)
-    return RelayProcess(workdir, runtime_socket, "--force-config", str(config), *extra, relay_dir=relay_dir)
+    return config
+
+
+def policy_relay(workdir: Path, runtime_socket: str, policy: str, *extra: str,
+                 relay_dir: Path | None = None, reserved: str = "") -> RelayProcess:
+    """A relay (not started) forced to the policy's configuration (see policy_config)."""
+    return RelayProcess(workdir, runtime_socket, "--force-config", str(policy_config(workdir, policy, reserved)),
+                        *extra, relay_dir=relay_dir)
 
 
 class NriProcess(RelayProcess):
@@ -117,3 +123,10 @@ class NriProcess(RelayProcess):
                 return
             time.sleep(0.02)
         raise TimeoutError(f"NRI plugin not synchronized after {timeout}s:\n{self.log()[-3000:]}")
+
+
+def policy_nri(workdir: Path, nri_socket: str, policy: str, *extra: str, relay_dir: Path | None = None,
+               reserved: str = "") -> NriProcess:
+    """An NRI plugin (not started) forced to the policy's configuration (see policy_config)."""
+    return NriProcess(workdir, nri_socket, "--force-config", str(policy_config(workdir, policy, reserved)),
+                      *extra, relay_dir=relay_dir)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the Go programs the tests run against - containerd, its runc shim, ctr, runc,
-# crictl and critest - from the Go module proxy, at the versions pinned by the go.mod
-# files under tools/go/. Nothing of their source lives in this repository.
+# crictl and critest; kubelet, kube-apiserver, kubectl and etcd - from the Go module proxy,
+# at the versions pinned by the go.mod files under tools/go/. Nothing of their source lives
+# in this repository.
 #
 # Binaries are cached under ~/.cache/cri-resmgr/go/<component>-<version>-<hash of go.mod
 # and go.sum>/bin, so a second run builds nothing. Prints the bin directories, one per line
@@ -56,6 +57,15 @@ build() {  # COMPONENT MODULE: build into the cache unless it is there
             # critest is a Go test binary (ginkgo), as cri-tools' own Makefile builds it.
             go test -c -trimpath -ldflags "-s -w -X $mod/pkg/version.Version=$version" \
                 -o "$out.tmp/bin/critest" "$mod/cmd/critest" ;;
+        kubernetes)
+            # Built outside its own tree the version reads v0.0.0-master unless stamped.
+            local minor=${version#v1.}
+            minor=${minor%%.*}
+            local v=k8s.io/component-base/version
+            go build -trimpath -ldflags "-s -w -X $v.gitVersion=$version -X $v.gitMajor=1 -X $v.gitMinor=$minor" \
+                -o "$out.tmp/bin/" "$mod/cmd/kubelet" "$mod/cmd/kube-apiserver" "$mod/cmd/kubectl" ;;
+        etcd)
+            go build -trimpath -ldflags "-s -w" -o "$out.tmp/bin/etcd" "$mod" ;;
         esac
     ) >&2
     touch "$out.tmp/.done"
@@ -67,3 +77,5 @@ build() {  # COMPONENT MODULE: build into the cache unless it is there
 build containerd github.com/containerd/containerd/v2
 build runc github.com/opencontainers/runc
 build critools sigs.k8s.io/cri-tools
+build kubernetes k8s.io/kubernetes
+build etcd go.etcd.io/etcd/server/v3

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.containerd import PrivateContainerd, missing_tools
+from harness.kube import ControlPlane
+from harness.kube import missing_tools as kube_missing
 from tests.helpers import Cri, RelayProcess
 
 
@@ -19,6 +21,17 @@ def containerd():
     ctrd = PrivateContainerd().start()
     yield ctrd
     ctrd.stop()
+
+
+@pytest.fixture(scope="session")
+def kube():
+    """etcd and kube-apiserver, shared by the tests that run kubelets and agents against them."""
+    missing = missing_tools() + kube_missing()
+    if missing:
+        pytest.fail("Kubernetes harness tools missing: " + ", ".join(missing) + " (run scripts/setup.sh)")
+    control = ControlPlane().start()
+    yield control
+    control.stop()
 
 
 @pytest.fixture
@@ -69,7 +82,7 @@ def pytest_addoption(parser):
 PROCESSES = {f"tests.{m}" for m in ("test_agent", "test_config_link", "test_hostile", "test_interop",
                                      "test_passthrough", "test_policy_e2e", "test_rdt", "test_blockio",
                                      "test_resize", "test_soak", "test_state", "test_wire", "test_hooks",
-                                     "test_webhook", "test_picture")}
+                                     "test_webhook", "test_picture", "test_kubelet")}
 
 
 def pytest_collection_modifyitems(config, items):

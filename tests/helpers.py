@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -231,3 +232,36 @@ class Pods:
                 self.client.remove_pod(pod)
             except grpc.RpcError:
                 pass
+
+
+def container_cgroup(direct: Cri, cid: str) -> tuple[str, str]:
+    """(cgroup parent, name) of a container, as the runtime reports it (OSError once it is gone)."""
+    try:
+        st = direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid, verbose=True), timeout=10)
+    except grpc.RpcError as err:
+        raise FileNotFoundError(f"container {cid}: {err.details()}") from err
+    path = json.loads(st.info.get("info", "{}")).get("runtimeSpec", {}).get("linux", {}).get("cgroupsPath", "")
+    return os.path.dirname(path), os.path.basename(path)
+
+
+def live_cgroups(direct: Cri, states: tuple[int, ...], selector: dict[str, str] | None = None):
+    """(container, (cgroup parent, name)) of each container in states, as the runtime reports them."""
+    listed = direct.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
+        label_selector=selector or {})), timeout=10).containers
+    for c in listed:
+        if c.state not in states:
+            continue
+        try:
+            yield c, container_cgroup(direct, c.id)
+        except OSError:
+            continue  # removed meanwhile
+
+
+def live_cpusets(direct: Cri, states: tuple[int, ...], selector: dict[str, str] | None = None):
+    """(container, cgroup cpuset.cpus) of each container in states, read from the runtime and the cgroups
+    (a container that has not been started has no cgroup yet, and is left out)."""
+    for c, cgroup in live_cgroups(direct, states, selector):
+        try:
+            yield c, cgroup_cpus(*cgroup)
+        except OSError:
+            continue

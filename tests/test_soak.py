@@ -27,8 +27,6 @@ sets how long each policy is churned (default 90); the figures are printed at th
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import re
 import signal
@@ -44,7 +42,17 @@ import pytest
 from harness.containerd import PrivateContainerd
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.topology.cpuset import CPUSet
-from tests.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_config, pod_config, policy_relay
+from tests.helpers import (
+    ONLINE,
+    Cri,
+    RelayProcess,
+    cgroup_cpus,
+    container_config,
+    live_cgroups,
+    live_cpusets,
+    pod_config,
+    policy_relay,
+)
 
 pytestmark = [pytest.mark.soak, pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")]
 
@@ -305,31 +313,6 @@ class Kubelet:
 
 
 # -- what the node really runs ------------------------------------------------------------------
-def live_cgroups(direct: Cri, states: tuple[int, ...], selector: dict[str, str] | None = None):
-    """(container, (cgroup parent, name)) of each container in states, as the runtime reports them."""
-    listed = direct.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
-        label_selector=selector or {})), timeout=10).containers
-    for c in listed:
-        if c.state not in states:
-            continue
-        try:
-            st = direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=10)
-        except grpc.RpcError:
-            continue  # removed meanwhile
-        path = json.loads(st.info.get("info", "{}")).get("runtimeSpec", {}).get("linux", {}).get("cgroupsPath", "")
-        yield c, (os.path.dirname(path), os.path.basename(path))
-
-
-def live_cpusets(direct: Cri, states: tuple[int, ...], selector: dict[str, str] | None = None):
-    """(container, cgroup cpuset.cpus) of each container in states, read from the runtime and the cgroups
-    (a container that has not been started has no cgroup yet, and is left out)."""
-    for c, cgroup in live_cgroups(direct, states, selector):
-        try:
-            yield c, cgroup_cpus(*cgroup)
-        except OSError:
-            continue
-
-
 def shared_cpus(policy: str, exclusive: CPUSet) -> CPUSet:
     """Where every container without exclusive CPUs must run, CPU 0 being reserved: static's default set
     keeps the reserved CPUs; topology-aware's shared CPUs are the unreserved ones no exclusive grant holds,
