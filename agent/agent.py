@@ -214,7 +214,7 @@ class ConfigAgent:
         try:
             self.cluster.annotate_node({STATUS_ANNOTATION: json.dumps(status, sort_keys=True)})
             if error:
-                self.cluster.warn(self.settings.namespace, REJECTED_REASON,
+                self.cluster.warn(REJECTED_REASON,
                                   f"cri-resmgr rejected ConfigMap {self.settings.namespace}/{choice.name} "
                                   f"(resourceVersion {choice.resource_version}): {error}", self.node)
         except Exception as err:  # the status is informative; the agent keeps working without it

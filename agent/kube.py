@@ -25,7 +25,8 @@ from kubernetes.watch import Watch
 
 log = logging.getLogger("cri-resmgr-agent.kube")
 
-WATCH_SECONDS = 240  # the server ends each watch after this long; we watch again from where we were
+WATCH_SECONDS = 240
+EVENT_NAMESPACE = "default"  # the server ends each watch after this long; we watch again from where we were
 
 
 class Backoff:
@@ -162,8 +163,11 @@ class Cluster:
     def update_capacity(self, capacities: dict[str, str]) -> None:
         self.api.patch_node_status(self.node_name, {"status": {"capacity": capacities}}, _request_timeout=10)
 
-    def warn(self, namespace: str, reason: str, message: str, node: dict[str, Any] | None) -> None:
-        """A Warning Event about this Node, so `kubectl describe node` shows it."""
+    def warn(self, reason: str, message: str, node: dict[str, Any] | None) -> None:
+        """A Warning Event about this Node, so `kubectl describe node` shows it. An Event about a
+        cluster-scoped object lives in the default namespace (the API server refuses it elsewhere),
+        where the kubelet's own Events about the node are too."""
+        namespace = EVENT_NAMESPACE
         meta = (node or {}).get("metadata") or {}
         now = datetime.datetime.now(datetime.UTC)
         body = client.CoreV1Event(

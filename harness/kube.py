@@ -193,6 +193,10 @@ class ControlPlane:
         crt, key = self.pki.issue("apiserver", "kube-apiserver", hosts=("127.0.0.1", "localhost"))
         to_kubelet = self.pki.issue("apiserver-kubelet", "kube-apiserver-kubelet-client", ("system:masters",))
         sa_key, sa_pub = self.pki.signing_key("service-accounts")
+        audit_policy = self.dir / "audit-policy.yaml"
+        audit_policy.write_text(yaml.safe_dump({"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                                                "omitStages": ["RequestReceived"], "rules": [{"level": "Metadata"}]}))
+        self.audit_log = self.dir / "audit.log"
         self.apiserver = Process("kube-apiserver", [
             str(TOOLS_BIN / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_client}",
             "--bind-address=127.0.0.1", f"--secure-port={self.port}", "--advertise-address=127.0.0.1",
@@ -205,7 +209,10 @@ class ControlPlane:
             f"--service-account-signing-key-file={sa_key}", f"--service-cluster-ip-range={SERVICE_RANGE}",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
             # Webhooks are called at a Service's endpoints, as without kube-proxy there is no ClusterIP.
-            "--enable-aggregator-routing=true", "--profiling=false", "--v=1"], self.dir / "apiserver.log")
+            "--enable-aggregator-routing=true", "--profiling=false", "--v=1",
+            # Every request, who made it and its answer: what the tests check least privilege with.
+            f"--audit-policy-file={audit_policy}", f"--audit-log-path={self.audit_log}",
+            "--audit-log-mode=blocking"], self.dir / "apiserver.log")
         self._admin = tuple(map(str, self.pki.issue("admin", "admin", ("system:masters",))))
         self.admin_kubeconfig = write_kubeconfig(self.dir / "admin.kubeconfig", self.server, self.pki.ca,
                                                  {"client-certificate": self._admin[0], "client-key": self._admin[1]})
@@ -234,6 +241,19 @@ class ControlPlane:
     def restart_apiserver(self) -> None:
         self.apiserver.stop()
         self.start_apiserver()
+
+    def audit(self, user: str, since: datetime.datetime | None = None) -> list[dict[str, Any]]:
+        """The audit records of one user's requests (verb, requestURI, responseStatus...), those
+        received at or after since if given."""
+        out = []
+        for line in self.audit_log.read_text().splitlines() if self.audit_log.exists() else []:
+            record = json.loads(line)
+            if record.get("user", {}).get("username") != user:
+                continue
+            if since and datetime.datetime.fromisoformat(record["requestReceivedTimestamp"]) < since:
+                continue
+            out.append(record)
+        return out
 
     def api_client(self) -> client.ApiClient:
         """An admin client (system:masters)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -11,10 +12,13 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import grpc
 import pytest
+from kubernetes import client, utils
 
+from harness.kube import ControlPlane
 from resmgr.generated.agent import api_pb2, api_pb2_grpc
 from resmgr.generated.config import status_pb2, status_pb2_grpc
 from tests.helpers import ROOT, Cri, RelayProcess, container_config, pod_config, wait_socket
@@ -22,9 +26,10 @@ from tests.kubeapi import KubeAPI
 from tests.test_policy_e2e import ONLINE, cgroup_cpus, cgroup_cpuset, resources
 
 NS = "kube-system"
-NODE = "node-1"
 LABEL = "cri-resource-manager.intel.com/group"
 STATUS = "cri-resource-manager.intel.com/config-status"
+RBAC = ROOT / "config" / "kubernetes" / "agent-rbac.yaml"
+AGENT_USER = "system:serviceaccount:kube-system:cri-resmgr-agent"
 
 
 def wait_for(check: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> object:
@@ -38,7 +43,8 @@ def wait_for(check: Callable[[], object], timeout: float = 15.0, what: str = "co
 
 
 class AgentProcess:
-    def __init__(self, workdir: Path, kubeconfig: str, relay_config_socket: str) -> None:
+    def __init__(self, workdir: Path, node: str, kubeconfig: str, relay_config_socket: str) -> None:
+        self.node = node
         self.socket = str(workdir / "agent" / "agent.sock")
         self.log_path = workdir / f"agent-{uuid.uuid4().hex[:6]}.log"
         self.args = [sys.executable, "-m", "agent", "--kubeconfig", kubeconfig, "--config-ns", NS,
@@ -49,7 +55,7 @@ class AgentProcess:
     def start(self) -> AgentProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                         env={**os.environ, "NODE_NAME": NODE})
+                                         env={**os.environ, "NODE_NAME": self.node})
         wait_socket(self.socket, proc=self.proc)
         return self
 
@@ -66,16 +72,101 @@ class AgentProcess:
         return api_pb2_grpc.AgentStub(grpc.insecure_channel("unix://" + self.socket))
 
 
-class Env:
-    """A test API server, a cri-resmgr (no runtime behind it) and an agent between them."""
+class RealCluster:
+    """The objects the agent reads and writes, on the real API server (harness.kube), set up and read
+    back with an admin client; the agent itself gets a token of the shipped ServiceAccount and RBAC."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
+    def __init__(self, control: ControlPlane, node: str) -> None:
+        self.control, self.node = control, node
+        self.core = control.core()
+        try:
+            utils.create_from_yaml(control.api_client(), str(RBAC))
+        except utils.FailToCreateError as err:  # made by an earlier test
+            if any(e.status != 409 for e in err.api_exceptions):
+                raise
+        labels = {"kubernetes.io/hostname": node, "kubernetes.io/os": "linux"}  # as a kubelet registers it
+        self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node, labels=labels),
+                                            status=client.V1NodeStatus(capacity={"cpu": "2"})))
+        self.maps: set[tuple[str, str]] = set()
+        self.since = datetime.datetime.now(datetime.UTC)
+
+    def kubeconfig(self, path: str) -> str:
+        return str(self.control.kubeconfig_for(NS, "cri-resmgr-agent"))
+
+    def configmap(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name), data=data)
+        if (namespace, name) in self.maps:
+            self.core.replace_namespaced_config_map(name, namespace, body)
+        else:
+            self.core.create_namespaced_config_map(namespace, body)
+            self.maps.add((namespace, name))
+
+    def delete_configmap(self, namespace: str, name: str) -> None:
+        self.core.delete_namespaced_config_map(name, namespace)
+        self.maps.discard((namespace, name))
+
+    def node_object(self) -> dict:
+        return json.loads(self.core.read_node(self.node, _preload_content=False).data)
+
+    def set_label(self, key: str, value: str | None) -> None:
+        self.core.patch_node(self.node, {"metadata": {"labels": {key: value}}})
+
+    def events(self) -> list[dict]:
+        return json.loads(self.core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={self.node}", _preload_content=False).data)["items"]
+
+    def close(self) -> None:
+        for namespace, name in list(self.maps):
+            self.delete_configmap(namespace, name)
+        self.core.delete_node(self.node)
+
+
+class FakeCluster:
+    """The same on tests/kubeapi.py, for what a real API server will not do on cue (drop every watch,
+    forget its history)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
         self.api = KubeAPI().start()
-        self.api.node(NODE)
+        self.api.node(node)
+
+    def kubeconfig(self, path: str) -> str:
+        return self.api.kubeconfig(path)
+
+    def configmap(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        self.api.configmap(namespace, name, data)
+
+    def delete_configmap(self, namespace: str, name: str) -> None:
+        self.api.store.delete("configmaps", namespace, name)
+
+    def node_object(self) -> dict:
+        return self.api.get("nodes", self.node) or {}
+
+    def set_label(self, key: str, value: str | None) -> None:
+        node = self.node_object()
+        labels = node["metadata"].setdefault("labels", {})
+        if value is None:
+            labels.pop(key, None)
+        else:
+            labels[key] = value
+        self.api.store.put("nodes", node)
+
+    def events(self) -> list[dict]:
+        return self.api.events()
+
+    def close(self) -> None:
+        self.api.stop()
+
+
+class Env:
+    """An API server, a cri-resmgr (no runtime behind it unless given one) and an agent between them."""
+
+    def __init__(self, workdir: Path, cluster: RealCluster | FakeCluster) -> None:
+        self.workdir, self.cluster, self.node = workdir, cluster, cluster.node
         self.config_socket = str(workdir / "cfg" / "config.sock")
         self.relay: RelayProcess | None = None
-        self.agent = AgentProcess(workdir, self.api.kubeconfig(str(workdir / "kubeconfig")), self.config_socket)
+        self.agent = AgentProcess(workdir, self.node, cluster.kubeconfig(str(workdir / "kubeconfig")),
+                                  self.config_socket)
 
     def start_relay(self, runtime_socket: str | None = None, state: str = "state") -> None:
         runtime_socket = runtime_socket or str(self.workdir / "no-runtime.sock")
@@ -91,29 +182,30 @@ class Env:
         return self.status().policy
 
     def node_status(self) -> dict:
-        node = self.api.get("nodes", NODE) or {}
-        text = node.get("metadata", {}).get("annotations", {}).get(STATUS)
+        text = self.cluster.node_object().get("metadata", {}).get("annotations", {}).get(STATUS)
         return json.loads(text) if text else {}
 
     def label(self, group: str | None) -> None:
-        node = self.api.get("nodes", NODE)
-        labels = node["metadata"].setdefault("labels", {})
-        if group is None:
-            labels.pop(LABEL, None)
-        else:
-            labels[LABEL] = group
-        self.api.store.put("nodes", node)
+        self.cluster.set_label(LABEL, group)
 
     def close(self) -> None:
-        self.agent.stop()
+        if self.agent.proc is not None:
+            self.agent.stop()
         if self.relay is not None:
             self.relay.stop()
-        self.api.stop()
+        self.cluster.close()
 
 
 @pytest.fixture
-def env(workdir):
-    e = Env(workdir)
+def env(workdir, kube):
+    e = Env(workdir, RealCluster(kube, f"node-{uuid.uuid4().hex[:6]}"))
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def fake_env(workdir):
+    e = Env(workdir, FakeCluster("node-1"))
     yield e
     e.close()
 
@@ -128,88 +220,105 @@ def applied(env: Env, name: str) -> Callable[[], bool]:
 
 def test_node_group_default_precedence_and_edits(env):
     env.start_relay()
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
-    env.api.configmap(NS, "cri-resmgr-config.group.gold", policy_map("static-plus"))
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.cluster.configmap(NS, "cri-resmgr-config.group.gold", policy_map("static-plus"))
     env.agent.start()
     wait_for(lambda: env.active() == "static", what="the default map")
     wait_for(applied(env, "cri-resmgr-config.default"), what="the status annotation")
-    assert env.status().source == f"agent (node {NODE})"
+    assert env.status().source == f"agent (node {env.node})"
 
     env.label("gold")  # the node joins a group: its map wins over the default
     wait_for(lambda: env.active() == "static-plus", what="the group map")
-    env.api.configmap(NS, f"cri-resmgr-config.node.{NODE}", policy_map("topology-aware"))
+    env.cluster.configmap(NS, f"cri-resmgr-config.node.{env.node}", policy_map("topology-aware"))
     wait_for(lambda: env.active() == "topology-aware", what="the node map")
-    wait_for(applied(env, f"cri-resmgr-config.node.{NODE}"))
+    wait_for(applied(env, f"cri-resmgr-config.node.{env.node}"))
 
     # Editing the map in force is pushed; editing one that does not apply is not.
-    env.api.configmap(NS, f"cri-resmgr-config.node.{NODE}",
+    env.cluster.configmap(NS, f"cri-resmgr-config.node.{env.node}",
                       policy_map("topology-aware", "topology-aware:\n  PinMemory: false\n"))
     wait_for(lambda: "PinMemory: false" in env.status().config, what="the edit")
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("none"))
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("none"))
     time.sleep(0.5)
     assert env.active() == "topology-aware"
 
-    env.api.store.delete("configmaps", NS, f"cri-resmgr-config.node.{NODE}")
+    env.cluster.delete_configmap(NS, f"cri-resmgr-config.node.{env.node}")
     wait_for(lambda: env.active() == "static-plus", what="back to the group map")
     env.label("silver")  # a group without a map: the default applies
     wait_for(lambda: env.active() == "none", what="the default map again")
-    env.api.configmap(NS, "cri-resmgr-config.group.silver", policy_map("static"))
+    env.cluster.configmap(NS, "cri-resmgr-config.group.silver", policy_map("static"))
     wait_for(lambda: env.active() == "static", what="the new group's map")
     env.label(None)
     wait_for(lambda: env.active() == "none", what="no group")
 
-    # Only this node's objects are ever listed or watched, by name.
-    reads = [r for r in env.api.requests if r.method == "GET" and r.path in (
-        "/api/v1/nodes", f"/api/v1/namespaces/{NS}/configmaps")]
-    assert reads and all(r.query.get("fieldSelector", "").startswith("metadata.name=") for r in reads)
-    names = {r.query["fieldSelector"] for r in reads}
-    assert names <= {f"metadata.name={n}" for n in (NODE, "cri-resmgr-config.default", f"cri-resmgr-config.node.{NODE}",
+    # Only this node's objects are ever listed or watched, by name, and the shipped RBAC let every
+    # request through (the API server's audit log).
+    calls = env.cluster.control.audit(AGENT_USER, since=env.cluster.since)
+    assert calls and [c["requestURI"] for c in calls if c["responseStatus"]["code"] == 403] == []
+    reads = [urlsplit(c["requestURI"]) for c in calls if c["verb"] in ("list", "watch")]
+    assert reads and {r.path for r in reads} == {"/api/v1/nodes", f"/api/v1/namespaces/{NS}/configmaps"}
+    names = {parse_qs(r.query).get("fieldSelector", [""])[0] for r in reads}
+    assert names <= {f"metadata.name={n}" for n in (env.node, "cri-resmgr-config.default",
+                                                    f"cri-resmgr-config.node.{env.node}",
                                                     "cri-resmgr-config.group.gold", "cri-resmgr-config.group.silver")}
 
 
 def test_rejected_configuration_is_reported_and_the_relay_keeps_its_own(env):
     env.start_relay()
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
     env.agent.start()
     wait_for(lambda: env.active() == "static")
-    env.api.configmap(NS, "cri-resmgr-config.default", {"policy": "Active: [static"})
+    env.cluster.configmap(NS, "cri-resmgr-config.default", {"policy": "Active: [static"})
     wait_for(lambda: env.node_status().get("applied") is False, what="the rejection annotation")
     assert "not valid YAML" in env.node_status()["error"]
     assert env.active() == "static"
-    events = wait_for(env.api.events, what="an Event")
+    events = wait_for(env.cluster.events, what="an Event")
     event = events[0]
     assert event["reason"] == "ConfigRejected" and event["type"] == "Warning"
-    assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == NODE
+    assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == env.node
     assert "not valid YAML" in event["message"]
     probe = subprocess.run([sys.executable, "-m", "agent", "probe", "--agent-socket", env.agent.socket],
                            capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert probe.returncode == 1 and "rejected cri-resmgr-config.default" in probe.stderr
 
-    env.api.configmap(NS, "cri-resmgr-config.default", {"policy.static": "RelaxedIsolation: sometimes\n"})
+    env.cluster.configmap(NS, "cri-resmgr-config.default", {"policy.static": "RelaxedIsolation: sometimes\n"})
     wait_for(lambda: "RelaxedIsolation" in env.node_status().get("error", ""), what="a value error")
     assert env.active() == "static"
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
     wait_for(lambda: env.node_status().get("applied") is True)
     probe = subprocess.run([sys.executable, "-m", "agent", "probe", "--agent-socket", env.agent.socket],
                            capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert probe.returncode == 0, probe.stderr
 
 
-def test_watches_survive_drops_restarts_and_expiry(env):
+def test_the_agent_resumes_its_watches_after_an_api_server_restart(env):
     env.start_relay()
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
     env.agent.start()
     wait_for(lambda: env.active() == "static")
-    env.api.drop_watches()
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
+    env.cluster.control.restart_apiserver()
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
+    wait_for(lambda: env.active() == "static-plus", timeout=30, what="a change after the restart")
+    assert "retrying in" in env.agent.log()  # it saw the server go
+    wait_for(lambda: env.agent.stub().HealthCheck(api_pb2.HealthCheckRequest(), timeout=5).error == "",
+             what="healthy again")
+
+
+def test_watches_survive_drops_and_expiry(fake_env):
+    env = fake_env
+    env.start_relay()
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.agent.start()
+    wait_for(lambda: env.active() == "static")
+    env.cluster.api.drop_watches()
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
     wait_for(lambda: env.active() == "static-plus", what="a change after the watches dropped")
 
     # The API server restarts and its history is gone: resuming watches get 410 Gone, relist.
-    env.api.stop()
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("topology-aware"))
-    env.api.compact()
+    env.cluster.api.stop()
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("topology-aware"))
+    env.cluster.api.compact()
     time.sleep(0.3)
-    env.api.start()
+    env.cluster.api.start()
     wait_for(lambda: env.active() == "topology-aware", what="the change made while the server was down")
     assert "410 Gone" in env.agent.log()
     wait_for(lambda: env.agent.stub().HealthCheck(api_pb2.HealthCheckRequest(), timeout=5).error == "",
@@ -217,14 +326,14 @@ def test_watches_survive_drops_restarts_and_expiry(env):
 
 
 def test_a_change_while_the_relay_is_down_is_pushed_when_it_returns(env):
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
     env.agent.start()
     wait_for(lambda: "not reachable" in env.agent.stub().HealthCheck(api_pb2.HealthCheckRequest(), timeout=5).error,
              what="the agent to notice")
     env.start_relay()
     wait_for(lambda: env.active() == "static", what="the push once the relay is up")
     env.relay.stop()
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
     time.sleep(0.5)
     env.start_relay()  # a restart keeps the pushed configuration, then gets the newer one
     wait_for(lambda: env.active() == "static-plus", what="the change made while the relay was down")
@@ -243,12 +352,12 @@ def test_agent_service_cluster_operations(env):
     env.agent.start()
     stub = env.agent.stub()
     node = json.loads(stub.GetNode(api_pb2.GetNodeRequest(), timeout=10).node)
-    assert node["metadata"]["name"] == NODE
+    assert node["metadata"]["name"] == env.node
     stub.PatchNode(api_pb2.PatchNodeRequest(patches=[
         api_pb2.JsonPatch(op="add", path="/metadata/labels/example.com~1pool", value='"fast"')]), timeout=10)
-    assert env.api.get("nodes", NODE)["metadata"]["labels"]["example.com/pool"] == "fast"
+    assert env.cluster.node_object()["metadata"]["labels"]["example.com/pool"] == "fast"
     stub.UpdateNodeCapacity(api_pb2.UpdateNodeCapacityRequest(capacities={"example.com/widget": "4"}), timeout=10)
-    assert env.api.get("nodes", NODE)["status"]["capacity"] == {"cpu": "2", "example.com/widget": "4"}
+    assert env.cluster.node_object()["status"]["capacity"] == {"cpu": "2", "example.com/widget": "4"}
     with pytest.raises(grpc.RpcError) as info:
         stub.UpdateNodeCapacity(api_pb2.UpdateNodeCapacityRequest(capacities={"cpu": "64"}), timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -256,7 +365,7 @@ def test_agent_service_cluster_operations(env):
         stub.PatchNode(api_pb2.PatchNodeRequest(patches=[
             api_pb2.JsonPatch(op="remove", path="/metadata/labels/missing")]), timeout=10)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
     wait_for(lambda: stub.GetConfig(api_pb2.GetConfigRequest(), timeout=5).config.get("policy") == "Active: static\n")
     assert oct(os.stat(env.agent.socket).st_mode & 0o777) == "0o600"
 
@@ -272,7 +381,7 @@ def test_agent_needs_a_node_name(tmp_path):
 
 @pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
 def test_configmap_change_re_pins_running_containers(env, containerd):
-    env.api.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
     env.start_relay(containerd.socket)
     env.agent.start()
     wait_for(lambda: env.active() == "static", what="the default map")
@@ -288,19 +397,19 @@ def test_configmap_change_re_pins_running_containers(env, containerd):
         mine = cgroup_cpus(g_cfg, g)
         assert len(mine) == 1 and cgroup_cpus(s_cfg, s) == ONLINE - mine
         # Reserving every CPU leaves none to run anything on: refused, nothing moves.
-        env.api.configmap(NS, "cri-resmgr-config.default", policy_map(
+        env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map(
             "topology-aware", f"ReservedResources:\n  cpu: cpuset:{ONLINE}\n"))
         wait_for(lambda: env.node_status().get("applied") is False, what="the rejection")
         assert env.active() == "static" and "no CPUs left to share" in env.node_status()["error"]
         assert cgroup_cpus(g_cfg, g) == mine and cgroup_cpus(s_cfg, s) == ONLINE - mine
         # Reserving the shared CPU: the exclusive container keeps its CPU and the best-effort one runs
         # on the reserved CPU, as kubelet's shared pool would.
-        env.api.configmap(NS, "cri-resmgr-config.default", policy_map(
+        env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map(
             "topology-aware", f"ReservedResources:\n  cpu: cpuset:{min(ONLINE - mine)}\n"))
         wait_for(lambda: env.active() == "topology-aware" and "cpuset:" in env.status().config, what="the switch")
         assert cgroup_cpus(g_cfg, g) == mine and cgroup_cpus(s_cfg, s) == ONLINE - mine
         # Without reserved CPUs: applied, and the cgroups are as the policy says.
-        env.api.configmap(NS, "cri-resmgr-config.default", policy_map("topology-aware"))
+        env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("topology-aware"))
         wait_for(lambda: "cpuset:" not in env.status().config and env.node_status().get("applied"),
                  what="the switch")
         mine = cgroup_cpus(g_cfg, g)
