@@ -112,6 +112,20 @@ class Pki:
         return priv, pub
 
 
+def host_address() -> str:
+    """An IPv4 address of this machine other than loopback, which the API server refuses in endpoints:
+    the source of the default route, else the first global one."""
+    route = json.loads(subprocess.run(["ip", "-j", "-4", "route", "get", "192.0.2.255"], capture_output=True,
+                                      text=True).stdout or "[]")
+    if route and route[0].get("prefsrc"):
+        return route[0]["prefsrc"]
+    for link in json.loads(subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout):
+        for addr in link.get("addr_info", []):
+            if addr.get("scope") == "global":
+                return addr["local"]
+    raise RuntimeError("no IPv4 address other than loopback")
+
+
 def write_kubeconfig(path: Path, server: str, ca: Path, user: dict[str, str]) -> Path:
     """A kubeconfig for one user: {client-certificate, client-key} or {token}."""
     path.write_text(yaml.safe_dump({
@@ -263,6 +277,9 @@ class ControlPlane:
 
     def core(self) -> client.CoreV1Api:
         return client.CoreV1Api(self.api_client())
+
+    def discovery(self) -> client.DiscoveryV1Api:
+        return client.DiscoveryV1Api(self.api_client())
 
     def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
         """A bound ServiceAccount token (TokenRequest), as a pod would get."""

@@ -25,6 +25,7 @@ class KubeNode:
                  relay_mode: str = "splice", reserved: str = "cpuset:0", node: str = "crirm-node",
                  cpu_manager: str = "none", **kubelet_settings: Any) -> None:
         self.control, self.workdir, self.front, self.node = control, workdir, front, node
+        workdir.mkdir(parents=True, exist_ok=True)
         self.ctrd = PrivateContainerd(workdir / "ctrd")
         self.resmgr: RelayProcess | None = None
         if front == "relay":

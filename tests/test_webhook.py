@@ -16,13 +16,18 @@ from pathlib import Path
 
 import jsonpatch
 import pytest
+import yaml
+from kubernetes import client, utils
 
+from harness.kube import host_address
 from harness.relay import free_port
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import Container, Pod, QOSClass
 from resmgr.requests import RESOURCES_ANNOTATION, requirements
+from resmgr.topology.cpuset import CPUSet
 from resmgr.webhook import review
 from tests.helpers import ONLINE, ROOT, Cri, cgroup_cpus, container_config, pod_config, policy_relay, wait_until
+from tests.kubenode import KubeNode
 
 
 def pod(containers: list[dict], init: list[dict] | None = None, annotations: dict | None = None) -> dict:
@@ -50,14 +55,16 @@ def admission(obj: dict, operation: str = "CREATE", kind: str = "Pod", resource:
 
 
 class Webhook:
-    def __init__(self, workdir: Path) -> None:
+    """The webhook on a port of its own, with a certificate for its Service in namespace and for localhost."""
+
+    def __init__(self, workdir: Path, namespace: str = "default", host: str = "127.0.0.1") -> None:
         self.certs = workdir / "certs"
-        subprocess.run(["bash", str(ROOT / "scripts/webhook-certs.sh"), str(self.certs), "default", "DNS:localhost",
+        subprocess.run(["bash", str(ROOT / "scripts/webhook-certs.sh"), str(self.certs), namespace, "DNS:localhost",
                         "IP:127.0.0.1"], check=True, capture_output=True)
         self.port = free_port()
         self.log = workdir / "webhook.log"
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "resmgr.webhook", "--listen", f"127.0.0.1:{self.port}",
+            self.proc = subprocess.Popen([sys.executable, "-m", "resmgr.webhook", "--listen", f"{host}:{self.port}",
                                           "--tls-cert-file", str(self.certs / "tls.crt"), "--tls-private-key-file",
                                           str(self.certs / "tls.key"), "--log-level", "DEBUG",
                                           "--cert-check-interval", "0.2"],
@@ -245,3 +252,38 @@ def test_annotated_pod_gets_its_cpus_through_the_relay(containerd, workdir, webh
             via.remove_pod(p)
         via.close()
         relay.stop()
+
+
+def test_the_api_server_calls_the_webhook_the_shipped_manifest_registers(kube, workdir):
+    """A pod made through the real API server gets the annotation from the webhook (registered by
+    config/kubernetes/webhook.yaml, TLS verified against the Service's name) and runs with the CPUs it
+    asks for through the relay under a real kubelet."""
+    ns = "cri-resmgr"
+    hook = Webhook(workdir / "hook", namespace=ns, host="0.0.0.0")
+    # The manifest's Deployment needs an image of this project, which is not built here: the webhook runs
+    # on the host, and an EndpointSlice puts it behind the manifest's Service, as the Deployment's pods
+    # would be (the API server calls webhooks at a Service's endpoints with aggregator routing).
+    ca = base64.b64encode((hook.certs / "ca.crt").read_bytes()).decode()
+    docs = [d for d in yaml.safe_load_all((ROOT / "config/kubernetes/webhook.yaml").read_text().replace(
+        "CA_BUNDLE", ca)) if d and d["kind"] != "Deployment"]
+    api = kube.api_client()
+    kube.ensure_namespace(ns)
+    utils.create_from_yaml(api, yaml_objects=docs, namespace=ns)
+    kube.discovery().create_namespaced_endpoint_slice(ns, {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "cri-resmgr-webhook-host", "labels": {"kubernetes.io/service-name": "cri-resmgr-webhook"}},
+        "addressType": "IPv4", "endpoints": [{"addresses": [host_address()], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": hook.port, "protocol": "TCP"}]})
+    node = KubeNode(kube, workdir / "node")
+    try:
+        node.start()
+        running = node.run("annotated", cpu="1", memory="64Mi", limits=True)
+        annotation = json.loads(running.metadata.annotations[RESOURCES_ANNOTATION])
+        assert annotation == {"c0": {"requests": {"cpu": "1", "memory": "64Mi"},
+                                     "limits": {"cpu": "1", "memory": "64Mi"}}}
+        assert ": patched" in hook.log.read_text()  # by the webhook, as the API server called it
+        assert node.cpus("annotated")["c0"] == ONLINE - CPUSet([0])  # exclusive; CPU 0 is reserved
+    finally:
+        node.stop()
+        client.AdmissionregistrationV1Api(api).delete_mutating_webhook_configuration("cri-resmgr-webhook")
+        hook.stop()
