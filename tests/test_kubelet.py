@@ -8,11 +8,17 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
+import time
 from pathlib import Path
 
+import grpc
 import pytest
 
+from harness.kube import container_ids
+from resmgr.generated.config import status_pb2, status_pb2_grpc
+from resmgr.generated.cri import api_pb2 as cri
 from resmgr.topology.cpuset import CPUSet
 from tests.helpers import ONLINE, wait_until
 from tests.kubenode import KubeNode, error_kinds
@@ -100,3 +106,121 @@ def test_pods_of_each_qos_class_run_with_the_policys_cpus(kube, direct_errors, f
         made = re.findall(r"(?:passthrough|intercepted) (\w+) (ok|error \w+)", calls)
         assert {m for m, _ in made} >= PERIODIC, "kubelet's periodic calls went through the relay"
         assert [c for c in made if c[1] != "ok"] == [], "a kubelet call failed through the relay"
+
+
+@pytest.mark.parametrize("cpu_manager", ["none", "static"])
+def test_what_kubelets_cpu_manager_does_to_the_pinning(kube, cpu_manager):
+    """cri-resmgr reserves CPU 1 and kubelet's static CPU manager CPU 0, so the two disagree on every
+    Guaranteed container: whose CPUs does it run on, and how often does kubelet push its own?"""
+    where = scratch()
+    node = KubeNode(kube, where, reserved="cpuset:1", cpu_manager=cpu_manager, cpuManagerReconcilePeriod="2s")
+    node.start()
+    try:
+        node.run("guaranteed", cpu="1", memory="64Mi", limits=True)
+        node.run("besteffort")
+        time.sleep(10)  # five of kubelet's CPU manager reconciliation periods
+        seen = {name: node.cpus(name)["c0"] for name in ("guaranteed", "besteffort")}
+        assert node.resmgr is not None
+        updates = len(re.findall(r"intercepted UpdateContainerResources", node.resmgr.log()))
+        kubelet_state = (node.kubelet.root / "cpu_manager_state").read_text()
+    finally:
+        node.stop()
+        done_with(where)
+    print(f"\ncpu manager {cpu_manager}: guaranteed on {seen['guaranteed']}, best-effort on {seen['besteffort']}, "
+          f"{updates} UpdateContainerResources from kubelet in 10 s; kubelet's state {kubelet_state.strip()}")
+    # cri-resmgr's placement holds either way: the Guaranteed container keeps CPU 0 of its own.
+    assert seen == {"guaranteed": CPUSet([0]), "besteffort": CPUSet([1])}
+    if cpu_manager == "none":
+        assert updates == 0
+
+
+@pytest.mark.parametrize("front", ["relay", "nri"])
+def test_an_in_place_resize_through_the_api_reallocates(kube, front):
+    """A Guaranteed pod resized from half a CPU (shared) to a whole one (exclusive) and back, through
+    the API's resize subresource: kubelet's UpdateContainerResources reaches the policy."""
+    where = scratch()
+    node = KubeNode(kube, where, front=front)
+    node.start()
+
+    def resize(cpu: str) -> None:
+        node.core.patch_namespaced_pod_resize("g", "default", {"spec": {"containers": [
+            {"name": "c0", "resources": {"requests": {"cpu": cpu, "memory": "64Mi"},
+                                         "limits": {"cpu": cpu, "memory": "64Mi"}}}]}})
+
+    def applied(cpu: str) -> bool:
+        st = node.core.read_namespaced_pod("g", "default").status.container_statuses[0]
+        return bool(st.resources and st.resources.limits and st.resources.limits.get("cpu") == cpu)
+
+    try:
+        node.run("g", cpu="500m", memory="64Mi", limits=True)
+        node.run("other")
+        assert node.cpus("g")["c0"] == ONLINE  # half a CPU: shared, and CPU 0 is not held back yet
+        resize("1")
+        wait_until(lambda: applied("1"), timeout=30, what="kubelet to apply the resize")
+        wait_until(lambda: node.cpus("g")["c0"] == ONLINE - RESERVED, timeout=15, what="an exclusive CPU")
+        assert node.cpus("other")["c0"] == RESERVED
+        resize("500m")
+        wait_until(lambda: applied("500m"), timeout=30, what="kubelet to apply the shrink")
+        wait_until(lambda: node.cpus("g")["c0"] == ONLINE and node.cpus("other")["c0"] == ONLINE, timeout=15,
+                   what="the CPU given back")
+        assert node.restarts() == {"g": 0, "other": 0}
+    finally:
+        node.stop()
+        done_with(where)
+
+
+def known(node: KubeNode) -> tuple[int, int]:
+    """(pods, containers) cri-resmgr holds."""
+    with grpc.insecure_channel("unix://" + str(node.workdir / "config.sock")) as ch:
+        st = status_pb2_grpc.StatusStub(ch).GetStatus(status_pb2.GetStatusRequest(), timeout=10)
+    return st.pods, st.containers
+
+
+@pytest.mark.parametrize("front", ["relay", "nri"])
+def test_restarts_under_running_pods(kube, front):
+    """kubelet, cri-resmgr (SIGKILL) and containerd (SIGKILL) restarted in turn under running pods: no
+    container restarted, the exclusive CPU never shared, and nothing left once the pods are deleted."""
+    where = scratch()
+    node = KubeNode(kube, where, front=front)
+    node.start()
+    try:
+        names = ("guaranteed", "burstable", "besteffort")
+        node.run("guaranteed", cpu="1", memory="64Mi", limits=True)
+        node.run("burstable", cpu="200m")
+        node.run("besteffort")
+        ids = {n: container_ids(node.core.read_namespaced_pod(n, "default")) for n in names}
+        placed = {n: node.cpus(n)["c0"] for n in names}
+        assert placed["guaranteed"] == ONLINE - RESERVED and placed["besteffort"] == RESERVED
+        assert node.resmgr is not None
+        for what in ("kubelet", "cri-resmgr", "containerd"):
+            if what == "kubelet":
+                node.kubelet.kill()
+                node.kubelet.start()
+            elif what == "cri-resmgr":
+                node.resmgr.stop(signal.SIGKILL)
+                node.resmgr.start()
+            else:
+                node.ctrd.kill()
+                node.ctrd.start()
+                if front == "nri":
+                    node.resmgr.wait_synchronized()
+            node.kubelet.wait_ready()
+            time.sleep(5)  # kubelet's sync loop and PLEG look at every pod again
+            for n in names:
+                node.wait_running(n)
+            assert {n: container_ids(node.core.read_namespaced_pod(n, "default")) for n in names} == ids, what
+            assert {n: node.cpus(n)["c0"] for n in names} == placed, f"after restarting {what}"
+        assert set(node.restarts().values()) == {0}
+        assert known(node) == (3, 3)
+        for n in names:
+            node.delete(n)
+        # kubelet removes what it stopped only at its next garbage collection (every minute): until then
+        # cri-resmgr knows exactly what containerd still has, and nothing of it runs.
+        assert node.direct is not None
+        left = node.direct.rt.ListContainers(cri.ListContainersRequest(), timeout=10).containers
+        sandboxes = node.direct.rt.ListPodSandbox(cri.ListPodSandboxRequest(), timeout=10).items
+        assert [c for c in left if c.state == cri.CONTAINER_RUNNING] == []
+        assert known(node) == (len(sandboxes), len(left))
+    finally:
+        node.stop()
+        done_with(where)
