@@ -82,7 +82,7 @@ def pytest_addoption(parser):
 PROCESSES = {f"tests.{m}" for m in ("test_agent", "test_config_link", "test_hostile", "test_interop",
                                      "test_passthrough", "test_policy_e2e", "test_rdt", "test_blockio",
                                      "test_resize", "test_soak", "test_state", "test_wire", "test_hooks",
-                                     "test_webhook", "test_picture", "test_kubelet")}
+                                     "test_webhook", "test_picture", "test_kubelet", "test_kubelet_soak")}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,8 +7,10 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -265,3 +267,55 @@ def live_cpusets(direct: Cri, states: tuple[int, ...], selector: dict[str, str] 
             yield c, cgroup_cpus(*cgroup)
         except OSError:
             continue
+
+
+def still_running(direct: Cri, ids: list[str]) -> bool:
+    try:
+        return all(direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid), timeout=10).status.state
+                   == cri.CONTAINER_RUNNING for cid in ids)
+    except grpc.RpcError:
+        return False
+
+
+def shared_at_once(direct: Cri, holder: tuple[str, str], other: tuple[str, str]) -> CPUSet:
+    """The holder's CPUs that the other container has too, read in an order that proves both ran on them
+    together: the holder's cgroup, then the other's, then both still running (a container that runs
+    was started, and a start waits until the others are off its CPUs)."""
+    try:
+        mine = cgroup_cpus(*holder)
+        theirs = cgroup_cpus(*other)
+    except OSError:
+        return CPUSet()
+    both = mine & theirs
+    return both if both and still_running(direct, [holder[1], other[1]]) else CPUSet()
+
+
+def watch_exclusive(socket: str, holds: Callable[[Any, CPUSet], bool], kind: Callable[[Any], str],
+                    violations: list[str], stop: threading.Event) -> None:
+    """Until stop: a CPU held exclusively (holds(container, its CPUs)) is never under another running
+    container, not even for a moment; each pair seen sharing one is added to violations once."""
+    direct = Cri(socket)
+    reported: set[tuple[str, str]] = set()
+    while not stop.is_set():
+        try:
+            running = {c.id: (c, cgroup) for c, cgroup in live_cgroups(direct, (cri.CONTAINER_RUNNING,))}
+            cpus = {}
+            for cid, (_, cgroup) in running.items():
+                try:
+                    cpus[cid] = cgroup_cpus(*cgroup)
+                except OSError:
+                    continue
+            for hid in [cid for cid in cpus if holds(running[cid][0], cpus[cid])]:
+                for oid in cpus:
+                    pair = (hid, oid)
+                    if oid == hid or pair in reported or not cpus[hid] & cpus[oid]:
+                        continue
+                    both = shared_at_once(direct, running[hid][1], running[oid][1])
+                    if both:
+                        reported.add(pair)
+                        violations.append(f"CPU {both} held exclusively by {hid[:12]} and used by "
+                                          f"{kind(running[oid][0])} container {oid[:12]} at once")
+        except grpc.RpcError:
+            pass  # containerd is down or frozen: nothing to see
+        stop.wait(0.1)
+    direct.close()

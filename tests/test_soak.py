@@ -46,12 +46,11 @@ from tests.helpers import (
     ONLINE,
     Cri,
     RelayProcess,
-    cgroup_cpus,
     container_config,
-    live_cgroups,
     live_cpusets,
     pod_config,
     policy_relay,
+    watch_exclusive,
 )
 
 pytestmark = [pytest.mark.soak, pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")]
@@ -356,56 +355,10 @@ def check(direct: Cri, stats: Stats, policy: str) -> list[str]:
     return problems
 
 
-def still_running(direct: Cri, ids: list[str]) -> bool:
-    try:
-        return all(direct.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid), timeout=10).status.state
-                   == cri.CONTAINER_RUNNING for cid in ids)
-    except grpc.RpcError:
-        return False
-
-
-def shared_at_once(direct: Cri, holder: tuple[str, str], other: tuple[str, str]) -> CPUSet:
-    """The holder's CPUs that the other container has too, read in an order that proves both ran on them
-    together: the holder's cgroup, then the other's, then both still running (a container that runs
-    was started, and a start waits until the others are off its CPUs)."""
-    try:
-        mine = cgroup_cpus(*holder)
-        theirs = cgroup_cpus(*other)
-    except OSError:
-        return CPUSet()
-    both = mine & theirs
-    return both if both and still_running(direct, [holder[1], other[1]]) else CPUSet()
-
-
 def monitor(socket: str, stats: Stats, stop: threading.Event) -> None:
     """A CPU held exclusively is never under another running container, not even for a moment."""
-    direct = Cri(socket)
-    reported: set[tuple[str, str]] = set()
-    while not stop.is_set():
-        try:
-            running = {c.id: (c, cgroup) for c, cgroup in live_cgroups(direct, (cri.CONTAINER_RUNNING,))}
-            cpus = {}
-            for cid, (_, cgroup) in running.items():
-                try:
-                    cpus[cid] = cgroup_cpus(*cgroup)
-                except OSError:
-                    continue
-            holders = [cid for cid in cpus if holds_exclusively(running[cid][0].labels.get("soak-kind", ""), cpus[cid])]
-            for hid in holders:
-                for oid in cpus:
-                    pair = (hid, oid)
-                    if oid == hid or pair in reported or not cpus[hid] & cpus[oid]:
-                        continue
-                    both = shared_at_once(direct, running[hid][1], running[oid][1])
-                    if both:
-                        reported.add(pair)
-                        kind = running[oid][0].labels.get("soak-kind", "?")
-                        stats.violations.append(f"CPU {both} held exclusively by {hid[:12]} and used by {kind} "
-                                                f"container {oid[:12]} at once (seen while churning)")
-        except grpc.RpcError:
-            pass  # containerd is down or frozen: nothing to see
-        stop.wait(0.1)
-    direct.close()
+    watch_exclusive(socket, lambda c, cpus: holds_exclusively(c.labels.get("soak-kind", ""), cpus),
+                    lambda c: c.labels.get("soak-kind", "?"), stats.violations, stop)
 
 
 def made_before_answer(direct: Cri, workers: list[Kubelet], wait: float = 3.0) -> None:
