@@ -11,6 +11,7 @@ default ServiceAccount) the harness makes itself.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import json
 import os
@@ -136,6 +137,13 @@ def write_kubeconfig(path: Path, server: str, ca: Path, user: dict[str, str]) ->
     return path
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process dies, however it dies, so no kubelet
+    or API server outlives a killed test run."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 class Process:
     """A child process with its log in a file; killed with its process group."""
 
@@ -145,7 +153,8 @@ class Process:
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

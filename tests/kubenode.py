@@ -112,9 +112,11 @@ class KubeNode:
 
 
 _KLOG = re.compile(r"^E\d{4} [\d:.]+\s+\d+ (\S+:\d+)\] \"?([^\"=]*)")
-# Races between the kubelet's own start-up and the API server, whatever the runtime: the Node object
-# not registered yet (CSINode, mirror pods, leases) or a lease written by two of its loops at once.
-_NOT_RUNTIME = re.compile(r'nodes? \\?"[^"\\]+\\?" not found|CSINode|Failed to update lease')
+# What a busy machine makes a kubelet log whatever its runtime: races between its start-up and the
+# API server (the Node object not registered yet: CSINode, mirror pods, leases), a lease written by
+# two of its loops at once or late, a housekeeping round over its one-second budget.
+_NOT_RUNTIME = re.compile(r'nodes? \\?"[^"\\]+\\?" not found|CSINode|Failed to update lease|'
+                          r'Housekeeping took longer than expected')
 
 
 def error_kinds(log: str) -> set[str]:

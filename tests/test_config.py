@@ -140,8 +140,10 @@ def test_shipped_samples_are_valid():
     rbac = {(d["kind"], d["metadata"]["name"]): d for d in
             yaml.safe_load_all((root / "kubernetes" / "agent-rbac.yaml").read_text())}
     role = rbac[("Role", "cri-resmgr-agent")]["rules"]
-    assert {tuple(r["resources"]): r["verbs"] for r in role} == {
-        ("configmaps",): ["get", "list", "watch"], ("events",): ["create"]}
+    assert {tuple(r["resources"]): r["verbs"] for r in role} == {("configmaps",): ["get", "list", "watch"]}
+    events = rbac[("Role", "cri-resmgr-agent-events")]  # Events about the Node live in default
+    assert events["metadata"]["namespace"] == "default"
+    assert {tuple(r["resources"]): r["verbs"] for r in events["rules"]} == {("events",): ["create"]}
     daemonset = yaml.safe_load((root / "kubernetes" / "agent-daemonset.yaml").read_text())
     env = daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
     assert env[0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"

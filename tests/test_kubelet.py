@@ -51,8 +51,11 @@ def qos_round(node: KubeNode) -> tuple[dict[str, CPUSet], dict[str, CPUSet]]:
     placed = {name: node.cpus(name)["c0"] for name in ("besteffort", "burstable", "guaranteed")}
     # Statistics (CRI stats with the gate on) as `kubectl top` would ask, and time for the periodic
     # calls: pod and container status, relists, node status.
-    summary = json.loads(node.control.get(f"/api/v1/nodes/{node.node}/proxy/stats/summary"))
-    assert {p["podRef"]["name"] for p in summary["pods"]} >= {"besteffort", "burstable", "guaranteed"}
+    def summarized() -> bool:
+        summary = json.loads(node.control.get(f"/api/v1/nodes/{node.node}/proxy/stats/summary"))
+        return {p["podRef"]["name"] for p in summary["pods"]} >= {"besteffort", "burstable", "guaranteed"}
+
+    wait_until(summarized, timeout=30, interval=1, what="the three pods in kubelet's statistics")
     node.delete("guaranteed")
 
     def others() -> dict[str, CPUSet]:
@@ -123,15 +126,37 @@ def test_what_kubelets_cpu_manager_does_to_the_pinning(kube, cpu_manager):
         assert node.resmgr is not None
         updates = len(re.findall(r"intercepted UpdateContainerResources", node.resmgr.log()))
         kubelet_state = (node.kubelet.root / "cpu_manager_state").read_text()
+        # A CPU resize of the Guaranteed pod through the API: does kubelet pass it on?
+        node.core.patch_namespaced_pod_resize("guaranteed", "default", {"spec": {"containers": [
+            {"name": "c0", "resources": {"requests": {"cpu": "500m", "memory": "64Mi"},
+                                         "limits": {"cpu": "500m", "memory": "64Mi"}}}]}})
+        resized = wait_until(lambda: resize_outcome(node, "guaranteed", "500m"), timeout=30,
+                             what="kubelet to apply or refuse the resize")
     finally:
         node.stop()
         done_with(where)
     print(f"\ncpu manager {cpu_manager}: guaranteed on {seen['guaranteed']}, best-effort on {seen['besteffort']}, "
-          f"{updates} UpdateContainerResources from kubelet in 10 s; kubelet's state {kubelet_state.strip()}")
+          f"{updates} UpdateContainerResources from kubelet in 10 s; kubelet's state {kubelet_state.strip()}; "
+          f"a resize to 500m: {resized}")
     # cri-resmgr's placement holds either way: the Guaranteed container keeps CPU 0 of its own.
     assert seen == {"guaranteed": CPUSet([0]), "besteffort": CPUSet([1])}
     if cpu_manager == "none":
-        assert updates == 0
+        assert updates == 0 and resized == "applied"
+    else:  # kubelet's own record disagrees with the node, and it holds CPU resizes back
+        assert json.loads(kubelet_state)["defaultCpuSet"] == "0" and resized.startswith("PodResizePending")
+
+
+def resize_outcome(node: KubeNode, name: str, cpu: str) -> str:
+    """'applied' once the pod's status shows the new CPU limit, or the PodResizePending condition
+    (with its reason) kubelet sets when it will not apply it; "" while neither."""
+    pod = node.core.read_namespaced_pod(name, "default")
+    limits = pod.status.container_statuses[0].resources.limits or {}
+    if limits.get("cpu") == cpu:
+        return "applied"
+    for cond in pod.status.conditions or []:
+        if cond.type == "PodResizePending" and cond.status == "True":
+            return f"PodResizePending {cond.reason}: {cond.message}"
+    return ""
 
 
 @pytest.mark.parametrize("front", ["relay", "nri"])
