@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import itertools
 import json
 import os
 import shutil
@@ -37,6 +38,8 @@ from harness.containerd import TOOLS_BIN
 from harness.relay import free_port
 
 SERVICE_RANGE = "10.0.0.0/24"
+_KUBELETS = itertools.count()
+LEGACY_LOGS = Path("/var/log/containers")
 # cgroup v1 hierarchies (the kubelet checks that its cgroup root exists in each); cgroup v2 has one.
 CGROUP_CONTROLLERS = ("",) if Path("/sys/fs/cgroup/cgroup.controllers").exists() else tuple(sorted(
     p.name for p in Path("/sys/fs/cgroup").iterdir() if p.is_dir() and p.name != "unified" and not p.is_symlink()))
@@ -361,8 +364,8 @@ class Kubelet:
         kubeconfig = write_kubeconfig(self.dir / "kubelet.kubeconfig", control.server, control.pki.ca,
                                       {"client-certificate": str(crt), "client-key": str(key)})
         # Pods under a cgroup root of their own: a kubelet kills what runs in pod cgroups it does not know,
-        # and other clients of this machine make theirs under /kubepods.
-        self.cgroup_root = f"/crirm-kube-{node}"
+        # and other clients of this machine (other kubelets too) make theirs elsewhere.
+        self.cgroup_root = f"/crirm-kube-{node}-{os.getpid()}-{next(_KUBELETS)}"
         for controller in CGROUP_CONTROLLERS:
             Path("/sys/fs/cgroup", controller, self.cgroup_root.lstrip("/")).mkdir(parents=True, exist_ok=True)
         cpuset = Path("/sys/fs/cgroup/cpuset")
@@ -386,6 +389,7 @@ class Kubelet:
         self.proc = Process("kubelet", [str(TOOLS_BIN / "kubelet"), *flags], self.dir / "kubelet.log")
 
     def start(self, timeout: float = 90) -> Kubelet:
+        _drop_log_links(lambda target: "/crirm-" in target and not os.path.exists(target))
         self.proc.start()
         self.wait_ready(timeout)
         return self
@@ -414,6 +418,7 @@ class Kubelet:
                   if line.split()[1].startswith(str(self.root))]
         for m in sorted(mounts, key=len, reverse=True):
             subprocess.run(["umount", "-l", m], capture_output=True)
+        _drop_log_links(lambda target: target.startswith(str(self.dir) + "/"))
         for controller in CGROUP_CONTROLLERS:  # the empty ones (pods were removed before)
             top = Path("/sys/fs/cgroup", controller, self.cgroup_root.lstrip("/"))
             for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
@@ -421,6 +426,18 @@ class Kubelet:
                     d.rmdir()
             with contextlib.suppress(OSError):
                 top.rmdir()
+
+
+def _drop_log_links(whose: Any) -> None:
+    """Remove the links a kubelet makes in /var/log/containers (a fixed place, shared by every kubelet
+    of the machine) whose target whose(target) names. Left behind, each makes every later kubelet log an
+    error at each garbage collection, asking its runtime about a container it never had."""
+    if not LEGACY_LOGS.is_dir():
+        return
+    for link in LEGACY_LOGS.iterdir():
+        if link.is_symlink() and whose(os.readlink(link)):
+            with contextlib.suppress(OSError):
+                link.unlink()
 
 
 def pod_manifest(name: str, node: str, cpu: str = "", memory: str = "", limits: bool = False,

@@ -110,6 +110,19 @@ class KubeNode:
         pods = self.core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={self.node}").items
         return {p.metadata.name: sum(s.restart_count for s in p.status.container_statuses or []) for p in pods}
 
+    def last_ends(self) -> dict[str, str]:
+        """pod name -> how the previous attempt of its restarted containers ended (reason, exit code,
+        message), for this node's pods that have one."""
+        out = {}
+        for p in self.core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={self.node}").items:
+            for st in p.status.container_statuses or []:
+                ended = st.last_state.terminated if st.last_state else None
+                if st.restart_count and ended:
+                    out[p.metadata.name] = (f"{st.restart_count} restart(s), last: {ended.reason} exit "
+                                            f"{ended.exit_code} started {ended.started_at} {ended.message or ''}"
+                                            ).strip()
+        return out
+
 
 _KLOG = re.compile(r"^E\d{4} [\d:.]+\s+\d+ (\S+:\d+)\] \"?([^\"=]*)")
 # What a busy machine makes a kubelet log whatever its runtime: races between its start-up and the

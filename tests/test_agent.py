@@ -218,6 +218,19 @@ def applied(env: Env, name: str) -> Callable[[], bool]:
     return lambda: env.node_status().get("configMap") == f"{NS}/{name}" and env.node_status().get("applied")
 
 
+def running_static(env: Env) -> None:
+    """cri-resmgr and the agent up, with the default ConfigMap's static policy applied."""
+    env.start_relay()
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.agent.start()
+    wait_for(lambda: env.active() == "static")
+
+
+def healthy_again(env: Env) -> None:
+    wait_for(lambda: env.agent.stub().HealthCheck(api_pb2.HealthCheckRequest(), timeout=5).error == "",
+             what="healthy again")
+
+
 def test_node_group_default_precedence_and_edits(env):
     env.start_relay()
     env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
@@ -263,10 +276,7 @@ def test_node_group_default_precedence_and_edits(env):
 
 
 def test_rejected_configuration_is_reported_and_the_relay_keeps_its_own(env):
-    env.start_relay()
-    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
-    env.agent.start()
-    wait_for(lambda: env.active() == "static")
+    running_static(env)
     env.cluster.configmap(NS, "cri-resmgr-config.default", {"policy": "Active: [static"})
     wait_for(lambda: env.node_status().get("applied") is False, what="the rejection annotation")
     assert "not valid YAML" in env.node_status()["error"]
@@ -291,24 +301,17 @@ def test_rejected_configuration_is_reported_and_the_relay_keeps_its_own(env):
 
 
 def test_the_agent_resumes_its_watches_after_an_api_server_restart(env):
-    env.start_relay()
-    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
-    env.agent.start()
-    wait_for(lambda: env.active() == "static")
+    running_static(env)
     env.cluster.control.restart_apiserver()
     env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
     wait_for(lambda: env.active() == "static-plus", timeout=30, what="a change after the restart")
     assert "retrying in" in env.agent.log()  # it saw the server go
-    wait_for(lambda: env.agent.stub().HealthCheck(api_pb2.HealthCheckRequest(), timeout=5).error == "",
-             what="healthy again")
+    healthy_again(env)
 
 
 def test_watches_survive_drops_and_expiry(fake_env):
     env = fake_env
-    env.start_relay()
-    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
-    env.agent.start()
-    wait_for(lambda: env.active() == "static")
+    running_static(env)
     env.cluster.api.drop_watches()
     env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
     wait_for(lambda: env.active() == "static-plus", what="a change after the watches dropped")
@@ -321,8 +324,7 @@ def test_watches_survive_drops_and_expiry(fake_env):
     env.cluster.api.start()
     wait_for(lambda: env.active() == "topology-aware", what="the change made while the server was down")
     assert "410 Gone" in env.agent.log()
-    wait_for(lambda: env.agent.stub().HealthCheck(api_pb2.HealthCheckRequest(), timeout=5).error == "",
-             what="healthy again")
+    healthy_again(env)
 
 
 def test_a_change_while_the_relay_is_down_is_pushed_when_it_returns(env):
