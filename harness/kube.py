@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import ipaddress
 import itertools
 import json
 import os
@@ -92,7 +93,6 @@ class Pki:
                    .not_valid_after(now + datetime.timedelta(days=1))
                    .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
         if hosts:
-            import ipaddress
             names: list[x509.GeneralName] = []
             for h in hosts:
                 try:
@@ -378,7 +378,6 @@ class Kubelet:
                     "podLogsDir": str(self.dir / "pod-logs"), "cpuManagerPolicy": cpu_manager, **settings}
         if cpu_manager == "static":
             settings["reservedSystemCPUs"] = reserved_cpus
-        self.healthz = f"http://127.0.0.1:{settings['healthzPort']}/healthz"
         cfg = self.dir / "kubelet.yaml"
         cfg.write_text(yaml.safe_dump(settings))
         flags = [f"--config={cfg}", f"--kubeconfig={kubeconfig}", f"--root-dir={self.root}",
@@ -412,7 +411,8 @@ class Kubelet:
         return self.proc.log()
 
     def cleanup(self) -> None:
-        """Unmount what the kubelet left mounted under its root (its pods' volumes)."""
+        """Stop the kubelet and remove what it leaves on the machine: mounts under its root (its pods'
+        volumes), its links in /var/log/containers, its cgroup root (once its pods are gone)."""
         self.stop()
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
                   if line.split()[1].startswith(str(self.root))]
@@ -471,4 +471,5 @@ def container_ids(pod: Any) -> dict[str, str]:
 
 
 def describe(pod: Any) -> str:
-    return json.dumps(client.ApiClient().sanitize_for_serialization(pod.status), default=str)[:2000]
+    """A pod's status, short enough for an assertion message."""
+    return json.dumps(pod.status.to_dict(), default=str)[:2000]
