@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from resmgr.topology.cpuset import CPUSet, CPUSetError
 from resmgr.topology.generate import GiB, MachineSpec, MemoryOnlyNode, generate, parse_spec
-from resmgr.topology.model import MemoryType
+from resmgr.topology.model import CoreKind, MemoryType
 from resmgr.topology.sysfs import TopologyError, discover
 
 # -- CPUSet ---------------------------------------------------------------------------
@@ -152,3 +152,34 @@ def test_bad_cpu_list_names_the_file(tmp_path):
 def test_this_machine():
     t = discover("/")
     assert t.cpus and t.nodes
+
+
+def test_a_hybrid_desktop_has_core_kinds_and_l2_clusters(tmp_path):
+    """P-cores 0-7 with hyperthreads, E-cores 8-15 in two L2 clusters of four (cpu_core/cpu_atom)."""
+    t = machine(tmp_path, parse_spec("cores=4,threads=2,ecores=8,ecluster=4,numbering=linear"))
+    assert t.hybrid
+    assert t.kinds == {CoreKind.EFFICIENT: CPUSet.parse("8-15"), CoreKind.PERFORMANCE: CPUSet.parse("0-7")}
+    assert t.cpus[8].threads == CPUSet([8]) and t.cpus[0].threads == CPUSet([0, 1])
+    assert t.cache_groups(2)[-2:] == [CPUSet.parse("8-11"), CPUSet.parse("12-15")]
+    assert t.l2_of[9] == CPUSet.parse("8-11") and t.l2_of[1] == CPUSet([0, 1])
+    assert t.l3_of[0] == CPUSet.parse("0-15")
+    assert "core kinds: efficient 8-15, performance 0-7" in t.describe()
+    assert "L2 clusters: 8-11 12-15" in t.describe()
+
+
+def test_core_kinds_from_cpu_capacity(tmp_path):
+    """Parts without the two PMU devices (Arm big.LITTLE): the largest cpu_capacity is performance."""
+    root = generate(MachineSpec(cores_per_node=4, threads=1), tmp_path)
+    for cpu, capacity in enumerate((1024, 1024, 446, 446)):
+        (root / "sys/devices/system/cpu" / f"cpu{cpu}" / "cpu_capacity").write_text(f"{capacity}\n")
+    t = discover(root)
+    assert t.kinds == {CoreKind.EFFICIENT: CPUSet([2, 3]), CoreKind.PERFORMANCE: CPUSet([0, 1])}
+
+
+def test_a_machine_of_one_core_kind_is_not_hybrid(tmp_path):
+    root = generate(parse_spec("sockets=2,cores=4,threads=2"), tmp_path)
+    for cpu in range(16):  # equal capacities say nothing
+        (root / "sys/devices/system/cpu" / f"cpu{cpu}" / "cpu_capacity").write_text("1024\n")
+    t = discover(root)
+    assert not t.hybrid and t.kinds == {CoreKind.UNKNOWN: t.online}
+    assert t.l2_of[0] == t.cpus[0].threads and t.l3_of[0] == t.packages[0]

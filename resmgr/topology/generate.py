@@ -39,6 +39,10 @@ class MachineSpec:
     numbering: str = "interleaved"  # or "linear"
     cpufreq: bool = True
     caches: bool = True
+    # A hybrid part: efficient cores per node (one thread each, numbered after every performance
+    # core's CPUs, as Intel's are), in L2 clusters of ecluster cores.
+    ecores: int = 0
+    ecluster: int = 4
 
     @property
     def cpu_nodes(self) -> int:
@@ -50,15 +54,21 @@ class MachineSpec:
 
     @property
     def cpus(self) -> int:
+        """Performance (or only) cores' CPUs."""
         return self.cores * self.threads
+
+    @property
+    def all_cpus(self) -> int:
+        return self.cpus + self.cpu_nodes * self.ecores
 
 
 _SPEC_KEYS = {"sockets": "sockets", "dies": "dies", "nodes": "nodes_per_die", "cores": "cores_per_node",
-              "threads": "threads"}
+              "threads": "threads", "ecores": "ecores", "ecluster": "ecluster"}
 
 
 def parse_spec(text: str) -> MachineSpec:
-    """'sockets=2,nodes=2,cores=14,threads=2,mem=96G,pmem=2x512G,hbm=..,isolated=..,offline=..'."""
+    """'sockets=2,nodes=2,cores=14,threads=2,mem=96G,pmem=2x512G,hbm=..,isolated=..,offline=..';
+    a hybrid desktop: 'cores=8,threads=2,ecores=8,ecluster=4,numbering=linear'."""
     spec = MachineSpec()
     for item in filter(None, (s.strip() for s in re.split(r",(?=[a-z]+=)", text))):
         key, _, value = item.partition("=")
@@ -98,11 +108,13 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
     cpu_root, node_root = system / "cpu", system / "node"
     offline = CPUSet.parse(spec.offline)
     isolated = CPUSet.parse(spec.isolated)
-    all_cpus = CPUSet(range(spec.cpus))
+    all_cpus = CPUSet(range(spec.all_cpus))
     online = all_cpus - offline
 
-    # Lay out cores: global core index -> (socket, die, node, core_id within package).
+    # Lay out cores: global core index -> (socket, die, node, core_id within package); performance
+    # (or only) cores first, then efficient ones.
     layout = []
+    efficient: list[tuple[int, int, int, int]] = []
     for s in range(spec.sockets):
         core_in_pkg = 0
         for d in range(spec.dies):
@@ -111,13 +123,28 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
                 for _ in range(spec.cores_per_node):
                     layout.append((s, d, node, core_in_pkg))
                     core_in_pkg += 1
+                for _ in range(spec.ecores):
+                    efficient.append((s, d, node, 1000 + len(efficient)))  # core IDs apart from the others
+    layout += efficient
 
     def cpu_id(core: int, thread: int) -> int:
+        if core >= spec.cores:  # efficient: one thread each, after all the others
+            return spec.cpus + core - spec.cores
         if spec.numbering == "linear":
             return core * spec.threads + thread
         return thread * spec.cores + core
 
-    siblings = {g: CPUSet(cpu_id(g, t) for t in range(spec.threads)) for g in range(spec.cores)}
+    def threads(core: int) -> int:
+        return 1 if core >= spec.cores else spec.threads
+
+    siblings = {g: CPUSet(cpu_id(g, t) for t in range(threads(g))) for g in range(len(layout))}
+    # L2: a core's own, or its cluster of efficient cores in the same node.
+    l2, l2_id = dict(siblings), {g: g for g in siblings}
+    for g in range(spec.cores, len(layout)):
+        e = g - spec.cores
+        first = spec.cores + e - (e % spec.ecores) + ((e % spec.ecores) // spec.ecluster) * spec.ecluster
+        last = min(first + spec.ecluster, spec.cores + (e // spec.ecores + 1) * spec.ecores)
+        l2[g], l2_id[g] = CPUSet(cpu_id(h, 0) for h in range(first, last)), first
     package_cpus = {s: CPUSet(c for g, (ss, *_) in enumerate(layout) if ss == s for c in siblings[g])
                     for s in range(spec.sockets)}
     node_cpus: dict[int, CPUSet] = {}
@@ -132,7 +159,7 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
     for g, (s, d, node, core_id) in enumerate(layout):
         die_key = s * spec.dies + d
         die_cpus = CPUSet(c for h, (ss, dd, *_) in enumerate(layout) if (ss, dd) == (s, d) for c in siblings[h])
-        for t in range(spec.threads):
+        for t in range(threads(g)):
             cid = cpu_id(g, t)
             base = cpu_root / f"cpu{cid}"
             base.mkdir(parents=True, exist_ok=True)
@@ -150,12 +177,12 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
             _write(topo / "package_cpus_list", str(package_cpus[s] & online))
             _write(topo / "die_cpus_list", str(die_cpus & online))
             if spec.cpufreq:
-                _write(base / "cpufreq" / "base_frequency", "2100000")
-                _write(base / "cpufreq" / "cpuinfo_max_freq", "3900000")
+                _write(base / "cpufreq" / "base_frequency", "2100000" if g < spec.cores else "1500000")
+                _write(base / "cpufreq" / "cpuinfo_max_freq", "3900000" if g < spec.cores else "2800000")
             if spec.caches:
                 for idx, (level, kind, shared, cache_id, size) in enumerate((
                         (1, "Data", siblings[g], g, "48K"), (1, "Instruction", siblings[g], g, "32K"),
-                        (2, "Unified", siblings[g], g, "2048K"), (3, "Unified", die_cpus, die_key, "107520K"))):
+                        (2, "Unified", l2[g], l2_id[g], "2048K"), (3, "Unified", die_cpus, die_key, "107520K"))):
                     c = base / "cache" / f"index{idx}"
                     _write(c / "level", str(level))
                     _write(c / "type", kind)
@@ -165,6 +192,11 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
             link = base / f"node{node}"
             if not link.exists():
                 os.symlink(os.path.relpath(node_root / f"node{node}", base), link)
+
+    if spec.ecores:  # Intel hybrid parts list each kind's CPUs as a PMU device
+        performance = CPUSet(range(spec.cpus)) & online
+        _write(root / "sys" / "devices" / "cpu_core" / "cpus", str(performance))
+        _write(root / "sys" / "devices" / "cpu_atom" / "cpus", str(online - performance))
 
     # NUMA nodes: CPU-ful nodes first, then memory-only ones.
     node_socket = {node: s for s, _, node, _ in layout}

@@ -16,6 +16,13 @@ class MemoryType(StrEnum):
     HBM = "hbm"
 
 
+class CoreKind(StrEnum):
+    """What kind of core a CPU is on a hybrid part; UNKNOWN on a machine with one kind."""
+    PERFORMANCE = "performance"
+    EFFICIENT = "efficient"
+    UNKNOWN = ""
+
+
 @dataclass(frozen=True)
 class CPU:
     id: int
@@ -27,6 +34,7 @@ class CPU:
     isolated: bool = False
     base_frequency: int = 0  # kHz; 0 when unknown
     max_frequency: int = 0
+    kind: CoreKind = CoreKind.UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,45 @@ class Topology:
         """CPU -> (package, die, core)."""
         return {c.id: (c.package, c.die, c.core) for c in self.cpus.values()}
 
+    @cached_property
+    def hybrid(self) -> bool:
+        """Whether the CPUs are of more than one core kind."""
+        return len({c.kind for c in self.cpus.values()}) > 1
+
+    @cached_property
+    def kinds(self) -> dict[CoreKind, CPUSet]:
+        """Core kind -> its online CPUs (one UNKNOWN entry on a machine with one kind)."""
+        out: dict[CoreKind, set[int]] = {}
+        for c in self.cpus.values():
+            out.setdefault(c.kind, set()).add(c.id)
+        return {k: CPUSet(ids) for k, ids in sorted(out.items())}
+
+    def cache_groups(self, level: int) -> list[CPUSet]:
+        """The sets of online CPUs that share one cache of a level (2: L2 clusters, 3: L3/uncore
+        domains), in order of their first CPU; [] when sysfs listed no cache of that level."""
+        groups = {c.cpus for c in self.caches if c.level == level and c.kind != "Instruction" and c.cpus}
+        return sorted(groups, key=lambda g: (min(g), g.bits))
+
+    @cached_property
+    def l2_of(self) -> dict[int, CPUSet]:
+        """CPU -> the CPUs sharing its L2 cache (its core's threads when sysfs lists no L2)."""
+        return self._sharing(2)
+
+    @cached_property
+    def l3_of(self) -> dict[int, CPUSet]:
+        """CPU -> the CPUs sharing its L3 cache (its die's CPUs when sysfs lists no L3)."""
+        return self._sharing(3)
+
+    def _sharing(self, level: int) -> dict[int, CPUSet]:
+        out = {}
+        for group in self.cache_groups(level):
+            for cpu in group:
+                out[cpu] = group
+        for c in self.cpus.values():
+            if c.id not in out:
+                out[c.id] = c.threads if level <= 2 else self.dies[(c.package, c.die)]
+        return out
+
     def package_nodes(self, package: int) -> list[int]:
         return sorted({c.node for c in self.cpus.values() if c.package == package and c.node >= 0})
 
@@ -108,6 +155,11 @@ class Topology:
             lines.append(f"offline CPUs: {self.offline}")
         if self.isolated:
             lines.append(f"isolated CPUs: {self.isolated}")
+        if self.hybrid:
+            lines.append("core kinds: " + ", ".join(f"{k} {cpus}" for k, cpus in self.kinds.items()))
+            l2 = [g for g in self.cache_groups(2) if len(g) > 1 and g != self.cpus[min(g)].threads]
+            if l2:
+                lines.append("L2 clusters: " + " ".join(str(g) for g in l2))
         for n in self.nodes.values():
             lines.append(f"node {n.id}: {n.kind} {n.memory >> 20} MiB, CPUs {n.cpus or '-'}")
         return "\n".join(lines)

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from resmgr.topology.cpuset import CPUSet, CPUSetError
-from resmgr.topology.model import CPU, Cache, MemoryType, Node, Topology
+from resmgr.topology.model import CPU, Cache, CoreKind, MemoryType, Node, Topology
 
 log = logging.getLogger("cri-resmgr.topology")
 
@@ -112,6 +112,9 @@ def discover(host_root: str | Path = "/") -> Topology:
                       max_frequency=_read_int(freq / "cpuinfo_max_freq", 0))
     if not cpus:
         raise TopologyError(f"{cpudir}: no online CPUs found")
+    kinds = _core_kinds(Path(host_root) / "sys" / "devices", cpu_dirs, online)
+    if kinds:
+        cpus = {i: dataclasses.replace(c, kind=kinds.get(i, CoreKind.UNKNOWN)) for i, c in cpus.items()}
     offline = CPUSet(cpu_dirs) - online
 
     nodes = _nodes(node_dirs, node_cpus, online)
@@ -121,6 +124,20 @@ def discover(host_root: str | Path = "/") -> Topology:
         cpus = {i: dataclasses.replace(c, node=0) for i, c in cpus.items()}
     return Topology(cpus=cpus, offline=offline, isolated=isolated & online, nodes=nodes,
                     caches=_caches(cpu_dirs, online))
+
+
+def _core_kinds(devices: Path, cpu_dirs: dict[int, Path], online: CPUSet) -> dict[int, CoreKind]:
+    """CPU -> core kind on a hybrid part, {} elsewhere. Intel hybrid parts list their P- and E-cores
+    as two PMU devices (cpu_core, cpu_atom); other asymmetric parts (Arm big.LITTLE, some AMD) give
+    each CPU a cpu_capacity, where the largest is the performance kind."""
+    core, atom = _read_set(devices / "cpu_core" / "cpus"), _read_set(devices / "cpu_atom" / "cpus")
+    if core and atom:
+        return {**{i: CoreKind.PERFORMANCE for i in core & online}, **{i: CoreKind.EFFICIENT for i in atom & online}}
+    capacity = {i: _read_int(p / "cpu_capacity", 0) for i, p in cpu_dirs.items() if i in online}
+    if len(set(capacity.values())) > 1 and 0 not in capacity.values():
+        top = max(capacity.values())
+        return {i: CoreKind.PERFORMANCE if c == top else CoreKind.EFFICIENT for i, c in capacity.items()}
+    return {}
 
 
 def _meminfo(path: Path) -> int:
