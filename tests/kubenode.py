@@ -4,7 +4,10 @@ deleted through the API server; what they run on is read from containerd and the
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,17 @@ from resmgr.topology.cpuset import CPUSet
 from tests.helpers import Cri, cgroup_cpus, container_cgroup
 
 NAMESPACE = "default"
+
+
+def scratch() -> Path:
+    """A short work directory of a node (unix socket paths are limited to 108 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="crirm-"))
+
+
+def done_with(path: Path) -> None:
+    """Remove a work directory, unless CRIRM_KEEP_WORKDIR=1 asks to keep the logs."""
+    if not os.environ.get("CRIRM_KEEP_WORKDIR"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class KubeNode:

@@ -5,13 +5,9 @@ would not see talking to containerd directly."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import signal
-import tempfile
 import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -21,25 +17,17 @@ from resmgr.generated.config import status_pb2, status_pb2_grpc
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.topology.cpuset import CPUSet
 from tests.helpers import ONLINE, wait_until
-from tests.kubenode import KubeNode, error_kinds
+from tests.kubenode import KubeNode, done_with, error_kinds, scratch
 
 pytestmark = pytest.mark.skipif(len(ONLINE) < 2, reason="needs two CPUs: one reserved, one to hand out")
 
 RESERVED = CPUSet([0])
-# The optional CRI paths kubelet takes with these on: the container event stream (evented PLEG) and
-# pod and container statistics from the runtime instead of cAdvisor.
+# kubelet's calls that must go through the relay, answered ok, in every round.
 PERIODIC = {"Version", "Status", "RuntimeConfig", "ListPodSandbox", "ListContainers", "PodSandboxStatus",
             "ContainerStatus", "ListPodSandboxStats", "ImageFsInfo", "ImageStatus"}
+# The optional CRI paths kubelet takes with these on: the container event stream (evented PLEG) and
+# pod and container statistics from the runtime instead of cAdvisor.
 GATES = {"featureGates": {"EventedPLEG": True, "PodAndContainerStatsFromCRI": True}}
-
-
-def scratch() -> Path:
-    return Path(tempfile.mkdtemp(prefix="crirm-"))
-
-
-def done_with(path: Path) -> None:
-    if not os.environ.get("CRIRM_KEEP_WORKDIR"):
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def qos_round(node: KubeNode) -> tuple[dict[str, CPUSet], dict[str, CPUSet]]:

@@ -15,8 +15,7 @@ from harness.kube import pod_manifest
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.topology.cpuset import CPUSet
 from tests.helpers import ONLINE, live_cgroups, watch_exclusive
-from tests.kubenode import NAMESPACE, KubeNode
-from tests.test_kubelet import done_with, scratch
+from tests.kubenode import NAMESPACE, KubeNode, done_with, scratch
 
 pytestmark = [pytest.mark.soak, pytest.mark.skipif(len(ONLINE) < 2, reason="needs two CPUs")]
 
