@@ -36,6 +36,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client, config
 
 from harness.containerd import TOOLS_BIN
+from harness.images import BUSYBOX_IMAGE
 from harness.relay import free_port
 
 SERVICE_RANGE = "10.0.0.0/24"
@@ -354,8 +355,7 @@ class Kubelet:
     """A kubelet of the control plane's cluster on a CRI socket (the relay's or containerd's)."""
 
     def __init__(self, control: ControlPlane, workdir: Path, runtime_socket: str, node: str = "crirm-node",
-                 cpu_manager: str = "none", reserved_cpus: str = "0", labels: dict[str, str] | None = None,
-                 **settings: Any) -> None:
+                 cpu_manager: str = "none", reserved_cpus: str = "0", **settings: Any) -> None:
         self.control, self.node, self.runtime_socket = control, node, runtime_socket
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -383,8 +383,6 @@ class Kubelet:
         flags = [f"--config={cfg}", f"--kubeconfig={kubeconfig}", f"--root-dir={self.root}",
                  f"--hostname-override={node}", "--v=2",
                  "--vmodule=evented=4"]  # each container event the kubelet receives (evented PLEG)
-        if labels:
-            flags.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
         self.proc = Process("kubelet", [str(TOOLS_BIN / "kubelet"), *flags], self.dir / "kubelet.log")
 
     def start(self, timeout: float = 90) -> Kubelet:
@@ -441,23 +439,20 @@ def _drop_log_links(whose: Any) -> None:
 
 
 def pod_manifest(name: str, node: str, cpu: str = "", memory: str = "", limits: bool = False,
-                 annotations: dict[str, str] | None = None, command: list[str] | None = None,
-                 containers: int = 1) -> dict[str, Any]:
-    """A pod on a named node: requests (and limits equal to them when limits) of cpu and memory.
-    Its containers stop at once on SIGTERM (busybox sh as PID 1 ignores it otherwise)."""
+                 annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod of one container c0 on a named node: requests (and limits equal to them when limits) of
+    cpu and memory. It stops at once on SIGTERM (busybox sh as PID 1 ignores it otherwise)."""
     resources: dict[str, Any] = {}
     req = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
     if req:
         resources["requests"] = req
         if limits:
             resources["limits"] = dict(req)
-    from harness.images import BUSYBOX_IMAGE
-    spec_containers = [{"name": f"c{i}", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                        "command": command or ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
-                        "resources": resources} for i in range(containers)]
+    container = {"name": "c0", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                 "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"], "resources": resources}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "annotations": annotations or {}},
-            "spec": {"nodeName": node, "containers": spec_containers, "terminationGracePeriodSeconds": 5,
+            "spec": {"nodeName": node, "containers": [container], "terminationGracePeriodSeconds": 5,
                      "automountServiceAccountToken": False, "enableServiceLinks": False}}
 
 

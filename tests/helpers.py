@@ -16,6 +16,7 @@ import grpc
 
 from harness.images import BUSYBOX_IMAGE
 from harness.relay import RelayProcess, policy_relay, wait_socket  # noqa: F401 - shared
+from resmgr.generated.config import status_pb2, status_pb2_grpc
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.generated.cri import api_pb2_grpc as cri_grpc
 from resmgr.topology.cpuset import CPUSet
@@ -319,3 +320,9 @@ def watch_exclusive(socket: str, holds: Callable[[Any, CPUSet], bool], kind: Cal
             pass  # containerd is down or frozen: nothing to see
         stop.wait(0.1)
     direct.close()
+
+
+def resmgr_status(config_socket: str, timeout: float = 10) -> status_pb2.GetStatusReply:
+    """cri-resmgr's status (configuration, policy, pods and containers it knows) from its config socket."""
+    with grpc.insecure_channel("unix://" + config_socket) as ch:
+        return status_pb2_grpc.StatusStub(ch).GetStatus(status_pb2.GetStatusRequest(), timeout=timeout)

@@ -56,7 +56,6 @@ class KubeNode:
         self.core = control.core()
 
     def start(self) -> KubeNode:
-        (self.workdir / "ctrd").mkdir(parents=True, exist_ok=True)
         self.ctrd.start()
         self.direct = Cri(self.ctrd.socket)
         if self.resmgr is not None:
@@ -68,7 +67,7 @@ class KubeNode:
     def stop(self) -> None:
         """Delete this node's pods and Node object, then stop everything (nothing left for the next node)."""
         try:
-            for pod in self.core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={self.node}").items:
+            for pod in self.pods():
                 self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
             self.core.delete_node(self.node)
         except client.ApiException:
@@ -119,22 +118,26 @@ class KubeNode:
         pod = self.core.read_namespaced_pod(name, NAMESPACE)
         return {c: cgroup_cpus(*container_cgroup(self.direct, cid)) for c, cid in container_ids(pod).items()}
 
+    def pods(self) -> list[Any]:
+        """This node's pod objects."""
+        return self.core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={self.node}").items
+
     def restarts(self) -> dict[str, int]:
         """pod name -> restarts of its containers, for this node's pods."""
-        pods = self.core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={self.node}").items
-        return {p.metadata.name: sum(s.restart_count for s in p.status.container_statuses or []) for p in pods}
+        return {p.metadata.name: sum(s.restart_count for s in p.status.container_statuses or []) for p in self.pods()}
 
     def last_ends(self) -> dict[str, str]:
-        """pod name -> how the previous attempt of its restarted containers ended (reason, exit code,
-        message), for this node's pods that have one."""
+        """pod name -> its restarted containers' restarts and how the previous attempt ended (reason,
+        exit code, message, where kubelet kept it), for this node's pods with any restart."""
         out = {}
-        for p in self.core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={self.node}").items:
+        for p in self.pods():
             for st in p.status.container_statuses or []:
+                if not st.restart_count:
+                    continue
                 ended = st.last_state.terminated if st.last_state else None
-                if st.restart_count and ended:
-                    out[p.metadata.name] = (f"{st.restart_count} restart(s), last: {ended.reason} exit "
-                                            f"{ended.exit_code} started {ended.started_at} {ended.message or ''}"
-                                            ).strip()
+                how = (f"{ended.reason} exit {ended.exit_code} started {ended.started_at} {ended.message or ''}"
+                       if ended else "not kept")
+                out[p.metadata.name] = f"{st.restart_count} restart(s), last: {how}".strip()
         return out
 
 

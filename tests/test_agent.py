@@ -20,8 +20,8 @@ from kubernetes import client, utils
 
 from harness.kube import ControlPlane
 from resmgr.generated.agent import api_pb2, api_pb2_grpc
-from resmgr.generated.config import status_pb2, status_pb2_grpc
-from tests.helpers import ROOT, Cri, RelayProcess, container_config, pod_config, wait_socket
+from resmgr.generated.config import status_pb2
+from tests.helpers import ROOT, Cri, RelayProcess, container_config, pod_config, resmgr_status, wait_socket
 from tests.kubeapi import KubeAPI
 from tests.test_policy_e2e import ONLINE, cgroup_cpus, cgroup_cpuset, resources
 
@@ -175,8 +175,7 @@ class Env:
         wait_socket(self.config_socket, proc=self.relay.proc)
 
     def status(self) -> status_pb2.GetStatusReply:
-        with grpc.insecure_channel("unix://" + self.config_socket) as ch:
-            return status_pb2_grpc.StatusStub(ch).GetStatus(status_pb2.GetStatusRequest(), timeout=5)
+        return resmgr_status(self.config_socket, timeout=5)
 
     def active(self) -> str:
         return self.status().policy

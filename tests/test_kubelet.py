@@ -9,14 +9,12 @@ import re
 import signal
 import time
 
-import grpc
 import pytest
 
 from harness.kube import container_ids
-from resmgr.generated.config import status_pb2, status_pb2_grpc
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.topology.cpuset import CPUSet
-from tests.helpers import ONLINE, wait_until
+from tests.helpers import ONLINE, resmgr_status, wait_until
 from tests.kubenode import KubeNode, done_with, error_kinds, scratch
 
 pytestmark = pytest.mark.skipif(len(ONLINE) < 2, reason="needs two CPUs: one reserved, one to hand out")
@@ -186,8 +184,7 @@ def test_an_in_place_resize_through_the_api_reallocates(kube, front):
 
 def known(node: KubeNode) -> tuple[int, int]:
     """(pods, containers) cri-resmgr holds."""
-    with grpc.insecure_channel("unix://" + str(node.workdir / "config.sock")) as ch:
-        st = status_pb2_grpc.StatusStub(ch).GetStatus(status_pb2.GetStatusRequest(), timeout=10)
+    st = resmgr_status(str(node.workdir / "config.sock"))
     return st.pods, st.containers
 
 

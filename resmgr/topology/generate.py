@@ -141,9 +141,9 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
     # L2: a core's own, or its cluster of efficient cores in the same node.
     l2, l2_id = dict(siblings), {g: g for g in siblings}
     for g in range(spec.cores, len(layout)):
-        e = g - spec.cores
-        first = spec.cores + e - (e % spec.ecores) + ((e % spec.ecores) // spec.ecluster) * spec.ecluster
-        last = min(first + spec.ecluster, spec.cores + (e // spec.ecores + 1) * spec.ecores)
+        node_first = g - (g - spec.cores) % spec.ecores  # the node's first efficient core
+        first = node_first + (g - node_first) // spec.ecluster * spec.ecluster
+        last = min(first + spec.ecluster, node_first + spec.ecores)
         l2[g], l2_id[g] = CPUSet(cpu_id(h, 0) for h in range(first, last)), first
     package_cpus = {s: CPUSet(c for g, (ss, *_) in enumerate(layout) if ss == s for c in siblings[g])
                     for s in range(spec.sockets)}

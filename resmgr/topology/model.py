@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
+from typing import TypeVar
 
 from resmgr.topology.cpuset import EMPTY, CPUSet
+
+K = TypeVar("K")
 
 
 class MemoryType(StrEnum):
@@ -72,26 +75,24 @@ class Topology:
         return CPUSet(self.cpus)
 
     # -- grouping -------------------------------------------------------------------
+    def _group(self, key: Callable[[CPU], K]) -> dict[K, CPUSet]:
+        """key -> the online CPUs with that key, in key order."""
+        out: dict[K, set[int]] = {}
+        for c in self.cpus.values():
+            out.setdefault(key(c), set()).add(c.id)
+        return {k: CPUSet(ids) for k, ids in sorted(out.items())}
+
     @cached_property
     def packages(self) -> dict[int, CPUSet]:
-        out: dict[int, set[int]] = {}
-        for c in self.cpus.values():
-            out.setdefault(c.package, set()).add(c.id)
-        return {p: CPUSet(ids) for p, ids in sorted(out.items())}
+        return self._group(lambda c: c.package)
 
     @cached_property
     def dies(self) -> dict[tuple[int, int], CPUSet]:
-        out: dict[tuple[int, int], set[int]] = {}
-        for c in self.cpus.values():
-            out.setdefault((c.package, c.die), set()).add(c.id)
-        return {k: CPUSet(ids) for k, ids in sorted(out.items())}
+        return self._group(lambda c: (c.package, c.die))
 
     @cached_property
     def cores(self) -> dict[tuple[int, int, int], CPUSet]:
-        out: dict[tuple[int, int, int], set[int]] = {}
-        for c in self.cpus.values():
-            out.setdefault((c.package, c.die, c.core), set()).add(c.id)
-        return {k: CPUSet(ids) for k, ids in sorted(out.items())}
+        return self._group(lambda c: (c.package, c.die, c.core))
 
     @cached_property
     def core_of(self) -> dict[int, tuple[int, int, int]]:
@@ -106,10 +107,7 @@ class Topology:
     @cached_property
     def kinds(self) -> dict[CoreKind, CPUSet]:
         """Core kind -> its online CPUs (one UNKNOWN entry on a machine with one kind)."""
-        out: dict[CoreKind, set[int]] = {}
-        for c in self.cpus.values():
-            out.setdefault(c.kind, set()).add(c.id)
-        return {k: CPUSet(ids) for k, ids in sorted(out.items())}
+        return self._group(lambda c: c.kind)
 
     def cache_groups(self, level: int) -> list[CPUSet]:
         """The sets of online CPUs that share one cache of a level (2: L2 clusters, 3: L3/uncore
