@@ -16,12 +16,14 @@ import yaml
 from policies.base import PolicyError
 from resmgr.model import Container, Pod
 from resmgr.requests import DOMAIN, effective_annotation
-from resmgr.topology.model import MemoryType
+from resmgr.topology.model import CoreKind, MemoryType
 
 PREFER_ISOLATED = "prefer-isolated-cpus"
 PREFER_SHARED = "prefer-shared-cpus"
 PREFER_RESERVED = "prefer-reserved-cpus"
 MEMORY_TYPE = "memory-type"
+CORE_TYPE = "prefer-core-type"
+HIDE_HYPERTHREADS = "hide-hyperthreads"
 
 _TRUE = ("true", "yes", "1")
 _FALSE = ("false", "no", "0")
@@ -121,3 +123,21 @@ def memory_types(container: Container, pod: Pod) -> frozenset[MemoryType] | None
     if not types:
         raise PolicyError(f"annotation {key} of container {container.name}: no memory type given")
     return frozenset(types)
+
+
+def core_kind(container: Container, pod: Pod) -> CoreKind | None:
+    """The prefer-core-type hint (performance or efficient), or None when absent."""
+    found = hint(container, pod, CORE_TYPE)
+    if found is None:
+        return None
+    key, value = found
+    word = str(value).strip().lower()
+    if word not in (CoreKind.PERFORMANCE, CoreKind.EFFICIENT):
+        raise PolicyError(f"annotation {key} of container {container.name}: {value!r} is not performance or "
+                          "efficient")
+    return CoreKind(word)
+
+
+def hide_hyperthreads(container: Container, pod: Pod) -> bool | None:
+    """The hide-hyperthreads hint: run on one thread of each core of the grant."""
+    return bool_hint(container, pod, HIDE_HYPERTHREADS)

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from policies.allocator import AllocationError, take_cpus
 from policies.base import PolicyError
+from policies.toolkit.cpus import AllocationError, take_cpus
 from resmgr.requests import RequirementError, parse_cpu
 from resmgr.topology.cpuset import CPUSet, CPUSetError
 from resmgr.topology.model import Topology

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from policies.annotations import hide_hyperthreads
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
+from policies.toolkit.cpus import one_thread_per_core
 from resmgr.model import Container, Pod, Resources
 from resmgr.requests import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
@@ -23,6 +25,7 @@ class CPUGrant:
     pool: str  # shared pool the container runs in ("" for exclusive-only)
     exclusive: CPUSet = EMPTY
     milli: int = 0  # CPU request, for accounting
+    hide_ht: bool = False  # runs on one thread of each core (hide-hyperthreads)
 
     @property
     def shared_milli(self) -> int:
@@ -30,11 +33,15 @@ class CPUGrant:
         return max(self.milli - 1000 * len(self.exclusive), 0) if self.pool else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pool": self.pool, "exclusive": str(self.exclusive), "milli": self.milli}
+        d: dict[str, Any] = {"pool": self.pool, "exclusive": str(self.exclusive), "milli": self.milli}
+        if self.hide_ht:
+            d["hide_ht"] = True
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CPUGrant:
-        return cls(str(d["pool"]), CPUSet.parse(str(d.get("exclusive", ""))), int(d.get("milli", 0)))
+        return cls(str(d["pool"]), CPUSet.parse(str(d.get("exclusive", ""))), int(d.get("milli", 0)),
+                   bool(d.get("hide_ht", False)))
 
 
 class PoolPolicy(Policy):
@@ -69,13 +76,14 @@ class PoolPolicy(Policy):
             taken |= g.exclusive
         self._taken = taken
 
-    def effective(self, pools: Mapping[str, CPUSet] | None = None) -> dict[str, CPUSet]:
-        pools = self.pool_cpus() if pools is None else pools
-        return {k: g.exclusive | pools.get(g.pool, EMPTY) for k, g in self.grants.items()}
+    def _visible(self, g: CPUGrant, pools: Mapping[str, CPUSet]) -> CPUSet:
+        """The CPUs a grant's container runs on."""
+        cpus = g.exclusive | pools.get(g.pool, EMPTY)
+        return one_thread_per_core(self.topology, cpus) if g.hide_ht else cpus
 
     def cpus_of(self, key: str) -> CPUSet | None:
         g = self.grants.get(key)
-        return None if g is None else g.exclusive | self.pool_cpus().get(g.pool, EMPTY)
+        return None if g is None else self._visible(g, self.pool_cpus())
 
     def _updates(self, before: Mapping[str, CPUSet], view: View, skip: str) -> dict[str, Resources]:
         """Containers whose shared pool moved; only pools change under other containers."""
@@ -84,15 +92,13 @@ class PoolPolicy(Policy):
         updates: dict[str, Resources] = {}
         if not moved:
             return updates
-        pool_text = {name: str(after[name]) for name in moved}
         containers = view.containers
         for key, g in self.grants.items():
-            text = pool_text.get(g.pool)
-            if text is None or key == skip:
+            if g.pool not in moved or key == skip:
                 continue
             c = containers.get(key)
             if c is not None:
-                updates[key] = c.resources.with_cpus(text if not g.exclusive else str(g.exclusive | after[g.pool]))
+                updates[key] = c.resources.with_cpus(str(self._visible(g, after)))
         return updates
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
@@ -104,6 +110,7 @@ class PoolPolicy(Policy):
     def _allocate(self, container: Container, pod: Pod, view: View, keep: CPUSet) -> Decision:
         """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""
         req = container_requirements(container, pod)
+        hide = bool(hide_hyperthreads(container, pod))
         before = self.pool_cpus()  # before the old grant goes: a re-allocation may free CPUs
         old = self.grants.pop(container.key, None)
         if old is not None:
@@ -117,7 +124,9 @@ class PoolPolicy(Policy):
             raise
         if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
             if any(keep <= free and len(free) - len(keep) >= spare for free, spare in self.exclusive_sources()):
-                grant = CPUGrant(grant.pool, keep, grant.milli)
+                grant = replace(grant, exclusive=keep)
+        if hide:
+            grant = replace(grant, hide_ht=True)
         self.grants[container.key] = grant
         self._taken |= grant.exclusive
         cpus = self.cpus_of(container.key)

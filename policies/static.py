@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies import cpuconfig
-from policies.allocator import take_cpus
 from policies.annotations import prefer_isolated
 from policies.base import PolicyError
 from policies.pools import CPUGrant, PoolPolicy
+from policies.toolkit.cpus import preferences, take_cpus
 from resmgr.model import Container, Pod, QOSClass
 from resmgr.requests import Requirements
 from resmgr.topology.cpuset import CPUSet
@@ -55,13 +55,14 @@ class StaticPolicy(PoolPolicy):
         if req.qos != QOSClass.GUARANTEED or req.cpu_request <= 0 or req.fraction:
             return CPUGrant(DEFAULT, milli=req.cpu_request)
         count = req.whole_cpus
+        prefer = preferences(container, pod, self.topology)
         taken = self.taken()
         free_isolated = self.isolated - taken
         preferred = prefer_isolated(container, pod)
         want_isolated = preferred if preferred is not None else (
             self.relaxed or (count == 1 and bool(self.isolated)))
         if want_isolated and len(free_isolated) >= count:
-            return CPUGrant("", take_cpus(self.topology, free_isolated, count), req.cpu_request)
+            return CPUGrant("", take_cpus(self.topology, free_isolated, count, prefer), req.cpu_request)
         free = self.available - taken - self.reserved
         # Without reserved CPUs the default set must keep one CPU: an empty cpuset would
         # mean "any CPU" to the runtime.
@@ -69,4 +70,4 @@ class StaticPolicy(PoolPolicy):
         if len(free) - spare < count:
             raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name} needs {count} exclusive "
                               f"CPUs; only {max(len(free) - spare, 0)} can be given ({free or 'none'} free)")
-        return CPUGrant("", take_cpus(self.topology, free, count), req.cpu_request)
+        return CPUGrant("", take_cpus(self.topology, free, count, prefer), req.cpu_request)

@@ -12,14 +12,15 @@ shared pool does, until shared CPUs come free; without reserved CPUs it keeps on
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping
 from typing import Any
 
 from policies import cpuconfig
-from policies.allocator import take_cpus
 from policies.annotations import prefer_isolated
 from policies.base import PolicyError
 from policies.pools import CPUGrant, PoolPolicy
+from policies.toolkit.cpus import preferences, take_cpus
 from resmgr.model import Container, Pod
 from resmgr.requests import Requirements
 from resmgr.topology.cpuset import CPUSet
@@ -43,7 +44,7 @@ class StaticPlusPolicy(PoolPolicy):
             raise PolicyError("static-plus: no CPUs left for the shared pool "
                               f"(available {available}, isolated {self.isolated}, reserved {self.reserved})")
         namespaces = self.config.get("ReservedPoolNamespaces", options.get("ReservedPoolNamespaces"))
-        self.reserved_namespaces = set(namespaces if namespaces is not None else ["kube-system"])
+        self.reserved_namespaces = list(namespaces if namespaces is not None else ["kube-system"])
 
     def pool_cpus(self) -> dict[str, CPUSet]:
         taken = self.taken()
@@ -79,19 +80,20 @@ class StaticPlusPolicy(PoolPolicy):
 
     def place(self, container: Container, pod: Pod, req: Requirements) -> CPUGrant:
         who = f"container {pod.namespace}/{pod.name}/{container.name}"
-        if pod.namespace in self.reserved_namespaces:
+        if any(fnmatch.fnmatchcase(pod.namespace, pattern) for pattern in self.reserved_namespaces):
             return CPUGrant(RESERVED if self.reserved else SHARED, milli=req.cpu_request)
         count = req.whole_cpus
         if count == 0:
             return CPUGrant(SHARED, milli=req.cpu_request)
+        prefer = preferences(container, pod, self.topology)
         taken = self.taken()
         free_isolated = self.isolated - taken
         pool = SHARED if req.fraction else ""
         if prefer_isolated(container, pod) is not False and len(free_isolated) >= count:
-            return CPUGrant(pool, take_cpus(self.topology, free_isolated, count), req.cpu_request)
+            return CPUGrant(pool, take_cpus(self.topology, free_isolated, count, prefer), req.cpu_request)
         shared = self.shared_base - taken
         need = self._shared_need(req.fraction if pool else 0)
         if len(shared) - need < count:
             raise PolicyError(f"{who} needs {count} exclusive CPUs; the shared pool has {len(shared)} "
                               f"({shared or 'none'}) and must keep {need} for its users")
-        return CPUGrant(pool, take_cpus(self.topology, shared, count), req.cpu_request)
+        return CPUGrant(pool, take_cpus(self.topology, shared, count, prefer), req.cpu_request)

@@ -1,4 +1,4 @@
-"""The topology-compact CPU allocator."""
+"""Choosing CPUs: whole cores, then the tightest cache and NUMA domain, and core kinds."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.allocator import AllocationError, take_cpus
+from policies.toolkit.cpus import AllocationError, Preferences, take_cpus
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
+from resmgr.topology.model import CoreKind
 from resmgr.topology.sysfs import discover
 
 # 2 sockets x 8 cores x 2 threads: socket 0 = 0-7,16-23; socket 1 = 8-15,24-31
@@ -59,3 +60,53 @@ def test_takes_exactly_n_from_available(avail_ids, data):
     assert len(got) == n and got <= avail
     assert take_cpus(topo, avail, n) == got  # deterministic
 
+
+
+def machine(spec: str):
+    return discover(generate(parse_spec(spec), tempfile.mkdtemp(prefix="crirm-topo-")))
+
+
+HYBRID = machine("cores=8,threads=2,ecores=8,ecluster=4,numbering=linear")  # P 0-15 (pairs), E 16-23
+CCX = machine("sockets=2,cores=16,threads=2,l3=4")  # 4 L3 domains of 4 cores per socket
+SNC = machine("sockets=2,nodes=2,cores=14,threads=2")
+
+
+def test_levels_that_nest():
+    assert [lv.name for lv in HYBRID.hierarchy] == ["l2", "core"]
+    assert [lv.name for lv in CCX.hierarchy] == ["package", "l3", "core"]
+    assert [lv.name for lv in SNC.hierarchy] == ["package", "node", "core"]
+
+
+def test_core_kind_preference_and_l2_clusters():
+    p, e = Preferences(kind=CoreKind.PERFORMANCE), Preferences(kind=CoreKind.EFFICIENT)
+    assert take_cpus(HYBRID, HYBRID.online, 4, p) == CPUSet.parse("0-3")
+    assert take_cpus(HYBRID, HYBRID.online, 4, e) == CPUSet.parse("16-19")  # one L2 cluster
+    assert take_cpus(HYBRID, HYBRID.online - CPUSet([16]), 3, e) == CPUSet.parse("17-19")
+    assert take_cpus(HYBRID, HYBRID.online - CPUSet([16]), 4, e) == CPUSet.parse("20-23")
+    # Too few of the preferred kind: the other kind alone, then both.
+    assert take_cpus(HYBRID, CPUSet.parse("0-1,16-23"), 4, p) == CPUSet.parse("16-19")
+    assert take_cpus(HYBRID, CPUSet.parse("0-1,16-17"), 4, p) == CPUSet.parse("0-1,16-17")
+
+
+def test_one_l3_domain_before_spreading():
+    assert take_cpus(CCX, CCX.online, 8) == CPUSet.parse("0-3,32-35")
+    # The fullest domain that still holds the request: 6 CPUs fit the one with 7 free.
+    assert take_cpus(CCX, CCX.online - CPUSet([0]), 6) == CPUSet.parse("1-3,33-35")
+    assert take_cpus(CCX, CCX.online - CPUSet([0]), 8) == CPUSet.parse("4-7,36-39")
+
+
+def test_whole_cores_before_one_node():
+    # Each node of socket 0 has one whole core left and single threads whose siblings are taken: a
+    # 4-CPU request takes the two whole cores, one in each node, rather than one core and two threads
+    # that share their cores with other containers.
+    avail = CPUSet.parse("56-83") | CPUSet.parse("0,14")  # second threads of nodes 0-1, cores 0 and 14 whole
+    assert take_cpus(SNC, avail, 4) == CPUSet.parse("0,14,56,70")
+    assert take_cpus(SNC, avail, 2) == CPUSet.parse("0,56")  # one node when it holds a whole core
+
+
+def test_spread_on_physical_cores_and_balance():
+    one_each = take_cpus(SERVER, SERVER.online, 4, Preferences(spread_cores=True))
+    assert len({SERVER.core_of[c] for c in one_each}) == 4 and one_each <= SERVER.packages[0]
+    busy = SERVER.online - CPUSet([8, 24])  # socket 1 is in use
+    assert take_cpus(SERVER, busy, 2) <= SERVER.packages[1]  # packed
+    assert take_cpus(SERVER, busy, 2, Preferences(balance=True)) <= SERVER.packages[0]  # spread

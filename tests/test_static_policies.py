@@ -11,6 +11,7 @@ import policies
 from policies import PolicyError
 from resmgr.model import Container, QOSClass
 from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.model import CoreKind
 from tests import world
 from tests.world import machine
 
@@ -247,3 +248,30 @@ TestStatic = StaticMachine.TestCase
 TestStatic.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 TestStaticPlus = StaticPlusMachine.TestCase
 TestStaticPlus.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+HYBRID = machine("cores=8,threads=2,ecores=8,ecluster=4,numbering=linear")  # P 0-15 (pairs), E 16-23
+
+
+@pytest.mark.parametrize("name", ["static", "static-plus"])
+def test_on_a_hybrid_desktop_guaranteed_containers_get_whole_performance_cores(name):
+    w = world.World(name, HYBRID, ReservedResources={"cpu": 1})
+    assert w.policy.reserved_cpus() <= HYBRID.kinds[CoreKind.EFFICIENT]  # a whole (efficient) core
+    g = w.add(QOSClass.GUARANTEED, 4000)
+    assert w.cpus(g) == CPUSet.parse("0-3")
+    e = w.add(QOSClass.GUARANTEED, 2000, annotations={
+        "prefer-core-type.cri-resource-manager.intel.com/container.app": "efficient"})
+    assert w.cpus(e) <= HYBRID.kinds[CoreKind.EFFICIENT] and len({HYBRID.l2_of[c] for c in w.cpus(e)}) == 1
+    hidden = w.add(QOSClass.GUARANTEED, 4000, annotations={
+        "hide-hyperthreads.cri-resource-manager.intel.com": "true"})
+    assert w.cpus(hidden) == CPUSet.parse("4,6")  # one thread of each of its two cores
+    assert w.policy.grants[hidden.key].exclusive == CPUSet.parse("4-7")
+    restored = policies.create(name, {"Active": name, "ReservedResources": {"cpu": 1}}, HYBRID)
+    restored.restore_state(w.policy.export_state())
+    assert restored.cpus_of(hidden.key) == CPUSet.parse("4,6")
+
+
+def test_static_plus_reserved_namespaces_take_globs_as_topology_aware_does():
+    w = World("static-plus", ReservedResources={"cpu": 1}, ReservedPoolNamespaces=["kube-*", "monitoring"])
+    system = w.add(QOSClass.BURSTABLE, 100, namespace="kube-public")
+    assert w.cpus(system) == w.policy.reserved_cpus()

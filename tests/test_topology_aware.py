@@ -50,6 +50,7 @@ def pool_of(w: World, c: Container) -> str:
     ("sockets=2,dies=2,nodes=2,cores=2,threads=2", 15, 4),  # dies with 2 nodes each
     ("sockets=2,dies=2,cores=4,threads=2", 7, 8),  # a node per die: dies are the leaves
     ("sockets=2,nodes=2,cores=4,threads=1", 7, 4),  # SMT off
+    ("sockets=2,cores=16,threads=2,l3=4", 11, 8),  # core complexes: 4 L3 leaves under each socket
 ])
 def test_pool_tree_shapes(spec, count, leaf_cpus):
     policy = policies.create(TA, {"Active": TA}, machine(spec))
@@ -623,3 +624,32 @@ def test_without_reserved_cpus_a_pool_with_shared_users_keeps_one():
         w.add(G, 1000)
     with pytest.raises(PolicyError):
         w.add(G, 1000)
+
+
+def test_l3_leaves_share_their_nodes_memory_and_keep_a_container_in_one_l3():
+    topo = machine("sockets=1,nodes=2,cores=8,threads=2,l3=4,mem=4G")
+    w = World(TA, topo)
+    names = [p["name"] for p in w.policy.describe_pools()]
+    assert names[:3] == ["socket #0", "NUMA node #0", "NUMA node #1"] and len(names) == 7
+    g = w.add(G, 4000, memory=1 << 30)
+    l3 = topo.l3_of[min(w.cpus(g))]
+    assert w.cpus(g) <= l3 and pool_of(w, g).startswith("L3 cache #")
+    assert len(w.mems(g)) == 1
+    # Each L3 leaf may use its node's memory, but together they cannot take more than the node has.
+    for _ in range(3):
+        w.add(BE, 0, memory=1 << 30)
+    with pytest.raises(PolicyError):
+        w.add(B, 100, memory=5 << 30)
+
+
+def test_guaranteed_containers_get_performance_cores_on_a_hybrid_desktop():
+    topo = machine("cores=8,threads=2,ecores=8,ecluster=4,numbering=linear")
+    w = World(TA, topo)
+    g = w.add(G, 4000)
+    assert w.cpus(g) == CPUSet.parse("0-3")  # two whole P-cores
+    e = w.add(G, 4000, annotations={"prefer-core-type.cri-resource-manager.intel.com": "efficient"})
+    assert w.cpus(e) in (CPUSet.parse("16-19"), CPUSet.parse("20-23"))  # one L2 cluster
+    hidden = w.add(G, 2000, annotations={"hide-hyperthreads.cri-resource-manager.intel.com/pod": "true"})
+    assert len(w.cpus(hidden)) == 1 and len(w.policy.grants[hidden.key].exclusive) == 2
+    with pytest.raises(PolicyError, match="not performance or efficient"):
+        w.add(G, 1000, annotations={"prefer-core-type.cri-resource-manager.intel.com": "fast"})

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from policies import annotations, cpuconfig
-from policies.allocator import take_cpus
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
+from policies.toolkit.cpus import ANY, Preferences, one_thread_per_core, preferences, take_cpus
 from policies.topology_aware.affinity import affinities
 from policies.topology_aware.tree import Pool, TreeError, build, owner
 from resmgr.model import Container, Pod, QOSClass, Resources
@@ -56,6 +56,7 @@ class PoolGrant:
     memory: int = 0  # bytes accounted against the memory pool
     mem_types: frozenset[MemoryType] = annotations.DEFAULT_MEMORY
     mem_pool: str = ""  # whose memory nodes it uses: the pool, or an ancestor after an OOM guard move
+    hide_ht: bool = False  # runs on one thread of each core (hide-hyperthreads)
 
     @property
     def memory_pool(self) -> str:
@@ -75,6 +76,8 @@ class PoolGrant:
                              "mem_types": sorted(t.value for t in self.mem_types)}
         if self.mem_pool:
             d["mem_pool"] = self.mem_pool
+        if self.hide_ht:
+            d["hide_ht"] = True
         return d
 
     @classmethod
@@ -82,7 +85,7 @@ class PoolGrant:
         return cls(str(d["pool"]), CPUSet.parse(str(d.get("exclusive", ""))), int(d.get("shared", 0)),
                    bool(d.get("on_shared", False)), bool(d.get("reserved", False)), int(d.get("memory", 0)),
                    frozenset(MemoryType(t) for t in d.get("mem_types", ["dram", "pmem"])),
-                   str(d.get("mem_pool", "")))
+                   str(d.get("mem_pool", "")), bool(d.get("hide_ht", False)))
 
 
 @dataclass
@@ -101,6 +104,8 @@ class Request:
     lift: int = 0  # pools above the best fit (prefer-shared-cpus: -N)
     hints: dict[str, list[int]] = field(default_factory=dict)  # device -> its NUMA nodes
     affinity: dict[str, float] = field(default_factory=dict)  # container key -> weight
+    prefer: Preferences = ANY  # what kind of exclusive CPUs
+    hide_ht: bool = False
 
     def describe(self) -> str:
         parts = []
@@ -266,7 +271,8 @@ class TopologyAwarePolicy(Policy):
                               f"{'/'.join(sorted(self.memory_types_present))}")
         r = Request(who, memory=req.memory_limit or req.memory_request,
                     mem_types=types if types is not None else annotations.DEFAULT_MEMORY,
-                    explicit_types=types is not None, hints=container.hints)
+                    explicit_types=types is not None, hints=container.hints,
+                    hide_ht=bool(annotations.hide_hyperthreads(container, pod)))
         reserved_hint = annotations.bool_hint(container, pod, annotations.PREFER_RESERVED)
         if self.reserved_pool is not None and (
                 reserved_hint or (reserved_hint is None and self._reserved_namespace(pod.namespace))):
@@ -283,6 +289,7 @@ class TopologyAwarePolicy(Policy):
             r.shared = req.cpu_request
             return r
         r.exclusive, r.shared, r.on_shared = whole, fraction, bool(fraction)
+        r.prefer = preferences(container, pod, self.topology)
         iso_hint = annotations.prefer_isolated(container, pod)
         r.isolated = iso_hint if iso_hint is not None else (self.prefer_isolated and whole == 1)
         return r
@@ -379,25 +386,25 @@ class TopologyAwarePolicy(Policy):
     def _grant(self, pool: Pool, r: Request) -> PoolGrant:
         exclusive = EMPTY
         if r.reserved:
-            return PoolGrant(pool.name, reserved=True, memory=r.memory, mem_types=r.mem_types)
+            return PoolGrant(pool.name, reserved=True, memory=r.memory, mem_types=r.mem_types, hide_ht=r.hide_ht)
         if r.exclusive:
             free_iso = pool.isolated - self._taken
             if r.isolated and len(free_iso) >= r.exclusive:
-                exclusive = take_cpus(self.topology, free_iso, r.exclusive)
+                exclusive = take_cpus(self.topology, free_iso, r.exclusive, r.prefer)
             else:
-                exclusive = self._slice(pool, r.exclusive)
+                exclusive = self._slice(pool, r.exclusive, r.prefer)
         return PoolGrant(pool.name, exclusive, r.shared if r.on_shared else 0, r.on_shared, False, r.memory,
-                         r.mem_types)
+                         r.mem_types, hide_ht=r.hide_ht)
 
-    def _slice(self, pool: Pool, count: int) -> CPUSet:
+    def _slice(self, pool: Pool, count: int, prefer: Preferences) -> CPUSet:
         """count CPUs off the pool's shared set, spread over children as their spare allows."""
         if not pool.children:
-            return take_cpus(self.topology, self._sharable[pool.id], count)
+            return take_cpus(self.topology, self._sharable[pool.id], count, prefer)
         out = EMPTY
         for child in sorted(pool.children, key=lambda c: (-self._spare(c), c.id)):
             n = min(max(self._spare(child), 0), count - len(out))
             if n:
-                out |= self._slice(child, n)
+                out |= self._slice(child, n, prefer)
             if len(out) == count:
                 break
         return out
@@ -416,13 +423,14 @@ class TopologyAwarePolicy(Policy):
         return grant if problem else kept
 
     def cpus_of_grant(self, g: PoolGrant) -> CPUSet:
+        """The CPUs the grant's container runs on."""
         pool = self.by_name[g.pool]
         cpus = g.exclusive
         if g.reserved:
             cpus |= self.reserved
         if g.on_shared:
             cpus |= self.shared_cpus(pool)
-        return cpus
+        return one_thread_per_core(self.topology, cpus) if g.hide_ht else cpus
 
     def mems_of_grant(self, g: PoolGrant) -> CPUSet:
         pool = self.by_name[g.memory_pool]

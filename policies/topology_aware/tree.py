@@ -1,9 +1,10 @@
 """The pool tree of the topology-aware policy, built from the machine's topology.
 
 Levels: a virtual root (only with several sockets), sockets, dies (only where a
-socket has several and every NUMA node of it lies within one die), and NUMA-node
-leaves (only where the parent has several CPU-ful nodes: a lone child is folded into
-its parent). Memory-only nodes (PMEM, HBM), and DRAM nodes none of whose CPUs are
+socket has several and every NUMA node of it lies within one die), NUMA nodes (only
+where the parent has several CPU-ful nodes: a lone child is folded into its parent),
+and L3 cache domains (only where a node holds several, as core complexes do; they use
+their node's memory). Memory-only nodes (PMEM, HBM), and DRAM nodes none of whose CPUs are
 available, give their memory to the pool of the nearest CPU-ful node by distance.
 A pool's CPUs and memory are the union of its children's plus what is attached to it.
 """
@@ -116,6 +117,17 @@ def build(topology: Topology, available: CPUSet, isolated: CPUSet, reserved: CPU
             for t, ids in pool.mems.items():
                 pool.parent.mems[t] = pool.parent.mems.get(t, EMPTY) | ids
                 pool.parent.memory[t] = pool.parent.memory.get(t, 0) + pool.memory[t]
+    # L3 leaves where a node-level pool holds several L3 domains (core complexes). They use
+    # their node's memory: the node's own accounting bounds what all of them take.
+    for leaf in [p for p in pools if not p.children]:
+        domains = sorted({topology.l3_of[c] & available for c in leaf.cpus}, key=lambda g: g.bits)
+        if len(domains) < 2 or not all(d <= leaf.cpus for d in domains):
+            continue
+        for d in domains:
+            cache = next((c for c in topology.caches if c.level == 3 and c.cpus & available == d), None)
+            pool = make(f"L3 cache #{cache.id if cache is not None else min(d)}", d, leaf)
+            pool.mems, pool.memory = dict(leaf.mems), dict(leaf.memory)
+    _link(pools)
     return pools
 
 

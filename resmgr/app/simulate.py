@@ -168,7 +168,8 @@ def main(argv: list[str]) -> int:
     machine.add_argument("--host-root", metavar="DIR", help="read the topology from DIR/sys (default: /)")
     machine.add_argument("--machine", metavar="SPEC",
                          help="generate a machine: sockets=N,dies=N,nodes=N,cores=N,threads=N,mem=SIZE,"
-                              "pmem=NxSIZE,hbm=NxSIZE,isolated=LIST,offline=LIST (';' separates list items)")
+                              "pmem=NxSIZE,hbm=NxSIZE,isolated=LIST,offline=LIST (';' separates list items), "
+                              "numbering=linear, ecores=N,ecluster=N (hybrid), l3=N (cores per L3 domain)")
     ap.add_argument("--config", metavar="FILE", help="YAML configuration (policy section); default: none policy")
     ap.add_argument("--pods", metavar="FILE", required=True, help="YAML list of pods to place, in order")
     ap.add_argument("--output", choices=["table", "json"], default="table")

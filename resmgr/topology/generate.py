@@ -43,6 +43,9 @@ class MachineSpec:
     # core's CPUs, as Intel's are), in L2 clusters of ecluster cores.
     ecores: int = 0
     ecluster: int = 4
+    # Performance (or only) cores per L3 domain within a node (core complexes, as on AMD EPYC);
+    # 0: one L3 per die.
+    l3: int = 0
 
     @property
     def cpu_nodes(self) -> int:
@@ -63,14 +66,15 @@ class MachineSpec:
 
 
 _SPEC_KEYS = {"sockets": "sockets", "dies": "dies", "nodes": "nodes_per_die", "cores": "cores_per_node",
-              "threads": "threads", "ecores": "ecores", "ecluster": "ecluster"}
+              "threads": "threads", "ecores": "ecores", "ecluster": "ecluster", "l3": "l3"}
 
 
 def parse_spec(text: str) -> MachineSpec:
     """'sockets=2,nodes=2,cores=14,threads=2,mem=96G,pmem=2x512G,hbm=..,isolated=..,offline=..';
-    a hybrid desktop: 'cores=8,threads=2,ecores=8,ecluster=4,numbering=linear'."""
+    a hybrid desktop: 'cores=8,threads=2,ecores=8,ecluster=4,numbering=linear'; a server with four L3
+    domains (core complexes) per NUMA node: 'sockets=2,cores=32,l3=8'."""
     spec = MachineSpec()
-    for item in filter(None, (s.strip() for s in re.split(r",(?=[a-z]+=)", text))):
+    for item in filter(None, (s.strip() for s in re.split(r",(?=[a-z][a-z0-9]*=)", text))):
         key, _, value = item.partition("=")
         if key in _SPEC_KEYS:
             setattr(spec, _SPEC_KEYS[key], int(value))
@@ -145,6 +149,14 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
         first = node_first + (g - node_first) // spec.ecluster * spec.ecluster
         last = min(first + spec.ecluster, node_first + spec.ecores)
         l2[g], l2_id[g] = CPUSet(cpu_id(h, 0) for h in range(first, last)), first
+    def l3_domain(g: int, die_cpus: CPUSet, die_key: int) -> tuple[CPUSet, int]:
+        """The CPUs sharing core g's L3 cache, and the cache's id."""
+        if not spec.l3 or g >= spec.cores:
+            return die_cpus, die_key
+        first = g - g % spec.cores_per_node + (g % spec.cores_per_node) // spec.l3 * spec.l3
+        last = min(first + spec.l3, g - g % spec.cores_per_node + spec.cores_per_node)
+        return CPUSet(c for h in range(first, last) for c in siblings[h]), 1000 + first
+
     package_cpus = {s: CPUSet(c for g, (ss, *_) in enumerate(layout) if ss == s for c in siblings[g])
                     for s in range(spec.sockets)}
     node_cpus: dict[int, CPUSet] = {}
@@ -180,9 +192,10 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
                 _write(base / "cpufreq" / "base_frequency", "2100000" if g < spec.cores else "1500000")
                 _write(base / "cpufreq" / "cpuinfo_max_freq", "3900000" if g < spec.cores else "2800000")
             if spec.caches:
+                l3_cpus, l3_id = l3_domain(g, die_cpus, die_key)
                 for idx, (level, kind, shared, cache_id, size) in enumerate((
                         (1, "Data", siblings[g], g, "48K"), (1, "Instruction", siblings[g], g, "32K"),
-                        (2, "Unified", l2[g], l2_id[g], "2048K"), (3, "Unified", die_cpus, die_key, "107520K"))):
+                        (2, "Unified", l2[g], l2_id[g], "2048K"), (3, "Unified", l3_cpus, l3_id, "107520K"))):
                     c = base / "cache" / f"index{idx}"
                     _write(c / "level", str(level))
                     _write(c / "type", kind)

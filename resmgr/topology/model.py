@@ -63,6 +63,13 @@ class Cache:
 
 
 @dataclass(frozen=True)
+class Level:
+    """One level of the machine's hierarchy: its name and its groups of online CPUs."""
+    name: str  # package, die, node, l3, l2, core
+    groups: tuple[CPUSet, ...]
+
+
+@dataclass(frozen=True)
 class Topology:
     cpus: Mapping[int, CPU]  # online CPUs only
     offline: CPUSet
@@ -134,6 +141,30 @@ class Topology:
             if c.id not in out:
                 out[c.id] = c.threads if level <= 2 else self.dies[(c.package, c.die)]
         return out
+
+    @cached_property
+    def hierarchy(self) -> tuple[Level, ...]:
+        """The levels of the machine that nest, coarse to fine: package, die, NUMA node, L3 and L2
+        domains, cores. A level is left out where it adds nothing (the same groups as the level above)
+        or does not nest (a NUMA node spanning L3 domains comes after them: sub-NUMA clustering puts
+        two nodes in one L3; one L3 per core complex puts several in one node)."""
+        candidates = [("package", list(self.packages.values())), ("die", list(self.dies.values())),
+                      ("node", list(self._group(lambda c: c.node).values())),
+                      ("l3", sorted(set(self.l3_of.values()), key=lambda g: g.bits)),
+                      ("l2", sorted(set(self.l2_of.values()), key=lambda g: g.bits)),
+                      ("core", list(self.cores.values()))]
+        cores = candidates.pop()[1]
+        candidates.sort(key=lambda lv: len(lv[1]))  # stable: the nominal order breaks ties
+        kept: list[Level] = []
+        parents = [self.online]
+        for name, groups in candidates + [("core", cores)]:
+            if name != "core" and set(groups) in (set(parents), set(cores)):
+                continue
+            if not all(any(g <= p for p in parents) for g in groups):
+                continue
+            kept.append(Level(name, tuple(groups)))
+            parents = groups
+        return tuple(kept)
 
     def package_nodes(self, package: int) -> list[int]:
         return sorted({c.node for c in self.cpus.values() if c.package == package and c.node >= 0})

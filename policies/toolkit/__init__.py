@@ -1,0 +1,1 @@
+"""The parts every policy is built from (see docs/policies.md)."""
