@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from policies.balloons import BalloonsPolicy
 from policies.base import Decision, Policy, PolicyError, View
 from policies.none import NonePolicy
 from policies.static import StaticPolicy
@@ -39,6 +40,7 @@ register(NonePolicy, aliases=("null",))
 register(StaticPolicy)
 register(StaticPlusPolicy)
 register(TopologyAwarePolicy)
+register(BalloonsPolicy)
 
 
 def canonical(name: str) -> str:

@@ -816,3 +816,39 @@ async def test_a_container_updated_while_the_runtime_starts_it_is_updated_again(
     await asyncio.gather(first, second)
     assert events == ["c1 started", "c2 started"]
     assert [cid for cid, _ in rt.updates].count("c1") == 2  # once while starting, once after
+
+
+async def test_balloons_are_reconfigured_live_and_persisted(tmp_path):
+    from policies import create
+    from tests.world import machine
+
+    topo = machine("sockets=1,cores=4,threads=1")  # CPUs 0-3
+    store = StateStore(tmp_path)
+    store.prepare()
+    runtime = FakeRuntime()
+    types = {"BalloonTypes": [{"Name": "pair", "MinCPUs": 2, "Namespaces": ["*"]}]}
+    config = {"Active": "balloons", "ReservedResources": {"cpu": "cpuset:0"}, "balloons": types}
+    eng = Engine(create("balloons", config, topo), store, CriRuntime(runtime))
+    cfg = pod_config("p", qos="burstable")
+
+    async def run(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod")
+
+    async def send(req):
+        return cri.CreateContainerResponse(container_id="a")
+
+    await front(eng).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
+    await front(eng).create_container(cri.CreateContainerRequest(
+        pod_sandbox_id="pod", config=container_config("a", resources=cri.LinuxContainerResources(cpu_shares=512)),
+        sandbox_config=cfg), send)
+    assert eng.containers["a"].resources.cpuset_cpus == "1-2"
+    again = Engine(create("balloons", config, topo), StateStore(tmp_path), CriRuntime(FakeRuntime()))
+    again.restore(StateStore(tmp_path).load())
+    assert again.policy.export_state() == eng.policy.export_state()
+    # A new configuration re-places every container and pushes what moved (as the config manager does:
+    # balloons cannot keep grants across new types, so a new instance re-allocates everyone).
+    types["BalloonTypes"][0]["MinCPUs"] = 3
+    with pytest.raises(NotImplementedError):
+        await eng.reconfigure(config)
+    await eng.switch_policy(create("balloons", config, topo))
+    assert [(cid, r.cpuset_cpus) for cid, r in runtime.updates] == [("a", "1-3")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from resmgr.requests import (
     requirements,
     shares_to_milli,
 )
+from resmgr.topology.cpuset import CPUSet
 from tests.helpers import ROOT
 
 PODS = """\
@@ -170,3 +172,41 @@ def test_requirements_from_cri_and_annotation():
     broken = Pod(id="p", uid="u", name="n", namespace="ns", annotations={"intel.com/resources": "{nope"})
     with pytest.raises(RequirementError, match="not JSON"):
         requirements(_ctr(Resources()), broken)
+
+
+def test_simulate_balloons_with_the_picture(tmp_path):
+    # The nri-plugins documentation's example, in our policy section.
+    config = """policy:
+  Active: balloons
+  balloons:
+    reservedResources: {cpu: 1000m}
+    pinCPU: true
+    pinMemory: true
+    allocatorTopologyBalancing: true
+    idleCPUClass: lowpower
+    balloonTypes:
+      - name: quad
+        maxCPUs: 4
+        cpuClass: dynamic
+        namespaces: ["*"]
+"""
+    out = simulate(tmp_path, "--machine", "sockets=2,nodes=2,cores=4,threads=2", "--output", "json",
+                   "--html", str(tmp_path / "picture.html"), config=config)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    pools = {p["name"]: p for p in result["pools"]}
+    assert set(pools) == {"reserved[0]", "default[0]", "quad[0]", "quad[1]"}
+    by_name = {c["name"]: c for c in result["containers"]}
+    assert by_name["dns"]["pool"] == "reserved[0]" and by_name["dns"]["cpus"] == pools["reserved[0]"]["cpus"]
+    assert by_name["postgres"]["pool"] == "quad[0]" and len(CPUSet.parse(by_name["postgres"]["cpus"])) == 4
+    # allocatorTopologyBalancing: the next balloon goes where most CPUs are free, the other socket
+    assert by_name["nginx"]["pool"] == "quad[1]"
+    assert by_name["nginx"]["mems"] != by_name["postgres"]["mems"]
+    assert "quad[1]" in (tmp_path / "picture.html").read_text()
+
+
+def test_declared_policy_options_are_the_schema():
+    spec = importlib.util.spec_from_file_location("policy_schema", ROOT / "scripts" / "policy-schema.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.generated() == module.PATH.read_text(), "run scripts/policy-schema.py"

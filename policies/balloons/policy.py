@@ -1,0 +1,504 @@
+"""The `balloons` policy: containers in balloons, disjoint sets of CPUs that grow and shrink.
+
+Every container goes to one balloon and runs on its CPUs (and, with ShareIdleCPUsInSame, on
+the CPUs in no balloon near them). Its balloon type comes from the pod's `balloon.balloons`
+annotation, else the reserved namespaces (kube-system always) go to the reserved balloon,
+else the first type whose Namespaces or MatchExpressions match, else `default`. Within the
+type (and its GroupBy group) it joins an existing balloon or a new one, ranked by: the pod
+and namespace preferences; then an empty balloon, a balloon that holds it as it is, one
+that grows, a new one (PreferNewBalloons: empty, new, then the rest); most CPU time left;
+lowest index. A balloon holds max(MinCPUs, its containers' requests rounded up) CPUs, one
+at least while it has containers, never more than MaxCPUs; it grows with CPUs nearest its
+own and shrinks to its most compact part. Types with MinBalloons get their balloons at
+start, highest AllocatorPriority first. The reserved balloon is the reserved CPUs, and so is
+the default balloon unless its type sets MinCPUs or MaxCPUs. A container that asks for no
+CPU time is never refused: when no balloon of its type can be had it runs on the reserved
+CPUs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from policies import annotations, cpuconfig
+from policies.balloons.types import DEFAULT, RESERVED, BalloonType, parse
+from policies.base import Decision, Policy, PolicyError, View, container_requirements
+from policies.toolkit.cpus import Preferences, one_thread_per_core, take_cpus
+from policies.toolkit.expressions import substitute
+from resmgr.model import Container, Pod, Resources
+from resmgr.requests import BLOCKIO_ANNOTATION, RDT_ANNOTATION, class_names, effective_annotation, milli_to_shares
+from resmgr.topology.cpuset import EMPTY, CPUSet
+from resmgr.topology.model import CoreKind, MemoryType, Topology
+
+NRI = "resource-policy.nri.io"
+BALLOON = "balloon.balloons"
+DEFAULT_MEMORY = frozenset({MemoryType.DRAM, MemoryType.PMEM})
+
+
+@dataclass(frozen=True)
+class Member:
+    """A container in a balloon."""
+    milli: int
+    pod: str
+    namespace: str
+    hide_ht: bool = False
+    pin_cpu: bool = True
+    pin_memory: bool = True
+    mem_types: frozenset[MemoryType] = frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"milli": self.milli, "pod": self.pod, "namespace": self.namespace, "hide_ht": self.hide_ht,
+                "pin_cpu": self.pin_cpu, "pin_memory": self.pin_memory,
+                "mem_types": sorted(t.value for t in self.mem_types)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Member:
+        return cls(int(d["milli"]), str(d["pod"]), str(d["namespace"]), bool(d.get("hide_ht", False)),
+                   bool(d.get("pin_cpu", True)), bool(d.get("pin_memory", True)),
+                   frozenset(MemoryType(t) for t in d.get("mem_types", [])))
+
+
+@dataclass(eq=False)
+class Balloon:
+    type: BalloonType
+    index: int
+    cpus: CPUSet = EMPTY  # its own CPUs (none for a type on the reserved CPUs)
+    group: str = ""
+    members: dict[str, Member] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.type.name}[{self.index}]"
+
+    @property
+    def milli(self) -> int:
+        return sum(m.milli for m in self.members.values())
+
+
+@dataclass(frozen=True)
+class _Grant:
+    pool: str  # what simulate shows
+
+
+def _hint(container: Container, pod: Pod, name: str) -> str | None:
+    """A hint in our annotation domain, else in nri-plugins' (`<name>.resource-policy.nri.io`)."""
+    found = annotations.hint(container, pod, name)
+    if found is not None:
+        return str(found[1])
+    return effective_annotation(annotations.merged(container, pod), f"{name}.{NRI}", container.name)
+
+
+class BalloonsPolicy(Policy):
+    name = "balloons"
+    description = ("balloons: containers in typed CPU pools that grow and shrink with their requests, "
+                   "matched by annotation, namespace or expressions")
+
+    def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
+        super().__init__(config, topology)
+        if topology is None:
+            raise PolicyError(f"policy {self.name} needs the machine topology")
+        self.topo = topology
+        self.settings, raw = parse(self.config.get(self.name))
+        resources = dict(self.config)
+        for key in ("AvailableResources", "ReservedResources"):
+            if resources.get(key) is None and raw[key] is not None:
+                resources[key] = raw[key]
+        cpus = cpuconfig.resolve_cpus(resources, topology)
+        self.isolated = cpus.isolated
+        self.reserved = cpus.reserved or take_cpus(topology, cpus.general, 1)
+        self.allocatable = cpus.available - self.reserved
+        self.types = {t.name: t for t in self.settings.types}
+        self.balloons: list[Balloon] = [Balloon(t, 0) for t in self.settings.types if t.on_reserved]
+        self.where: dict[str, Balloon] = {}
+        self.preserved: set[str] = set()
+        self._make_min_balloons()
+
+    # -- CPUs -----------------------------------------------------------------------------
+    def owned(self) -> CPUSet:
+        out = EMPTY
+        for b in self.balloons:
+            out |= b.cpus
+        return out
+
+    def free(self, t: BalloonType | None = None) -> CPUSet:
+        """CPUs in no balloon that a balloon of type t may take (isolated ones only if it prefers them)."""
+        free = self.allocatable - self.owned()
+        return free if t is not None and t.isolated else free - self.isolated
+
+    def _prefer(self, t: BalloonType) -> Preferences:
+        kind = t.core_kind
+        if not kind and self.topo.hybrid:
+            kind = {0: CoreKind.PERFORMANCE, 2: CoreKind.EFFICIENT}.get(t.priority, CoreKind.UNKNOWN)
+        return Preferences(kind=kind, spread_cores=t.spread_cores, balance=self.settings.balance)
+
+    def _take(self, t: BalloonType, count: int, near: CPUSet = EMPTY) -> CPUSet:
+        """count free CPUs for a balloon of type t: isolated ones first if it prefers them, else
+        the nearest to near (its own CPUs) that hold them, else the best anywhere."""
+        free, prefer = self.free(t), self._prefer(t)
+        if t.isolated:
+            iso = free & self.isolated
+            if len(iso) >= count:
+                return take_cpus(self.topo, iso, count, prefer)
+            return iso | take_cpus(self.topo, free - iso, count - len(iso), prefer)
+        if near:
+            for level in reversed(self.topo.hierarchy):
+                if level.name == "core" and t.spread_cores:
+                    continue
+                region = EMPTY
+                for g in level.groups:
+                    if g & near:
+                        region |= g
+                if len(free & region) >= count:
+                    return take_cpus(self.topo, free & region, count, prefer)
+        return take_cpus(self.topo, free, count, prefer)
+
+    def _size(self, t: BalloonType, milli: int, members: bool) -> int | None:
+        """The CPUs a balloon of type t holds for milli requested (None: more than MaxCPUs)."""
+        need = -(-milli // 1000)
+        if t.max_cpus and need > t.max_cpus:
+            return None
+        return max(need, t.min_cpus, 1 if members else 0)
+
+    def _resize(self, b: Balloon, size: int) -> None:
+        if b.type.on_reserved or size == len(b.cpus):
+            return
+        if size > len(b.cpus):
+            b.cpus |= self._take(b.type, size - len(b.cpus), b.cpus)
+        else:  # keep its most compact part
+            b.cpus = take_cpus(self.topo, b.cpus, size, self._prefer(b.type))
+
+    def _new_balloon(self, t: BalloonType, size: int, group: str = "") -> Balloon:
+        used = {b.index for b in self.balloons if b.type is t}
+        index = next(i for i in range(len(used) + 1) if i not in used)
+        b = Balloon(t, index, self._take(t, size), group)
+        self.balloons.append(b)
+        return b
+
+    def _make_min_balloons(self) -> None:
+        for t in sorted(self.settings.types, key=lambda t: (t.priority, t.order)):
+            if t.on_reserved:
+                continue
+            while sum(1 for b in self.balloons if b.type is t) < t.min_balloons:
+                if len(self.free(t)) < t.min_cpus:
+                    raise PolicyError(f"balloon type {t.name}: no room for {t.min_balloons} balloons of "
+                                      f"{t.min_cpus} CPUs ({len(self.free(t))} CPUs free: {self.free(t) or 'none'})")
+                self._new_balloon(t, t.min_cpus)
+
+    # -- where a container runs ---------------------------------------------------------------
+    def _runs_on(self, b: Balloon, m: Member) -> CPUSet:
+        base = self.reserved if b.type.on_reserved or not b.cpus else b.cpus
+        scope = b.type.share_idle
+        if scope and b.cpus:
+            idle = self.free()
+            if scope == "system":
+                base |= idle
+            else:
+                groups = {"package": self.topo.packages.values(), "die": self.topo.dies.values(),
+                          "numa": [self.topo.node_cpus(n) for n in self.topo.nodes],
+                          "l2cache": set(self.topo.l2_of.values()), "core": self.topo.cores.values()}[scope]
+                for g in groups:
+                    if g & b.cpus:
+                        base |= g & idle
+        return one_thread_per_core(self.topo, base) if m.hide_ht or b.type.hide_ht else base
+
+    def _mems(self, cpus: CPUSet, types: frozenset[MemoryType]) -> CPUSet:
+        """The memory nodes of the CPUs' NUMA nodes, of the given types (memory-only nodes by distance)."""
+        nodes = {self.topo.cpus[c].node for c in cpus if c in self.topo.cpus and self.topo.cpus[c].node >= 0}
+        out = set()
+        cpu_nodes = [n for n in self.topo.nodes.values() if n.cpus]
+        for n in self.topo.nodes.values():
+            if not n.memory or n.kind not in types:
+                continue
+            if n.id in nodes:
+                out.add(n.id)
+            elif not n.cpus and cpu_nodes:
+                nearest = min(cpu_nodes, key=lambda c: (n.distances.get(c.id, 1 << 16), c.id))
+                if nearest.id in nodes:
+                    out.add(n.id)
+        return CPUSet(out) if out else CPUSet(nodes)
+
+    def _resources(self, base: Resources, b: Balloon, m: Member) -> Resources:
+        cpus = self._runs_on(b, m)
+        out = base.with_cpus(str(cpus) if self.settings.pin_cpu and m.pin_cpu else base.cpuset_cpus)
+        if b.type.pin_memory and m.pin_memory and self.topo.nodes:
+            mems = self._mems(cpus, m.mem_types or b.type.memory_types or DEFAULT_MEMORY)
+            if mems:
+                out.cpuset_mems = str(mems)
+        return out
+
+    def _snapshot(self) -> dict[str, tuple[CPUSet, CPUSet]]:
+        out = {}
+        for b in self.balloons:
+            for key, m in b.members.items():
+                cpus = self._runs_on(b, m)
+                out[key] = (cpus, self._mems(cpus, m.mem_types or b.type.memory_types or DEFAULT_MEMORY))
+        return out
+
+    def _updates(self, before: Mapping[str, tuple[CPUSet, CPUSet]], view: View, skip: str) -> dict[str, Resources]:
+        updates = {}
+        for key, now in self._snapshot().items():
+            c = view.containers.get(key)
+            if key != skip and c is not None and before.get(key) != now:
+                updates[key] = self._resources(c.resources, self.where[key], self.where[key].members[key])
+        return updates
+
+    # -- choosing a balloon ---------------------------------------------------------------------
+    def _type_of(self, container: Container, pod: Pod) -> BalloonType:
+        named = _hint(container, pod, BALLOON)
+        if named is not None:
+            t = self.types.get(named.strip())
+            if t is None:
+                raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: balloon type {named!r} "
+                                  f"does not exist (types: {', '.join(self.types)})")
+            return t
+        if any(fnmatch.fnmatchcase(pod.namespace, p) for p in self.settings.reserved_namespaces):
+            return self.types[RESERVED]
+        for t in self.settings.types:
+            if any(fnmatch.fnmatchcase(pod.namespace, p) for p in t.namespaces) or \
+                    any(e(container, pod) for e in t.match):
+                return t
+        return self.types[DEFAULT]
+
+    def _choose(self, t: BalloonType, group: str, m: Member) -> tuple[Balloon | None, int]:
+        """The balloon for a new member and the size it then has (None: a new balloon of that size)."""
+        if t.on_reserved:
+            return next(b for b in self.balloons if b.type is t), 0
+        free = len(self.free(t))
+        options: list[tuple[tuple[Any, ...], Balloon | None, int]] = []
+        for b in self.balloons:
+            if b.type is not t or b.group != group:
+                continue
+            size = self._size(t, b.milli + m.milli, True)
+            if size is None or size - len(b.cpus) > free:
+                continue
+            pods = {x.pod for x in b.members.values()}
+            namespaces = {x.namespace for x in b.members.values()}
+            pod_rank = (2 if m.pod in pods else 1) if t.spread_pods else (0 if m.pod in pods else 1)
+            ns_rank = (0 if namespaces == {m.namespace} else 1 if not namespaces else 2) if t.per_namespace else 0
+            if t.prefer_new:
+                kind = 0 if not b.members else 2
+            else:
+                kind = 0 if size <= len(b.cpus) else 1
+            left = 1000 * max(size, len(b.cpus)) - b.milli - m.milli
+            options.append(((pod_rank, ns_rank, kind, -left, b.index), b, size))
+        count = sum(1 for b in self.balloons if b.type is t)
+        size = self._size(t, m.milli, True)
+        if size is not None and (not t.max_balloons or count < t.max_balloons) and size <= free:
+            options.append(((1, 1 if t.per_namespace else 0, 1 if t.prefer_new else 2, -(1000 * size - m.milli),
+                             1 << 30), None, size))
+        if not options:
+            raise PolicyError(self._no_room(t, group, m))
+        _, b, size = min(options, key=lambda o: o[0])
+        return b, size
+
+    def _no_room(self, t: BalloonType, group: str, m: Member) -> str:
+        mine = [b for b in self.balloons if b.type is t]
+        why = f"MaxCPUs {t.max_cpus}" if t.max_cpus and -(-m.milli // 1000) > t.max_cpus else \
+            f"{len(mine)} of MaxBalloons {t.max_balloons}" if t.max_balloons and len(mine) >= t.max_balloons else \
+            f"{len(self.free(t))} free CPUs"
+        held = ", ".join(f"{b.name} {len(b.cpus)} CPUs {b.milli}m" for b in mine) or "none"
+        return (f"balloon type {t.name}{f' group {group!r}' if group else ''}: no balloon can take "
+                f"{m.milli}m more ({why}; balloons: {held})")
+
+    # -- the policy interface ---------------------------------------------------------------------
+    def _member(self, container: Container, pod: Pod) -> Member:
+        req = container_requirements(container, pod)
+        hide = annotations.hide_hyperthreads(container, pod)
+        if hide is None:
+            nri = effective_annotation(annotations.merged(container, pod),
+                                       f"{annotations.HIDE_HYPERTHREADS}.{NRI}", container.name)
+            hide = annotations.to_bool("hide-hyperthreads", container.name, nri) if nri is not None else False
+        return Member(req.cpu_request, pod.id, pod.namespace, hide,
+                      pin_cpu=not self._preserve(container, pod, "cpu"),
+                      pin_memory=not self._preserve(container, pod, "memory"),
+                      mem_types=annotations.memory_types(container, pod) or frozenset())
+
+    def _preserve(self, container: Container, pod: Pod, what: str) -> bool:
+        value = _hint(container, pod, f"{what}.preserve")
+        return value is not None and annotations.to_bool(f"{what}.preserve", container.name, value)
+
+    def _save(self) -> tuple[list[tuple[Balloon, CPUSet, dict[str, Member]]], set[str]]:
+        return [(b, b.cpus, dict(b.members)) for b in self.balloons], set(self.preserved)
+
+    def _load(self, saved: tuple[list[tuple[Balloon, CPUSet, dict[str, Member]]], set[str]]) -> None:
+        held, self.preserved = saved
+        self.balloons = []
+        for b, cpus, members in held:
+            b.cpus, b.members = cpus, members
+            self.balloons.append(b)
+        self.where = {k: b for b in self.balloons for k in b.members}
+
+    def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
+        before, saved = self._snapshot(), self._save()
+        self._remove(container.key)
+        try:
+            if any(e(container, pod) for e in self.settings.preserve):
+                self.preserved.add(container.key)
+                return Decision(updates=self._updates(before, view, container.key))
+            m = self._member(container, pod)
+            t = self._type_of(container, pod)
+            group = self._group(t, container, pod)
+            try:
+                b, size = self._choose(t, group, m)
+            except PolicyError:
+                if m.milli:
+                    raise
+                b, size = self.balloons[0], 0  # nothing asked, nothing refused: the reserved CPUs
+        except PolicyError:
+            self._load(saved)
+            raise
+        if b is None:
+            b = self._new_balloon(t, size, group)
+        else:
+            self._resize(b, size)
+        self._put(container.key, b, m)
+        rdt, blockio = self._classes(container, pod, b.type)
+        resources = self._resources(container.requested, b, m)
+        resources.cpu_shares = milli_to_shares(m.milli)
+        return Decision(resources=resources, rdt_class=rdt, blockio_class=blockio,
+                        updates=self._updates(before, view, container.key))
+
+    def _group(self, t: BalloonType, container: Container, pod: Pod) -> str:
+        return substitute(t.group_by, container, pod) if t.group_by else ""
+
+    def _classes(self, container: Container, pod: Pod, t: BalloonType) -> tuple[str, str]:
+        """The container's class annotations, else its type's classes, else its QoS class."""
+        rdt, blockio = class_names(container, pod)
+        merged = annotations.merged(container, pod)
+        if t.rdt_class and effective_annotation(merged, RDT_ANNOTATION, container.name) is None:
+            rdt = t.rdt_class
+        if t.blockio_class and effective_annotation(merged, BLOCKIO_ANNOTATION, container.name) is None:
+            blockio = t.blockio_class
+        return rdt, blockio
+
+    def _put(self, key: str, b: Balloon, m: Member) -> None:
+        b.members[key] = m
+        self.where[key] = b
+
+    def _remove(self, key: str) -> tuple[Balloon, Member] | None:
+        """Take a member out of its balloon, deflating or dropping the balloon."""
+        self.preserved.discard(key)
+        b = self.where.pop(key, None)
+        if b is None:
+            return None
+        m = b.members.pop(key)
+        t = b.type
+        if not b.members and not t.on_reserved and \
+                sum(1 for x in self.balloons if x.type is t) > t.min_balloons:
+            self.balloons.remove(b)
+        else:
+            self._resize(b, self._size(t, b.milli, bool(b.members)) or len(b.cpus))
+        return b, m
+
+    def release(self, container: Container, view: View) -> Decision:
+        before = self._snapshot()
+        if self._remove(container.key) is None:
+            return Decision()
+        return Decision(updates=self._updates(before, view, container.key))
+
+    def update(self, container: Container, requested: Resources, view: View) -> Decision:
+        b = self.where.get(container.key)
+        if b is None:
+            return Decision()
+        return Decision(resources=self._resources(requested, b, b.members[container.key]))
+
+    def resize(self, container: Container, pod: Pod, requested: Resources, view: View) -> Decision:
+        b = self.where.get(container.key)
+        if b is None:
+            return self.allocate(replace(container, requested=requested), pod, view)
+        old = b.members[container.key]
+        milli = container_requirements(replace(container, requested=requested), pod).cpu_request
+        size = self._size(b.type, b.milli - old.milli + milli, True)
+        if not b.type.on_reserved and (size is None or size - len(b.cpus) > len(self.free(b.type))):
+            raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: balloon {b.name} cannot "
+                              f"grow to {milli}m for it ({self._no_room(b.type, b.group, replace(old, milli=milli))})")
+        before = self._snapshot()
+        m = replace(old, milli=milli)
+        b.members[container.key] = m
+        self._resize(b, size or 0)
+        resources = self._resources(requested, b, m)
+        resources.cpu_shares = milli_to_shares(milli)
+        return Decision(resources=resources, updates=self._updates(before, view, container.key))
+
+    def rename(self, old_key: str, new_key: str) -> None:
+        if old_key in self.preserved:
+            self.preserved.discard(old_key)
+            self.preserved.add(new_key)
+        b = self.where.pop(old_key, None)
+        if b is not None:
+            b.members[new_key] = b.members.pop(old_key)
+            self.where[new_key] = b
+
+    @property
+    def grants(self) -> dict[str, _Grant]:
+        return {key: _Grant(b.name) for key, b in self.where.items()}
+
+    def fallback(self) -> list[str]:
+        return [f"balloon {b.name} has no CPUs of its own: its containers run on the reserved CPUs {self.reserved}"
+                for b in self.balloons if b.members and not b.cpus and not b.type.on_reserved]
+
+    def describe_pools(self) -> list[dict[str, Any]]:
+        out = []
+        for b in sorted(self.balloons, key=lambda b: (b.type.order, b.index)):
+            cpus = self.reserved if b.type.on_reserved else b.cpus
+            runs = self._runs_on(b, Member(0, "", ""))
+            nodes = [n for n in self.topo.nodes.values() if n.cpus & cpus]
+            memory: dict[str, int] = {}
+            for n in nodes:
+                memory[n.kind.value] = memory.get(n.kind.value, 0) + n.memory
+            out.append({"name": b.name, "parent": "", "cpus": str(cpus), "shared": str(runs),
+                        "reserved": str(cpus & self.reserved), "isolated": str(cpus & self.isolated),
+                        "mems": str(CPUSet(n.id for n in nodes)), "memory": memory, "exclusive_grants": 0,
+                        "containers": len(b.members), "shared_milli_requested": b.milli,
+                        "shared_milli_free": 1000 * len(cpus) - b.milli, "shared_elsewhere":
+                        len(b.members) if not b.cpus and not b.type.on_reserved else 0,
+                        "type": b.type.name, "cpu_class": b.type.cpu_class})
+        return out
+
+    def describe_grant(self, key: str) -> dict[str, Any] | None:
+        b = self.where.get(key)
+        if b is None:
+            return None
+        doc = {"pool": b.name, "exclusive": "", "shared_milli": b.members[key].milli,
+               "kind": "reserved" if b.type.name == RESERVED else "shared"}
+        if not b.cpus and not b.type.on_reserved:
+            doc["fallback"] = "reserved"
+        return doc
+
+    def export_state(self) -> dict[str, Any]:
+        return {"balloons": [{"type": b.type.name, "index": b.index, "cpus": str(b.cpus), "group": b.group,
+                              "members": {k: m.to_dict() for k, m in sorted(b.members.items())}}
+                             for b in self.balloons],
+                "preserved": sorted(self.preserved)}
+
+    def restore_state(self, data: Mapping[str, Any]) -> None:
+        """Reinstate persisted balloons exactly; PolicyError (nothing changed) if any cannot be."""
+        balloons: list[Balloon] = []
+        taken = EMPTY
+        for d in data.get("balloons") or []:
+            t = self.types.get(str(d["type"]))
+            if t is None:
+                raise PolicyError(f"persisted balloon of type {d['type']!r}, which does not exist now")
+            cpus = EMPTY if t.on_reserved else CPUSet.parse(str(d.get("cpus", "")))
+            if not cpus <= self.allocatable or not cpus.isdisjoint(taken):
+                raise PolicyError(f"persisted balloon {t.name}[{d['index']}] holds CPUs {cpus} that are not free "
+                                  f"to balloons now")
+            taken |= cpus
+            members = {k: Member.from_dict(m) for k, m in (d.get("members") or {}).items()
+                       if not k.startswith("pending:")}
+            balloons.append(Balloon(t, int(d["index"]), cpus, str(d.get("group", "")), members))
+        for t in self.settings.types:
+            if t.on_reserved and not any(b.type is t for b in balloons):
+                balloons.insert(0, Balloon(t, 0))
+        saved = self._save()
+        self.balloons = balloons
+        self.where = {k: b for b in balloons for k in b.members}
+        self.preserved = {k for k in data.get("preserved") or [] if not k.startswith("pending:")}
+        try:
+            self._make_min_balloons()
+        except PolicyError:
+            self._load(saved)
+            raise
