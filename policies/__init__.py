@@ -9,6 +9,7 @@ from typing import Any
 from policies.balloons import BalloonsPolicy
 from policies.base import Decision, Policy, PolicyError, View
 from policies.none import NonePolicy
+from policies.podpools import PodpoolsPolicy
 from policies.static import StaticPolicy
 from policies.static_plus import StaticPlusPolicy
 from policies.topology_aware import TopologyAwarePolicy
@@ -41,6 +42,7 @@ register(StaticPolicy)
 register(StaticPlusPolicy)
 register(TopologyAwarePolicy)
 register(BalloonsPolicy)
+register(PodpoolsPolicy)
 
 
 def canonical(name: str) -> str:

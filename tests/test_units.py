@@ -184,7 +184,7 @@ def test_a_valid_state_loads(tmp_path):
 def test_registry_and_aliases():
     assert policies.canonical("null") == "none"
     assert policies.create("null").name == "none"
-    with pytest.raises(KeyError, match="available: balloons, none, static, static-plus"):
+    with pytest.raises(KeyError, match="available: balloons, none, podpools, static, static-plus"):
         policies.canonical("nope")
 
 

@@ -111,5 +111,7 @@ def schema(options: Sequence[Option], description: str = "") -> dict[str, Any]:
 
 def declared_sections() -> dict[str, Any]:
     """The schema of every policy section declared with options, by section name."""
-    from policies.balloons.types import POLICY_OPTIONS, SECTION
-    return {"balloons": schema(POLICY_OPTIONS, SECTION)}
+    from policies import podpools
+    from policies.balloons import types as balloons
+    return {"balloons": schema(balloons.POLICY_OPTIONS, balloons.SECTION),
+            "podpools": schema(podpools.POLICY_OPTIONS, "the podpools policy (keys in any letter case)")}
