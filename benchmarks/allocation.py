@@ -55,7 +55,7 @@ def main() -> int:
     print(f"machine: {MACHINE} ({len(topology.cpus)} CPUs, {len(topology.nodes)} NUMA nodes)")
     print(f"{'policy':<15}{'live':>6} | {'all p50':>8}{'p99':>8} | {'shared p50':>10}{'p99':>8} | "
           f"{'exclusive p50':>13}{'p99':>8} | {'release p50':>11}{'p99':>8}")
-    for name in ("static", "static-plus", "topology-aware"):
+    for name in ("static", "static-plus", "topology-aware", "balloons"):
         for count in (int(c) for c in args.counts.split(",")):
             policy = policies.create(name, {"Active": name, "ReservedResources": {"cpu": 2}}, topology)
             sim = Ledger(policy)

@@ -86,6 +86,9 @@ def test_core_kind_preference_and_l2_clusters():
     # Too few of the preferred kind: the other kind alone, then both.
     assert take_cpus(HYBRID, CPUSet.parse("0-1,16-23"), 4, p) == CPUSet.parse("16-19")
     assert take_cpus(HYBRID, CPUSet.parse("0-1,16-17"), 4, p) == CPUSet.parse("0-1,16-17")
+    # Whole cores first: two lone P threads lose to two E-cores; too few of both kinds make a mix.
+    assert take_cpus(HYBRID, CPUSet.parse("0,2,16-17"), 2, p) == CPUSet.parse("16-17")
+    assert take_cpus(HYBRID, CPUSet.parse("0-1,16,20"), 3, p) == CPUSet.parse("0-1,16")
 
 
 def test_one_l3_domain_before_spreading():

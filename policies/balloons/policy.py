@@ -28,7 +28,7 @@ from policies.balloons.types import DEFAULT, RESERVED, BalloonType, parse
 from policies.base import Decision, Policy, PolicyError, View, container_requirements
 from policies.toolkit.cpus import Preferences, one_thread_per_core, take_cpus
 from policies.toolkit.expressions import substitute
-from resmgr.model import Container, Pod, Resources
+from resmgr.model import Container, Pod, QOSClass, Resources
 from resmgr.requests import BLOCKIO_ANNOTATION, RDT_ANNOTATION, class_names, effective_annotation, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import CoreKind, MemoryType, Topology
@@ -128,16 +128,21 @@ class BalloonsPolicy(Policy):
         free = self.allocatable - self.owned()
         return free if t is not None and t.isolated else free - self.isolated
 
-    def _prefer(self, t: BalloonType) -> Preferences:
+    def _prefer(self, t: BalloonType, guaranteed: bool = False) -> Preferences:
+        """How a balloon of type t chooses CPUs: PreferCoreType, else AllocatorPriority where set (high:
+        performance cores, low: efficient ones), else performance cores for a Guaranteed container."""
         kind = t.core_kind
         if not kind and self.topo.hybrid:
-            kind = {0: CoreKind.PERFORMANCE, 2: CoreKind.EFFICIENT}.get(t.priority, CoreKind.UNKNOWN)
+            if t.priority is not None:
+                kind = {0: CoreKind.PERFORMANCE, 2: CoreKind.EFFICIENT}.get(t.priority, CoreKind.UNKNOWN)
+            elif guaranteed:
+                kind = CoreKind.PERFORMANCE
         return Preferences(kind=kind, spread_cores=t.spread_cores, balance=self.settings.balance)
 
-    def _take(self, t: BalloonType, count: int, near: CPUSet = EMPTY) -> CPUSet:
+    def _take(self, t: BalloonType, count: int, near: CPUSet = EMPTY, guaranteed: bool = False) -> CPUSet:
         """count free CPUs for a balloon of type t: isolated ones first if it prefers them, else
         the nearest to near (its own CPUs) that hold them, else the best anywhere."""
-        free, prefer = self.free(t), self._prefer(t)
+        free, prefer = self.free(t), self._prefer(t, guaranteed)
         if t.isolated:
             iso = free & self.isolated
             if len(iso) >= count:
@@ -162,23 +167,24 @@ class BalloonsPolicy(Policy):
             return None
         return max(need, t.min_cpus, 1 if members else 0)
 
-    def _resize(self, b: Balloon, size: int) -> None:
+    def _resize(self, b: Balloon, size: int, guaranteed: bool = False) -> None:
+        """Grow (for a Guaranteed container: performance cores on a hybrid part) or shrink b."""
         if b.type.on_reserved or size == len(b.cpus):
             return
         if size > len(b.cpus):
-            b.cpus |= self._take(b.type, size - len(b.cpus), b.cpus)
+            b.cpus |= self._take(b.type, size - len(b.cpus), b.cpus, guaranteed)
         else:  # keep its most compact part
             b.cpus = take_cpus(self.topo, b.cpus, size, self._prefer(b.type))
 
-    def _new_balloon(self, t: BalloonType, size: int, group: str = "") -> Balloon:
+    def _new_balloon(self, t: BalloonType, size: int, group: str = "", guaranteed: bool = False) -> Balloon:
         used = {b.index for b in self.balloons if b.type is t}
         index = next(i for i in range(len(used) + 1) if i not in used)
-        b = Balloon(t, index, self._take(t, size), group)
+        b = Balloon(t, index, self._take(t, size, guaranteed=guaranteed), group)
         self.balloons.append(b)
         return b
 
     def _make_min_balloons(self) -> None:
-        for t in sorted(self.settings.types, key=lambda t: (t.priority, t.order)):
+        for t in sorted(self.settings.types, key=lambda t: (t.priority or 0, t.order)):
             if t.on_reserved:
                 continue
             while sum(1 for b in self.balloons if b.type is t) < t.min_balloons:
@@ -230,11 +236,16 @@ class BalloonsPolicy(Policy):
         return out
 
     def _snapshot(self) -> dict[str, tuple[CPUSet, CPUSet]]:
+        """Every member's CPUs and memory nodes (computed once per balloon and kind of member)."""
         out = {}
         for b in self.balloons:
+            seen: dict[tuple[bool, frozenset[MemoryType]], tuple[CPUSet, CPUSet]] = {}
             for key, m in b.members.items():
-                cpus = self._runs_on(b, m)
-                out[key] = (cpus, self._mems(cpus, m.mem_types or b.type.memory_types or DEFAULT_MEMORY))
+                kind = (m.hide_ht, m.mem_types)
+                if kind not in seen:
+                    cpus = self._runs_on(b, m)
+                    seen[kind] = cpus, self._mems(cpus, m.mem_types or b.type.memory_types or DEFAULT_MEMORY)
+                out[key] = seen[kind]
         return out
 
     def _updates(self, before: Mapping[str, tuple[CPUSet, CPUSet]], view: View, skip: str) -> dict[str, Resources]:
@@ -350,10 +361,11 @@ class BalloonsPolicy(Policy):
         except PolicyError:
             self._load(saved)
             raise
+        guaranteed = pod.qos_class == QOSClass.GUARANTEED
         if b is None:
-            b = self._new_balloon(t, size, group)
+            b = self._new_balloon(t, size, group, guaranteed)
         else:
-            self._resize(b, size)
+            self._resize(b, size, guaranteed)
         self._put(container.key, b, m)
         rdt, blockio = self._classes(container, pod, b.type)
         resources = self._resources(container.requested, b, m)

@@ -59,8 +59,9 @@ TYPE_OPTIONS = (
     Option("MaxCPUs", "integer", 0, "CPUs a balloon may grow to (0: no limit)", check=_not_negative),
     Option("MinBalloons", "integer", 0, "balloons made at start and kept", check=_not_negative),
     Option("MaxBalloons", "integer", 0, "balloons of the type at most (0: no limit)", check=_not_negative),
-    Option("AllocatorPriority", "any", 0, "0 high (performance cores first), 1 normal, 2 low (efficient "
-           "cores first), 3 none; types with min balloons get CPUs in this order", check=_priority),
+    Option("AllocatorPriority", "any", None, "0 high (performance cores first), 1 normal, 2 low (efficient "
+           "cores first), 3 none; types with min balloons get CPUs in this order (unset: high, and the core "
+           "kind follows the container: performance for Guaranteed ones)", check=_priority),
     Option("CPUClass", "string", "", "CPU class name (shown, not applied)"),
     Option("PreferNewBalloons", "boolean", False, "a new balloon for each container while CPUs last"),
     Option("PreferSpreadingPods", "boolean", False, "containers of one pod in different balloons"),
@@ -110,7 +111,7 @@ class BalloonType:
     max_cpus: int = 0
     min_balloons: int = 0
     max_balloons: int = 0
-    priority: int = 0
+    priority: int | None = None  # None: not configured
     cpu_class: str = ""
     prefer_new: bool = False
     spread_pods: bool = False

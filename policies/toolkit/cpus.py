@@ -17,8 +17,9 @@ The search descends the tree: at each domain it weighs every child that can hold
 whole request against spilling over several children (whole children first, the rest
 from the best child that holds it), remembering what it has weighed.
 
-Preferences on top: a core kind (hybrid parts), taken alone when it holds the request,
-else the other kind alone, else both; and one thread per core first (spread on cores).
+Preferences on top: a core kind (hybrid parts), taken alone when it holds the request in
+whole cores, else the other kind alone if that does, else the preferred kind alone, else
+the best of both; and one thread per core first (spread on cores).
 """
 
 from __future__ import annotations
@@ -79,11 +80,20 @@ def take_cpus(topology: Topology, available: CPUSet, count: int, prefer: Prefere
     if prefer.kind and topology.hybrid:
         own = available & topology.kinds.get(prefer.kind, EMPTY)
         other = available - own
-        for alone in (own, other):
-            if len(alone) >= count:
-                return _spread_or_pick(topology, alone, count, prefer)
-        return own | _spread_or_pick(topology, other, count - len(own), prefer)
+        # One kind alone, the preferred one unless only the other gives whole cores; else both.
+        options = [(split_cores(topology, chosen), rank, chosen) for rank, alone in enumerate((own, other))
+                   if len(alone) >= count for chosen in [_spread_or_pick(topology, alone, count, prefer)]]
+        if options:
+            return min(options, key=lambda o: o[:2])[2]
     return _spread_or_pick(topology, available, count, prefer)
+
+
+def split_cores(topology: Topology, cpus: CPUSet) -> int:
+    """Cores cpus take part of, beyond the one an odd count must split."""
+    cores = {topology.core_of[c] for c in cpus}
+    partial = sum(1 for k in cores if not topology.cores[k] <= cpus)
+    smt = any(len(topology.cores[k]) > 1 for k in cores)
+    return partial - (len(cpus) % 2 if smt else 0)
 
 
 def _spread_or_pick(topology: Topology, available: CPUSet, count: int, prefer: Preferences) -> CPUSet:
@@ -103,10 +113,18 @@ class _Domain:
         self.children: list[_Domain] = []
 
 
-_TREES: dict[int, tuple[Topology, _Domain]] = {}
+@dataclass(frozen=True)
+class _Machine:
+    """What the search needs of a topology, computed once."""
+    root: _Domain
+    core_of: dict[int, CPUSet]  # CPU -> its core's CPUs
+    group_of: list[dict[int, int]]  # per level: CPU -> its group's index
 
 
-def _tree(topology: Topology) -> _Domain:
+_TREES: dict[int, tuple[Topology, _Machine]] = {}
+
+
+def _tree(topology: Topology) -> _Machine:
     """The domain tree of a topology (kept for the few topologies a process sees)."""
     held = _TREES.get(id(topology))
     if held is not None and held[0] is topology:
@@ -122,24 +140,24 @@ def _tree(topology: Topology) -> _Domain:
         parents = made
     if len(_TREES) > 16:
         _TREES.clear()
-    _TREES[id(topology)] = (topology, root)
-    return root
+    machine = _Machine(root, {cpu: cpus for cpus in topology.cores.values() for cpu in cpus},
+                       [{cpu: i for i, g in enumerate(level.groups) for cpu in g} for level in topology.hierarchy])
+    _TREES[id(topology)] = (topology, machine)
+    return machine
 
 
 class _Search:
     def __init__(self, topology: Topology, free: CPUSet, balance: bool) -> None:
         self.topology, self.free, self.balance = topology, free, balance
-        self.root = _tree(topology)
-        self.levels = topology.hierarchy
-        self.core_of = {cpu: cpus for cpus in topology.cores.values() for cpu in cpus}
-        self.group_of = [{cpu: i for i, g in enumerate(level.groups) for cpu in g} for level in self.levels]
+        machine = _tree(topology)
+        self.root, self.core_of, self.group_of = machine.root, machine.core_of, machine.group_of
         self.memo: dict[tuple[int, int], CPUSet] = {}
 
     def best(self, count: int) -> CPUSet:
         """The best choice; idle cores alone first (whole cores may lie in different children)."""
         options = [(self.pick(self.root, count), len(self.free), 0)]
         idle = CPUSet()
-        for core in set(self.core_of.values()):
+        for core in self.topology.cores.values():
             if core <= self.free:
                 idle |= core
         if idle and idle != self.free:
@@ -174,8 +192,14 @@ class _Search:
         if not domain.children:  # a core: its lowest free threads
             return free.first(count)
         kids = [k for k in domain.children if self.free & k.cpus]
-        options = [(self.pick(k, count), len(self.free & k.cpus), 0) for k in kids
-                   if len(self.free & k.cpus) >= count]
+        holding = [k for k in kids if len(self.free & k.cpus) >= count]
+        if holding and not holding[0].children:
+            # Cores alike in size and free threads are alike as choices: weigh the first of each.
+            alike: dict[tuple[int, int], _Domain] = {}
+            for k in holding:
+                alike.setdefault((len(k.cpus), len(self.free & k.cpus)), k)
+            holding = list(alike.values())
+        options = [(self.pick(k, count), len(self.free & k.cpus), 0) for k in holding]
         if not options:
             return self._spill(kids, count)
         return min(options, key=self._rank)[0]

@@ -21,8 +21,10 @@ does.
 
 The pool is chosen by filtering the pools that can take the request and ranking them:
 affinity, has all requested memory types, holds the NUMA nodes of the container's devices,
-gets the preferred kind of CPU, depth (the tightest fit), capacity left, fewest colocated
-containers, lowest pool ID.
+gets the preferred kind of CPU, whole cores free for an exclusive slice, depth (the tightest
+fit), capacity left, fewest colocated containers, lowest pool ID. When exclusive CPUs fit
+no pool only because the free shared capacity is spread thin, they are placed by the
+machine's capacity (see _place).
 """
 
 from __future__ import annotations
@@ -176,6 +178,8 @@ class TopologyAwarePolicy(Policy):
         self._count = [0] * n  # grants at each pool
         self._mem: list[dict[frozenset[MemoryType], int]] = [{} for _ in range(n)]
         self._sharable = [p.general for p in self.pools]
+        self._relaxed = False  # placing by the machine's capacity only (see _place)
+        self._threads = max(len(core) for core in topology.cores.values())
 
     # -- accounting ------------------------------------------------------------------------
     def _account(self, key: str, g: PoolGrant, sign: int) -> None:
@@ -213,8 +217,10 @@ class TopologyAwarePolicy(Policy):
     def _spare_own(self, pool: Pool, milli: int = 0, user: bool = False) -> int:
         """CPUs the pool's shared set can lose and still serve the shared users below it (users asking
         for no CPU time need none of their own where reserved CPUs can take them)."""
-        m = self._subtree_milli(pool) + milli
         keep_one = not self.reserved and (user or self._has_users(pool))
+        if self._relaxed:  # only the machine's capacity counts (see _place)
+            return len(self._sharable[pool.id]) - (1 if keep_one else 0)
+        m = self._subtree_milli(pool) + milli
         need = max(-(-m // 1000), 1 if keep_one else 0)
         return len(self._sharable[pool.id]) - need
 
@@ -229,9 +235,15 @@ class TopologyAwarePolicy(Policy):
         return self._sharable[lender.id] if lender is not None else self.reserved
 
     def fallback(self) -> list[str]:
-        """Pools whose shared users run elsewhere than on the pool's own shared CPUs, one line each."""
+        """Pools whose shared users run elsewhere than on the pool's own shared CPUs, or request more
+        than the pool's shared CPUs (after a relaxed placement), one line each."""
         out = []
         for pool in self.pools:
+            own = self._milli[pool.id]
+            if own and self._sharable[pool.id] and 1000 * len(self._sharable[pool.id]) < own:
+                out.append(f"pool {pool.name}: its shared containers request {own}m on "
+                           f"{len(self._sharable[pool.id])} shared CPUs (exclusive grants took CPUs to fit "
+                           "pods the node had room for)")
             if self._users[pool.id] and not self._sharable[pool.id]:
                 lender = self._lender(pool)
                 where = f"the shared CPUs of pool {lender.name}" if lender is not None else \
@@ -251,8 +263,9 @@ class TopologyAwarePolicy(Policy):
         return min(own, sum(max(self._spare(c), 0) for c in pool.children))
 
     def _shared_free(self, pool: Pool) -> int:
-        """Shared milli-CPU the pool can still give (min over it and its ancestors)."""
-        return min(1000 * len(self._sharable[a.id]) - self._subtree_milli(a) for a in pool.ancestors)
+        """Shared milli-CPU the pool can still give (min over it and its ancestors; relaxed: the machine's)."""
+        scope = (self.pools[0],) if self._relaxed else pool.ancestors
+        return min(1000 * len(self._sharable[a.id]) - self._subtree_milli(a) for a in scope)
 
     def _memory_free(self, pool: Pool, types: frozenset[MemoryType]) -> int:
         free = None
@@ -347,6 +360,23 @@ class TopologyAwarePolicy(Policy):
             return True, len(pool.isolated - self._taken) - r.exclusive
         return False, left
 
+    def _place(self, r: Request) -> PoolGrant:
+        """The grant for a request. When exclusive CPUs fit no pool because the free shared capacity is
+        spread thin over many pools (each keeps what its own shared containers request), they are
+        taken where the machine's capacity allows, as kubelet's single shared pool would: the
+        scheduler admitted the pod, so the node has the CPUs. The pools that lose CPUs then hold
+        shared containers requesting more than their shared CPUs (a notice says so)."""
+        try:
+            return self._grant(self._choose(r), r)
+        except PolicyError:
+            if not r.exclusive or r.isolated and len(self.isolated - self._taken) >= r.exclusive:
+                raise
+        self._relaxed = True
+        try:
+            return self._grant(self._choose(r), r)
+        finally:
+            self._relaxed = False
+
     def _choose(self, r: Request) -> Pool:
         ranked = []
         for pool in self.pools:
@@ -364,8 +394,9 @@ class TopologyAwarePolicy(Policy):
             mems = pool.all_mems
             hinted = sum(1 for nodes in r.hints.values() if any(n in mems for n in nodes))
             elsewhere = r.on_shared and not self._sharable[pool.id]  # would run on another pool's CPUs
-            ranked.append(((elsewhere, -affinity, not all_types, -hinted, not preferred_cpu, -pool.depth, -left,
-                            self._count[pool.id], pool.id), pool))
+            split = self._split(pool, r) if r.exclusive and not isolated else 0
+            ranked.append(((elsewhere, -affinity, not all_types, -hinted, not preferred_cpu, split, -pool.depth,
+                            -left, self._count[pool.id], pool.id), pool))
         if not ranked:
             raise PolicyError(f"container {r.who}: no pool can take {r.describe() or 'it'}; free: {self._free()}")
         best = min(ranked, key=lambda x: x[0])[1]
@@ -374,6 +405,12 @@ class TopologyAwarePolicy(Policy):
                 break
             best = best.parent
         return best
+
+    def _split(self, pool: Pool, r: Request) -> int:
+        """1 when the pool's shared CPUs lack the whole cores an exclusive slice needs (whole cores first)."""
+        sharable = self._sharable[pool.id]
+        whole = sum(len(core) for core in self.topology.cores.values() if core <= sharable)
+        return 1 if whole < r.exclusive - r.exclusive % self._threads else 0
 
     def _free(self) -> str:
         parts = []
@@ -400,13 +437,24 @@ class TopologyAwarePolicy(Policy):
         """count CPUs off the pool's shared set, spread over children as their spare allows."""
         if not pool.children:
             return take_cpus(self.topology, self._sharable[pool.id], count, prefer)
+        spare = {c.id: max(self._spare(c), 0) for c in pool.children}
+        holding = [c for c in pool.children if spare[c.id] >= count]
+        if holding:  # the child that holds it with the least to spare
+            return self._slice(min(holding, key=lambda c: (spare[c.id], c.id)), count, prefer)
         out = EMPTY
-        for child in sorted(pool.children, key=lambda c: (-self._spare(c), c.id)):
-            n = min(max(self._spare(child), 0), count - len(out))
-            if n:
-                out |= self._slice(child, n, prefer)
-            if len(out) == count:
-                break
+        threads = self._threads
+        for whole in (True, False):  # whole cores from each child first, so no core is split between two
+            for child in sorted(pool.children, key=lambda c: (-spare[c.id], c.id)):
+                left = count - len(out)
+                n = min(spare[child.id], left)
+                if whole and n < left:
+                    n -= n % threads
+                if n > 0:
+                    got = self._slice(child, n, prefer)
+                    out |= got
+                    spare[child.id] -= len(got)
+                if len(out) == count:
+                    return out
         return out
 
     # -- resources -------------------------------------------------------------------------
@@ -480,7 +528,7 @@ class TopologyAwarePolicy(Policy):
         old = self._remove(container.key)
         try:
             r = self._request(container, pod, req, view)
-            grant = self._grant(self._choose(r), r)
+            grant = self._place(r)
         except PolicyError:
             if old is not None:
                 self._add(container.key, old)
@@ -550,7 +598,7 @@ class TopologyAwarePolicy(Policy):
             pod = view.pods[c.pod_id]
             try:
                 r = self._request(c, pod, container_requirements(c, pod), view)
-                self._add(key, self._grant(self._choose(r), r))
+                self._add(key, self._grant(self._choose(r), r))  # shared only: never relaxed
                 placed.append(key)
             except PolicyError:
                 # The new arrangement has no room for everyone, and the old room may be taken
@@ -604,13 +652,16 @@ class TopologyAwarePolicy(Policy):
         self._guard_memory(sorted(self.grants))
 
     def _overcommitted(self) -> str:
-        """What is wrong with the grants as they stand ("" when nothing is)."""
+        """What is wrong with the grants as they stand ("" when nothing is): shared users without CPUs,
+        or more shared CPU time granted than the machine's shared CPUs have (a pool may hold more
+        than its own after a relaxed placement, see _place)."""
         for pool in self.pools:
             if self._users[pool.id] and not self.shared_cpus(pool):
                 return f"pool {pool.name} has shared users and no shared CPU left"
-            if 1000 * len(self._sharable[pool.id]) < self._subtree_milli(pool):
-                return (f"pool {pool.name}: {self._subtree_milli(pool)}m shared CPU granted, "
-                        f"only {len(self._sharable[pool.id])} shared CPUs")
+        root = self.pools[0]
+        if 1000 * len(self._sharable[root.id]) < self._subtree_milli(root):
+            return (f"{self._subtree_milli(root)}m shared CPU granted, only {len(self._sharable[root.id])} "
+                    "shared CPUs")
         return ""
 
     def _restore_one(self, key: str, g: PoolGrant) -> None:
