@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resmgr.model import Container, Decision, Pod, Resources, View
 from resmgr.requests import RequirementError, Requirements, class_names, requirements
 from resmgr.topology.model import Topology
+
+if TYPE_CHECKING:
+    from policies.toolkit.options import Option
 
 __all__ = ["Decision", "View", "Policy", "PolicyError", "class_names", "container_requirements"]
 
@@ -30,6 +33,9 @@ class Policy:
     name: str = ""
     pins = True  # it decides containers' CPUs and memory nodes (the none policy does not)
     description: str = ""
+    # The options of its configuration section `policy.<name>` (policies/toolkit/options.py):
+    # read with options.read, and the section's JSON Schema is generated from them.
+    options: tuple[Option, ...] = ()
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         self.config = dict(config or {})

@@ -13,7 +13,6 @@ reserved CPUs when none is left), or as many as a `default` type's `CPU` says.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from typing import Any
 from policies import annotations, cpuconfig
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from policies.toolkit.cpus import take_cpus
-from policies.toolkit.options import Option, read
+from policies.toolkit.options import Option, in_namespaces, read
 from resmgr.model import Container, Pod, Resources
 from resmgr.requests import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
@@ -95,6 +94,7 @@ class _Grant:
 class PodpoolsPolicy(Policy):
     name = "podpools"
     description = "pod pools: all containers of an annotated pod in one pool instance of dedicated CPUs"
+    options = POLICY_OPTIONS
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
@@ -165,7 +165,7 @@ class PodpoolsPolicy(Policy):
                 wanted = str(found[1]).strip()
                 break
         if wanted is None:
-            if any(fnmatch.fnmatchcase(pod.namespace, p) for p in self.reserved_namespaces):
+            if in_namespaces(pod.namespace, self.reserved_namespaces):
                 return RESERVED
             return DEFAULT
         mine = [i for i in self.instances if i.type == wanted]

@@ -17,6 +17,7 @@ from policies.annotations import prefer_isolated
 from policies.base import PolicyError
 from policies.pools import CPUGrant, PoolPolicy
 from policies.toolkit.cpus import preferences, take_cpus
+from policies.toolkit.options import Option, read
 from resmgr.model import Container, Pod, QOSClass
 from resmgr.requests import Requirements
 from resmgr.topology.cpuset import CPUSet
@@ -29,11 +30,12 @@ class StaticPolicy(PoolPolicy):
     name = "static"
     description = ("kubelet CPU manager static policy: exclusive CPUs for Guaranteed integer requests, "
                    "a shared default set for the rest")
+    options = (Option("RelaxedIsolation", "boolean", False, "exclusive CPUs from the isolated ones first, "
+                      "whatever the count"),)
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
-        options = self.config.get(self.name) or {}
-        self.relaxed = bool(options.get("RelaxedIsolation", False))
+        self.relaxed = read(self.config.get(self.name), self.options, f"policy.{self.name}")["RelaxedIsolation"]
         cpus = cpuconfig.resolve_cpus(self.config, topology)
         self.available, self.isolated, self.reserved = cpus.general, cpus.isolated, cpus.reserved
 

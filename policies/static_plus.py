@@ -12,7 +12,6 @@ shared pool does, until shared CPUs come free; without reserved CPUs it keeps on
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ from policies.annotations import prefer_isolated
 from policies.base import PolicyError
 from policies.pools import CPUGrant, PoolPolicy
 from policies.toolkit.cpus import preferences, take_cpus
+from policies.toolkit.options import Option, in_namespaces, read, reserved_namespaces
 from resmgr.model import Container, Pod
 from resmgr.requests import Requirements
 from resmgr.topology.cpuset import CPUSet
@@ -33,18 +33,20 @@ class StaticPlusPolicy(PoolPolicy):
     name = "static-plus"
     description = ("reserved, isolated and shared pools: exclusive CPUs for any whole-CPU request, "
                    "isolated CPUs first, kube-system on reserved CPUs")
+    options = (Option("ReservedPoolNamespaces", "strings", None, "namespaces (globs) on the reserved CPUs "
+                      "(default kube-system; policy.ReservedPoolNamespaces wins)"),)
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
-        options = self.config.get(self.name) or {}
+        options = read(self.config.get(self.name), self.options, f"policy.{self.name}")
         cpus = cpuconfig.resolve_cpus(self.config, topology)
         available, self.isolated, self.reserved = cpus.available, cpus.isolated, cpus.reserved
         self.shared_base = cpus.general - self.reserved
         if not self.shared_base:
             raise PolicyError("static-plus: no CPUs left for the shared pool "
                               f"(available {available}, isolated {self.isolated}, reserved {self.reserved})")
-        namespaces = self.config.get("ReservedPoolNamespaces", options.get("ReservedPoolNamespaces"))
-        self.reserved_namespaces = list(namespaces if namespaces is not None else ["kube-system"])
+        namespaces = self.config.get("ReservedPoolNamespaces", options["ReservedPoolNamespaces"])
+        self.reserved_namespaces = reserved_namespaces(namespaces)
 
     def pool_cpus(self) -> dict[str, CPUSet]:
         taken = self.taken()
@@ -80,7 +82,7 @@ class StaticPlusPolicy(PoolPolicy):
 
     def place(self, container: Container, pod: Pod, req: Requirements) -> CPUGrant:
         who = f"container {pod.namespace}/{pod.name}/{container.name}"
-        if any(fnmatch.fnmatchcase(pod.namespace, pattern) for pattern in self.reserved_namespaces):
+        if in_namespaces(pod.namespace, self.reserved_namespaces):
             return CPUGrant(RESERVED if self.reserved else SHARED, milli=req.cpu_request)
         count = req.whole_cpus
         if count == 0:

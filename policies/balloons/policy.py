@@ -18,16 +18,16 @@ CPUs.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from policies import annotations, cpuconfig
-from policies.balloons.types import DEFAULT, RESERVED, BalloonType, parse
+from policies.balloons.types import DEFAULT, POLICY_OPTIONS, RESERVED, BalloonType, parse
 from policies.base import Decision, Policy, PolicyError, View, container_requirements
 from policies.toolkit.cpus import Preferences, one_thread_per_core, take_cpus
 from policies.toolkit.expressions import substitute
+from policies.toolkit.options import in_namespaces
 from resmgr.model import Container, Pod, QOSClass, Resources
 from resmgr.requests import BLOCKIO_ANNOTATION, RDT_ANNOTATION, class_names, effective_annotation, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
@@ -95,6 +95,7 @@ class BalloonsPolicy(Policy):
     name = "balloons"
     description = ("balloons: containers in typed CPU pools that grow and shrink with their requests, "
                    "matched by annotation, namespace or expressions")
+    options = POLICY_OPTIONS
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
@@ -265,10 +266,10 @@ class BalloonsPolicy(Policy):
                 raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: balloon type {named!r} "
                                   f"does not exist (types: {', '.join(self.types)})")
             return t
-        if any(fnmatch.fnmatchcase(pod.namespace, p) for p in self.settings.reserved_namespaces):
+        if in_namespaces(pod.namespace, self.settings.reserved_namespaces):
             return self.types[RESERVED]
         for t in self.settings.types:
-            if any(fnmatch.fnmatchcase(pod.namespace, p) for p in t.namespaces) or \
+            if in_namespaces(pod.namespace, t.namespaces) or \
                     any(e(container, pod) for e in t.match):
                 return t
         return self.types[DEFAULT]

@@ -82,7 +82,6 @@ TYPE_OPTIONS = (
     Option("Components", "objects", [], "composite balloons", check=_unsupported("composite balloons")),
 )
 
-SECTION = "the balloons policy (keys in any letter case: cri-resmgr's and nri-plugins' spellings)"
 POLICY_OPTIONS = (
     Option("PinCPU", "boolean", True, "pin containers to their balloon's CPUs"),
     Option("PinMemory", "boolean", True, "pin containers to the memory nodes of their balloon's CPUs"),

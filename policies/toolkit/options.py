@@ -8,6 +8,8 @@ the key and what is accepted; the schema (`schema()`) says the same to the confi
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,9 +88,23 @@ def read(section: Mapping[str, Any] | None, options: Sequence[Option], where: st
     return out
 
 
+def reserved_namespaces(value: Any, default: Sequence[str] = ("kube-system",)) -> list[str]:
+    """ReservedPoolNamespaces (globs), one rule for every policy; the default when not given."""
+    if value is None:
+        return list(default)
+    if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
+        raise PolicyError("policy.ReservedPoolNamespaces: expected a list of namespaces (globs allowed)")
+    return list(value)
+
+
+def in_namespaces(namespace: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(namespace, p) for p in patterns)
+
+
 def case_free(name: str) -> str:
-    """A regular expression matching name in any letter case (JSON Schema has no flags)."""
-    return "^" + "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in name) + "$"
+    """A regular expression matching name in any letter case (JSON Schema has no flags); the first
+    letter of each bracket is name's own, so the name can be read back (config error messages)."""
+    return "^" + "".join(f"[{c}{c.swapcase()}]" if c.isalpha() else re.escape(c) for c in name) + "$"
 
 
 def schema(options: Sequence[Option], description: str = "") -> dict[str, Any]:
@@ -110,8 +126,6 @@ def schema(options: Sequence[Option], description: str = "") -> dict[str, Any]:
 
 
 def declared_sections() -> dict[str, Any]:
-    """The schema of every policy section declared with options, by section name."""
-    from policies import podpools
-    from policies.balloons import types as balloons
-    return {"balloons": schema(balloons.POLICY_OPTIONS, balloons.SECTION),
-            "podpools": schema(podpools.POLICY_OPTIONS, "the podpools policy (keys in any letter case)")}
+    """The schema of every registered policy's section, by policy name."""
+    import policies
+    return {name: schema(entry.factory.options, entry.description) for name, entry in sorted(policies.REGISTRY.items())}

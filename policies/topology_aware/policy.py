@@ -29,7 +29,6 @@ machine's capacity (see _place).
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 from policies import annotations, cpuconfig
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from policies.toolkit.cpus import ANY, Preferences, one_thread_per_core, preferences, take_cpus
+from policies.toolkit.options import Option, in_namespaces, read, reserved_namespaces
 from policies.topology_aware.affinity import affinities
 from policies.topology_aware.tree import Pool, TreeError, build, owner
 from resmgr.model import Container, Pod, QOSClass, Resources
@@ -44,8 +44,16 @@ from resmgr.requests import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import MemoryType, Topology
 
-OPTIONS = {"PinCPU": True, "PinMemory": True, "PreferIsolatedCPUs": True, "PreferSharedCPUs": False,
-           "ReservedPoolNamespaces": ["kube-system"], "ColocatePods": False, "ColocateNamespaces": False}
+OPTIONS = (
+    Option("PinCPU", "boolean", True, "write the containers' cpusets"),
+    Option("PinMemory", "boolean", True, "write the containers' memory nodes"),
+    Option("PreferIsolatedCPUs", "boolean", True, "1-CPU exclusive requests on kernel-isolated CPUs"),
+    Option("PreferSharedCPUs", "boolean", False, "every container on shared CPUs"),
+    Option("ReservedPoolNamespaces", "strings", None, "namespaces (globs) on the reserved CPUs (default "
+           "kube-system; policy.ReservedPoolNamespaces wins)"),
+    Option("ColocatePods", "boolean", False, "a pod's containers in the same pool"),
+    Option("ColocateNamespaces", "boolean", False, "a namespace's containers in the same pool"),
+)
 
 
 @dataclass(frozen=True)
@@ -122,40 +130,22 @@ class Request:
         return ", ".join(parts)
 
 
-def _flag(options: Mapping[str, Any], name: str) -> bool:
-    value = options.get(name, OPTIONS[name])
-    if not isinstance(value, bool):
-        raise PolicyError(f"policy.topology-aware.{name}: expected true or false, got {value!r}")
-    return value
-
-
 class TopologyAwarePolicy(Policy):
     name = "topology-aware"
     description = ("pools from the hardware tree (sockets, dies, NUMA nodes): each container in the tightest "
                    "pool that fits, with CPUs and memory from the same place")
+    options = OPTIONS
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
         if topology is None:
             raise PolicyError(f"policy {self.name} needs the machine topology")
-        options = self.config.get(self.name) or {}
-        if not isinstance(options, Mapping):
-            raise PolicyError(f"policy.{self.name}: expected a mapping of options")
-        unknown = set(options) - set(OPTIONS)
-        if unknown:
-            raise PolicyError(f"policy.{self.name}.{sorted(unknown)[0]}: unknown option "
-                              f"(known: {', '.join(sorted(OPTIONS))})")
-        self.pin_cpu = _flag(options, "PinCPU")
-        self.pin_memory = _flag(options, "PinMemory")
-        self.prefer_isolated = _flag(options, "PreferIsolatedCPUs")
-        self.prefer_shared = _flag(options, "PreferSharedCPUs")
-        self.colocate_pods = _flag(options, "ColocatePods")
-        self.colocate_namespaces = _flag(options, "ColocateNamespaces")
-        namespaces = self.config.get("ReservedPoolNamespaces", options.get("ReservedPoolNamespaces"))
-        namespaces = OPTIONS["ReservedPoolNamespaces"] if namespaces is None else namespaces
-        if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
-            raise PolicyError("policy.ReservedPoolNamespaces: expected a list of namespaces (globs allowed)")
-        self.reserved_namespaces = list(namespaces)
+        options = read(self.config.get(self.name), self.options, f"policy.{self.name}")
+        self.pin_cpu, self.pin_memory = options["PinCPU"], options["PinMemory"]
+        self.prefer_isolated, self.prefer_shared = options["PreferIsolatedCPUs"], options["PreferSharedCPUs"]
+        self.colocate_pods, self.colocate_namespaces = options["ColocatePods"], options["ColocateNamespaces"]
+        self.reserved_namespaces = reserved_namespaces(
+            self.config.get("ReservedPoolNamespaces", options["ReservedPoolNamespaces"]))
 
         cpus = cpuconfig.resolve_cpus(self.config, topology)
         available, isolated, reserved = cpus.available, cpus.isolated, cpus.reserved
@@ -308,7 +298,7 @@ class TopologyAwarePolicy(Policy):
         return r
 
     def _reserved_namespace(self, namespace: str) -> bool:
-        return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in self.reserved_namespaces)
+        return in_namespaces(namespace, self.reserved_namespaces)
 
     def _affinity(self, container: Container, pod: Pod, view: View) -> dict[str, float]:
         """Weight towards each placed container (ColocatePods/Namespaces add 1 each)."""

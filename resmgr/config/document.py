@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -97,8 +98,14 @@ def _describe(error: jsonschema.ValidationError, module: str) -> str:
     """`path: problem` for the first schema violation, with unknown keys named."""
     path = ".".join([module, *(str(p) for p in error.absolute_path)])
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        known = sorted(error.schema.get("properties", {}))
-        unknown = sorted(str(k) for k in error.instance if k not in known)
+        patterns = list(error.schema.get("patternProperties", {}))
+        # Policy options match in any letter case: `^[Pp][Ii][Nn]...$` reads back as PinCPU.
+        known = sorted([*error.schema.get("properties", {}),
+                        *(re.sub(r"\[(.)[^]]*\]|\\(.)", lambda m: m.group(1) or m.group(2), p).strip("^$")
+                          for p in patterns)])
+        props = error.schema.get("properties", {})
+        unknown = sorted(str(k) for k in error.instance
+                         if k not in props and not any(re.search(p, str(k)) for p in patterns))
         if unknown:
             hint = f" (known: {', '.join(known)})" if known else ""
             return f"{path}.{unknown[0]}: unknown key{hint}"
