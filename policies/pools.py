@@ -1,47 +1,31 @@
 """Machinery shared by the pool-based policies (static, static-plus).
 
-A grant records what one container holds: CPUs of its own (exclusive) and/or a place
-in a shared pool whose CPU set moves as exclusive grants come and go. After every
-change, each container whose effective CPU set moved is reported as an update.
+A grant (policies/toolkit/grants.py) records what one container holds: CPUs of its own
+(exclusive) and/or a place in a shared pool whose CPU set moves as exclusive grants come
+and go. After every change, each container whose effective CPU set moved is reported as
+an update.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from policies.annotations import hide_hyperthreads
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from policies.toolkit.cpus import one_thread_per_core
+from policies.toolkit.grants import Grant, Grants
 from resmgr.model import Container, Pod, Resources
 from resmgr.requests import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
 
 
-@dataclass(frozen=True)
-class CPUGrant:
-    pool: str  # shared pool the container runs in ("" for exclusive-only)
-    exclusive: CPUSet = EMPTY
-    milli: int = 0  # CPU request, for accounting
-    hide_ht: bool = False  # runs on one thread of each core (hide-hyperthreads)
-
-    @property
-    def shared_milli(self) -> int:
-        """The part of the request its shared pool serves (beyond its exclusive CPUs)."""
-        return max(self.milli - 1000 * len(self.exclusive), 0) if self.pool else 0
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"pool": self.pool, "exclusive": str(self.exclusive), "milli": self.milli}
-        if self.hide_ht:
-            d["hide_ht"] = True
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CPUGrant:
-        return cls(str(d["pool"]), CPUSet.parse(str(d.get("exclusive", ""))), int(d.get("milli", 0)),
-                   bool(d.get("hide_ht", False)))
+def grant_in(pool: str, exclusive: CPUSet = EMPTY, milli: int = 0) -> Grant:
+    """A grant running on shared pool `pool` ("" for exclusive CPUs only) for a request of milli."""
+    shared = max(milli - 1000 * len(exclusive), 0) if pool else 0
+    return Grant(pool, exclusive, shared=shared, on_shared=bool(pool), milli=milli)
 
 
 class PoolPolicy(Policy):
@@ -49,15 +33,14 @@ class PoolPolicy(Policy):
         super().__init__(config, topology)
         if topology is None:
             raise PolicyError(f"policy {self.name} needs the machine topology")
-        self.grants: dict[str, CPUGrant] = {}
-        self._taken = EMPTY
+        self.grants = Grants()
 
     # -- to be provided ------------------------------------------------------------------
     def pool_cpus(self) -> dict[str, CPUSet]:
         """Current CPU set of every shared pool."""
         raise NotImplementedError
 
-    def place(self, container: Container, pod: Pod, req: Requirements) -> CPUGrant:
+    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
         raise NotImplementedError
 
     def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
@@ -66,17 +49,10 @@ class PoolPolicy(Policy):
 
     # -- common --------------------------------------------------------------------------
     def taken(self) -> CPUSet:
-        """Every CPU held exclusively (grants never overlap, so this is kept incrementally)."""
-        return self._taken
+        """Every CPU held exclusively."""
+        return self.grants.taken
 
-    def _set_grants(self, grants: dict[str, CPUGrant]) -> None:
-        self.grants = grants
-        taken = EMPTY
-        for g in grants.values():
-            taken |= g.exclusive
-        self._taken = taken
-
-    def _visible(self, g: CPUGrant, pools: Mapping[str, CPUSet]) -> CPUSet:
+    def _visible(self, g: Grant, pools: Mapping[str, CPUSet]) -> CPUSet:
         """The CPUs a grant's container runs on."""
         cpus = g.exclusive | pools.get(g.pool, EMPTY)
         return one_thread_per_core(self.topology, cpus) if g.hide_ht else cpus
@@ -112,23 +88,15 @@ class PoolPolicy(Policy):
         req = container_requirements(container, pod)
         hide = bool(hide_hyperthreads(container, pod))
         before = self.pool_cpus()  # before the old grant goes: a re-allocation may free CPUs
-        old = self.grants.pop(container.key, None)
-        if old is not None:
-            self._taken -= old.exclusive
-        try:
+        with self.grants.transaction():  # a failed re-allocation keeps what it had
+            self.grants.remove(container.key)
             grant = self.place(container, pod, req)
-        except PolicyError:
-            if old is not None:  # a failed re-allocation keeps what it had
-                self.grants[container.key] = old
-                self._taken |= old.exclusive
-            raise
-        if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
-            if any(keep <= free and len(free) - len(keep) >= spare for free, spare in self.exclusive_sources()):
-                grant = replace(grant, exclusive=keep)
-        if hide:
-            grant = replace(grant, hide_ht=True)
-        self.grants[container.key] = grant
-        self._taken |= grant.exclusive
+            if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
+                if any(keep <= free and len(free) - len(keep) >= spare for free, spare in self.exclusive_sources()):
+                    grant = replace(grant, exclusive=keep)
+            if hide:
+                grant = replace(grant, hide_ht=True)
+            self.grants.add(container.key, grant)
         cpus = self.cpus_of(container.key)
         rdt, blockio = class_names(container, pod)
         resources = container.requested.with_cpus(str(cpus))
@@ -142,8 +110,7 @@ class PoolPolicy(Policy):
         if grant is None:
             return Decision()
         before = self.pool_cpus()
-        del self.grants[container.key]
-        self._taken -= grant.exclusive
+        self.grants.remove(container.key)
         return Decision(updates=self._updates(before, view, container.key))
 
     def update(self, container: Container, requested: Resources, view: View) -> Decision:
@@ -158,8 +125,7 @@ class PoolPolicy(Policy):
         return self._allocate(replace(container, requested=requested), pod, view, keep)
 
     def rename(self, old_key: str, new_key: str) -> None:
-        if old_key in self.grants:
-            self.grants[new_key] = self.grants.pop(old_key)
+        self.grants.rename(old_key, new_key)
 
     def pool_bases(self) -> dict[str, CPUSet]:
         """Every pool's CPUs before exclusive grants took any."""
@@ -172,7 +138,7 @@ class PoolPolicy(Policy):
         """Pools whose shared users run on the reserved CPUs, none of the pool's own left: how many."""
         return {}
 
-    def _source(self, g: CPUGrant, bases: Mapping[str, CPUSet]) -> str:
+    def _source(self, g: Grant, bases: Mapping[str, CPUSet]) -> str:
         """The pool a grant counts in: its shared pool, else the one its exclusive CPUs came from."""
         if g.pool:
             return g.pool
@@ -185,7 +151,7 @@ class PoolPolicy(Policy):
         out = []
         for name, base in bases.items():
             grants = [g for g in self.grants.values() if self._source(g, bases) == name]
-            requested = sum(g.shared_milli for g in grants if g.pool == name)
+            requested = sum(g.shared for g in grants if g.pool == name)
             shared = now.get(name, EMPTY) if name != "isolated" and name not in elsewhere else EMPTY
             nodes = [n for n in self.topology.nodes.values() if n.cpus & base]
             memory: dict[str, int] = {}
@@ -207,7 +173,7 @@ class PoolPolicy(Policy):
         kind = "mixed" if g.exclusive and g.pool else "exclusive" if g.exclusive else \
             "reserved" if g.pool == "reserved" else "shared"
         doc = {"pool": self._source(g, self.pool_bases()), "exclusive": str(g.exclusive),
-               "shared_milli": g.shared_milli, "kind": kind}
+               "shared_milli": g.shared, "kind": kind}
         if g.pool in self.shared_elsewhere():
             doc["fallback"] = "reserved"
         return doc
@@ -218,10 +184,12 @@ class PoolPolicy(Policy):
     def restore_state(self, data: Mapping[str, Any]) -> None:
         # A grant of a create still in flight when the state was saved is not restored: if the
         # runtime did create the container, reconciliation adopts and allocates it anew.
-        grants = {k: CPUGrant.from_dict(v) for k, v in (data.get("grants") or {}).items()
+        grants = {k: Grant.from_dict(v) for k, v in (data.get("grants") or {}).items()
                   if not k.startswith("pending:")}
         online = self.topology.online
         for k, g in grants.items():
             if not g.exclusive <= online:
                 raise PolicyError(f"persisted grant of {k} uses CPUs {g.exclusive - online} not online now")
-        self._set_grants(grants)
+        self.grants.clear()
+        for k, g in grants.items():
+            self.grants.add(k, g)

@@ -15,8 +15,9 @@ from typing import Any
 from policies import cpuconfig
 from policies.annotations import prefer_isolated
 from policies.base import PolicyError
-from policies.pools import CPUGrant, PoolPolicy
+from policies.pools import PoolPolicy, grant_in
 from policies.toolkit.cpus import preferences, take_cpus
+from policies.toolkit.grants import Grant
 from policies.toolkit.options import Option, read
 from resmgr.model import Container, Pod, QOSClass
 from resmgr.requests import Requirements
@@ -53,9 +54,9 @@ class StaticPolicy(PoolPolicy):
         taken = self.taken()
         return [(self.isolated - taken, 0), (self.available - taken - self.reserved, 0 if self.reserved else 1)]
 
-    def place(self, container: Container, pod: Pod, req: Requirements) -> CPUGrant:
+    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
         if req.qos != QOSClass.GUARANTEED or req.cpu_request <= 0 or req.fraction:
-            return CPUGrant(DEFAULT, milli=req.cpu_request)
+            return grant_in(DEFAULT, milli=req.cpu_request)
         count = req.whole_cpus
         prefer = preferences(container, pod, self.topology)
         taken = self.taken()
@@ -64,7 +65,7 @@ class StaticPolicy(PoolPolicy):
         want_isolated = preferred if preferred is not None else (
             self.relaxed or (count == 1 and bool(self.isolated)))
         if want_isolated and len(free_isolated) >= count:
-            return CPUGrant("", take_cpus(self.topology, free_isolated, count, prefer), req.cpu_request)
+            return grant_in("", take_cpus(self.topology, free_isolated, count, prefer), req.cpu_request)
         free = self.available - taken - self.reserved
         # Without reserved CPUs the default set must keep one CPU: an empty cpuset would
         # mean "any CPU" to the runtime.
@@ -72,4 +73,4 @@ class StaticPolicy(PoolPolicy):
         if len(free) - spare < count:
             raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name} needs {count} exclusive "
                               f"CPUs; only {max(len(free) - spare, 0)} can be given ({free or 'none'} free)")
-        return CPUGrant("", take_cpus(self.topology, free, count, prefer), req.cpu_request)
+        return grant_in("", take_cpus(self.topology, free, count, prefer), req.cpu_request)

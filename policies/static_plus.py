@@ -18,8 +18,9 @@ from typing import Any
 from policies import cpuconfig
 from policies.annotations import prefer_isolated
 from policies.base import PolicyError
-from policies.pools import CPUGrant, PoolPolicy
+from policies.pools import PoolPolicy, grant_in
 from policies.toolkit.cpus import preferences, take_cpus
+from policies.toolkit.grants import Grant
 from policies.toolkit.options import Option, in_namespaces, read, reserved_namespaces
 from resmgr.model import Container, Pod
 from resmgr.requests import Requirements
@@ -66,7 +67,7 @@ class StaticPlusPolicy(PoolPolicy):
     def _shared_need(self, milli: int = 0) -> int:
         """CPUs the shared pool must keep for its users' requests (and milli more); one at least
         without reserved CPUs to fall back on."""
-        milli += sum(g.shared_milli for g in self.grants.values() if g.pool == SHARED)
+        milli += sum(g.shared for g in self.grants.values() if g.pool == SHARED)
         need = -(-milli // 1000)
         return need if self.reserved else max(need, 1)
 
@@ -80,22 +81,22 @@ class StaticPlusPolicy(PoolPolicy):
         return [f"exclusive grants hold every shared CPU: the shared containers run on the reserved CPUs "
                 f"{self.reserved}"] if self.shared_elsewhere() else []
 
-    def place(self, container: Container, pod: Pod, req: Requirements) -> CPUGrant:
+    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
         who = f"container {pod.namespace}/{pod.name}/{container.name}"
         if in_namespaces(pod.namespace, self.reserved_namespaces):
-            return CPUGrant(RESERVED if self.reserved else SHARED, milli=req.cpu_request)
+            return grant_in(RESERVED if self.reserved else SHARED, milli=req.cpu_request)
         count = req.whole_cpus
         if count == 0:
-            return CPUGrant(SHARED, milli=req.cpu_request)
+            return grant_in(SHARED, milli=req.cpu_request)
         prefer = preferences(container, pod, self.topology)
         taken = self.taken()
         free_isolated = self.isolated - taken
         pool = SHARED if req.fraction else ""
         if prefer_isolated(container, pod) is not False and len(free_isolated) >= count:
-            return CPUGrant(pool, take_cpus(self.topology, free_isolated, count, prefer), req.cpu_request)
+            return grant_in(pool, take_cpus(self.topology, free_isolated, count, prefer), req.cpu_request)
         shared = self.shared_base - taken
         need = self._shared_need(req.fraction if pool else 0)
         if len(shared) - need < count:
             raise PolicyError(f"{who} needs {count} exclusive CPUs; the shared pool has {len(shared)} "
                               f"({shared or 'none'}) and must keep {need} for its users")
-        return CPUGrant(pool, take_cpus(self.topology, shared, count, prefer), req.cpu_request)
+        return grant_in(pool, take_cpus(self.topology, shared, count, prefer), req.cpu_request)

@@ -36,6 +36,7 @@ from typing import Any
 from policies import annotations, cpuconfig
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from policies.toolkit.cpus import ANY, Preferences, one_thread_per_core, preferences, take_cpus
+from policies.toolkit.grants import Grant, Grants
 from policies.toolkit.options import Option, in_namespaces, read, reserved_namespaces
 from policies.topology_aware.affinity import affinities
 from policies.topology_aware.tree import Pool, TreeError, build, owner
@@ -54,48 +55,6 @@ OPTIONS = (
     Option("ColocatePods", "boolean", False, "a pod's containers in the same pool"),
     Option("ColocateNamespaces", "boolean", False, "a namespace's containers in the same pool"),
 )
-
-
-@dataclass(frozen=True)
-class PoolGrant:
-    pool: str
-    exclusive: CPUSet = EMPTY  # isolated or sliced off the pool's shared CPUs
-    shared: int = 0  # milli-CPU taken from the pool's shared capacity
-    on_shared: bool = False  # runs on the pool's shared CPUs (shared or mixed grant)
-    reserved: bool = False  # runs on the reserved CPUs
-    memory: int = 0  # bytes accounted against the memory pool
-    mem_types: frozenset[MemoryType] = annotations.DEFAULT_MEMORY
-    mem_pool: str = ""  # whose memory nodes it uses: the pool, or an ancestor after an OOM guard move
-    hide_ht: bool = False  # runs on one thread of each core (hide-hyperthreads)
-
-    @property
-    def memory_pool(self) -> str:
-        return self.mem_pool or self.pool
-
-    @property
-    def kind(self) -> str:
-        if self.reserved:
-            return "reserved"
-        if self.exclusive:
-            return "mixed" if self.on_shared else "exclusive"
-        return "shared"
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"pool": self.pool, "exclusive": str(self.exclusive), "shared": self.shared,
-                             "on_shared": self.on_shared, "reserved": self.reserved, "memory": self.memory,
-                             "mem_types": sorted(t.value for t in self.mem_types)}
-        if self.mem_pool:
-            d["mem_pool"] = self.mem_pool
-        if self.hide_ht:
-            d["hide_ht"] = True
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> PoolGrant:
-        return cls(str(d["pool"]), CPUSet.parse(str(d.get("exclusive", ""))), int(d.get("shared", 0)),
-                   bool(d.get("on_shared", False)), bool(d.get("reserved", False)), int(d.get("memory", 0)),
-                   frozenset(MemoryType(t) for t in d.get("mem_types", ["dram", "pmem"])),
-                   str(d.get("mem_pool", "")), bool(d.get("hide_ht", False)))
 
 
 @dataclass
@@ -160,8 +119,7 @@ class TopologyAwarePolicy(Policy):
         self.available, self.isolated, self.reserved = available, isolated, reserved
         self.reserved_pool = owner(self.pools, reserved) if reserved else None
         self.memory_types_present = frozenset(self.pools[0].mems)
-        self.grants: dict[str, PoolGrant] = {}
-        self._taken = EMPTY
+        self.grants = Grants(on_change=self._account)
         n = len(self.pools)
         self._milli = [0] * n  # shared milli-CPU granted at each pool
         self._users: list[set[str]] = [set() for _ in range(n)]  # grants on each pool's shared CPUs
@@ -172,7 +130,12 @@ class TopologyAwarePolicy(Policy):
         self._threads = max(len(core) for core in topology.cores.values())
 
     # -- accounting ------------------------------------------------------------------------
-    def _account(self, key: str, g: PoolGrant, sign: int) -> None:
+    @property
+    def _taken(self) -> CPUSet:
+        return self.grants.taken
+
+    def _account(self, key: str, g: Grant, sign: int) -> None:
+        """Per-pool counters, kept as grants come and go (Grants calls this)."""
         pool = self.by_name[g.pool]
         self._milli[pool.id] += sign * g.shared
         self._count[pool.id] += sign
@@ -182,18 +145,13 @@ class TopologyAwarePolicy(Policy):
             mem = self._mem[self.by_name[g.memory_pool].id]
             mem[g.mem_types] = mem.get(g.mem_types, 0) + sign * g.memory
         if g.exclusive:
-            self._taken = self._taken | g.exclusive if sign > 0 else self._taken - g.exclusive
             self._sharable = [p.general - self._taken for p in self.pools]
 
-    def _add(self, key: str, g: PoolGrant) -> None:
-        self.grants[key] = g
-        self._account(key, g, 1)
+    def _add(self, key: str, g: Grant) -> None:
+        self.grants.add(key, g)
 
-    def _remove(self, key: str) -> PoolGrant | None:
-        g = self.grants.pop(key, None)
-        if g is not None:
-            self._account(key, g, -1)
-        return g
+    def _remove(self, key: str) -> Grant | None:
+        return self.grants.remove(key)
 
     def sharable(self, pool: Pool) -> CPUSet:
         return self._sharable[pool.id]
@@ -350,7 +308,7 @@ class TopologyAwarePolicy(Policy):
             return True, len(pool.isolated - self._taken) - r.exclusive
         return False, left
 
-    def _place(self, r: Request) -> PoolGrant:
+    def _place(self, r: Request) -> Grant:
         """The grant for a request. When exclusive CPUs fit no pool because the free shared capacity is
         spread thin over many pools (each keeps what its own shared containers request), they are
         taken where the machine's capacity allows, as kubelet's single shared pool would: the
@@ -410,18 +368,19 @@ class TopologyAwarePolicy(Policy):
                          f"{len(p.isolated - self._taken)} isolated" + (f", {mem}" if mem else ""))
         return "; ".join(parts)
 
-    def _grant(self, pool: Pool, r: Request) -> PoolGrant:
+    def _grant(self, pool: Pool, r: Request) -> Grant:
         exclusive = EMPTY
         if r.reserved:
-            return PoolGrant(pool.name, reserved=True, memory=r.memory, mem_types=r.mem_types, hide_ht=r.hide_ht)
+            return Grant(pool.name, reserved=True, milli=r.shared, memory=r.memory, mem_types=r.mem_types,
+                         hide_ht=r.hide_ht)
         if r.exclusive:
             free_iso = pool.isolated - self._taken
             if r.isolated and len(free_iso) >= r.exclusive:
                 exclusive = take_cpus(self.topology, free_iso, r.exclusive, r.prefer)
             else:
                 exclusive = self._slice(pool, r.exclusive, r.prefer)
-        return PoolGrant(pool.name, exclusive, r.shared if r.on_shared else 0, r.on_shared, False, r.memory,
-                         r.mem_types, hide_ht=r.hide_ht)
+        return Grant(pool.name, exclusive, shared=r.shared if r.on_shared else 0, on_shared=r.on_shared,
+                     milli=1000 * r.exclusive + r.shared, memory=r.memory, mem_types=r.mem_types, hide_ht=r.hide_ht)
 
     def _slice(self, pool: Pool, count: int, prefer: Preferences) -> CPUSet:
         """count CPUs off the pool's shared set, spread over children as their spare allows."""
@@ -448,7 +407,7 @@ class TopologyAwarePolicy(Policy):
         return out
 
     # -- resources -------------------------------------------------------------------------
-    def _keep(self, key: str, grant: PoolGrant, keep: CPUSet) -> PoolGrant:
+    def _keep(self, key: str, grant: Grant, keep: CPUSet) -> Grant:
         """grant with keep as its exclusive CPUs, if they are its pool's isolated or general CPUs, free,
         and leave every pool consistent; else grant as it is."""
         pool = self.by_name[grant.pool]
@@ -460,7 +419,7 @@ class TopologyAwarePolicy(Policy):
         self._remove(key)
         return grant if problem else kept
 
-    def cpus_of_grant(self, g: PoolGrant) -> CPUSet:
+    def cpus_of_grant(self, g: Grant) -> CPUSet:
         """The CPUs the grant's container runs on."""
         pool = self.by_name[g.pool]
         cpus = g.exclusive
@@ -470,12 +429,12 @@ class TopologyAwarePolicy(Policy):
             cpus |= self.shared_cpus(pool)
         return one_thread_per_core(self.topology, cpus) if g.hide_ht else cpus
 
-    def mems_of_grant(self, g: PoolGrant) -> CPUSet:
+    def mems_of_grant(self, g: Grant) -> CPUSet:
         pool = self.by_name[g.memory_pool]
         mems = pool.mems_of(g.mem_types)
         return mems or pool.all_mems
 
-    def _resources(self, base: Resources, g: PoolGrant) -> Resources:
+    def _resources(self, base: Resources, g: Grant) -> Resources:
         out = base.with_cpus(str(self.cpus_of_grant(g))) if self.pin_cpu else base.with_cpus(base.cpuset_cpus)
         if self.pin_memory:
             mems = self.mems_of_grant(g)
@@ -515,17 +474,13 @@ class TopologyAwarePolicy(Policy):
         """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""
         req = container_requirements(container, pod)
         before = self._snapshot()
-        old = self._remove(container.key)
-        try:
+        with self.grants.transaction():  # a failed re-allocation keeps what it had
+            self._remove(container.key)
             r = self._request(container, pod, req, view)
             grant = self._place(r)
-        except PolicyError:
-            if old is not None:
-                self._add(container.key, old)
-            raise
-        if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
-            grant = self._keep(container.key, grant, keep)
-        self._add(container.key, grant)
+            if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
+                grant = self._keep(container.key, grant, keep)
+            self._add(container.key, grant)
         rdt, blockio = class_names(container, pod)
         resources = self._resources(container.requested, grant)
         resources.cpu_shares = milli_to_shares(req.cpu_request)
@@ -580,24 +535,19 @@ class TopologyAwarePolicy(Policy):
         movable = [k for k, g in self.grants.items() if g.kind == "shared" and k in view.containers
                    and view.containers[k].pod_id in view.pods]
         before = {k: (self.cpus_of_grant(g), self.mems_of_grant(g)) for k, g in self.grants.items()}
-        old = {k: self._remove(k) for k in movable}
-        movable.sort(key=lambda k: (-old[k].shared, -old[k].memory, k))
-        placed = []
-        for key in movable:
-            c = view.containers[key]
-            pod = view.pods[c.pod_id]
-            try:
-                r = self._request(c, pod, container_requirements(c, pod), view)
-                self._add(key, self._grant(self._choose(r), r))  # shared only: never relaxed
-                placed.append(key)
-            except PolicyError:
-                # The new arrangement has no room for everyone, and the old room may be taken
-                # already: keep the old arrangement, which fitted.
-                for k in placed:
-                    self._remove(k)
-                for k in movable:
-                    self._add(k, old[k])
-                return Decision()
+        try:
+            with self.grants.transaction():
+                old = {k: self._remove(k) for k in movable}
+                movable.sort(key=lambda k: (-old[k].shared, -old[k].memory, k))
+                for key in movable:
+                    c = view.containers[key]
+                    pod = view.pods[c.pod_id]
+                    r = self._request(c, pod, container_requirements(c, pod), view)
+                    self._add(key, self._grant(self._choose(r), r))  # shared only: never relaxed
+        except PolicyError:
+            # The new arrangement has no room for everyone, and the old room may be taken already:
+            # the old arrangement, which fitted, is back.
+            return Decision()
         updates = {}
         for key, g in self.grants.items():
             c = view.containers.get(key)
@@ -618,6 +568,7 @@ class TopologyAwarePolicy(Policy):
             if (now.cpuset_cpus, now.cpuset_mems) != (c.resources.cpuset_cpus, c.resources.cpuset_mems):
                 updates[key] = now
         self.__dict__.update(fresh.__dict__)
+        self.grants.on_change = self._account  # it was fresh's
         return Decision(updates=updates)
 
     def export_state(self) -> dict[str, Any]:
@@ -625,10 +576,9 @@ class TopologyAwarePolicy(Policy):
 
     def restore_state(self, data: Mapping[str, Any]) -> None:
         """Reinstate persisted grants exactly; PolicyError (nothing kept) if any cannot be."""
-        grants = {k: PoolGrant.from_dict(v) for k, v in (data.get("grants") or {}).items()
+        grants = {k: Grant.from_dict(v) for k, v in (data.get("grants") or {}).items()
                   if not k.startswith("pending:")}
-        for key in list(self.grants):
-            self._remove(key)
+        self.grants.clear()
         try:
             for key, g in sorted(grants.items()):
                 self._restore_one(key, g)
@@ -636,8 +586,7 @@ class TopologyAwarePolicy(Policy):
             if problem:
                 raise PolicyError(problem)
         except PolicyError:
-            for key in list(self.grants):
-                self._remove(key)
+            self.grants.clear()
             raise
         self._guard_memory(sorted(self.grants))
 
@@ -654,7 +603,7 @@ class TopologyAwarePolicy(Policy):
                     "shared CPUs")
         return ""
 
-    def _restore_one(self, key: str, g: PoolGrant) -> None:
+    def _restore_one(self, key: str, g: Grant) -> None:
         if g.reserved:
             if self.reserved_pool is None:
                 raise PolicyError(f"grant of {key} is on reserved CPUs; none are reserved now")
