@@ -210,3 +210,34 @@ def test_declared_policy_options_are_the_schema():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.generated() == module.PATH.read_text(), "run scripts/policy-schema.py"
+
+
+def test_simulate_reads_an_nri_plugins_balloons_resource(tmp_path):
+    config = """apiVersion: config.nri/v1alpha1
+kind: BalloonsPolicy
+metadata: {name: default, namespace: kube-system}
+spec:
+  agent: {nodeResourceTopology: true}
+  reservedResources: {cpu: 1000m}
+  pinMemory: false
+  balloonTypes:
+  - name: ai-inference
+    minCPUs: 16
+    minBalloons: 2
+    preferNewBalloons: true
+  - name: default
+    maxCPUs: 16
+    namespaces: ["*"]
+  instrumentation: {httpEndpoint: ":8891"}
+"""
+    out = simulate(tmp_path, "--machine", "sockets=2,cores=16,threads=2", "--output", "json", config=config)
+    assert out.returncode == 0, out.stderr
+    assert "agent, instrumentation left out" in out.stderr
+    result = json.loads(out.stdout)
+    pools = {p["name"]: p for p in result["pools"]}
+    assert [len(CPUSet.parse(pools[f"ai-inference[{i}]"]["cpus"])) for i in (0, 1)] == [16, 16]
+    by_name = {c["name"]: c for c in result["containers"]}
+    assert by_name["postgres"]["pool"] == by_name["nginx"]["pool"] == "default[0]"
+    assert all(not c["mems"] for c in result["containers"])  # pinMemory: false
+    bad = simulate(tmp_path, "--machine", "cores=4", config="apiVersion: config.nri/v1alpha1\nkind: MemtierdPolicy\n")
+    assert bad.returncode == 1 and "kind MemtierdPolicy of config.nri/v1alpha1 is not a policy" in bad.stderr

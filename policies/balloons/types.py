@@ -189,7 +189,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
             # MaxCPUs of its own (cri-resmgr's rule).
             on_reserved=name == RESERVED or (name == DEFAULT and not t["MinCPUs"] and not t["MaxCPUs"])))
     if RESERVED not in seen:
-        s.types.insert(0, BalloonType(RESERVED, on_reserved=True, order=-1))
+        s.types.insert(0, BalloonType(RESERVED, on_reserved=True, pin_memory=raw["PinMemory"], order=-1))
     if DEFAULT not in seen:
-        s.types.append(BalloonType(DEFAULT, on_reserved=True, order=len(s.types)))
+        s.types.append(BalloonType(DEFAULT, on_reserved=True, pin_memory=raw["PinMemory"], order=len(s.types)))
     return s, raw

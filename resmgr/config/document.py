@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import logging
 import re
 import sys
 from collections.abc import Mapping
@@ -24,7 +25,10 @@ import jsonschema
 import yaml
 
 import policies
+from resmgr.config import custom
 from resmgr.relay import dump
+
+log = logging.getLogger(__name__)
 
 # A source checkout has them in config/schemas; an installed copy in <prefix>/share/cri-resmgr/schemas.
 SCHEMA_DIR = next((d for d in (Path(__file__).resolve().parents[2] / "config" / "schemas",
@@ -204,6 +208,14 @@ def load_file(path: str) -> Config:
     if data is None:
         # An empty file is far more likely a truncated write than a wish for the defaults.
         raise ConfigError(f"config file {path} is empty (write `{{}}` for the built-in defaults)")
+    if custom.is_custom_resource(data):
+        try:
+            data, left_out = custom.translate(data)
+        except custom.NotAPolicy as err:
+            raise ConfigError(f"config file {path}: {err}") from None
+        if left_out:
+            log.warning("config file %s: %s left out (nri-plugins' own settings, no counterpart here)", path,
+                        ", ".join(left_out))
     return validate(data, origin=path)
 
 
