@@ -214,3 +214,21 @@ class BalloonChurn(RuleBasedStateMachine):
 
 TestBalloonChurn = BalloonChurn.TestCase
 TestBalloonChurn.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+
+
+def test_load_classes_keep_loaded_balloons_off_each_others_cores():
+    # nri-plugins' "one hyperthread per core for heavy compute" example, on 2 x 8 cores.
+    w = world([{"name": "ai-inference", "minCPUs": 4, "minBalloons": 2, "preferNewBalloons": True, "loads": ["avx"]},
+               {"name": "video-encoding", "maxCPUs": 8, "loads": ["avx"], "namespaces": ["video"]},
+               {"name": "default", "maxCPUs": 16, "namespaces": ["*"]}],
+              topology=machine("sockets=2,cores=8,threads=2"),
+              loadClasses=[{"name": "avx", "level": "core", "overloadsLevelInBalloon": True}])
+    topo = w.policy.topo
+    ai = [b for b in w.policy.balloons if b.type.name == "ai-inference"]
+    cores = [{topo.core_of[c] for c in b.cpus} for b in ai]
+    assert all(len(c) == 4 for c in cores) and cores[0].isdisjoint(cores[1])  # a thread per core, apart
+    video = w.add(G, 3000, namespace="video")
+    video_cores = {topo.core_of[c] for c in w.cpus(video)}
+    assert len(video_cores) == 3 and video_cores.isdisjoint(cores[0] | cores[1])
+    with pytest.raises(PolicyError, match="'gpu' is not in LoadClasses"):
+        world([{"name": "x", "loads": ["gpu"]}])

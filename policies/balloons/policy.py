@@ -140,10 +140,43 @@ class BalloonsPolicy(Policy):
                 kind = CoreKind.PERFORMANCE
         return Preferences(kind=kind, spread_cores=t.spread_cores, balance=self.settings.balance)
 
-    def _take(self, t: BalloonType, count: int, near: CPUSet = EMPTY, guaranteed: bool = False) -> CPUSet:
-        """count free CPUs for a balloon of type t: isolated ones first if it prefers them, else
-        the nearest to near (its own CPUs) that hold them, else the best anywhere."""
-        free, prefer = self.free(t), self._prefer(t, guaranteed)
+    def _take(self, t: BalloonType, count: int, near: CPUSet = EMPTY, guaranteed: bool = False,
+              owner: Balloon | None = None) -> CPUSet:
+        """count free CPUs for a balloon of type t: off the cores / L2 caches other balloons load
+        when it has loads (while enough are free), then as _take_from says."""
+        free = self.free(t)
+        unloaded = free - self._loaded(t, owner)
+        if t.loads and unloaded != free and len(unloaded) >= count:
+            return self._take_from(t, unloaded, count, near, guaranteed)
+        return self._take_from(t, free, count, near, guaranteed)
+
+    def _groups(self, level: str) -> list[CPUSet]:
+        return list(self.topo.cores.values()) if level == "core" else list(set(self.topo.l2_of.values()))
+
+    def _loaded(self, t: BalloonType, owner: Balloon | None) -> CPUSet:
+        """CPUs on the cores / L2 caches that other balloons loading the same level hold (and, with
+        OverloadsLevelInBalloon, that its own balloon holds)."""
+        out = EMPTY
+        for load in t.loads:
+            holders = EMPTY
+            for b in self.balloons:
+                if (b is not owner or load.in_balloon) and any(x.level == load.level for x in b.type.loads):
+                    holders |= b.cpus
+            for g in self._groups(load.level):
+                if g & holders:
+                    out |= g
+        return out
+
+    def _take_from(self, t: BalloonType, free: CPUSet, count: int, near: CPUSet, guaranteed: bool) -> CPUSet:
+        """count of free for a balloon of type t: isolated ones first if it prefers them, else the
+        nearest to near (its own CPUs) that hold them, else the best anywhere."""
+        prefer = self._prefer(t, guaranteed)
+        if any(load.in_balloon and load.level == "core" for load in t.loads):
+            prefer = replace(prefer, spread_cores=True)
+        if any(load.in_balloon and load.level == "l2cache" for load in t.loads):
+            one_each = CPUSet(min(g & free) for g in self._groups("l2cache") if g & free and not g & near)
+            if len(one_each) >= count:
+                free = one_each
         if t.isolated:
             iso = free & self.isolated
             if len(iso) >= count:
@@ -151,7 +184,7 @@ class BalloonsPolicy(Policy):
             return iso | take_cpus(self.topo, free - iso, count - len(iso), prefer)
         if near:
             for level in reversed(self.topo.hierarchy):
-                if level.name == "core" and t.spread_cores:
+                if level.name == "core" and prefer.spread_cores:
                     continue
                 region = EMPTY
                 for g in level.groups:
@@ -173,7 +206,7 @@ class BalloonsPolicy(Policy):
         if b.type.on_reserved or size == len(b.cpus):
             return
         if size > len(b.cpus):
-            b.cpus |= self._take(b.type, size - len(b.cpus), b.cpus, guaranteed)
+            b.cpus |= self._take(b.type, size - len(b.cpus), b.cpus, guaranteed, owner=b)
         else:  # keep its most compact part
             b.cpus = take_cpus(self.topo, b.cpus, size, self._prefer(b.type))
 
@@ -326,7 +359,22 @@ class BalloonsPolicy(Policy):
         return Member(req.cpu_request, pod.id, pod.namespace, hide,
                       pin_cpu=not self._preserve(container, pod, "cpu"),
                       pin_memory=not self._preserve(container, pod, "memory"),
-                      mem_types=annotations.memory_types(container, pod) or frozenset())
+                      mem_types=self._memory_types(container, pod))
+
+    def _memory_types(self, container: Container, pod: Pod) -> frozenset[MemoryType]:
+        """The memory-type annotation, ours or nri-plugins' (`memory-type.resource-policy.nri.io`)."""
+        ours = annotations.memory_types(container, pod)
+        if ours is not None:
+            return ours
+        nri = effective_annotation(annotations.merged(container, pod), f"{annotations.MEMORY_TYPE}.{NRI}",
+                                   container.name)
+        if nri is None:
+            return frozenset()
+        try:
+            return frozenset(MemoryType(w.strip().lower()) for w in nri.split(",") if w.strip())
+        except ValueError:
+            raise PolicyError(f"annotation {annotations.MEMORY_TYPE}.{NRI} of container {container.name}: "
+                              f"{nri!r}: memory types are dram, pmem and hbm") from None
 
     def _preserve(self, container: Container, pod: Pod, what: str) -> bool:
         value = _hint(container, pod, f"{what}.preserve")

@@ -49,6 +49,12 @@ def _unsupported(what: str) -> Any:
     return check
 
 
+LOAD_OPTIONS = (
+    Option("Name", "string", ""),
+    Option("Level", "string", "core", choices=("core", "l2cache")),
+    Option("OverloadsLevelInBalloon", "boolean", False, "also one CPU per core / L2 cache within the balloon"),
+)
+
 TYPE_OPTIONS = (
     Option("Name", "string", "", "the type's name, used by the balloon annotation"),
     Option("Namespaces", "strings", [], "namespaces (globs) whose containers go to this type"),
@@ -78,7 +84,7 @@ TYPE_OPTIONS = (
     Option("ShowContainersInNrt", "boolean", False, "accepted, no effect"),
     Option("RdtClass", "string", "", "RDT class of its containers (an annotation wins)"),
     Option("BlockioClass", "string", "", "block-I/O class of its containers (an annotation wins)"),
-    Option("Loads", "strings", [], "load classes", check=_unsupported("load classes")),
+    Option("Loads", "strings", [], "load classes (LoadClasses) its containers put on cores or L2 caches"),
     Option("Components", "objects", [], "composite balloons", check=_unsupported("composite balloons")),
 )
 
@@ -94,10 +100,19 @@ POLICY_OPTIONS = (
     Option("BalloonTypes", "objects", [], "the balloon types, in order of preference", items=TYPE_OPTIONS),
     Option("Preserve", "object", None, "{matchExpressions: [...]}: containers the policy leaves alone"),
     Option("ShowContainersInNrt", "boolean", False, "accepted, no effect"),
-    Option("LoadClasses", "objects", [], "load classes", check=_unsupported("load classes")),
+    Option("LoadClasses", "objects", [], "{name, level: core | l2cache, overloadsLevelInBalloon}: CPUs for "
+           "balloons with a load avoid cores / L2 caches other such balloons load", items=LOAD_OPTIONS),
     Option("AvailableResources", "object", None, "as policy.AvailableResources (the nri-plugins layout)"),
     Option("ReservedResources", "object", None, "as policy.ReservedResources (the nri-plugins layout)"),
 )
+
+
+@dataclass(frozen=True)
+class Load:
+    """Load a balloon's containers put on a level: other loading balloons keep off its cores / L2s."""
+    name: str
+    level: str  # core or l2cache
+    in_balloon: bool = False  # also spread the balloon's own CPUs over that level
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,7 @@ class BalloonType:
     isolated: bool = False
     rdt_class: str = ""
     blockio_class: str = ""
+    loads: tuple[Load, ...] = ()
     on_reserved: bool = False  # the built-in default type: runs on the reserved CPUs, owns none
     order: int = 0  # position in the configuration
 
@@ -157,6 +173,12 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
     preserve = read(raw["Preserve"], (Option("MatchExpressions", "objects", []),), f"{where}.Preserve")
     s.preserve = tuple(parse_expression(e, f"{where}.Preserve.MatchExpressions[{i}]")
                        for i, e in enumerate(preserve["MatchExpressions"]))
+    loads: dict[str, Load] = {}
+    for i, doc in enumerate(raw["LoadClasses"]):
+        lc = read(doc, LOAD_OPTIONS, f"{where}.LoadClasses[{i}]")
+        if not lc["Name"] or lc["Name"] in loads:
+            raise PolicyError(f"{where}.LoadClasses[{i}]: a Name of its own is required")
+        loads[lc["Name"]] = Load(lc["Name"], lc["Level"], lc["OverloadsLevelInBalloon"])
     seen: set[str] = set()
     for i, doc in enumerate(raw["BalloonTypes"]):
         t = read(doc, TYPE_OPTIONS, f"{where}.BalloonTypes[{i}]")
@@ -169,6 +191,9 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
         seen.add(name)
         if t["MaxCPUs"] and t["MinCPUs"] > t["MaxCPUs"]:
             raise PolicyError(f"{at}: MinCPUs {t['MinCPUs']} is more than MaxCPUs {t['MaxCPUs']}")
+        missing = [n for n in t["Loads"] if n not in loads]
+        if missing:
+            raise PolicyError(f"{at}.Loads: {missing[0]!r} is not in LoadClasses ({', '.join(loads) or 'none'})")
         if t["MaxBalloons"] and t["MinBalloons"] > t["MaxBalloons"]:
             raise PolicyError(f"{at}: MinBalloons {t['MinBalloons']} is more than MaxBalloons {t['MaxBalloons']}")
         s.types.append(BalloonType(
@@ -185,6 +210,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
             pin_memory=_bool_or(t["PinMemory"], raw["PinMemory"], f"{at}.PinMemory"),
             memory_types=t["MemoryTypes"] or frozenset(), hide_ht=t["HideHyperthreads"],
             isolated=t["PreferIsolCpus"], rdt_class=t["RdtClass"], blockio_class=t["BlockioClass"], order=i,
+            loads=tuple(loads[n] for n in t["Loads"]),
             # The reserved balloon is the reserved CPUs; so is the default one without MinCPUs or
             # MaxCPUs of its own (cri-resmgr's rule).
             on_reserved=name == RESERVED or (name == DEFAULT and not t["MinCPUs"] and not t["MaxCPUs"])))
