@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from policies.errors import PolicyError
+from policies.toolkit.options import Option, read
 from resmgr.model import Container, Decision, Pod, Resources, View
 from resmgr.requests import RequirementError, Requirements, class_names, requirements
 from resmgr.topology.model import Topology
 
-if TYPE_CHECKING:
-    from policies.toolkit.options import Option
-
 __all__ = ["Decision", "View", "Policy", "PolicyError", "class_names", "container_requirements"]
-
-
-class PolicyError(Exception):
-    """A request the policy cannot satisfy, or a configuration it cannot accept."""
 
 
 def container_requirements(container: Container, pod: Pod) -> Requirements:
@@ -40,6 +35,16 @@ class Policy:
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         self.config = dict(config or {})
         self.topology = topology
+
+    def require_topology(self) -> Topology:
+        """The machine's topology; PolicyError for a policy that cannot work without it."""
+        if self.topology is None:
+            raise PolicyError(f"policy {self.name} needs the machine topology")
+        return self.topology
+
+    def read_options(self) -> dict[str, Any]:
+        """The values of the policy's options from its section `policy.<name>` (PolicyError if bad)."""
+        return read(self.config.get(self.name), self.options, f"policy.{self.name}")
 
     def rename(self, old_key: str, new_key: str) -> None:
         """A container's key changed (its runtime ID became known)."""

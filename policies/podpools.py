@@ -98,10 +98,8 @@ class PodpoolsPolicy(Policy):
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
-        if topology is None:
-            raise PolicyError(f"policy {self.name} needs the machine topology")
-        self.topo = topology
-        raw = read(self.config.get(self.name), POLICY_OPTIONS, "policy.podpools")
+        self.topo = self.require_topology()
+        raw = self.read_options()
         self.pin_cpu, self.pin_memory = raw["PinCPU"], raw["PinMemory"]
         self.reserved_namespaces = list(raw["ReservedPoolNamespaces"])
         cpus = cpuconfig.resolve_cpus(self.config, topology)

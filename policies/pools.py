@@ -31,8 +31,7 @@ def grant_in(pool: str, exclusive: CPUSet = EMPTY, milli: int = 0) -> Grant:
 class PoolPolicy(Policy):
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
-        if topology is None:
-            raise PolicyError(f"policy {self.name} needs the machine topology")
+        self.require_topology()
         self.grants = Grants()
 
     # -- to be provided ------------------------------------------------------------------

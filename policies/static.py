@@ -18,7 +18,7 @@ from policies.base import PolicyError
 from policies.pools import PoolPolicy, grant_in
 from policies.toolkit.cpus import preferences, take_cpus
 from policies.toolkit.grants import Grant
-from policies.toolkit.options import Option, read
+from policies.toolkit.options import Option
 from resmgr.model import Container, Pod, QOSClass
 from resmgr.requests import Requirements
 from resmgr.topology.cpuset import CPUSet
@@ -36,7 +36,7 @@ class StaticPolicy(PoolPolicy):
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
-        self.relaxed = read(self.config.get(self.name), self.options, f"policy.{self.name}")["RelaxedIsolation"]
+        self.relaxed = self.read_options()["RelaxedIsolation"]
         cpus = cpuconfig.resolve_cpus(self.config, topology)
         self.available, self.isolated, self.reserved = cpus.general, cpus.isolated, cpus.reserved
 

@@ -21,7 +21,7 @@ from policies.base import PolicyError
 from policies.pools import PoolPolicy, grant_in
 from policies.toolkit.cpus import preferences, take_cpus
 from policies.toolkit.grants import Grant
-from policies.toolkit.options import Option, in_namespaces, read, reserved_namespaces
+from policies.toolkit.options import Option, in_namespaces, reserved_namespaces
 from resmgr.model import Container, Pod
 from resmgr.requests import Requirements
 from resmgr.topology.cpuset import CPUSet
@@ -39,7 +39,7 @@ class StaticPlusPolicy(PoolPolicy):
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
-        options = read(self.config.get(self.name), self.options, f"policy.{self.name}")
+        options = self.read_options()
         cpus = cpuconfig.resolve_cpus(self.config, topology)
         available, self.isolated, self.reserved = cpus.available, cpus.isolated, cpus.reserved
         self.shared_base = cpus.general - self.reserved

@@ -99,9 +99,7 @@ class BalloonsPolicy(Policy):
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
-        if topology is None:
-            raise PolicyError(f"policy {self.name} needs the machine topology")
-        self.topo = topology
+        self.topo = self.require_topology()
         self.settings, raw = parse(self.config.get(self.name))
         resources = dict(self.config)
         for key in ("AvailableResources", "ReservedResources"):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from policies.base import PolicyError
+from policies.errors import PolicyError
 from resmgr.model import Container, Pod
 
 _OPERATORS: dict[str, Callable[[str | None, tuple[str, ...]], bool]] = {

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.base import PolicyError
+from policies.errors import PolicyError
 
 Check = Callable[[Any, str], Any]
 

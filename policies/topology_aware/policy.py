@@ -37,7 +37,7 @@ from policies import annotations, cpuconfig
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from policies.toolkit.cpus import ANY, Preferences, one_thread_per_core, preferences, take_cpus
 from policies.toolkit.grants import Grant, Grants
-from policies.toolkit.options import Option, in_namespaces, read, reserved_namespaces
+from policies.toolkit.options import Option, in_namespaces, reserved_namespaces
 from policies.topology_aware.affinity import affinities
 from policies.topology_aware.tree import Pool, TreeError, build, owner
 from resmgr.model import Container, Pod, QOSClass, Resources
@@ -97,9 +97,8 @@ class TopologyAwarePolicy(Policy):
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
-        if topology is None:
-            raise PolicyError(f"policy {self.name} needs the machine topology")
-        options = read(self.config.get(self.name), self.options, f"policy.{self.name}")
+        self.require_topology()
+        options = self.read_options()
         self.pin_cpu, self.pin_memory = options["PinCPU"], options["PinMemory"]
         self.prefer_isolated, self.prefer_shared = options["PreferIsolatedCPUs"], options["PreferSharedCPUs"]
         self.colocate_pods, self.colocate_namespaces = options["ColocatePods"], options["ColocateNamespaces"]
