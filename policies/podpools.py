@@ -21,6 +21,7 @@ from typing import Any
 from policies import annotations, cpuconfig
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from policies.toolkit.cpus import take_cpus
+from policies.toolkit.describe import pool_entry
 from policies.toolkit.options import Option, in_namespaces, read
 from resmgr.model import Container, Pod, Resources
 from resmgr.requests import milli_to_shares
@@ -231,17 +232,10 @@ class PodpoolsPolicy(Policy):
         out = []
         for name, cpus in pools:
             users = [k for k, p in self.where.items() if p == name]
-            nodes = [n for n in self.topo.nodes.values() if n.cpus & cpus]
-            memory: dict[str, int] = {}
-            for n in nodes:
-                memory[n.kind.value] = memory.get(n.kind.value, 0) + n.memory
             inst = next((i for i in self.instances if i.name == name), None)
-            out.append({"name": name, "parent": "", "cpus": str(cpus), "shared": str(cpus),
-                        "reserved": str(cpus & self.reserved), "isolated": "", "mems": str(CPUSet(n.id for n in nodes)),
-                        "memory": memory, "exclusive_grants": 0, "containers": len(users),
-                        "shared_milli_requested": 0, "shared_milli_free": 0, "shared_elsewhere": 0,
-                        "pods": len(inst.pods) if inst else len({self.pod_of[k] for k in users}),
-                        "max_pods": inst.max_pods if inst else 0})
+            out.append(pool_entry(self.topo, name, cpus, cpus, reserved=cpus & self.reserved, containers=len(users),
+                                  pods=len(inst.pods) if inst else len({self.pod_of[k] for k in users}),
+                                  max_pods=inst.max_pods if inst else 0))
         return out
 
     def describe_grant(self, key: str) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from typing import Any
 from policies.annotations import hide_hyperthreads
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from policies.toolkit.cpus import one_thread_per_core
+from policies.toolkit.describe import pool_entry
 from policies.toolkit.grants import Grant, Grants
 from resmgr.model import Container, Pod, Resources
 from resmgr.requests import Requirements, milli_to_shares
@@ -152,17 +153,11 @@ class PoolPolicy(Policy):
             grants = [g for g in self.grants.values() if self._source(g, bases) == name]
             requested = sum(g.shared for g in grants if g.pool == name)
             shared = now.get(name, EMPTY) if name != "isolated" and name not in elsewhere else EMPTY
-            nodes = [n for n in self.topology.nodes.values() if n.cpus & base]
-            memory: dict[str, int] = {}
-            for n in nodes:
-                memory[n.kind.value] = memory.get(n.kind.value, 0) + n.memory
-            out.append({"name": name, "parent": "", "cpus": str(base), "shared": str(shared),
-                        "shared_elsewhere": elsewhere.get(name, 0),
-                        "reserved": str(base & reserved), "isolated": str(now[name]) if name == "isolated" else "",
-                        "mems": str(CPUSet(n.id for n in nodes)), "memory": memory,
-                        "exclusive_grants": sum(1 for g in grants if g.exclusive),
-                        "containers": len(grants), "shared_milli_requested": requested,
-                        "shared_milli_free": 1000 * len(shared) - requested if shared else 0})
+            out.append(pool_entry(self.topology, name, base, shared, reserved=base & reserved,
+                                  isolated=now[name] if name == "isolated" else EMPTY,
+                                  exclusive_grants=sum(1 for g in grants if g.exclusive), containers=len(grants),
+                                  requested=requested, free=1000 * len(shared) - requested if shared else 0,
+                                  elsewhere=elsewhere.get(name, 0)))
         return out
 
     def describe_grant(self, key: str) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from policies import annotations, cpuconfig
 from policies.balloons.types import DEFAULT, POLICY_OPTIONS, RESERVED, BalloonType, parse
 from policies.base import Decision, Policy, PolicyError, View, container_requirements
 from policies.toolkit.cpus import Preferences, one_thread_per_core, take_cpus
+from policies.toolkit.describe import pool_entry
 from policies.toolkit.expressions import substitute
 from policies.toolkit.options import in_namespaces
 from resmgr.model import Container, Pod, QOSClass, Resources
@@ -504,17 +505,11 @@ class BalloonsPolicy(Policy):
         for b in sorted(self.balloons, key=lambda b: (b.type.order, b.index)):
             cpus = self.reserved if b.type.on_reserved else b.cpus
             runs = self._runs_on(b, Member(0, "", ""))
-            nodes = [n for n in self.topo.nodes.values() if n.cpus & cpus]
-            memory: dict[str, int] = {}
-            for n in nodes:
-                memory[n.kind.value] = memory.get(n.kind.value, 0) + n.memory
-            out.append({"name": b.name, "parent": "", "cpus": str(cpus), "shared": str(runs),
-                        "reserved": str(cpus & self.reserved), "isolated": str(cpus & self.isolated),
-                        "mems": str(CPUSet(n.id for n in nodes)), "memory": memory, "exclusive_grants": 0,
-                        "containers": len(b.members), "shared_milli_requested": b.milli,
-                        "shared_milli_free": 1000 * len(cpus) - b.milli, "shared_elsewhere":
-                        len(b.members) if not b.cpus and not b.type.on_reserved else 0,
-                        "type": b.type.name, "cpu_class": b.type.cpu_class})
+            out.append(pool_entry(self.topo, b.name, cpus, runs, reserved=cpus & self.reserved,
+                                  isolated=cpus & self.isolated, containers=len(b.members), requested=b.milli,
+                                  free=1000 * len(cpus) - b.milli,
+                                  elsewhere=len(b.members) if not b.cpus and not b.type.on_reserved else 0,
+                                  type=b.type.name, cpu_class=b.type.cpu_class))
         return out
 
     def describe_grant(self, key: str) -> dict[str, Any] | None:
