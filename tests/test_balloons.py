@@ -232,3 +232,19 @@ def test_load_classes_keep_loaded_balloons_off_each_others_cores():
     assert len(video_cores) == 3 and video_cores.isdisjoint(cores[0] | cores[1])
     with pytest.raises(PolicyError, match="'gpu' is not in LoadClasses"):
         world([{"name": "x", "loads": ["gpu"]}])
+
+
+def test_a_resize_grows_or_shrinks_the_balloon_or_is_refused_unchanged():
+    w = world([{"Name": "t", "Namespaces": ["*"], "MaxCPUs": 4}])
+    a, b = w.add(B, 1000), w.add(B, 1000)
+    pod = w.pods[w.containers[a.key].pod_id]
+    bigger = w.containers[a.key].requested.with_cpus("")
+    bigger.cpu_shares = 2048  # 2 CPUs
+    d = w.policy.resize(w.containers[a.key], pod, bigger, w.view())
+    assert len(CPUSet.parse(d.resources.cpuset_cpus)) == 3 and b.key in d.updates
+    state = w.policy.export_state()
+    huge = bigger.with_cpus("")
+    huge.cpu_shares = 4096
+    with pytest.raises(PolicyError, match="cannot grow"):
+        w.policy.resize(w.containers[a.key], pod, huge, w.view())
+    assert w.policy.export_state() == state
