@@ -48,7 +48,7 @@ MACHINES = {
     "2-socket-8l3": "sockets=2,cores=32,threads=2,l3=8,mem=256G",
     "4-socket": "sockets=4,cores=18,threads=2,mem=192G",
 }
-RESERVED = 2
+RESERVED = 2  # CPUs (1 on machines of fewer than 8)
 BALLOONS = {"BalloonTypes": [
     {"Name": "guaranteed", "PreferNewBalloons": True,
      "MatchExpressions": [{"key": "pod/qosclass", "operator": "In", "values": ["Guaranteed"]}]},
@@ -127,6 +127,10 @@ class Score:
                                                (self.ecore, self.guaranteed), (self.refused, self.admitted)))
 
 
+def reserved(topo: Topology) -> int:
+    return RESERVED if len(topo.online) >= 8 else 1
+
+
 def guaranteed_cpus(pod: dict[str, Any]) -> int:
     c = pod["containers"][0]
     limits = c.get("limits") or {}
@@ -142,7 +146,7 @@ class Admission:
     """The scheduler's view: pods are sent here while their CPU and memory requests fit the node."""
 
     def __init__(self, topo: Topology) -> None:
-        self.allocatable, self.used = 1000 * (len(topo.online) - RESERVED), 0
+        self.allocatable, self.used = 1000 * (len(topo.online) - reserved(topo)), 0
         self.memory, self.memory_used = sum(n.memory for n in topo.nodes.values()), 0
         self.held: dict[str, tuple[int, int]] = {}
 
@@ -163,7 +167,11 @@ class Admission:
 
 
 def run_policy(name: str, extra: dict[str, Any], topo: Topology, events: list[tuple[str, Any]]) -> Score:
-    ledger = Ledger(policies.create(name, {"Active": name, "ReservedResources": {"cpu": RESERVED}, **extra}, topo))
+    try:
+        policy = policies.create(name, {"Active": name, "ReservedResources": {"cpu": reserved(topo)}, **extra}, topo)
+    except PolicyError as err:
+        raise SystemExit(f"{name} cannot run on this machine: {err}") from None
+    ledger = Ledger(policy)
     score, live, admission = Score(), {}, Admission(topo)
     for kind, what in events:
         if kind == "remove":
@@ -201,7 +209,7 @@ def run_policy(name: str, extra: dict[str, Any], topo: Topology, events: list[tu
 
 
 def run_kubelet(options: Options, topo: Topology, events: list[tuple[str, Any]]) -> Score:
-    kubelet = KubeletStatic(topo, RESERVED, options)
+    kubelet = KubeletStatic(topo, reserved(topo), options)
     score, live, admission = Score(), {}, Admission(topo)
     for kind, what in events:
         if kind == "remove":
@@ -240,8 +248,8 @@ def main() -> int:
     machines = [(n, discover(generate(parse_spec(MACHINES[n]), tempfile.mkdtemp(prefix="crirm-place-"))))
                 for n in filter(None, args.machines.split(","))]
     machines += [(root, discover(root)) for root in args.host_root]
-    print(f"{args.seeds} mixes of {args.steps} events per machine, {RESERVED} CPUs reserved; whole..mem over "
-          "Guaranteed containers of 2+ CPUs, E over all Guaranteed ones, refused over all admitted")
+    print(f"{args.seeds} mixes of {args.steps} events per machine, {RESERVED} CPUs reserved (1 under 8 CPUs); "
+          "whole..mem over Guaranteed containers of 2+ CPUs, E over all Guaranteed ones, refused over all admitted")
     for mname, topo in machines:
         print(f"\n{mname}: {len(topo.online)} CPUs, {len(topo.packages)} package(s), {len(topo.nodes)} node(s), "
               f"{len(set(topo.l3_of.values()))} L3, {len(set(topo.l2_of.values()))} L2 domains")
