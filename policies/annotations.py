@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import yaml
 
 from policies.base import PolicyError
+from policies.toolkit import grants
 from resmgr.model import Container, Pod
 from resmgr.requests import DOMAIN, effective_annotation
 from resmgr.topology.model import CoreKind, MemoryType
@@ -101,7 +102,7 @@ def prefer_shared(container: Container, pod: Pod) -> tuple[bool | None, int]:
     return to_bool(key, container.name, value), 0
 
 
-DEFAULT_MEMORY = frozenset({MemoryType.DRAM, MemoryType.PMEM})
+DEFAULT_MEMORY = grants.DEFAULT_MEMORY  # DRAM and PMEM; HBM only on request
 ALL_MEMORY = frozenset(MemoryType)
 
 

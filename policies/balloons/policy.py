@@ -36,7 +36,6 @@ from resmgr.topology.model import CoreKind, MemoryType, Topology
 
 NRI = "resource-policy.nri.io"
 BALLOON = "balloon.balloons"
-DEFAULT_MEMORY = frozenset({MemoryType.DRAM, MemoryType.PMEM})
 
 
 @dataclass(frozen=True)
@@ -243,6 +242,11 @@ class BalloonsPolicy(Policy):
                         base |= g & idle
         return one_thread_per_core(self.topo, base) if m.hide_ht or b.type.hide_ht else base
 
+    @staticmethod
+    def _mem_types(b: Balloon, m: Member) -> frozenset[MemoryType]:
+        """The container's memory-type annotation, else its type's MemoryTypes, else DRAM and PMEM."""
+        return m.mem_types or b.type.memory_types or annotations.DEFAULT_MEMORY
+
     def _mems(self, cpus: CPUSet, types: frozenset[MemoryType]) -> CPUSet:
         """The memory nodes of the CPUs' NUMA nodes, of the given types (memory-only nodes by distance)."""
         nodes = {self.topo.cpus[c].node for c in cpus if c in self.topo.cpus and self.topo.cpus[c].node >= 0}
@@ -263,7 +267,7 @@ class BalloonsPolicy(Policy):
         cpus = self._runs_on(b, m)
         out = base.with_cpus(str(cpus) if self.settings.pin_cpu and m.pin_cpu else base.cpuset_cpus)
         if b.type.pin_memory and m.pin_memory and self.topo.nodes:
-            mems = self._mems(cpus, m.mem_types or b.type.memory_types or DEFAULT_MEMORY)
+            mems = self._mems(cpus, self._mem_types(b, m))
             if mems:
                 out.cpuset_mems = str(mems)
         return out
@@ -277,7 +281,7 @@ class BalloonsPolicy(Policy):
                 kind = (m.hide_ht, m.mem_types)
                 if kind not in seen:
                     cpus = self._runs_on(b, m)
-                    seen[kind] = cpus, self._mems(cpus, m.mem_types or b.type.memory_types or DEFAULT_MEMORY)
+                    seen[kind] = cpus, self._mems(cpus, self._mem_types(b, m))
                 out[key] = seen[kind]
         return out
 
