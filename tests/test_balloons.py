@@ -248,3 +248,18 @@ def test_a_resize_grows_or_shrinks_the_balloon_or_is_refused_unchanged():
     with pytest.raises(PolicyError, match="cannot grow"):
         w.policy.resize(w.containers[a.key], pod, huge, w.view())
     assert w.policy.export_state() == state
+
+
+def test_a_container_asking_for_nothing_runs_on_the_reserved_cpus_when_its_type_has_no_room():
+    w = world([{"Name": "default", "Namespaces": ["kube-*"]}, {"Name": "t", "Namespaces": ["*"]},
+               {"Name": "solo", "MinBalloons": 1, "MinCPUs": 15}, {"Name": "reserved"}])
+    with pytest.raises(PolicyError, match="balloon type t: no balloon can take 100m more"):
+        w.add(B, 100)
+    be = w.add(BE, 0)
+    assert w.cpus(be) == w.policy.reserved and w.policy.describe_grant(be.key)["fallback"] == "reserved"
+    assert balloon(w, be) == "reserved[0]" and "no balloon of type t could be had" in w.policy.fallback()[0]
+    fresh = policies.create("balloons", w.policy.config, SERVER)
+    fresh.restore_state(w.policy.export_state())
+    assert fresh.fallback() == w.policy.fallback()
+    w.remove(be)
+    assert w.policy.fallback() == []

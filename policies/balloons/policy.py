@@ -48,17 +48,18 @@ class Member:
     pin_cpu: bool = True
     pin_memory: bool = True
     mem_types: frozenset[MemoryType] = frozenset()
+    wanted: str = ""  # the type it belongs to, when it runs on the reserved CPUs for want of room there
 
     def to_dict(self) -> dict[str, Any]:
         return {"milli": self.milli, "pod": self.pod, "namespace": self.namespace, "hide_ht": self.hide_ht,
                 "pin_cpu": self.pin_cpu, "pin_memory": self.pin_memory,
-                "mem_types": sorted(t.value for t in self.mem_types)}
+                "mem_types": sorted(t.value for t in self.mem_types), "wanted": self.wanted}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Member:
         return cls(int(d["milli"]), str(d["pod"]), str(d["namespace"]), bool(d.get("hide_ht", False)),
                    bool(d.get("pin_cpu", True)), bool(d.get("pin_memory", True)),
-                   frozenset(MemoryType(t) for t in d.get("mem_types", [])))
+                   frozenset(MemoryType(t) for t in d.get("mem_types", [])), str(d.get("wanted", "")))
 
 
 @dataclass(eq=False)
@@ -409,7 +410,8 @@ class BalloonsPolicy(Policy):
             except PolicyError:
                 if m.milli:
                     raise
-                b, size = self.balloons[0], 0  # nothing asked, nothing refused: the reserved CPUs
+                # Nothing asked, nothing refused: the reserved CPUs.
+                b, size, m = next(x for x in self.balloons if x.type.name == RESERVED), 0, replace(m, wanted=t.name)
         except PolicyError:
             self._load(saved)
             raise
@@ -501,8 +503,9 @@ class BalloonsPolicy(Policy):
         return {key: _Grant(b.name) for key, b in self.where.items()}
 
     def fallback(self) -> list[str]:
-        return [f"balloon {b.name} has no CPUs of its own: its containers run on the reserved CPUs {self.reserved}"
-                for b in self.balloons if b.members and not b.cpus and not b.type.on_reserved]
+        wanted = sorted({m.wanted for b in self.balloons for m in b.members.values() if m.wanted})
+        return [f"no balloon of type {t} could be had: its containers asking for no CPU time run on the reserved "
+                f"CPUs {self.reserved}" for t in wanted]
 
     def describe_pools(self) -> list[dict[str, Any]]:
         out = []
@@ -522,7 +525,7 @@ class BalloonsPolicy(Policy):
             return None
         doc = {"pool": b.name, "exclusive": "", "shared_milli": b.members[key].milli,
                "kind": "reserved" if b.type.name == RESERVED else "shared"}
-        if not b.cpus and not b.type.on_reserved:
+        if b.members[key].wanted:
             doc["fallback"] = "reserved"
         return doc
 
