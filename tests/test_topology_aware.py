@@ -674,3 +674,15 @@ def test_exclusive_cpus_the_node_has_room_for_are_given_when_shared_capacity_is_
         w.add(G, 1000)
     w.remove(g)
     assert w.policy.fallback() == [] and len(w.cpus(a)) == 2
+
+
+def test_exclusive_cpus_stay_in_one_node_rather_than_split_for_spread_thin_capacity():
+    # Each node has 1 CPU of shared capacity to spare; 2 exclusive CPUs fit the socket by its accounting,
+    # which used to slice them 1 + 1 over both nodes. They come from one node now.
+    topo = machine("sockets=1,nodes=2,cores=4,threads=1")
+    w = World(TA, topo)
+    a, b = w.add(B, 2500), w.add(B, 2500)
+    assert pool_of(w, a) != pool_of(w, b)
+    g = w.add(G, 2000)
+    assert len({topo.cpus[c].node for c in w.cpus(g)}) == 1 and pool_of(w, g).startswith("NUMA node #")
+    assert [n for n in w.policy.fallback() if "request 2500m on 2 shared CPUs" in n]

@@ -23,7 +23,7 @@ The pool is chosen by filtering the pools that can take the request and ranking 
 affinity, has all requested memory types, holds the NUMA nodes of the container's devices,
 gets the preferred kind of CPU, whole cores free for an exclusive slice, depth (the tightest
 fit), capacity left, fewest colocated containers, lowest pool ID. When exclusive CPUs fit
-no pool only because the free shared capacity is spread thin, they are placed by the
+no leaf only because the free shared capacity is spread thin, they are placed by the
 machine's capacity (see _place).
 """
 
@@ -165,9 +165,9 @@ class TopologyAwarePolicy(Policy):
         """CPUs the pool's shared set can lose and still serve the shared users below it (users asking
         for no CPU time need none of their own where reserved CPUs can take them)."""
         keep_one = not self.reserved and (user or self._has_users(pool))
-        if self._relaxed:  # only the machine's capacity counts (see _place)
-            return len(self._sharable[pool.id]) - (1 if keep_one else 0)
         m = self._subtree_milli(pool) + milli
+        if self._relaxed:  # only the machine's capacity counts (see _place); users asking for CPU time keep one
+            return len(self._sharable[pool.id]) - (1 if keep_one or m > 0 else 0)
         need = max(-(-m // 1000), 1 if keep_one else 0)
         return len(self._sharable[pool.id]) - need
 
@@ -308,21 +308,31 @@ class TopologyAwarePolicy(Policy):
         return False, left
 
     def _place(self, r: Request) -> Grant:
-        """The grant for a request. When exclusive CPUs fit no pool because the free shared capacity is
-        spread thin over many pools (each keeps what its own shared containers request), they are
-        taken where the machine's capacity allows, as kubelet's single shared pool would: the
-        scheduler admitted the pod, so the node has the CPUs. The pools that lose CPUs then hold
-        shared containers requesting more than their shared CPUs (a notice says so)."""
+        """The grant for a request. When exclusive CPUs fit no pool, or only one that would slice them
+        over several children, because the free shared capacity is spread thin over many pools (each
+        keeps what its own shared containers request), they are taken from the deepest pool the
+        machine's capacity allows, as kubelet's single shared pool would: the scheduler admitted the
+        pod, so the node has the CPUs. The pool that lost CPUs then holds shared containers
+        requesting more than its shared CPUs (a notice says so)."""
+        strict: Pool | None = None
         try:
-            return self._grant(self._choose(r), r)
+            strict = self._choose(r)
         except PolicyError:
             if not r.exclusive or r.isolated and len(self.isolated - self._taken) >= r.exclusive:
                 raise
+        if strict is not None and (not r.exclusive or not strict.children):
+            return self._grant(strict, r)
+        # Exclusive CPUs that would be sliced over several children: one child by the machine's
+        # capacity keeps them in one node or L3 domain (the container asked for whole CPUs; the
+        # shared containers there make do with less for a while, as they would in kubelet's pool).
         self._relaxed = True
         try:
-            return self._grant(self._choose(r), r)
+            relaxed = self._choose(r)
+            if strict is None or relaxed.depth > strict.depth:
+                return self._grant(relaxed, r)
         finally:
             self._relaxed = False
+        return self._grant(strict, r)
 
     def _choose(self, r: Request) -> Pool:
         ranked = []
