@@ -94,7 +94,7 @@ class _Grant:
 
 class PodpoolsPolicy(Policy):
     name = "podpools"
-    description = "pod pools: all containers of an annotated pod in one pool instance of dedicated CPUs"
+    description = "all containers of an annotated pod in one pool instance of dedicated CPUs"
     options = POLICY_OPTIONS
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:

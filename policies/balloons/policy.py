@@ -94,7 +94,7 @@ def _hint(container: Container, pod: Pod, name: str) -> str | None:
 
 class BalloonsPolicy(Policy):
     name = "balloons"
-    description = ("balloons: containers in typed CPU pools that grow and shrink with their requests, "
+    description = ("containers in typed balloons, CPU pools that grow and shrink with their requests, "
                    "matched by annotation, namespace or expressions")
     options = POLICY_OPTIONS
 

@@ -91,7 +91,7 @@ class Request:
 
 class TopologyAwarePolicy(Policy):
     name = "topology-aware"
-    description = ("pools from the hardware tree (sockets, dies, NUMA nodes): each container in the tightest "
+    description = ("pools from the hardware tree (sockets, dies, NUMA nodes, L3): each container in the tightest "
                    "pool that fits, with CPUs and memory from the same place")
     options = OPTIONS
 
