@@ -263,3 +263,23 @@ def test_a_container_asking_for_nothing_runs_on_the_reserved_cpus_when_its_type_
     assert fresh.fallback() == w.policy.fallback()
     w.remove(be)
     assert w.policy.fallback() == []
+
+
+def test_reconfiguration_keeps_balloons_their_containers_still_belong_to():
+    types = [{"Name": "quad", "MaxCPUs": 4, "Namespaces": ["*"]}, {"Name": "solo", "MinCPUs": 2, "MinBalloons": 1}]
+    w = world(types)
+    a, b = w.add(B, 1500), w.add(G, 2000)
+    before = {c.key: w.cpus(c) for c in (a, b)}
+    config = {"Active": "balloons", "ReservedResources": {"cpu": 1}}
+    d = w.policy.reconfigure({**config, "balloons": {"BalloonTypes": [{**types[0], "MaxCPUs": 8}, types[1]]}},
+                             w.view())
+    assert d.updates == {} and {c.key: w.cpus(c) for c in (a, b)} == before
+    d = w.policy.reconfigure({**config, "balloons": {"BalloonTypes": [{**types[0], "MinCPUs": 5, "MaxCPUs": 8},
+                                                                      types[1]]}}, w.view())
+    assert len(CPUSet.parse(d.updates[a.key].cpuset_cpus)) == 5
+    with pytest.raises(NotImplementedError):  # a's namespace no longer matches its type
+        w.policy.reconfigure({**config, "balloons": {"BalloonTypes": [{"Name": "quad", "Namespaces": ["x"]}]}},
+                             w.view())
+    with pytest.raises(PolicyError, match="unknown option"):
+        w.policy.reconfigure({**config, "balloons": {"Bogus": 1}}, w.view())
+    assert w.policy.describe_grant(a.key)["pool"] == "quad[0]"

@@ -845,10 +845,14 @@ async def test_balloons_are_reconfigured_live_and_persisted(tmp_path):
     again = Engine(create("balloons", config, topo), StateStore(tmp_path), CriRuntime(FakeRuntime()))
     again.restore(StateStore(tmp_path).load())
     assert again.policy.export_state() == eng.policy.export_state()
-    # A new configuration re-places every container and pushes what moved (as the config manager does:
-    # balloons cannot keep grants across new types, so a new instance re-allocates everyone).
+    # A new configuration keeps the balloon and resizes it, pushing what moved.
     types["BalloonTypes"][0]["MinCPUs"] = 3
+    await eng.reconfigure(config)
+    assert [(cid, r.cpuset_cpus) for cid, r in runtime.updates] == [("a", "1-3")]
+    # One that puts the container in another type re-places everyone (as the config manager does:
+    # the policy says it cannot keep its balloons, and a new instance re-allocates every container).
+    types["BalloonTypes"] = [{"Name": "solo", "MinCPUs": 1, "Namespaces": ["*"]}]
     with pytest.raises(NotImplementedError):
         await eng.reconfigure(config)
     await eng.switch_policy(create("balloons", config, topo))
-    assert [(cid, r.cpuset_cpus) for cid, r in runtime.updates] == [("a", "1-3")]
+    assert runtime.updates[-1][0] == "a" and eng.policy.describe_grant("a")["pool"] == "solo[0]"

@@ -535,6 +535,38 @@ class BalloonsPolicy(Policy):
                              for b in self.balloons],
                 "preserved": sorted(self.preserved)}
 
+    def reconfigure(self, config: Mapping[str, Any], view: View) -> Decision:
+        """Keep every balloon and its containers under a new configuration when each container still
+        belongs to its balloon's type and group and every balloon can be sized to the new limits;
+        the balloons are then only resized. Otherwise NotImplementedError: the engine re-places every
+        container under a new instance. PolicyError: the configuration is bad, nothing changed."""
+        fresh = type(self)(config, self.topology)
+        try:
+            fresh.restore_state(self.export_state())
+            for key, b in fresh.where.items():
+                c = view.containers.get(key)
+                pod = view.pods.get(c.pod_id) if c is not None else None
+                if c is None or pod is None or b.members[key].wanted:
+                    raise PolicyError(f"container {key} is not known or not in a balloon of its type")
+                t = fresh._type_of(c, pod)
+                if t is not b.type or fresh._group(t, c, pod) != b.group:
+                    raise PolicyError(f"container {key} now belongs to balloon type {t.name}")
+            for b in fresh.balloons:
+                size = fresh._size(b.type, b.milli, bool(b.members))
+                if size is None or size - len(b.cpus) > len(fresh.free(b.type)):
+                    raise PolicyError(f"balloon {b.name} cannot hold its containers under the new limits")
+                fresh._resize(b, size)
+        except PolicyError:
+            raise NotImplementedError from None
+        updates = {}
+        for key, b in fresh.where.items():
+            c = view.containers[key]
+            now = fresh._resources(c.resources, b, b.members[key])
+            if (now.cpuset_cpus, now.cpuset_mems) != (c.resources.cpuset_cpus, c.resources.cpuset_mems):
+                updates[key] = now
+        self.__dict__.update(fresh.__dict__)
+        return Decision(updates=updates)
+
     def restore_state(self, data: Mapping[str, Any]) -> None:
         """Reinstate persisted balloons exactly; PolicyError (nothing changed) if any cannot be."""
         balloons: list[Balloon] = []
