@@ -152,7 +152,10 @@ def test_nri_plugins_spelling_and_errors():
                          ({"BalloonTypes": [{"Name": "a", "MinCPUs": 4, "MaxCPUs": 2}]}, "more than MaxCPUs"),
                          ({"BalloonTypes": [{"Name": "a", "Bogus": 1}]}, "unknown option"),
                          ({"BalloonTypes": [{"Name": "a", "ShareIdleCPUsInSame": "rack"}]}, "not one of"),
-                         ({"BalloonTypes": [{"Name": "a", "Components": [{"balloonType": "b"}]}]}, "not supported"),
+                         ({"BalloonTypes": [{"Name": "a", "Components": [{"balloonType": "b"}]}]},
+                          "component 'b', which is not a balloon type"),
+                         ({"BalloonTypes": [{"Name": "a", "Components": [{"balloonType": "a"}]}]},
+                          "a is a component of itself"),
                          ({"PinCPU": "yes"}, "true or false")):
         with pytest.raises(PolicyError, match=message):
             policies.create("balloons", {"balloons": bad}, SERVER)
@@ -283,3 +286,29 @@ def test_reconfiguration_keeps_balloons_their_containers_still_belong_to():
     with pytest.raises(PolicyError, match="unknown option"):
         w.policy.reconfigure({**config, "balloons": {"Bogus": 1}}, w.view())
     assert w.policy.describe_grant(a.key)["pool"] == "quad[0]"
+
+
+def test_composite_balloons_take_even_shares_of_each_component_node():
+    # nri-plugins' "combining balloons" example on 2 sockets x 2 nodes x 4 cores.
+    node_types = [{"name": f"node{n}", "preferCloseToDevices": [f"/sys/devices/system/node/node{n}"]}
+                  for n in range(4)]
+    w = world([{"name": "balance-all-nodes", "components": [{"balloonType": "balance-pkg0-nodes"},
+                                                            {"balloonType": "balance-pkg1-nodes"}]},
+               {"name": "balance-pkg0-nodes", "components": [{"balloonType": "node0"}, {"balloonType": "node1"}]},
+               {"name": "balance-pkg1-nodes", "components": [{"balloonType": "node2"}, {"balloonType": "node3"}]},
+               *node_types], topology=machine("sockets=2,nodes=2,cores=4,threads=2"))
+    topo = w.policy.topo
+    c = w.add(G, 8000, annotations={TYPE: "balance-all-nodes"})
+    per_node = [len(w.cpus(c) & topo.node_cpus(n)) for n in range(4)]
+    assert per_node == [2, 2, 2, 2] and balloon(w, c) == "balance-all-nodes[0]"
+    d = w.add(G, 4000, annotations={TYPE: "balance-pkg1-nodes"})
+    assert [len(w.cpus(d) & topo.node_cpus(n)) for n in range(4)] == [0, 0, 2, 2]
+    assert w.cpus(c).isdisjoint(w.cpus(d))
+    grown = w.add(G, 4000, pod=w.pods[w.containers[c.key].pod_id], name="more")
+    assert [len(w.cpus(grown) & topo.node_cpus(n)) for n in range(4)] == [3, 3, 3, 3]  # 12 CPUs, 3 per node
+    state = w.policy.export_state()
+    again = policies.create("balloons", w.policy.config, topo)
+    again.restore_state(state)
+    assert again.export_state() == state
+    w.remove(grown)
+    assert [len(w.cpus(c) & topo.node_cpus(n)) for n in range(4)] == [2, 2, 2, 2]

@@ -18,7 +18,7 @@ CPUs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -69,6 +69,19 @@ class Balloon:
     cpus: CPUSet = EMPTY  # its own CPUs (none for a type on the reserved CPUs)
     group: str = ""
     members: dict[str, Member] = field(default_factory=dict)
+    parts: list[Balloon] = field(default_factory=list)  # a composite's hidden component balloons
+
+    @property
+    def leaves(self) -> list[Balloon]:
+        """The balloons that hold CPUs themselves: itself, or its parts' leaves."""
+        return [x for p in self.parts for x in p.leaves] if self.parts else [self]
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": self.type.name, "index": self.index, "cpus": str(self.cpus), "group": self.group,
+                             "members": {k: m.to_dict() for k, m in sorted(self.members.items())}}
+        if self.parts:
+            d["parts"] = [p.to_dict() for p in self.parts]
+        return d
 
     @property
     def name(self) -> str:
@@ -77,6 +90,21 @@ class Balloon:
     @property
     def milli(self) -> int:
         return sum(m.milli for m in self.members.values())
+
+
+_Saved = tuple[list[Balloon], list[tuple[Balloon, CPUSet, dict[str, Member], list[Balloon]]], set[str]]
+
+
+def _shares(size: int, parts: int) -> list[int]:
+    """size split as evenly as parts allow, the first parts taking the rest."""
+    return [size // parts + (1 if i < size % parts else 0) for i in range(parts)]
+
+
+def _union(sets: Iterable[CPUSet]) -> CPUSet:
+    out = EMPTY
+    for cpus in sets:
+        out |= cpus
+    return out
 
 
 @dataclass(frozen=True)
@@ -120,7 +148,8 @@ class BalloonsPolicy(Policy):
     def owned(self) -> CPUSet:
         out = EMPTY
         for b in self.balloons:
-            out |= b.cpus
+            for leaf in b.leaves:
+                out |= leaf.cpus
         return out
 
     def free(self, t: BalloonType | None = None) -> CPUSet:
@@ -170,6 +199,13 @@ class BalloonsPolicy(Policy):
         """count of free for a balloon of type t: isolated ones first if it prefers them, else the
         nearest to near (its own CPUs) that hold them, else the best anywhere."""
         prefer = self._prefer(t, guaranteed)
+        near_nodes = CPUSet()
+        for n in t.near_nodes:  # PreferCloseToDevices: the first device's node that holds it
+            if len(free & self.topo.node_cpus(n)) >= count:
+                near_nodes = free & self.topo.node_cpus(n)
+                break
+        if near_nodes:
+            free = near_nodes
         if any(load.in_balloon and load.level == "core" for load in t.loads):
             prefer = replace(prefer, spread_cores=True)
         if any(load.in_balloon and load.level == "l2cache" for load in t.loads):
@@ -201,8 +237,14 @@ class BalloonsPolicy(Policy):
         return max(need, t.min_cpus, 1 if members else 0)
 
     def _resize(self, b: Balloon, size: int, guaranteed: bool = False) -> None:
-        """Grow (for a Guaranteed container: performance cores on a hybrid part) or shrink b."""
+        """Grow (for a Guaranteed container: performance cores on a hybrid part) or shrink b; a
+        composite's parts share the size evenly."""
         if b.type.on_reserved or size == len(b.cpus):
+            return
+        if b.parts:
+            for part, share in zip(b.parts, _shares(size, len(b.parts)), strict=True):
+                self._resize(part, max(share, part.type.min_cpus), guaranteed)
+                b.cpus = _union(p.cpus for p in b.parts)
             return
         if size > len(b.cpus):
             b.cpus |= self._take(b.type, size - len(b.cpus), b.cpus, guaranteed, owner=b)
@@ -212,9 +254,23 @@ class BalloonsPolicy(Policy):
     def _new_balloon(self, t: BalloonType, size: int, group: str = "", guaranteed: bool = False) -> Balloon:
         used = {b.index for b in self.balloons if b.type is t}
         index = next(i for i in range(len(used) + 1) if i not in used)
-        b = Balloon(t, index, self._take(t, size, guaranteed=guaranteed), group)
+        b = Balloon(t, index, group=group)
         self.balloons.append(b)
+        self._fill(b, size, guaranteed)
         return b
+
+    def _fill(self, b: Balloon, size: int, guaranteed: bool) -> None:
+        """Give a new balloon its CPUs: a composite's parts (hidden balloons of the component types)
+        one after the other, each its even share by its own type's preferences."""
+        if not b.type.components:
+            b.cpus = self._take(b.type, size, guaranteed=guaranteed)
+            return
+        for name, share in zip(b.type.components, _shares(size, len(b.type.components)), strict=True):
+            t = self.types[name]
+            part = Balloon(t, len(b.parts))
+            b.parts.append(part)
+            self._fill(part, max(share, t.min_cpus), guaranteed)
+            b.cpus = _union(p.cpus for p in b.parts)
 
     def _make_min_balloons(self) -> None:
         for t in sorted(self.settings.types, key=lambda t: (t.priority or 0, t.order)):
@@ -384,15 +440,23 @@ class BalloonsPolicy(Policy):
         value = _hint(container, pod, f"{what}.preserve")
         return value is not None and annotations.to_bool(f"{what}.preserve", container.name, value)
 
-    def _save(self) -> tuple[list[tuple[Balloon, CPUSet, dict[str, Member]]], set[str]]:
-        return [(b, b.cpus, dict(b.members)) for b in self.balloons], set(self.preserved)
+    def _save(self) -> _Saved:
+        """What undoing a failed change needs: the balloons, and each one's CPUs, members and parts."""
+        nodes: list[tuple[Balloon, CPUSet, dict[str, Member], list[Balloon]]] = []
 
-    def _load(self, saved: tuple[list[tuple[Balloon, CPUSet, dict[str, Member]]], set[str]]) -> None:
-        held, self.preserved = saved
-        self.balloons = []
-        for b, cpus, members in held:
-            b.cpus, b.members = cpus, members
-            self.balloons.append(b)
+        def keep(b: Balloon) -> None:
+            nodes.append((b, b.cpus, dict(b.members), list(b.parts)))
+            for p in b.parts:
+                keep(p)
+
+        for b in self.balloons:
+            keep(b)
+        return list(self.balloons), nodes, set(self.preserved)
+
+    def _load(self, saved: _Saved) -> None:
+        self.balloons, nodes, self.preserved = list(saved[0]), saved[1], set(saved[2])
+        for b, cpus, members, parts in nodes:
+            b.cpus, b.members, b.parts = cpus, members, parts
         self.where = {k: b for b in self.balloons for k in b.members}
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
@@ -530,9 +594,7 @@ class BalloonsPolicy(Policy):
         return doc
 
     def export_state(self) -> dict[str, Any]:
-        return {"balloons": [{"type": b.type.name, "index": b.index, "cpus": str(b.cpus), "group": b.group,
-                              "members": {k: m.to_dict() for k, m in sorted(b.members.items())}}
-                             for b in self.balloons],
+        return {"balloons": [b.to_dict() for b in self.balloons],
                 "preserved": sorted(self.preserved)}
 
     def reconfigure(self, config: Mapping[str, Any], view: View) -> Decision:
@@ -569,20 +631,28 @@ class BalloonsPolicy(Policy):
 
     def restore_state(self, data: Mapping[str, Any]) -> None:
         """Reinstate persisted balloons exactly; PolicyError (nothing changed) if any cannot be."""
-        balloons: list[Balloon] = []
         taken = EMPTY
-        for d in data.get("balloons") or []:
+
+        def restored(d: Mapping[str, Any]) -> Balloon:
+            nonlocal taken
             t = self.types.get(str(d["type"]))
             if t is None:
                 raise PolicyError(f"persisted balloon of type {d['type']!r}, which does not exist now")
+            parts = [restored(p) for p in d.get("parts") or []]
+            if tuple(p.type.name for p in parts) != t.components:
+                raise PolicyError(f"persisted balloon {t.name}[{d['index']}] has other components than its type now")
             cpus = EMPTY if t.on_reserved else CPUSet.parse(str(d.get("cpus", "")))
-            if not cpus <= self.allocatable or not cpus.isdisjoint(taken):
+            if parts:
+                cpus = _union(p.cpus for p in parts)
+            elif not cpus <= self.allocatable or not cpus.isdisjoint(taken):
                 raise PolicyError(f"persisted balloon {t.name}[{d['index']}] holds CPUs {cpus} that are not free "
                                   f"to balloons now")
             taken |= cpus
             members = {k: Member.from_dict(m) for k, m in (d.get("members") or {}).items()
                        if not k.startswith("pending:")}
-            balloons.append(Balloon(t, int(d["index"]), cpus, str(d.get("group", "")), members))
+            return Balloon(t, int(d["index"]), cpus, str(d.get("group", "")), members, parts)
+
+        balloons = [restored(d) for d in data.get("balloons") or []]
         for t in self.settings.types:
             if t.on_reserved and not any(b.type is t for b in balloons):
                 balloons.insert(0, Balloon(t, 0))

@@ -6,6 +6,7 @@ nri-plugins' (`balloonTypes`, `minCPUs`) spellings both work.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,12 +42,30 @@ def _memory_types(value: list[str], where: str) -> frozenset[MemoryType]:
         raise PolicyError(f"{where}: {value!r}: memory types are dram, pmem and hbm") from None
 
 
-def _unsupported(what: str) -> Any:
-    def check(value: Any, where: str) -> Any:
-        if value:
-            raise PolicyError(f"{where}: {what} are not supported by this balloons policy")
-        return value
-    return check
+_NODE = re.compile(r"/sys/devices/system/node/node(\d+)")
+
+
+def _component(doc: Mapping[str, Any], where: str) -> str:
+    name = read(doc, (Option("BalloonType", "string", ""),), where)["BalloonType"]
+    if not name:
+        raise PolicyError(f"{where}: balloonType is required")
+    return name
+
+
+def _check_components(types: list[BalloonType]) -> None:
+    """Every component names a type, and no type is a part of itself."""
+    by_name = {t.name: t for t in types}
+
+    def walk(t: BalloonType, path: tuple[str, ...]) -> None:
+        for c in t.components:
+            if c not in by_name:
+                raise PolicyError(f"policy.balloons: type {t.name} has component {c!r}, which is not a balloon type")
+            if c in path:
+                raise PolicyError(f"policy.balloons: type {c} is a component of itself ({' > '.join(path + (c,))})")
+            walk(by_name[c], path + (c,))
+
+    for t in types:
+        walk(t, (t.name,))
 
 
 LOAD_OPTIONS = (
@@ -80,12 +99,14 @@ TYPE_OPTIONS = (
     Option("MemoryTypes", "strings", [], "memory types to pin to: dram, pmem, hbm", check=_memory_types),
     Option("HideHyperthreads", "boolean", False, "containers run on one thread of each core"),
     Option("PreferIsolCpus", "boolean", False, "kernel-isolated CPUs first"),
-    Option("PreferCloseToDevices", "strings", [], "devices to be near (accepted, not used yet)"),
+    Option("PreferCloseToDevices", "strings", [], "devices to be near: NUMA nodes (/sys/devices/system/node/nodeN) "
+           "are used, other devices accepted"),
     Option("ShowContainersInNrt", "boolean", False, "accepted, no effect"),
     Option("RdtClass", "string", "", "RDT class of its containers (an annotation wins)"),
     Option("BlockioClass", "string", "", "block-I/O class of its containers (an annotation wins)"),
     Option("Loads", "strings", [], "load classes (LoadClasses) its containers put on cores or L2 caches"),
-    Option("Components", "objects", [], "composite balloons", check=_unsupported("composite balloons")),
+    Option("Components", "objects", [], "a composite balloon: its CPUs are those of a hidden balloon of each "
+           "listed type, sized evenly", items=(Option("BalloonType", "string", ""),)),
 )
 
 POLICY_OPTIONS = (
@@ -140,6 +161,8 @@ class BalloonType:
     rdt_class: str = ""
     blockio_class: str = ""
     loads: tuple[Load, ...] = ()
+    near_nodes: tuple[int, ...] = ()  # PreferCloseToDevices naming NUMA nodes, first preferred first
+    components: tuple[str, ...] = ()  # a composite type: the types of its parts
     on_reserved: bool = False  # the built-in default type: runs on the reserved CPUs, owns none
     order: int = 0  # position in the configuration
 
@@ -211,9 +234,13 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
             memory_types=t["MemoryTypes"] or frozenset(), hide_ht=t["HideHyperthreads"],
             isolated=t["PreferIsolCpus"], rdt_class=t["RdtClass"], blockio_class=t["BlockioClass"], order=i,
             loads=tuple(loads[n] for n in t["Loads"]),
+            near_nodes=tuple(int(m.group(1)) for d in t["PreferCloseToDevices"]
+                             for m in [_NODE.fullmatch(d.rstrip("/"))] if m),
+            components=tuple(_component(c, f"{at}.Components[{j}]") for j, c in enumerate(t["Components"])),
             # The reserved balloon is the reserved CPUs; so is the default one without MinCPUs or
             # MaxCPUs of its own (cri-resmgr's rule).
             on_reserved=name == RESERVED or (name == DEFAULT and not t["MinCPUs"] and not t["MaxCPUs"])))
+    _check_components(s.types)
     if RESERVED not in seen:
         s.types.insert(0, BalloonType(RESERVED, on_reserved=True, pin_memory=raw["PinMemory"], order=-1))
     if DEFAULT not in seen:
