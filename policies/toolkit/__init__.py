@@ -1,1 +1,1 @@
-"""The parts every policy is built from (see docs/policies.md)."""
+"""The parts every policy is built from (see docs/writing-a-policy.md)."""
