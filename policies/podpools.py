@@ -22,6 +22,7 @@ from policies import annotations, cpuconfig
 from policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from policies.toolkit.cpus import take_cpus
 from policies.toolkit.describe import pool_entry
+from policies.toolkit.grants import Grant
 from policies.toolkit.options import Option, in_namespaces, read
 from resmgr.model import Container, Pod, Resources
 from resmgr.requests import milli_to_shares
@@ -85,11 +86,6 @@ class Instance:
     @property
     def name(self) -> str:
         return f"{self.type}[{self.index}]"
-
-
-@dataclass(frozen=True)
-class _Grant:
-    pool: str
 
 
 class PodpoolsPolicy(Policy):
@@ -223,8 +219,8 @@ class PodpoolsPolicy(Policy):
             self.pod_of[new_key] = self.pod_of.pop(old_key)
 
     @property
-    def grants(self) -> dict[str, _Grant]:
-        return {k: _Grant(v) for k, v in self.where.items()}
+    def grants(self) -> dict[str, Grant]:
+        return {k: Grant(v) for k, v in self.where.items()}
 
     def describe_pools(self) -> list[dict[str, Any]]:
         pools = [(RESERVED, self._pool_cpus(RESERVED)), (DEFAULT, self.default)]

@@ -28,6 +28,7 @@ from policies.base import Decision, Policy, PolicyError, View, container_require
 from policies.toolkit.cpus import Preferences, one_thread_per_core, take_cpus
 from policies.toolkit.describe import pool_entry
 from policies.toolkit.expressions import substitute
+from policies.toolkit.grants import Grant
 from policies.toolkit.options import in_namespaces
 from resmgr.model import Container, Pod, QOSClass, Resources
 from resmgr.requests import BLOCKIO_ANNOTATION, RDT_ANNOTATION, class_names, effective_annotation, milli_to_shares
@@ -105,11 +106,6 @@ def _union(sets: Iterable[CPUSet]) -> CPUSet:
     for cpus in sets:
         out |= cpus
     return out
-
-
-@dataclass(frozen=True)
-class _Grant:
-    pool: str  # what simulate shows
 
 
 def _hint(container: Container, pod: Pod, name: str) -> str | None:
@@ -563,8 +559,8 @@ class BalloonsPolicy(Policy):
             self.where[new_key] = b
 
     @property
-    def grants(self) -> dict[str, _Grant]:
-        return {key: _Grant(b.name) for key, b in self.where.items()}
+    def grants(self) -> dict[str, Grant]:
+        return {key: Grant(b.name) for key, b in self.where.items()}
 
     def fallback(self) -> list[str]:
         wanted = sorted({m.wanted for b in self.balloons for m in b.members.values() if m.wanted})
