@@ -16,7 +16,7 @@ import argparse
 import tempfile
 import time
 
-import policies
+from resmgr import policies
 from resmgr.engine.ledger import Ledger
 from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
 from resmgr.requests import milli_to_shares

@@ -31,14 +31,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import policies  # noqa: E402
+from resmgr import policies  # noqa: E402
 from resmgr.engine import Engine  # noqa: E402
 from resmgr.engine.store import StateStore  # noqa: E402
+from resmgr.frontends.nri.plugin import NriPlugin  # noqa: E402
+from resmgr.frontends.nri.runtime import NriRuntime  # noqa: E402
+from resmgr.frontends.nri.transport import Trunk  # noqa: E402
 from resmgr.generated.nri import api_pb2 as nri  # noqa: E402
 from resmgr.generated.ttrpc import request_pb2 as ttrpc  # noqa: E402
-from resmgr.nri.plugin import NriPlugin  # noqa: E402
-from resmgr.nri.runtime import NriRuntime  # noqa: E402
-from resmgr.nri.transport import Trunk  # noqa: E402
 from resmgr.requests import milli_to_shares  # noqa: E402
 from resmgr.topology.generate import generate, parse_spec  # noqa: E402
 from resmgr.topology.sysfs import discover  # noqa: E402

@@ -31,11 +31,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import policies  # noqa: E402
 from benchmarks.kubelet_cpu import KubeletStatic, Options, Refused  # noqa: E402
-from policies import PolicyError  # noqa: E402
+from resmgr import policies  # noqa: E402
 from resmgr.app.simulate import load_pods  # noqa: E402
 from resmgr.engine.ledger import Ledger  # noqa: E402
+from resmgr.policies import PolicyError  # noqa: E402
 from resmgr.requests import parse_memory  # noqa: E402
 from resmgr.topology.cpuset import CPUSet  # noqa: E402
 from resmgr.topology.generate import generate, parse_spec  # noqa: E402

@@ -47,7 +47,7 @@ class AgentProcess:
         self.node = node
         self.socket = str(workdir / "agent" / "agent.sock")
         self.log_path = workdir / f"agent-{uuid.uuid4().hex[:6]}.log"
-        self.args = [sys.executable, "-m", "agent", "--kubeconfig", kubeconfig, "--config-ns", NS,
+        self.args = [sys.executable, "-m", "resmgr.agent", "--kubeconfig", kubeconfig, "--config-ns", NS,
                      "--cri-resmgr-socket", relay_config_socket, "--agent-socket", self.socket,
                      "--debounce", "0.1", "--retry-max", "0.5", "--resync-interval", "1", "--log-level", "DEBUG"]
         self.proc: subprocess.Popen | None = None
@@ -285,7 +285,7 @@ def test_rejected_configuration_is_reported_and_the_relay_keeps_its_own(env):
     assert event["reason"] == "ConfigRejected" and event["type"] == "Warning"
     assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == env.node
     assert "not valid YAML" in event["message"]
-    probe = subprocess.run([sys.executable, "-m", "agent", "probe", "--agent-socket", env.agent.socket],
+    probe = subprocess.run([sys.executable, "-m", "resmgr.agent", "probe", "--agent-socket", env.agent.socket],
                            capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert probe.returncode == 1 and "rejected cri-resmgr-config.default" in probe.stderr
 
@@ -294,7 +294,7 @@ def test_rejected_configuration_is_reported_and_the_relay_keeps_its_own(env):
     assert env.active() == "static"
     env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
     wait_for(lambda: env.node_status().get("applied") is True)
-    probe = subprocess.run([sys.executable, "-m", "agent", "probe", "--agent-socket", env.agent.socket],
+    probe = subprocess.run([sys.executable, "-m", "resmgr.agent", "probe", "--agent-socket", env.agent.socket],
                            capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert probe.returncode == 0, probe.stderr
 
@@ -372,10 +372,10 @@ def test_agent_service_cluster_operations(env):
 
 
 def test_agent_needs_a_node_name(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "agent"], capture_output=True, text=True, cwd=ROOT, timeout=30,
+    out = subprocess.run([sys.executable, "-m", "resmgr.agent"], capture_output=True, text=True, cwd=ROOT, timeout=30,
                          env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
     assert out.returncode == 2 and "NODE_NAME" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "agent", "--kubeconfig", str(tmp_path / "missing")],
+    out = subprocess.run([sys.executable, "-m", "resmgr.agent", "--kubeconfig", str(tmp_path / "missing")],
                          capture_output=True, text=True, cwd=ROOT, timeout=30, env={**os.environ, "NODE_NAME": "n"})
     assert out.returncode == 2 and "cannot load kubeconfig" in out.stderr
 

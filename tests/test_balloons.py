@@ -7,9 +7,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import policies
-from policies import PolicyError
+from resmgr import policies
 from resmgr.model import QOSClass
+from resmgr.policies import PolicyError
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.model import CoreKind
 from tests.world import World, machine

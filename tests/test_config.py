@@ -11,10 +11,9 @@ from hypothesis import strategies as st
 
 from resmgr.config import MODULES, ConfigError, from_map, validate
 from resmgr.config.manager import ConfigManager, Rejected, Sources
-from resmgr.cri.runtime import CriRuntime
 from resmgr.engine import Engine
 from resmgr.engine.store import StateStore
-from resmgr.relay.dump import Dumper
+from resmgr.frontends.cri.runtime import CriRuntime
 from tests.test_engine import FakeRuntime
 from tests.world import machine
 
@@ -79,15 +78,13 @@ def test_random_configmaps_are_accepted_or_rejected_never_crash(data):
 
 
 def _control(tmp_path, policy: str = "static") -> ConfigManager:
-    import policies
+    from resmgr import policies
 
     topo = machine("sockets=1,cores=4,threads=1")
     store = StateStore(tmp_path)
     store.prepare()
     engine = Engine(policies.create(policy, {"Active": policy}, topo), store, CriRuntime(FakeRuntime()))
-    dumpers: list[Dumper] = []
-    return ConfigManager(Sources(relay_dir=str(tmp_path)), validate({"policy": {"Active": policy}}), engine, topo,
-                         dumpers.append)
+    return ConfigManager(Sources(relay_dir=str(tmp_path)), validate({"policy": {"Active": policy}}), engine, topo)
 
 
 @settings(max_examples=60, deadline=None)
@@ -195,7 +192,7 @@ def test_cgroup_cpu_values_are_resolved_at_load_under_the_cgroup_root(tmp_path, 
     assert resolved["ReservedResources"]["cpu"] == "cpuset:1-2"
     assert section["ReservedResources"]["cpu"] == "cgroup:/kube/reserved"  # the configuration itself is kept
     topo = machine("sockets=1,cores=4,threads=1")
-    import policies
+    from resmgr import policies
 
     assert str(policies.create("static", resolved, topo).reserved) == "1-2"
     with pytest.raises(ConfigError, match=r"policy.ReservedResources.cpu: cgroup:/missing: no cpuset"):

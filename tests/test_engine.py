@@ -8,13 +8,13 @@ import logging
 import grpc
 import pytest
 
-from policies import Decision, Policy
-from resmgr.cri.lifecycle import CriLifecycle
-from resmgr.cri.runtime import CriRuntime
 from resmgr.engine import Engine, NotReady, lifecycle, reconcile
 from resmgr.engine.store import StateStore
+from resmgr.frontends.cri.lifecycle import CriLifecycle
+from resmgr.frontends.cri.runtime import CriRuntime
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import ContainerEvent, ContainerState, Resources
+from resmgr.policies import Decision, Policy
 from tests.helpers import container_config, pod_config
 
 
@@ -573,7 +573,7 @@ async def test_runtime_ends_with_the_latest_decision(engine):
 
 
 async def test_reconfigure_and_rebalance_push_what_moved(tmp_path):
-    from policies import PolicyError, create
+    from resmgr.policies import PolicyError, create
     from tests.world import machine
 
     topo = machine("sockets=1,nodes=2,cores=2,threads=1")  # node 0 = CPUs 0-1, node 1 = 2-3
@@ -632,7 +632,7 @@ async def test_create_records_device_topology_hints(engine):
 
 
 async def test_a_container_made_while_down_is_accounted_before_anything_new_is_decided(tmp_path):
-    from policies import PolicyError, create
+    from resmgr.policies import PolicyError, create
     from tests.world import machine
 
     topo = machine("sockets=1,cores=2,threads=1")  # CPUs 0-1: one exclusive grant fills it
@@ -724,7 +724,7 @@ async def test_hook_adjustments_outlive_moves_and_updates_that_change_nothing(en
 
 
 def engine_container(pod_id, name):
-    from resmgr.cri import convert
+    from resmgr.frontends.cri import convert
 
     return convert.container_from_config(pod_id, container_config(name))
 
@@ -819,7 +819,7 @@ async def test_a_container_updated_while_the_runtime_starts_it_is_updated_again(
 
 
 async def test_balloons_are_reconfigured_live_and_persisted(tmp_path):
-    from policies import create
+    from resmgr.policies import create
     from tests.world import machine
 
     topo = machine("sockets=1,cores=4,threads=1")  # CPUs 0-3

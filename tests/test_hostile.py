@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from harness.containerd import PrivateContainerd
+from resmgr.frontends.relay import frames as h2
 from resmgr.generated.cri import api_pb2 as cri
-from resmgr.relay import frames as h2
 from tests.helpers import (
     GUARANTEED_CPU,
     ONLINE,

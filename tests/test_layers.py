@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-FRONT_ENDS = ("resmgr.relay", "resmgr.cri", "resmgr.nri", "resmgr.app", "harness")
+FRONT_ENDS = ("resmgr.frontends", "resmgr.app", "harness")
 PROTOCOLS = ("resmgr.generated", "grpc", "google.protobuf")
 # Modules that reach the node or the network: sockets, processes, sysfs, files, the event loop.
 IO = ("asyncio", "socket", "subprocess", "os", "pathlib", "shutil", "resmgr.topology.sysfs", "resmgr.topology.hints",
@@ -17,31 +17,32 @@ IO = ("asyncio", "socket", "subprocess", "os", "pathlib", "shutil", "resmgr.topo
 
 RULES = [
     # (modules under, must not import, why)
-    ("policies", FRONT_ENDS + PROTOCOLS + IO + ("resmgr.controllers", "agent", "resmgr.metrics", "resmgr.view"),
+    ("resmgr/policies", FRONT_ENDS + PROTOCOLS + IO + ("resmgr.controllers", "resmgr.agent", "resmgr.metrics",
+                                                       "resmgr.view"),
      "policies are pure: no front end, controller, agent, metrics or I/O"),
-    ("resmgr/metrics.py", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine", "resmgr.controllers",
+    ("resmgr/metrics.py", FRONT_ENDS + PROTOCOLS + ("resmgr.policies", "resmgr.engine", "resmgr.controllers",
                                                     "resmgr.config", "resmgr.view", "resmgr.hooks"),
      "metrics are recorded by every layer, so they depend on none"),
     ("resmgr/view", FRONT_ENDS + PROTOCOLS + ("resmgr.engine", "resmgr.controllers", "resmgr.config"),
      "the view draws the state document it is given; it neither reaches into the engine nor speaks CRI"),
-    ("resmgr/webhook", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine", "resmgr.controllers", "resmgr.config",
-                                                 "resmgr.view", "resmgr.hooks", "resmgr.topology"),
+    ("resmgr/webhook", FRONT_ENDS + PROTOCOLS + ("resmgr.policies", "resmgr.engine", "resmgr.controllers",
+                                                 "resmgr.config", "resmgr.view", "resmgr.hooks", "resmgr.topology"),
      "the webhook runs in the cluster, apart from the node daemon: it shares only the annotation's format"),
     ("resmgr/engine", FRONT_ENDS + PROTOCOLS, "the engine speaks the model, not a protocol"),
-    ("resmgr/model.py", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine"), "the model is plain data"),
-    ("resmgr/requests.py", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine", "resmgr.controllers"),
+    ("resmgr/model.py", FRONT_ENDS + PROTOCOLS + ("resmgr.policies", "resmgr.engine"), "the model is plain data"),
+    ("resmgr/requests.py", FRONT_ENDS + PROTOCOLS + ("resmgr.policies", "resmgr.engine", "resmgr.controllers"),
      "request parsing is shared by policies and controllers"),
-    ("resmgr/topology", ("policies", "resmgr.engine", "resmgr.controllers") + FRONT_ENDS,
+    ("resmgr/topology", ("resmgr.policies", "resmgr.engine", "resmgr.controllers") + FRONT_ENDS,
      "topology knows nothing of what is placed on it"),
-    ("resmgr/controllers", FRONT_ENDS + PROTOCOLS + ("policies", "resmgr.engine"),
+    ("resmgr/controllers", FRONT_ENDS + PROTOCOLS + ("resmgr.policies", "resmgr.engine"),
      "controllers turn class names into kernel settings, nothing more"),
-    ("resmgr/hooks", FRONT_ENDS + ("policies", "resmgr.engine", "resmgr.controllers", "resmgr.cri.convert"),
+    ("resmgr/hooks", FRONT_ENDS + ("resmgr.policies", "resmgr.engine", "resmgr.controllers"),
      "hook plugins speak the model and their own protocol, so every front end can call them"),
-    ("resmgr/nri", ("resmgr.relay", "resmgr.cri", "resmgr.app", "harness"),
+    ("resmgr/frontends/nri", ("resmgr.frontends.relay", "resmgr.frontends.cri", "resmgr.app", "harness"),
      "the NRI front end shares the engine, the model and the hooks with the relay, never the relay's code"),
-    ("resmgr/cri", ("resmgr.nri",), "the CRI front end knows nothing of NRI"),
-    ("resmgr/relay", ("resmgr.nri",), "the relay knows nothing of NRI"),
-    ("agent", ("resmgr.engine", "resmgr.relay", "resmgr.cri", "resmgr.app", "policies", "resmgr.controllers"),
+    ("resmgr/frontends/cri", ("resmgr.frontends.nri",), "the CRI front end knows nothing of NRI"),
+    ("resmgr/frontends/relay", ("resmgr.frontends.nri",), "the relay knows nothing of NRI"),
+    ("resmgr/agent", ("resmgr.engine", "resmgr.frontends", "resmgr.app", "resmgr.policies", "resmgr.controllers"),
      "the agent talks to the cluster and to cri-resmgr's config link only"),
     ("resmgr", ("harness", "tests", "benchmarks"), "the shipped package does not need the test harness"),
 ]

@@ -1,7 +1,7 @@
 """The NRI transport over a real socket pair: the test plays the runtime, byte by byte.
 
 The runtime side here is written from the wire format alone (trunk frames, ttrpc
-messages), not with resmgr.nri.transport, so the two cannot share a mistake.
+messages), not with resmgr.frontends.nri.transport, so the two cannot share a mistake.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import struct
 
 import pytest
 
-import policies
+from resmgr import policies
 from resmgr.engine import Engine
 from resmgr.engine.store import StateStore
+from resmgr.frontends.nri.plugin import NriPlugin
+from resmgr.frontends.nri.runtime import NriRuntime
+from resmgr.frontends.nri.transport import Call, Trunk
 from resmgr.generated.nri import api_pb2 as nri
 from resmgr.generated.ttrpc import request_pb2 as ttrpc
-from resmgr.nri.plugin import NriPlugin
-from resmgr.nri.runtime import NriRuntime
-from resmgr.nri.transport import Call, Trunk
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 MIB4 = 4 << 20

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import policies
-from policies import PolicyError
+from resmgr import policies
 from resmgr.model import QOSClass
+from resmgr.policies import PolicyError
 from resmgr.topology.cpuset import CPUSet
 from tests.world import World, machine
 

@@ -8,9 +8,9 @@ import grpc
 import hpack
 import pytest
 
-from resmgr.relay import frames as h2
-from resmgr.relay.dispatch import Outcome
-from resmgr.relay.splice import SpliceServer, _Backend, _Conn
+from resmgr.frontends.relay import frames as h2
+from resmgr.frontends.relay.dispatch import Outcome
+from resmgr.frontends.relay.splice import SpliceServer, _Backend, _Conn
 
 VERSION = b"/runtime.v1.RuntimeService/Version"
 CREATE = b"/runtime.v1.RuntimeService/CreateContainer"

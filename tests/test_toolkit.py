@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from policies import PolicyError
-from policies.toolkit.expressions import parse_expression, substitute
-from policies.toolkit.grants import Grant, Grants
-from policies.toolkit.options import Option, case_free, read, schema
 from resmgr.model import Container, Pod, QOSClass
+from resmgr.policies import PolicyError
+from resmgr.policies.toolkit.expressions import parse_expression, substitute
+from resmgr.policies.toolkit.grants import Grant, Grants
+from resmgr.policies.toolkit.options import Option, case_free, read, schema
 from resmgr.topology.cpuset import CPUSet
 
 

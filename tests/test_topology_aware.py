@@ -11,9 +11,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import policies
-from policies import PolicyError
+from resmgr import policies
 from resmgr.model import Container, QOSClass
+from resmgr.policies import PolicyError
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.sysfs import discover

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import policies
+from resmgr import policies
 from resmgr.config import ConfigError, load_file, validate
-from resmgr.cri import convert
 from resmgr.engine import statefile
 from resmgr.engine.store import StateStore
+from resmgr.frontends.cri import convert
+from resmgr.frontends.relay import dump
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import QOSClass, Resources, qos_class_from_cgroup_parent
-from resmgr.relay import dump
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -250,8 +250,8 @@ def test_pass_through_outcomes_follow_the_runtime_header_table():
     import hpack
 
     from resmgr import metrics
-    from resmgr.relay import frames as h2
-    from resmgr.relay.tally import Tally
+    from resmgr.frontends.relay import frames as h2
+    from resmgr.frontends.relay.tally import Tally
 
     metrics.enable()
     enc = hpack.Encoder()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import tempfile
 
-import policies
-from policies import PolicyError
+from resmgr import policies
 from resmgr.engine.ledger import Ledger
 from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
+from resmgr.policies import PolicyError
 from resmgr.requests import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec

@@ -10,8 +10,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-import policies
-from resmgr import __version__, log
+from resmgr import __version__, log, policies
 from resmgr.app.daemon import Daemon, Options, StartupError
 from resmgr.config import ConfigError
 from resmgr.config.manager import Sources

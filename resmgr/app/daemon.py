@@ -14,30 +14,29 @@ from typing import Any
 
 import grpc
 
-import policies
-from policies import PolicyError
-from resmgr import metrics, sockets
+from resmgr import metrics, policies, sockets
 from resmgr.config import Config, ConfigError, cpus, validate
 from resmgr.config import link as configlink
 from resmgr.config.manager import ConfigManager, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers
 from resmgr.controllers.blockio import BlockIOController
 from resmgr.controllers.rdt import RDTController
-from resmgr.cri import events
-from resmgr.cri.runtime import CriRuntime, RuntimeClient
 from resmgr.engine import Engine, statefile
 from resmgr.engine.lifecycle import Runtime
 from resmgr.engine.store import StateInUse, StateStore
+from resmgr.frontends.cri import events
+from resmgr.frontends.cri.runtime import CriRuntime, RuntimeClient
+from resmgr.frontends.nri import connect
+from resmgr.frontends.nri.connect import Endpoint
+from resmgr.frontends.nri.plugin import NriPlugin
+from resmgr.frontends.nri.runtime import NriRuntime
+from resmgr.frontends.relay import memory
+from resmgr.frontends.relay.dispatch import Dispatcher
+from resmgr.frontends.relay.dump import DumpSink
+from resmgr.frontends.relay.proxy import CHANNEL_OPTIONS, SERVER_OPTIONS, Relay
+from resmgr.frontends.relay.splice import SpliceServer
 from resmgr.hooks import DEFAULT_DIR, SKIP_LABEL, Hooks
-from resmgr.nri import connect
-from resmgr.nri.connect import Endpoint
-from resmgr.nri.plugin import NriPlugin
-from resmgr.nri.runtime import NriRuntime
-from resmgr.relay import memory
-from resmgr.relay.dispatch import Dispatcher
-from resmgr.relay.dump import Dumper
-from resmgr.relay.proxy import CHANNEL_OPTIONS, SERVER_OPTIONS, Relay
-from resmgr.relay.splice import SpliceServer
+from resmgr.policies import PolicyError
 from resmgr.topology.hints import hints as device_hints
 from resmgr.topology.sysfs import TopologyError, discover
 from resmgr.view import state as statedoc
@@ -316,19 +315,12 @@ class Daemon:
     def _make_control(self, engine: Engine, dispatcher: Dispatcher | None) -> ConfigManager:
         self.dispatcher = dispatcher
 
-        def set_dumper(dumper: Dumper) -> None:
-            if dispatcher is None:  # no CRI messages to dump
-                dumper.close()
-                return
-            old, dispatcher.dumper = dispatcher.dumper, dumper
-            if old is not None:
-                old.close()
-
-        control = ConfigManager(self.sources, self.config, engine, self.topology, set_dumper,
+        dumps = DumpSink(dispatcher)
+        control = ConfigManager(self.sources, self.config, engine, self.topology, dumps,
                                 self.opts.disable_policy_switch, (self.opts.dump, self.opts.dump_file),
                                 self.opts.cgroup_root, self.hooks)
         try:
-            set_dumper(control.dumper_for(self.config))
+            dumps.use(control.dumper_for(self.config))
         except Rejected as err:
             raise StartupError(str(err)) from None
         return control

@@ -20,13 +20,13 @@ from typing import Any
 
 import yaml
 
-import policies
-from policies import PolicyError
-from policies.base import Policy
+from resmgr import policies
 from resmgr.app.text import columns
 from resmgr.config import Config, ConfigError, cpus, load_file
 from resmgr.engine.ledger import Ledger
 from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
+from resmgr.policies import PolicyError
+from resmgr.policies.base import Policy
 from resmgr.requests import RequirementError, milli_to_shares, parse_cpu, parse_memory
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.model import Topology

@@ -24,9 +24,9 @@ from typing import Any
 import jsonschema
 import yaml
 
-import policies
+from resmgr import policies
 from resmgr.config import custom
-from resmgr.relay import dump
+from resmgr.config import dumprules as dump
 
 log = logging.getLogger(__name__)
 

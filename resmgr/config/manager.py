@@ -12,20 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-import policies
-from policies import PolicyError
 from resmgr import log as logsetup
-from resmgr import metrics
-from resmgr.config import Config, ConfigError, cpus, from_map, load_file
+from resmgr import metrics, policies
+from resmgr.config import Config, ConfigError, cpus, dumprules, from_map, load_file
 from resmgr.controllers import ControllerError
 from resmgr.engine import Engine
 from resmgr.engine.store import StateStore
 from resmgr.hooks import Hooks
-from resmgr.relay.dump import Dumper
+from resmgr.policies import PolicyError
 from resmgr.topology.model import Topology
 
 log = logging.getLogger("cri-resmgr.config")
@@ -90,11 +87,37 @@ class Sources:
         return existed
 
 
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class DumpSink(Protocol):
+    """Where CRI message dumps go (the relay's): open a dumper for rules and a file, put it in use."""
+
+    def open(self, rules: str, path: str | None) -> Closable: ...
+
+    def use(self, dumper: Closable) -> None: ...
+
+
+class _NoDumps:
+    """No front end that dumps: the rules are still checked, so a bad configuration is refused alike."""
+
+    def open(self, rules: str, path: str | None) -> Closable:
+        dumprules.parse_rules(rules)
+        return self
+
+    def use(self, dumper: Closable) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class ConfigManager:
     """Owns the configuration in force and applies new ones."""
 
     def __init__(self, sources: Sources, config: Config, engine: Engine, topology: Topology | None,
-                 set_dumper: Callable[[Dumper], None], disable_policy_switch: bool = False,
+                 dumps: DumpSink | None = None, disable_policy_switch: bool = False,
                  dump_override: tuple[str | None, str | None] = (None, None),
                  cgroup_root: str = "/sys/fs/cgroup", hooks: Hooks | None = None) -> None:
         self.sources = sources
@@ -102,7 +125,7 @@ class ConfigManager:
         self.config = config
         self.engine = engine
         self.topology = topology
-        self.set_dumper = set_dumper
+        self.dumps: DumpSink = dumps or _NoDumps()
         self.disable_policy_switch = disable_policy_switch
         self.dump_override = dump_override  # --dump / --dump-file win over the config
         self.cgroup_root = cgroup_root  # where cgroup: CPU values are read
@@ -112,12 +135,12 @@ class ConfigManager:
         self._yaml: tuple[Config | None, str] = (None, "")
         self._lock = asyncio.Lock()
 
-    def dumper_for(self, config: Config) -> Dumper:
+    def dumper_for(self, config: Config) -> Closable:
         rules, path = self.dump_override
         rules = rules if rules is not None else config.dump_rules
         path = path if path is not None else config.dump_file
         try:
-            return Dumper(rules, path or None)
+            return self.dumps.open(rules, path or None)
         except (OSError, ValueError) as err:
             raise Rejected(f"dump: {err}") from None
 
@@ -153,7 +176,7 @@ class ConfigManager:
         except BaseException:
             dumper.close()
             raise
-        self.set_dumper(dumper)
+        self.dumps.use(dumper)
         logsetup.set_debug(config.debug_sources)
         commit_controllers()
         if self.hooks is not None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from policies.base import Policy
 from resmgr.model import Container, ContainerState, Decision, Pod, QOSClass, Resources, View
+from resmgr.policies.base import Policy
 
 _QOS_ORDER = {QOSClass.GUARANTEED: 0, QOSClass.BURSTABLE: 1, QOSClass.BEST_EFFORT: 2}
 

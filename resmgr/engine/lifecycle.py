@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from policies.base import Policy, PolicyError
 from resmgr.controllers import Controllers
 from resmgr.engine.ledger import Ledger
 from resmgr.engine.reconcile import SETTLE_GRACE, Reconciling, brief
@@ -38,6 +37,7 @@ from resmgr.model import (
     View,
     overlay,
 )
+from resmgr.policies.base import Policy, PolicyError
 from resmgr.topology.cpuset import CPUSet
 
 log = logging.getLogger("cri-resmgr.engine")

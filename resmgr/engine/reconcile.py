@@ -27,9 +27,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from policies.base import PolicyError
 from resmgr.controllers.cgroups import read_cpuset
 from resmgr.model import Container, ContainerState, Decision, Pod, PodState, Resources
+from resmgr.policies.base import PolicyError
 from resmgr.topology.cpuset import CPUSet
 
 if TYPE_CHECKING:

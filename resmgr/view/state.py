@@ -11,8 +11,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from policies.base import Policy
 from resmgr.model import Container, Pod
+from resmgr.policies.base import Policy
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
 

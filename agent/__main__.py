@@ -1,5 +1,0 @@
-import sys
-
-from agent.main import main
-
-sys.exit(main())

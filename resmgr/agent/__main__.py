@@ -1,0 +1,5 @@
+import sys
+
+from resmgr.agent.main import main
+
+sys.exit(main())

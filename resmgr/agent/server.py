@@ -1,0 +1,74 @@
+"""The Agent gRPC service: cluster operations on this node for cri-resmgr, and health."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+from kubernetes.client.rest import ApiException
+
+from resmgr import sockets
+from resmgr.agent.agent import ConfigAgent
+from resmgr.generated.agent import api_pb2, api_pb2_grpc
+
+
+class AgentService(api_pb2_grpc.AgentServicer):
+    def __init__(self, agent: ConfigAgent) -> None:
+        self.agent = agent
+
+    async def _cluster(self, context: grpc.aio.ServicerContext, fn, *args):  # noqa: ANN001, ANN202
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except ApiException as err:
+            code = grpc.StatusCode.UNAVAILABLE if err.status >= 500 else grpc.StatusCode.FAILED_PRECONDITION
+            await context.abort(code, f"API server answered {err.status} {err.reason}: {err.body}")
+        except Exception as err:  # the API server is not reachable
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{type(err).__name__}: {err}")
+
+    async def GetNode(self, request: api_pb2.GetNodeRequest,  # noqa: N802 - gRPC method names
+                      context: grpc.aio.ServicerContext) -> api_pb2.GetNodeReply:
+        node = await self._cluster(context, self.agent.cluster.get_node)
+        return api_pb2.GetNodeReply(node=json.dumps(node))
+
+    async def PatchNode(self, request: api_pb2.PatchNodeRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> api_pb2.PatchNodeReply:
+        patches = []
+        for p in request.patches:
+            patch = {"op": p.op, "path": p.path}
+            if p.op in ("add", "replace", "test"):
+                try:
+                    patch["value"] = json.loads(p.value)
+                except ValueError:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"patch {p.path}: value is not JSON")
+            elif p.op in ("move", "copy"):
+                patch["from"] = p.value
+            patches.append(patch)
+        await self._cluster(context, self.agent.cluster.patch_node, patches)
+        return api_pb2.PatchNodeReply()
+
+    async def UpdateNodeCapacity(self, request: api_pb2.UpdateNodeCapacityRequest,  # noqa: N802
+                                 context: grpc.aio.ServicerContext) -> api_pb2.UpdateNodeCapacityReply:
+        bad = [name for name in request.capacities if "/" not in name]
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"only extended resources (domain/name) may be set, not {', '.join(sorted(bad))}")
+        await self._cluster(context, self.agent.cluster.update_capacity, dict(request.capacities))
+        return api_pb2.UpdateNodeCapacityReply()
+
+    async def GetConfig(self, request: api_pb2.GetConfigRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> api_pb2.GetConfigReply:
+        choice = self.agent.choice()
+        return api_pb2.GetConfigReply(node_name=self.agent.settings.node_name,
+                                      config=choice.data if choice else {})
+
+    async def HealthCheck(self, request: api_pb2.HealthCheckRequest,  # noqa: N802
+                          context: grpc.aio.ServicerContext) -> api_pb2.HealthCheckReply:
+        return api_pb2.HealthCheckReply(error=self.agent.health())
+
+
+async def serve(agent: ConfigAgent, path: str) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    api_pb2_grpc.add_AgentServicer_to_server(AgentService(agent), server)
+    await sockets.start_private(server, path)
+    return server

@@ -1,0 +1,1 @@
+"""Front ends: each translates one protocol to the engine's model calls and back."""

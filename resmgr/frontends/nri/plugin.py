@@ -1,0 +1,356 @@
+"""NRI events translated into engine calls and runtime hook plugin calls.
+
+The runtime has already decided to do what an event reports; the engine's lifecycle
+calls get a no-op for the runtime call and the answer carries what the policy and the
+hook plugins change: a ContainerAdjustment for the container being created, and
+ContainerUpdates for containers the decision moved (collected while the handler runs,
+see runtime.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from resmgr import metrics
+from resmgr.controllers import ControllerError
+from resmgr.engine import Engine
+from resmgr.engine.lifecycle import NotReady
+from resmgr.frontends.nri import convert
+from resmgr.frontends.nri.runtime import Collector, NriRuntime, Send, collecting
+from resmgr.frontends.nri.transport import (
+    FAILED_PRECONDITION,
+    INVALID_ARGUMENT,
+    UNAVAILABLE,
+    UNIMPLEMENTED,
+    UNKNOWN,
+    Call,
+    RpcError,
+)
+from resmgr.generated.nri import api_pb2 as nri
+from resmgr.hooks import HookFailed, Hooks
+from resmgr.model import Adjustment, Resources
+from resmgr.policies.base import PolicyError
+
+log = logging.getLogger("cri-resmgr.nri")
+CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+E = nri.Event
+# Every event we act on. Runtimes before UPDATE_POD_SANDBOX existed refuse a mask with
+# a bit above 0x7ff, so that one is asked for only where it is known to exist.
+EVENTS = [E.RUN_POD_SANDBOX, E.STOP_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_CONTAINER,
+          E.START_CONTAINER, E.POST_START_CONTAINER, E.UPDATE_CONTAINER, E.STOP_CONTAINER, E.REMOVE_CONTAINER,
+          E.UPDATE_POD_SANDBOX]
+OLD_EVENTS_MASK = 0x7FF
+MARGIN = 0.2  # seconds kept back from the runtime's deadline for our own answer
+# Events whose answer carries nothing, by the method newer runtimes deliver them with (older
+# ones use StateChange): request, event, answer.
+EVENT_METHODS = {
+    "RunPodSandbox": (nri.RunPodSandboxRequest, E.RUN_POD_SANDBOX, nri.RunPodSandboxResponse),
+    "StopPodSandbox": (nri.StopPodSandboxRequest, E.STOP_POD_SANDBOX, nri.StopPodSandboxResponse),
+    "RemovePodSandbox": (nri.RemovePodSandboxRequest, E.REMOVE_POD_SANDBOX, nri.RemovePodSandboxResponse),
+    "StartContainer": (nri.StartContainerRequest, E.START_CONTAINER, nri.StartContainerResponse),
+    "PostStartContainer": (nri.PostStartContainerRequest, E.POST_START_CONTAINER, nri.PostStartContainerResponse),
+    "RemoveContainer": (nri.RemoveContainerRequest, E.REMOVE_CONTAINER, nri.RemoveContainerResponse),
+}
+
+
+def mask(events: list[int]) -> int:
+    out = 0
+    for e in events:
+        out |= 1 << (e - 1)
+    return out
+
+
+async def _noop() -> None:
+    """The runtime call of an engine lifecycle call: in NRI the runtime makes it itself."""
+
+
+def knows_pod_updates(runtime: str, version: str, nri_version: str) -> bool:
+    """Whether the runtime accepts UPDATE_POD_SANDBOX in the event mask."""
+    if nri_version:
+        return True  # runtimes that report their NRI version are newer than the event
+    m = re.match(r"v?(\d+)\.(\d+)", version)
+    if not m:
+        return False
+    major, minor = int(m.group(1)), int(m.group(2))
+    return runtime == "containerd" and (major, minor) >= (2, 2)
+
+
+class NriPlugin:
+    def __init__(self, engine: Engine, runtime: NriRuntime, hooks: Hooks | None = None) -> None:
+        self.engine = engine
+        self.runtime = runtime
+        self.hooks = hooks
+        self.events = 0
+        self.old_runtime = False  # set when a runtime dropped us right after a full event mask
+        self.configured = False
+        self.synchronized = False
+        self.send: Send | None = None  # UpdateContainers on the current connection
+        self._sync_pods: list[nri.PodSandbox] = []
+        self._sync_containers: list[nri.Container] = []
+        self._methods: dict[str, tuple[type[Message], Callable[[Any, float | None], Awaitable[Message]]]] = {
+            "Configure": (nri.ConfigureRequest, self._configure),
+            "Synchronize": (nri.SynchronizeRequest, self._synchronize),
+            "Shutdown": (nri.Empty, self._shutdown),
+            "StateChange": (nri.StateChangeEvent, self._state_change),
+            "CreateContainer": (nri.CreateContainerRequest, self._create_container),
+            "UpdateContainer": (nri.UpdateContainerRequest, self._update_container),
+            "StopContainer": (nri.StopContainerRequest, self._stop_container),
+            "UpdatePodSandbox": (nri.UpdatePodSandboxRequest, self._update_pod_sandbox),
+        }
+        for name, (request, event, answer) in EVENT_METHODS.items():
+            self._methods[name] = (request, functools.partial(self._event_method, event, answer))
+
+    def reset(self, send: Send | None) -> None:
+        """A new connection (None: it is gone): configuration and synchronization start over."""
+        self.configured = self.synchronized = False
+        self._sync_pods, self._sync_containers = [], []
+        self.send = send
+        if send is None:
+            self.runtime.connected(None)
+
+    async def handle(self, call: Call) -> bytes:
+        entry = self._methods.get(call.method) if call.service == SERVICE else None
+        if entry is None:
+            log.warning("NRI runtime called unknown method %s.%s", call.service, call.method)
+            raise RpcError(UNIMPLEMENTED, f"{call.service}.{call.method} is not implemented")
+        cls, fn = entry
+        req = cls.FromString(call.payload)
+        deadline = call.deadline - MARGIN if call.deadline is not None else None
+        started = time.perf_counter()
+        event = _event_name(call.method, req)
+        try:
+            resp = await fn(req, deadline)
+        except (PolicyError, ControllerError) as err:
+            raise self._failed(event, started, RpcError(FAILED_PRECONDITION, str(err))) from None
+        except NotReady as err:
+            raise self._failed(event, started, RpcError(UNAVAILABLE, str(err))) from None
+        except HookFailed as err:  # the plugin's own status code, as the relay answers it
+            code = getattr(grpc.StatusCode, err.code, None)
+            raise self._failed(event, started, RpcError(code.value[0] if code is not None else UNKNOWN,
+                                                        str(err))) from None
+        except RpcError as err:
+            raise self._failed(event, started, err) from None
+        seconds = time.perf_counter() - started
+        metrics.nri_event(event, "OK", seconds)
+        log.debug("NRI %s answered in %.2f ms", event, seconds * 1000)
+        return resp.SerializeToString()
+
+    @staticmethod
+    def _failed(event: str, started: float, err: RpcError) -> RpcError:
+        metrics.nri_event(event, CODE_NAMES.get(err.code, "UNKNOWN"), time.perf_counter() - started)
+        return err
+
+    def _subscribed(self, event: int) -> None:
+        if not self.events & (1 << (event - 1)):
+            name = nri.Event.Name(event) if event in nri.Event.values() else str(event)
+            log.warning("NRI runtime sent event %s, which this plugin did not subscribe to", name)
+            raise RpcError(FAILED_PRECONDITION, f"not subscribed to event {name}")
+
+    # -- set-up -----------------------------------------------------------------------------
+    async def _configure(self, req: nri.ConfigureRequest, deadline: float | None) -> nri.ConfigureResponse:
+        events = EVENTS
+        if self.old_runtime or not knows_pod_updates(req.runtime_name, req.runtime_version, req.NRI_version):
+            events = [e for e in EVENTS if mask([e]) <= OLD_EVENTS_MASK]
+        self.events = mask(events)
+        self.configured = True
+        log.info("NRI: configured by %s %s (request timeout %d ms); events 0x%x", req.runtime_name,
+                 req.runtime_version, req.request_timeout, self.events)
+        return nri.ConfigureResponse(events=self.events)
+
+    async def _synchronize(self, req: nri.SynchronizeRequest, deadline: float | None) -> nri.SynchronizeResponse:
+        self._sync_pods.extend(req.pods)
+        self._sync_containers.extend(req.containers)
+        if req.more:
+            return nri.SynchronizeResponse(more=True)
+        started = time.perf_counter()
+        self.runtime.replace(self._sync_pods, self._sync_containers)
+        self.runtime.connected(self.send)  # the record is current again
+        pods, ctrs = len(self._sync_pods), len(self._sync_containers)
+        self._sync_pods, self._sync_containers = [], []
+        with collecting() as collector:
+            await self.engine.reconcile()
+            await self.engine.settle_updates()
+        self.synchronized = True
+        resp = nri.SynchronizeResponse(update=self._updates(collector))
+        log.info("NRI: synchronized %d pods, %d containers in %.1f ms; %d container(s) updated", pods, ctrs,
+                 (time.perf_counter() - started) * 1000, len(resp.update))
+        return resp
+
+    async def _shutdown(self, req: nri.Empty, deadline: float | None) -> nri.Empty:
+        log.info("NRI: the runtime is shutting down")
+        return nri.Empty()
+
+    def _updates(self, collector: Collector, skip: str = "") -> list[nri.ContainerUpdate]:
+        out = []
+        for cid, res in collector.updates.items():
+            if cid == skip:
+                continue
+            known = self.runtime.containers.get(cid)
+            base = convert.resources(known.linux.resources) if known is not None else None
+            out.append(convert.update(cid, res, base))
+            self.runtime.applied(cid, res)
+        return out
+
+    # -- events delivered one by one, or through StateChange ---------------------------------
+    async def _state_change(self, req: nri.StateChangeEvent, deadline: float | None) -> nri.Empty:
+        await self._on_event(req.event, req.pod, req.container, deadline)
+        return nri.Empty()
+
+    async def _event_method(self, event: int, answer: type[Message], req: Any, deadline: float | None) -> Message:
+        await self._on_event(event, req.pod, getattr(req, "container", None), deadline)
+        return answer()
+
+    async def _on_event(self, event: int, pod: nri.PodSandbox, c: nri.Container | None,
+                        deadline: float | None) -> None:
+        self._subscribed(event)
+        handler = self._events.get(event)
+        if handler is None:
+            raise RpcError(INVALID_ARGUMENT, f"event {event} cannot come as a state change")
+        await handler(self, pod, c, deadline)
+
+    async def _pod_run(self, p: nri.PodSandbox, _: Any, deadline: float | None) -> None:
+        pod = convert.pod(p)
+        if self.hooks is not None:
+            adj = await self.hooks.pre_run_pod(pod, deadline)
+            if adj:  # the sandbox exists already: only the record can take it
+                log.info("pod %s/%s: runtime hook plugins' pod changes cannot be applied in NRI mode; recorded only",
+                         pod.namespace, pod.name)
+                pod.labels.update(adj.labels)
+                pod.annotations.update(adj.annotations)
+        self.runtime.seen_pod(p)
+        await self.engine.pod_created(pod)
+
+    async def _pod_stop(self, p: nri.PodSandbox, _: Any, deadline: float | None) -> None:
+        pod = self.engine.pods.get(p.id)
+        await self.engine.stop_pod(p.id, _noop)
+        for c in [c for c in self.runtime.containers.values() if c.pod_sandbox_id == p.id]:
+            self.runtime.seen_container(c, nri.CONTAINER_STOPPED)
+        if self.hooks is not None and pod is not None:
+            await self.hooks.post_stop_pod(pod, deadline)
+
+    async def _pod_remove(self, p: nri.PodSandbox, _: Any, deadline: float | None) -> None:
+        await self.engine.remove_pod(p.id, _noop)
+        self.runtime.gone_pod(p.id)
+
+    async def _container_start(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
+        known = self.engine.context(c.id) if self.hooks is not None else None
+        if self.hooks is None or known is None:
+            return
+        pod, model = known
+        adj = await self.hooks.pre_start(pod, model, self.engine.pins(model), deadline)
+        if adj.resources is not None:  # the start answer carries nothing: sent with UpdateContainers
+            await self.engine.adjust(c.id, adj.resources)
+
+    async def _container_started(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
+        self.runtime.seen_container(c, nri.CONTAINER_RUNNING)
+        await self.engine.start_container(c.id, _noop, before=False)
+        known = self.engine.context(c.id)
+        if self.hooks is not None and known is not None:
+            await self.hooks.post_start(*known, deadline)
+
+    async def _container_remove(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
+        await self.engine.remove_container(c.id, _noop)
+        self.runtime.gone_container(c.id)
+
+    async def _container_stop(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
+        known = self.engine.context(c.id)
+        await self.engine.stop_container(c.id, _noop)
+        await self.engine.settle_updates()  # the CPUs it gave back: in the answer when it carries updates
+        if c.id in self.runtime.containers:
+            self.runtime.seen_container(c, nri.CONTAINER_STOPPED)
+        if self.hooks is not None and known is not None:
+            await self.hooks.post_stop(*known, deadline)
+
+    _events: dict[int, Callable[..., Awaitable[None]]] = {
+        E.RUN_POD_SANDBOX: _pod_run, E.STOP_POD_SANDBOX: _pod_stop, E.REMOVE_POD_SANDBOX: _pod_remove,
+        E.START_CONTAINER: _container_start, E.POST_START_CONTAINER: _container_started,
+        E.REMOVE_CONTAINER: _container_remove, E.STOP_CONTAINER: _container_stop,
+    }
+
+    # -- events whose answer carries changes ---------------------------------------------------
+    async def _create_container(self, req: nri.CreateContainerRequest, deadline: float | None) -> Message:
+        self._subscribed(E.CREATE_CONTAINER)
+        pod = convert.pod(req.pod)
+        if req.pod.id not in self.runtime.pods:
+            self.runtime.seen_pod(req.pod)
+        c = convert.container(req.container)
+        cid, c.id = c.id, ""
+        requested = c.requested
+        adj: Adjustment | None = None
+        with collecting() as collector:
+            plan = await self.engine.plan_create(pod, c)
+            try:
+                if self.hooks is not None:
+                    adj = await self.hooks.pre_create(plan.pod, plan.container, plan.pinned, deadline)
+                    if adj:
+                        self.engine.amend_create(plan, adj)
+            except BaseException as err:
+                await self.engine.abort_create(plan, err, True)
+                raise
+            created = await self.engine.commit_create(plan, cid)
+            await self.engine.settle_updates()
+        res = collector.updates.pop(cid, None) or created.resources
+        self.runtime.seen_container(req.container, nri.CONTAINER_CREATED)
+        self.runtime.applied(cid, res)
+        resp = nri.CreateContainerResponse(update=self._updates(collector, cid))
+        resp.adjust.CopyFrom(convert.adjustment(res, requested, adj))
+        return resp
+
+    async def _update_container(self, req: nri.UpdateContainerRequest, deadline: float | None) -> Message:
+        self._subscribed(E.UPDATE_CONTAINER)
+        cid = req.container.id
+        asked = convert.resources(req.linux_resources)
+        with collecting() as collector:
+            plan = await self.engine.plan_update(cid, asked, False)
+            if plan is None:
+                return nri.UpdateContainerResponse()
+            resources = plan.resources or plan.container.resources
+            adjusted: Resources | None = None
+            try:
+                if self.hooks is not None:
+                    adj = await self.hooks.pre_update(plan.pod, plan.container, plan.pinned, deadline)
+                    adjusted = adj.resources
+            except BaseException:
+                await self.engine.abort_update(plan)
+                raise
+            sent = resources.overlaid(adjusted)
+            await self.engine.commit_update(plan, sent, adjusted)
+            await self.engine.settle_updates()
+        final = collector.updates.pop(cid, None) or sent
+        self.runtime.applied(cid, final)
+        updates = [convert.update(cid, final)] + self._updates(collector, cid)
+        return nri.UpdateContainerResponse(update=updates)
+
+    async def _stop_container(self, req: nri.StopContainerRequest, deadline: float | None) -> Message:
+        self._subscribed(E.STOP_CONTAINER)
+        with collecting() as collector:
+            await self._container_stop(req.pod, req.container, deadline)
+        return nri.StopContainerResponse(update=self._updates(collector, req.container.id))
+
+    async def _update_pod_sandbox(self, req: nri.UpdatePodSandboxRequest, deadline: float | None) -> Message:
+        self._subscribed(E.UPDATE_POD_SANDBOX)
+        self.runtime.seen_pod(req.pod)
+        pod = self.engine.pods.get(req.pod.id)
+        if pod is not None:  # the record only: what a pod's containers get is decided per container
+            pod.overhead = convert.resources(req.overhead_linux_resources)
+            pod.resources = convert.resources(req.linux_resources)
+        return nri.UpdatePodSandboxResponse()
+
+
+def _event_name(method: str, req: Message) -> str:
+    """The metric label of a request: its method, or for StateChange the event it carries
+    ('RUN_POD_SANDBOX' -> 'RunPodSandbox'), so both ways of delivering an event count alike."""
+    if method != "StateChange" or not isinstance(req, nri.StateChangeEvent):
+        return method
+    name = nri.Event.Name(req.event) if req.event in nri.Event.values() else "Unknown"
+    return "".join(part.capitalize() for part in name.split("_"))

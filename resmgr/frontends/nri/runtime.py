@@ -1,0 +1,183 @@
+"""The engine's Runtime in NRI mode: what the runtime last told us, and how updates reach it.
+
+The runtime tells an NRI plugin everything it runs (Synchronize) and every change
+(events), so reconciliation reads that record instead of asking the runtime. While
+there is no connection the record is stale: listing fails, so nothing is decided
+from it.
+
+Container updates reach the runtime in one of two ways:
+- inside an event that can carry them (Synchronize, CreateContainer, UpdateContainer,
+  StopContainer): collected while the handler runs and put in its answer;
+- otherwise (a new policy, a rebalance, a repair): queued and sent with UpdateContainers.
+  The runtime holds its plugin lock while an event is being answered and UpdateContainers
+  waits for that lock, so nothing here ever waits for an UpdateContainers answer: the
+  engine's push returns at once and one sender delivers the queue, newest value wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+from resmgr.frontends.nri import convert
+from resmgr.generated.nri import api_pb2 as nri
+from resmgr.model import Container, Pod, Resources
+
+log = logging.getLogger("cri-resmgr.nri")
+
+UPDATE_TIMEOUT = 10.0  # an UpdateContainers may wait for the runtime's events in flight
+
+
+@dataclass
+class Collector:
+    """Updates an event's answer carries (open while its handler runs)."""
+
+    updates: dict[str, Resources] = field(default_factory=dict)
+    open: bool = True
+
+
+COLLECTING: contextvars.ContextVar[Collector | None] = contextvars.ContextVar("nri_collecting", default=None)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[Collector]:
+    """Collect the updates pushed while the block runs (and by the tasks it starts) for an answer.
+
+    Tasks copy the context when they start, so one still running after the block sees the
+    collector closed and sends with UpdateContainers instead.
+    """
+    collector = Collector()
+    token = COLLECTING.set(collector)
+    try:
+        yield collector
+    finally:
+        collector.open = False
+        COLLECTING.reset(token)
+
+Send = Callable[[list[nri.ContainerUpdate]], Awaitable[list[nri.ContainerUpdate]]]
+
+
+class NriRuntime:
+    def __init__(self) -> None:
+        self.pods: dict[str, nri.PodSandbox] = {}
+        self.containers: dict[str, nri.Container] = {}
+        self._send: Send | None = None  # UpdateContainers over the live connection
+        self._outbox: dict[str, Resources] = {}
+        self._latest: dict[str, Resources] = {}  # the newest value given per container
+        self._kick = asyncio.Event()
+        self.on_failure: Callable[[], None] = lambda: None  # the engine's wake
+
+    # -- the record ------------------------------------------------------------------------
+    def connected(self, send: Send | None) -> None:
+        self._send = send
+        if send is not None and self._outbox:
+            self._kick.set()
+
+    def replace(self, pods: list[nri.PodSandbox], containers: list[nri.Container]) -> None:
+        self.pods = {p.id: p for p in pods if p.id}
+        self.containers = {c.id: c for c in containers if c.id}
+        self._latest = {k: v for k, v in self._latest.items() if k in self.containers}
+        self._outbox.clear()  # what was queued is superseded by what this synchronization decides
+
+    def seen_pod(self, p: nri.PodSandbox) -> None:
+        self.pods[p.id] = p
+
+    def seen_container(self, c: nri.Container, state: int | None = None) -> None:
+        known = self.containers.get(c.id)
+        copy = nri.Container()
+        copy.CopyFrom(c)
+        if known is not None and known.linux.resources.cpu.cpus and not c.linux.resources.cpu.cpus:
+            copy.linux.resources.cpu.cpus = known.linux.resources.cpu.cpus
+            copy.linux.resources.cpu.mems = known.linux.resources.cpu.mems
+        if state is not None:
+            copy.state = state
+        self.containers[c.id] = copy
+
+    def gone_container(self, container_id: str) -> None:
+        self.containers.pop(container_id, None)
+        self._latest.pop(container_id, None)
+        self._outbox.pop(container_id, None)
+
+    def gone_pod(self, pod_id: str) -> None:
+        self.pods.pop(pod_id, None)
+        for cid in [cid for cid, c in self.containers.items() if c.pod_sandbox_id == pod_id]:
+            self.gone_container(cid)
+
+    def applied(self, container_id: str, res: Resources) -> None:
+        """The runtime took res for the container: it runs with that cpuset now."""
+        c = self.containers.get(container_id)
+        if c is not None:
+            if res.cpuset_cpus:
+                c.linux.resources.cpu.cpus = res.cpuset_cpus
+            if res.cpuset_mems:
+                c.linux.resources.cpu.mems = res.cpuset_mems
+
+    # -- the engine's Runtime -------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._send is None:
+            raise ConnectionError("not connected to the runtime's NRI socket")
+
+    async def list_pods(self) -> list[Pod]:
+        self._check()
+        return [convert.pod(p) for p in self.pods.values()]
+
+    async def pod_details(self, pod: Pod) -> Pod:
+        return pod  # NRI pods arrive complete
+
+    async def list_containers(self, pod_id: str = "") -> list[Container]:
+        self._check()
+        return [convert.container(c) for c in self.containers.values() if not pod_id or c.pod_sandbox_id == pod_id]
+
+    async def container_details(self, c: Container) -> tuple[Container, list[str]]:
+        return c, []  # NRI names devices by their path in the container, not on the host
+
+    async def running_resources(self, container_id: str) -> tuple[str, str] | None:
+        c = self.containers.get(container_id)
+        if c is None or not c.linux.HasField("resources"):
+            return None
+        return c.linux.resources.cpu.cpus, c.linux.resources.cpu.mems
+
+    async def update_resources(self, container_id: str, res: Resources) -> None:
+        self._latest[container_id] = res
+        collector = COLLECTING.get()
+        if collector is not None and collector.open:
+            collector.updates[container_id] = res
+            self._outbox.pop(container_id, None)
+            return
+        self._check()
+        self._outbox[container_id] = res
+        self._kick.set()
+
+    # -- delivering the queue --------------------------------------------------------------------
+    async def run_sender(self) -> None:
+        """Send queued updates with UpdateContainers, one call at a time, for as long as we run."""
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            send = self._send
+            if send is None or not self._outbox:
+                continue
+            batch, self._outbox = self._outbox, {}
+            try:
+                failed = await asyncio.wait_for(send([convert.update(cid, res) for cid, res in batch.items()]),
+                                                UPDATE_TIMEOUT)
+            except Exception as err:
+                log.warning("UpdateContainers for %d container(s) failed: %s; they are repaired at the next "
+                            "synchronization", len(batch), err)
+                self.on_failure()
+                continue
+            refused = {u.container_id for u in failed}
+            for cid, res in batch.items():
+                if cid in refused:
+                    log.warning("the runtime refused the update of container %s", cid)
+                elif self._latest.get(cid) is res:
+                    self.applied(cid, res)
+                elif cid in self._latest and cid not in self._outbox:
+                    self._outbox[cid] = self._latest[cid]  # a newer value went out meanwhile: it wins
+                    self._kick.set()
+            if refused:
+                self.on_failure()

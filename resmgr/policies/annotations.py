@@ -1,0 +1,144 @@
+"""Policy hints from pod and container annotations.
+
+Two forms are read. The current one, `<hint>.cri-resource-manager.intel.com`, is
+scoped by suffix: `/container.<name>`, then `/pod`, then the bare key. The legacy
+one, `cri-resource-manager.intel.com/<hint>`, holds either a value for the whole pod
+or a JSON/YAML object with a value per container name. A malformed value is a
+PolicyError naming the annotation and the container, never a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import yaml
+
+from resmgr.model import Container, Pod
+from resmgr.policies.base import PolicyError
+from resmgr.policies.toolkit import grants
+from resmgr.requests import DOMAIN, effective_annotation
+from resmgr.topology.model import CoreKind, MemoryType
+
+PREFER_ISOLATED = "prefer-isolated-cpus"
+PREFER_SHARED = "prefer-shared-cpus"
+PREFER_RESERVED = "prefer-reserved-cpus"
+MEMORY_TYPE = "memory-type"
+CORE_TYPE = "prefer-core-type"
+HIDE_HYPERTHREADS = "hide-hyperthreads"
+
+_TRUE = ("true", "yes", "1")
+_FALSE = ("false", "no", "0")
+
+
+def merged(container: Container, pod: Pod) -> dict[str, str]:
+    return {**container.annotations, **pod.annotations}
+
+
+def hint(container: Container, pod: Pod, name: str) -> tuple[str, object] | None:
+    """(annotation key, raw value) of a hint for this container, or None when absent."""
+    annotations = merged(container, pod)
+    key = f"{name}.{DOMAIN}"
+    value = effective_annotation(annotations, key, container.name)
+    if value is not None:
+        return key, value
+    legacy = f"{DOMAIN}/{name}"
+    if legacy not in annotations:
+        return None
+    raw = annotations[legacy]
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        if raw.lstrip().startswith("{") or ":" in raw:
+            raise PolicyError(f"annotation {legacy}: not a valid object ({err})") from None
+        return legacy, raw
+    if not isinstance(doc, Mapping):
+        return legacy, raw
+    if container.name not in doc:
+        return None
+    return legacy, doc[container.name]
+
+
+def to_bool(key: str, who: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise PolicyError(f"annotation {key} of container {who}: {value!r} is not true or false")
+
+
+def bool_hint(container: Container, pod: Pod, name: str) -> bool | None:
+    found = hint(container, pod, name)
+    return None if found is None else to_bool(found[0], container.name, found[1])
+
+
+def prefer_isolated(container: Container, pod: Pod) -> bool | None:
+    """The prefer-isolated-cpus hint, or None when absent."""
+    return bool_hint(container, pod, PREFER_ISOLATED)
+
+
+def prefer_shared(container: Container, pod: Pod) -> tuple[bool | None, int]:
+    """The prefer-shared-cpus hint and how many levels above the best pool to place.
+
+    A negative integer means shared CPUs, |n| pools further up the tree than the best fit.
+    """
+    found = hint(container, pod, PREFER_SHARED)
+    if found is None:
+        return None, 0
+    key, value = found
+    number = None
+    if not isinstance(value, bool):
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            pass
+    if number is not None:
+        if number > 0:
+            raise PolicyError(f"annotation {key} of container {container.name}: {value!r}: a number must be "
+                              "0 or negative (shared CPUs, that many pools above the best fit)")
+        return True, -number
+    return to_bool(key, container.name, value), 0
+
+
+DEFAULT_MEMORY = grants.DEFAULT_MEMORY  # DRAM and PMEM; HBM only on request
+ALL_MEMORY = frozenset(MemoryType)
+
+
+def memory_types(container: Container, pod: Pod) -> frozenset[MemoryType] | None:
+    """The memory-type hint (dram, pmem, hbm, mixed; comma-separated), or None when absent."""
+    found = hint(container, pod, MEMORY_TYPE)
+    if found is None:
+        return None
+    key, value = found
+    types: set[MemoryType] = set()
+    for word in (w.strip().lower() for w in str(value).split(",")):
+        if word == "mixed":
+            types |= ALL_MEMORY
+        elif word in (t.value for t in MemoryType):
+            types.add(MemoryType(word))
+        elif word:
+            raise PolicyError(f"annotation {key} of container {container.name}: unknown memory type {word!r} "
+                              "(use dram, pmem, hbm or mixed)")
+    if not types:
+        raise PolicyError(f"annotation {key} of container {container.name}: no memory type given")
+    return frozenset(types)
+
+
+def core_kind(container: Container, pod: Pod) -> CoreKind | None:
+    """The prefer-core-type hint (performance or efficient), or None when absent."""
+    found = hint(container, pod, CORE_TYPE)
+    if found is None:
+        return None
+    key, value = found
+    word = str(value).strip().lower()
+    if word not in (CoreKind.PERFORMANCE, CoreKind.EFFICIENT):
+        raise PolicyError(f"annotation {key} of container {container.name}: {value!r} is not performance or "
+                          "efficient")
+    return CoreKind(word)
+
+
+def hide_hyperthreads(container: Container, pod: Pod) -> bool | None:
+    """The hide-hyperthreads hint: run on one thread of each core of the grant."""
+    return bool_hint(container, pod, HIDE_HYPERTHREADS)

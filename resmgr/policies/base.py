@@ -1,0 +1,117 @@
+"""The policy interface: pure decisions over the engine's state, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from resmgr.model import Container, Decision, Pod, Resources, View
+from resmgr.policies.errors import PolicyError
+from resmgr.policies.toolkit.options import Option, read
+from resmgr.requests import RequirementError, Requirements, class_names, requirements
+from resmgr.topology.model import Topology
+
+__all__ = ["Decision", "View", "Policy", "PolicyError", "class_names", "container_requirements"]
+
+
+def container_requirements(container: Container, pod: Pod) -> Requirements:
+    """What the container asks for; PolicyError naming it when that cannot be read."""
+    try:
+        return requirements(container, pod)
+    except RequirementError as err:
+        raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: {err}") from None
+
+
+class Policy:
+    """Base class; subclasses override what they act on. Instances must be deterministic."""
+
+    name: str = ""
+    pins = True  # it decides containers' CPUs and memory nodes (the none policy does not)
+    description: str = ""
+    # The options of its configuration section `policy.<name>` (policies/toolkit/options.py):
+    # read with options.read, and the section's JSON Schema is generated from them.
+    options: tuple[Option, ...] = ()
+
+    def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
+        self.config = dict(config or {})
+        self.topology = topology
+
+    def require_topology(self) -> Topology:
+        """The machine's topology; PolicyError for a policy that cannot work without it."""
+        if self.topology is None:
+            raise PolicyError(f"policy {self.name} needs the machine topology")
+        return self.topology
+
+    def read_options(self) -> dict[str, Any]:
+        """The values of the policy's options from its section `policy.<name>` (PolicyError if bad)."""
+        return read(self.config.get(self.name), self.options, f"policy.{self.name}")
+
+    def rename(self, old_key: str, new_key: str) -> None:
+        """A container's key changed (its runtime ID became known)."""
+
+    def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
+        return Decision()
+
+    def adopt(self, container: Container, pod: Pod, view: View) -> Decision:
+        """Allocate a container found running, whose resources say what it runs with now.
+
+        Policies keep it where it runs when that is consistent with every other grant
+        (a restart must not shuffle exclusive CPUs); the default allocates afresh.
+        """
+        return self.allocate(container, pod, view)
+
+    def release(self, container: Container, view: View) -> Decision:
+        return Decision()
+
+    def update(self, container: Container, requested: Resources, view: View) -> Decision:
+        return Decision()
+
+    def resize(self, container: Container, pod: Pod, requested: Resources, view: View) -> Decision:
+        """In-place resize: place the container again for its new request, keeping what it can.
+
+        PolicyError: the new request cannot be met, and nothing changed. The default fits
+        policies without grants of their own.
+        """
+        return self.update(container, requested, view)
+
+    def rebalance(self, view: View) -> Decision:
+        """Re-place containers for a better fit; updates name every container that moved."""
+        return Decision()
+
+    def reconfigure(self, config: Mapping[str, Any], view: View) -> Decision:
+        """Take a new policy configuration keeping grants in place, or raise PolicyError and change nothing.
+
+        NotImplementedError: the policy cannot keep its grants across a new configuration; the
+        caller re-allocates every container under a new instance instead.
+        """
+        raise NotImplementedError
+
+    def describe_pools(self) -> list[dict[str, Any]]:
+        """The policy's pools for simulate, introspection and metrics.
+
+        Each: name, parent (""), CPU sets as text (cpus: all below the pool; shared: the pool's own
+        shared CPUs now; reserved; isolated: free isolated ones), mems, memory (bytes by type),
+        and the counts exclusive_grants, containers, shared_milli_requested, shared_milli_free
+        (negative when overcommitted), shared_elsewhere (its shared containers that run on a parent
+        pool's or the reserved CPUs because exclusive grants took all of its own).
+        """
+        return []
+
+    def fallback(self) -> list[str]:
+        """Conditions in which containers run somewhere other than they normally would (shared
+        containers on the reserved CPUs because exclusive grants took every shared CPU), one line
+        each; the engine logs each when it starts and when it ends."""
+        return []
+
+    def describe_grant(self, key: str) -> dict[str, Any] | None:
+        """What a container holds: pool, exclusive (CPU set text), shared_milli, kind
+        (exclusive, shared, mixed or reserved), and fallback ("reserved" or "parent") when a shared
+        one runs there for want of its pool's own shared CPUs; None when it holds nothing of the policy."""
+        return None
+
+    def export_state(self) -> dict[str, Any]:
+        """Opaque policy data persisted with the engine state."""
+        return {}
+
+    def restore_state(self, data: Mapping[str, Any]) -> None:
+        pass
