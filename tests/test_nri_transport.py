@@ -14,13 +14,15 @@ import struct
 import pytest
 
 from resmgr import policies
-from resmgr.engine import Engine
+from resmgr.controllers import ControllerError
+from resmgr.engine import Engine, NotReady
 from resmgr.engine.store import StateStore
 from resmgr.frontends.nri.plugin import NriPlugin
 from resmgr.frontends.nri.runtime import NriRuntime
 from resmgr.frontends.nri.transport import Call, Trunk
 from resmgr.generated.nri import api_pb2 as nri
 from resmgr.generated.ttrpc import request_pb2 as ttrpc
+from resmgr.policies import PolicyError
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 MIB4 = 4 << 20
@@ -245,3 +247,26 @@ async def test_a_new_runtime_gets_the_pod_update_event_too(plugin_pair):
     events = nri.ConfigureResponse.FromString((await peer.response(1)).payload).events
     assert events & (1 << (nri.UPDATE_POD_SANDBOX - 1))
     assert not events & (1 << (nri.POST_CREATE_CONTAINER - 1))
+
+
+@pytest.mark.parametrize("error, code", [
+    (lambda: PolicyError("no room"), 8),  # RESOURCE_EXHAUSTED, as the relay answers it
+    (lambda: NotReady("not yet"), 14),  # UNAVAILABLE
+    (lambda: ControllerError("no such class"), 3),  # INVALID_ARGUMENT
+])
+async def test_a_refused_create_is_answered_with_the_status_the_relay_gives(plugin_pair, error, code):
+    plugin, peer = plugin_pair
+
+    def refuse(*args):
+        raise error()
+
+    plugin.engine.policy.allocate = refuse
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version="v2.2.0").SerializeToString())))
+    await peer.response(1)
+    create = nri.CreateContainerRequest(pod=nri.PodSandbox(id="p1", name="pod", namespace="default", uid="u1"),
+                                        container=nri.Container(id="c1", pod_sandbox_id="p1", name="ctr"))
+    await peer.send(frame(1, request(3, "CreateContainer", create.SerializeToString())))
+    resp = await peer.response(3)
+    assert resp.status.code == code
+    assert "c1" not in plugin.engine.containers and not plugin.engine.containers  # nothing granted

@@ -1,5 +1,10 @@
 """The state ledger: pods, containers and what the policy granted them, kept consistent.
 
+Beside them it keeps the containers in a state of their own: those the policy holds
+nothing for (unallocated), those running as plain shared ones because what they ask
+did not fit (degraded), creates whose outcome is not known yet (unsettled) and updates
+for creates still in flight (deferred). Forgetting a container drops it from all of them.
+
 Whatever resources a decision gives a container, the fields runtime hook plugins set for
 it (Container.adjusted) are laid over them, so a later move keeps a plugin's changes.
 
@@ -27,6 +32,15 @@ class Ledger:
         self.pods: dict[str, Pod] = {}
         self.containers: dict[str, Container] = {}  # by Container.key
         self.seq = 0
+        # Known containers the policy holds nothing for (it changed, its data was lost, no room).
+        self.unallocated: set[str] = set()
+        # Containers running as plain shared ones because what they ask for did not fit.
+        self.degraded: set[str] = set()
+        # Creates whose runtime call failed or was cancelled (made or not, nobody knows yet), with
+        # when that was known (time.monotonic()).
+        self.unsettled: dict[str, float] = {}
+        # Updates for containers whose create was still in flight, applied once it lands.
+        self.deferred: dict[str, Resources] = {}
 
     def view(self) -> View:
         return View(self.pods, self.containers)
@@ -35,10 +49,27 @@ class Ledger:
         self.seq += 1
         return self.seq
 
-    def load(self, pods: Iterable[Pod], containers: Iterable[Container]) -> None:
+    def load(self, pods: Iterable[Pod], containers: Iterable[Container], unallocated: Iterable[str] = (),
+             degraded: Iterable[str] = ()) -> None:
         self.pods = {p.id: p for p in pods}
         self.containers = {c.key: c for c in containers}
         self.seq = max([p.seq for p in self.pods.values()] + [c.seq for c in self.containers.values()] + [0])
+        self.unallocated = set(unallocated) & set(self.containers)
+        self.degraded = set(degraded) & set(self.containers)
+
+    def unallocate_all(self) -> None:
+        """The policy holds nothing for anyone (it changed, or its data was lost)."""
+        self.degraded.clear()
+        self.unallocated = {k for k, c in self.containers.items() if c.state != ContainerState.EXITED}
+
+    def pins(self, c: Container) -> bool:
+        """Whether the container's CPUs and memory nodes are the policy's."""
+        return self.policy.pins and c.key not in self.unallocated
+
+    def waiting(self) -> list[Container]:
+        """Containers the policy holds nothing for, and those that did not fit, in allocation order."""
+        return self.allocation_order(self.containers[k] for k in self.unallocated | self.degraded
+                                     if k in self.containers)
 
     # -- pods --------------------------------------------------------------------------
     def add_pod(self, pod: Pod) -> Pod:
@@ -83,8 +114,8 @@ class Ledger:
     def record(self, updates: dict[str, Resources]) -> dict[str, Resources]:
         """Take updates as the containers' resources, pending until the runtime has them.
 
-        Returns the updates for containers whose create has not returned yet (no runtime ID):
-        they cannot be pushed until it has.
+        Updates for containers whose create has not returned yet (no runtime ID) cannot be pushed
+        until it has: they are deferred, and returned.
         """
         early: dict[str, Resources] = {}
         for key, res in updates.items():
@@ -96,6 +127,7 @@ class Ledger:
             else:
                 c.resources = res.overlaid(c.adjusted)
                 c.pending = c.state != ContainerState.EXITED
+        self.deferred.update(early)  # pushed once its create lands
         return early
 
     def plain(self, c: Container, pod: Pod) -> Decision:
@@ -133,6 +165,11 @@ class Ledger:
         stay what the runtime made it with: the caller pushes the grant's if they differ)."""
         self.containers.pop(holder.key, None)
         c.rdt_class, c.blockio_class = holder.rdt_class, holder.blockio_class
+        self.unsettled.pop(holder.key, None)
+        for keys in (self.unallocated, self.degraded):
+            if holder.key in keys:
+                keys.discard(holder.key)
+                keys.add(c.key)
         self.enter(c)
         self.policy.rename(holder.key, c.key)
 
@@ -158,6 +195,10 @@ class Ledger:
         """Release c and drop it."""
         decision = self.release(c)
         self.containers.pop(c.key, None)
+        self.unallocated.discard(c.key)
+        self.degraded.discard(c.key)
+        self.unsettled.pop(c.key, None)
+        self.deferred.pop(c.key, None)
         return decision
 
     def remove(self, c: Container) -> Decision:
@@ -195,4 +236,6 @@ class Ledger:
                 updates[key] = c.resources
             old.rdt_class, old.blockio_class = c.rdt_class, c.blockio_class
         self.policy = policy
+        self.unallocated.clear()
+        self.degraded.clear()
         return updates

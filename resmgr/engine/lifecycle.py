@@ -23,7 +23,8 @@ from typing import Any, Protocol, TypeVar
 
 from resmgr.controllers import Controllers
 from resmgr.engine.ledger import Ledger
-from resmgr.engine.reconcile import SETTLE_GRACE, Reconciling, brief
+from resmgr.engine.pusher import Pusher
+from resmgr.engine.reconcile import SETTLE_GRACE, Reconciler, brief
 from resmgr.engine.store import StateStore
 from resmgr.model import (
     Adjustment,
@@ -115,7 +116,7 @@ class UpdatePlan:
     adjusted: Resources | None = None  # hook plugins' earlier changes that still stand
 
 
-class Engine(Reconciling):
+class Engine:
     def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
                  controllers: Controllers | None = None, cgroup_root: str = "", gated: bool = False) -> None:
         """gated: lifecycle decisions wait for the first reconciliation (the daemon's case)."""
@@ -126,36 +127,16 @@ class Engine(Reconciling):
         self.store = store
         self.runtime = runtime
         self.cgroup_root = cgroup_root  # where container cgroups are read back ("": not at all)
-        self._lock = asyncio.Lock()
+        self.lock = asyncio.Lock()
         self.reconciled = asyncio.Event()
         if not gated:
             self.reconciled.set()
-        self._swept = False
-        self._sweep_lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        # Updates for containers whose create was still in flight, applied once it lands.
-        self._deferred: dict[str, Resources] = {}
-        # Known containers the policy holds nothing for (it changed, its data was lost, no room).
-        self._unallocated: set[str] = set()
-        # Containers running as plain shared ones because what they ask for did not fit.
-        self._degraded: set[str] = set()
-        # Pending creates whose runtime call failed or was cancelled (created or not, nobody knows
-        # yet), with when that was known.
-        self._unsettled: dict[str, float] = {}
-        # Runtime updates: one at a time per container, a bounded number at once overall.
-        self._push_locks: dict[str, asyncio.Lock] = {}
-        self._push_slots = asyncio.Semaphore(16)
-        # Updates pushed in the background, and those a container's start waits for.
-        self._background: set[asyncio.Task[None]] = set()
-        self._repins: dict[str, asyncio.Task[None]] = {}
+        self.reconciler = Reconciler(self)
+        self.pusher = Pusher(self.ledger, runtime, self.wake, brief)
         # A front end whose answers need not wait for the disk: a crash between the answer and
         # the write loses nothing, reconciliation finds the container where the answer put it.
         self.write_behind = False
         self._fallback: list[str] = []  # the policy's fallback conditions last logged
-        # Containers whose StartContainer the runtime is carrying out, and those of them updated
-        # meanwhile (updated again once started).
-        self._starting: dict[str, asyncio.Event] = {}
-        self._raced: set[str] = set()
         self._held_back: dict[str, float] = {}  # starts refused since, by container
         self._saves: set[asyncio.Task[None]] = set()
 
@@ -183,7 +164,7 @@ class Engine(Reconciling):
 
     def pins(self, c: Container) -> bool:
         """Whether the container's CPUs and memory nodes are the policy's."""
-        return self.policy.pins and c.key not in self._unallocated
+        return self.ledger.pins(c)
 
     def snapshot(self) -> dict[str, Any]:
         ids = {c.key for c in self.containers.values() if c.id}
@@ -191,8 +172,8 @@ class Engine(Reconciling):
             "pods": [p.to_dict() for p in self.pods.values()],
             "containers": [c.to_dict() for c in self.containers.values() if c.id],
             "policy": {"name": self.policy.name, "data": self.policy.export_state(), "config": self.policy.config},
-            "unallocated": sorted(self._unallocated & ids),
-            "degraded": sorted(self._degraded & ids),
+            "unallocated": sorted(self.ledger.unallocated & ids),
+            "degraded": sorted(self.ledger.degraded & ids),
         }
 
     def restore(self, data: dict[str, Any] | None) -> None:
@@ -200,9 +181,8 @@ class Engine(Reconciling):
         if not data:
             return
         self.ledger.load([Pod.from_dict(p) for p in data.get("pods", [])],
-                         [Container.from_dict(c) for c in data.get("containers", [])])
-        self._unallocated = set(data.get("unallocated", [])) & set(self.containers)
-        self._degraded = set(data.get("degraded", [])) & set(self.containers)
+                         [Container.from_dict(c) for c in data.get("containers", [])],
+                         data.get("unallocated", []), data.get("degraded", []))
         pdata = data.get("policy") or {}
         if pdata.get("name") == self.policy.name:
             try:
@@ -214,8 +194,7 @@ class Engine(Reconciling):
         elif pdata.get("name"):
             log.warning("active policy changed from %s to %s; re-allocating every container",
                         pdata.get("name"), self.policy.name)
-        self._degraded.clear()
-        self._unallocated = {k for k, c in self.containers.items() if c.state != ContainerState.EXITED}
+        self.ledger.unallocate_all()
 
     async def save(self) -> None:
         """Persist the state; with write_behind, soon, without waiting for the disk."""
@@ -241,37 +220,28 @@ class Engine(Reconciling):
             raise NotReady("cri-resmgr has not yet reconciled its state with the runtime (is the runtime "
                            "reachable?); try again") from None
 
-    def _release(self, c: Container) -> Decision:
+    def release(self, c: Container) -> Decision:
         return self.ledger.release(c)
 
-    def _forget(self, c: Container) -> Decision:
+    def forget(self, c: Container) -> Decision:
         """Release c and drop it from the state (caller holds the lock)."""
         decision = self.ledger.forget(c)
-        self._unallocated.discard(c.key)
-        self._degraded.discard(c.key)
-        self._unsettled.pop(c.key, None)
         self._held_back.pop(c.key, None)
-        self._raced.discard(c.key)
+        self.pusher.forget(c.key)
         return decision
 
-    def _drop_pod(self, pod: Pod) -> Decision:
+    def drop_pod(self, pod: Pod) -> Decision:
         """Forget a pod and its containers (caller holds the lock)."""
-        gone = {c.key for c in self.containers.values() if c.pod_id == pod.id}
-        decision = self.ledger.drop_pod(pod)
-        self._unallocated -= gone
-        self._degraded -= gone
-        for key in gone:
-            self._unsettled.pop(key, None)
-        return decision
+        return self.ledger.drop_pod(pod)
 
-    def _record(self, updates: dict[str, Resources]) -> None:
+    def record(self, updates: dict[str, Resources]) -> None:
         """Take a decision's updates as the containers' desired resources (caller holds the lock).
 
         Recording under the lock, and pushing whatever is desired at push time, keeps an
         older decision from overwriting a newer one in the runtime. A recorded update is
         pending (and persisted as such) until the runtime has taken it.
         """
-        self._deferred.update(self.ledger.record(updates))  # pushed once its create lands
+        self.ledger.record(updates)
         self._note_fallback()
 
     def _note_fallback(self) -> None:
@@ -286,61 +256,34 @@ class Engine(Reconciling):
             log.info("shared containers run on their pools' own shared CPUs again")
         self._fallback = now
 
-    # -- pushing updates to the runtime -------------------------------------------------
+    # -- pushing updates to the runtime (pusher.py) ----------------------------------------
     async def _apply_updates(self, decision: Decision) -> None:
         """Push the desired resources of the containers a decision moved (no engine lock held)."""
-        await self._push_all(decision.updates)
+        await self.pusher.push_all(decision.updates)
 
     def _apply_soon(self, decision: Decision, before_start: str = "") -> None:
         """Push a decision's updates in the background, so the call that caused them returns now.
 
-        They are recorded (and saved) as pending, so a crash cannot lose them. The container
-        before_start is not started until they are done: a new exclusive grant must not run
-        while shared containers still run on its CPUs.
+        They are recorded (and saved) as pending, so a crash cannot lose them.
         """
-        if not decision.updates:
-            return
-        task = asyncio.create_task(self._apply_updates(decision))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        if before_start:
-            self._repins[before_start] = task
-            task.add_done_callback(lambda t: self._repins.pop(before_start, None)
-                                   if self._repins.get(before_start) is t else None)
+        self.pusher.soon(decision.updates, before_start)
 
     async def settle_updates(self) -> None:
         """Wait for the updates pushed in the background (at shutdown, in tests)."""
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self.pusher.settle()
 
-    async def _push_pending(self) -> None:
-        await self._push_all([k for k, c in self.containers.items() if c.pending and c.id])
+    # -- reconciliation (reconcile.py) ------------------------------------------------------
+    def wake(self) -> None:
+        """Reconcile soon: something happened whose outcome only the runtime knows."""
+        self.reconciler.wake()
 
-    async def _push_all(self, keys: Iterable[str]) -> None:
-        keys = [k for k in keys if (c := self.containers.get(k)) is not None and c.id]
-        if keys:
-            await asyncio.gather(*(self._push(k) for k in keys))
+    async def reconcile(self) -> None:
+        """One reconciliation round now."""
+        await self.reconciler.reconcile()
 
-    async def _push(self, key: str) -> None:
-        lock = self._push_locks.setdefault(key, asyncio.Lock())
-        async with self._push_slots, lock:
-            c = self.containers.get(key)
-            if c is None or not c.id or not c.pending:
-                return  # gone, or an earlier push already sent the latest
-            res = c.resources
-            starting = key in self._starting  # the runtime may start it from what it held before
-            try:
-                await self.runtime.update_resources(c.id, res)
-            except Exception as err:
-                log.error("updating resources of container %s failed (will retry): %s", c.id, brief(err))
-                self.wake()
-                return
-            if starting or key in self._starting:
-                self._raced.add(key)
-            if c.resources is res:
-                c.pending = False
-        if not lock.locked() and key not in self.containers:
-            self._push_locks.pop(key, None)
+    async def run_reconciler(self, interval: float) -> None:
+        """Reconcile every interval (0: only when woken), and retry a failed round with backoff."""
+        await self.reconciler.run(interval)
 
     # -- pod lifecycle ---------------------------------------------------------
     async def pod_created(self, pod: Pod) -> None:
@@ -349,7 +292,7 @@ class Engine(Reconciling):
         An older sandbox of the same pod UID stays until the runtime shows it gone (its stop,
         its removal or a reconciliation round): a new sandbox does not prove its containers ended.
         """
-        async with self._lock:
+        async with self.lock:
             self.ledger.add_pod(pod)
         await self.save()
 
@@ -365,14 +308,14 @@ class Engine(Reconciling):
     async def stop_pod(self, pod_id: str, call: Call[T]) -> T:
         """Stop a pod through call(); its containers give back what they hold once it is done."""
         resp = await self._call_or_wake(f"stopping pod {pod_id}", call)
-        async with self._lock:
+        async with self.lock:
             decision = Decision()
             pod = self.pods.get(pod_id)
             if pod is not None:
                 pod.state = PodState.NOT_READY
                 for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
-                    decision.updates.update(self._release(c).updates)
-            self._record(decision.updates)
+                    decision.updates.update(self.release(c).updates)
+            self.record(decision.updates)
         await self._apply_updates(decision)
         await self.save()
         return resp
@@ -380,10 +323,10 @@ class Engine(Reconciling):
     async def remove_pod(self, pod_id: str, call: Call[T]) -> T:
         """Remove a pod through call(); it and its containers are forgotten once it is done."""
         resp = await self._call_or_wake(f"removing pod {pod_id}", call)
-        async with self._lock:
+        async with self.lock:
             pod = self.pods.get(pod_id)
-            decision = self._drop_pod(pod) if pod is not None else Decision()
-            self._record(decision.updates)
+            decision = self.drop_pod(pod) if pod is not None else Decision()
+            self.record(decision.updates)
         await self._apply_updates(decision)
         await self.save()
         return resp
@@ -397,11 +340,11 @@ class Engine(Reconciling):
         commit_create or abort_create.
         """
         await self._until_reconciled()
-        if c.key in self._unsettled:
-            await self._settle(c.pod_id)  # a retry: did the first attempt create it?
+        if c.key in self.ledger.unsettled:
+            await self.reconciler.settle(c.pod_id)  # a retry: did the first attempt create it?
         await self._confirm_older(c)
         c.hints = self.device_hints(list(devices))  # sysfs reads: not under the lock
-        async with self._lock:
+        async with self.lock:
             known = self.pods.get(c.pod_id)
             if known is None:
                 known = self.ledger.add_pod(pod)
@@ -411,7 +354,7 @@ class Engine(Reconciling):
             if holder is not None:
                 return self._successor_plan(pod, c, holder)
             alloc = self.ledger.place(c, pod)
-            self._record(alloc.updates)
+            self.record(alloc.updates)
         decided = alloc.resources is not None
         return CreatePlan(pod, c, decided, alloc.updates, decided and self.policy.pins)
 
@@ -435,7 +378,7 @@ class Engine(Reconciling):
             log.warning("cannot ask the runtime whether container(s) %s still run: %s",
                         ", ".join(o.id for o in older), brief(err))
             return
-        async with self._lock:
+        async with self.lock:
             decision = Decision()
             for o in older:
                 if self.containers.get(o.key) is not o or o.seq > start_seq:
@@ -444,8 +387,8 @@ class Engine(Reconciling):
                 if seen is not None and seen.state == ContainerState.CREATED and o.attempt < c.attempt:
                     decision.updates.update(self._supersede(o))
                 else:
-                    decision.updates.update(self._ended(o, seen).updates)
-            self._record(decision.updates)
+                    decision.updates.update(self.reconciler.ended(o, seen).updates)
+            self.record(decision.updates)
         await self._apply_updates(decision)
 
     def _supersede(self, o: Container) -> dict[str, Resources]:
@@ -457,10 +400,10 @@ class Engine(Reconciling):
             decision = self.ledger.demote(o, pod)
         except PolicyError as err:
             log.error("container %s holds nothing now and stays where it is (%s)", o.id, brief(err))
-            self._unallocated.add(o.key)
+            self.ledger.unallocated.add(o.key)
             return {}
-        self._unallocated.discard(o.key)
-        self._degraded.discard(o.key)
+        self.ledger.unallocated.discard(o.key)
+        self.ledger.degraded.discard(o.key)
         log.info("container %s (%s, attempt %d) was never started and a later attempt is made: its grant is "
                  "given back and it waits on the shared CPUs", o.id, o.name, o.attempt)
         return decision.updates
@@ -495,13 +438,13 @@ class Engine(Reconciling):
                 self.wake()  # made or not: the runtime's listing tells
             return
         if refused:
-            async with self._lock:
-                undo = self._forget(c) if self.containers.get(c.key) is c else Decision()
-                self._deferred.pop(c.key, None)
-                self._record(undo.updates)
+            async with self.lock:
+                undo = self.forget(c) if self.containers.get(c.key) is c else Decision()
+                self.ledger.deferred.pop(c.key, None)
+                self.record(undo.updates)
             await self._apply_updates(undo)
             return
-        self._unsettled[c.key] = time.monotonic()
+        self.ledger.unsettled[c.key] = time.monotonic()
         log.warning("creating container %s in pod %s %s; its grant is kept until the runtime shows whether "
                     "the container exists", c.name, plan.pod.id, _failure(err))
         self.wake()
@@ -524,11 +467,11 @@ class Engine(Reconciling):
         c = plan.container
         if plan.holder is not None:
             return await self._commit_successor(plan, container_id)
-        async with self._lock:
+        async with self.lock:
             pending_key = c.key
             c.id, c.state = container_id, ContainerState.CREATED
             self.ledger.rename(c, pending_key)
-            late = self._deferred.pop(pending_key, None)
+            late = self.ledger.deferred.pop(pending_key, None)
             if late is not None:  # the policy moved it while the runtime was creating it
                 c.resources, c.pending = late.overlaid(c.adjusted), True
                 plan.updates[c.key] = c.resources
@@ -541,7 +484,7 @@ class Engine(Reconciling):
         create never happened), so the new container takes over its grant."""
         c, holder = plan.container, plan.holder
         assert holder is not None
-        async with self._lock:
+        async with self.lock:
             known = self.containers.get(container_id)
             if known is not None:  # a reconciliation round adopted it meanwhile
                 return known
@@ -549,20 +492,15 @@ class Engine(Reconciling):
             if self.containers.get(holder.key) is holder and (not holder.id or holder.state != ContainerState.EXITED):
                 log.info("container %s takes over the grant of %s, which held its name", c.id,
                          holder.id or "a create that did not happen")
-                late = self._deferred.pop(holder.key, None)
-                self._unsettled.pop(holder.key, None)
-                for keys in (self._unallocated, self._degraded):
-                    if holder.key in keys:
-                        keys.discard(holder.key)
-                        keys.add(c.key)
+                late = self.ledger.deferred.pop(holder.key, None)
                 self.ledger.take_over(holder, c)
                 wanted = late or holder.resources
                 updates = {c.key: wanted} if wanted.overlaid(c.adjusted) != c.resources else {}
             else:  # the holder ended meanwhile: allocated like a container found running
                 self.ledger.enter(c)
-                self._unallocated.add(c.key)
-                updates = self._allocate_waiting()
-            self._record(updates)
+                self.ledger.unallocated.add(c.key)
+                updates = self.reconciler.allocate_waiting()
+            self.record(updates)
         self._apply_soon(Decision(updates=updates), before_start=c.key)
         await self.save()
         return c
@@ -570,13 +508,13 @@ class Engine(Reconciling):
     # -- other container calls ------------------------------------------------------
     async def adjust(self, container_id: str, res: Resources) -> None:
         """Hook plugins changed a created container's resources: push them to the runtime now."""
-        async with self._lock:
+        async with self.lock:
             c = self.containers.get(container_id)
             if c is None or c.state == ContainerState.EXITED:
                 return
             c.adjusted = overlay(c.adjusted, res)
-            self._record({c.key: c.resources})
-        await self._push(c.key)
+            self.record({c.key: c.resources})
+        await self.pusher.push(c.key)
 
     async def start_container(self, container_id: str, call: Call[T], before: bool = True) -> T:
         """Start a container through call(), once the containers its grant moved are off its CPUs.
@@ -590,43 +528,37 @@ class Engine(Reconciling):
         if before:
             if container_id not in self.containers and self.reconciled.is_set():
                 await self.reconcile()
-            repin = self._repins.get(container_id)
+            repin = self.pusher.repins.get(container_id)
             if repin is not None:
                 await asyncio.shield(repin)
             await self._clear_the_way(container_id)
-        started = self._starting.setdefault(container_id, asyncio.Event())
+        starting = self.pusher.starting
+        started = starting.setdefault(container_id, asyncio.Event())
         try:
             resp = await call()
         finally:
-            if container_id in self._raced:
+            if container_id in self.pusher.raced:
                 # Updated while the runtime was starting it: the runtime may have started it with
                 # what it held before (its record says the new CPUs, its cgroup the old ones).
-                await self._push_again(container_id)
-            if self._starting.get(container_id) is started:
-                del self._starting[container_id]
+                await self.pusher.again(container_id)
+            if starting.get(container_id) is started:
+                del starting[container_id]
             started.set()
-        async with self._lock:
+        async with self.lock:
             c = self.containers.get(container_id)
             if c is not None and c.state != ContainerState.EXITED:
                 c.state = ContainerState.RUNNING
         if c is not None:
-            await self._controllers_apply(c)
+            await self.controllers_apply(c)
             await self.save()
         return resp
-
-    async def _push_again(self, key: str) -> None:
-        self._raced.discard(key)
-        c = self.containers.get(key)
-        if c is not None and c.id and c.state != ContainerState.EXITED:
-            c.pending = True
-            await self._push(key)
 
     async def _clear_the_way(self, container_id: str) -> None:
         c = self.containers.get(container_id)
         if c is None:
             return
         others = self._elsewhere(c)
-        starting = [self._starting[k] for k in others if k in self._starting]
+        starting = [self.pusher.starting[k] for k in others if k in self.pusher.starting]
         if starting:  # the runtime is starting them; one updated meanwhile is updated again after
             waits = [asyncio.create_task(e.wait()) for e in starting]
             await asyncio.wait(waits, timeout=START_WAIT)
@@ -634,7 +566,7 @@ class Engine(Reconciling):
                 w.cancel()
         blocking = self._unconfirmed(others)
         if blocking:
-            await self._push_all(blocking)
+            await self.pusher.push_all(blocking)
             blocking = self._unconfirmed(blocking)
         if not blocking:
             self._held_back.pop(container_id, None)
@@ -679,7 +611,7 @@ class Engine(Reconciling):
         PolicyError: a resize that cannot be met; nothing changed.
         """
         await self._until_reconciled()
-        async with self._lock:
+        async with self.lock:
             c = self.containers.get(container_id)
             pod = self.pods.get(c.pod_id) if c is not None else None
             if c is None or pod is None or c.state == ContainerState.EXITED:
@@ -697,7 +629,7 @@ class Engine(Reconciling):
             if not resize and plain and self._changes_nothing(asked, c, wanted):
                 log.debug("update of container %s changes nothing; answered without the runtime", c.id)
                 return UpdatePlan(c, pod, before, requested, resize, None, pinned=self.pins(c), adjusted=kept)
-            self._record(decision.updates)  # pushed to the runtime once it took this one
+            self.record(decision.updates)  # pushed to the runtime once it took this one
             return UpdatePlan(c, pod, before, requested, resize, wanted, decision.updates,
                               decision.resources is not None and self.pins(c), kept)
 
@@ -719,7 +651,7 @@ class Engine(Reconciling):
     async def commit_update(self, plan: UpdatePlan, sent: Resources, adjusted: Resources | None = None) -> None:
         """The runtime took sent for the container (adjusted: the fields hook plugins changed in it)."""
         c = plan.container
-        async with self._lock:
+        async with self.lock:
             c.requested = plan.requested
             c.adjusted = overlay(plan.adjusted, adjusted)
             # Ask again: another decision may have moved this container meanwhile.
@@ -735,12 +667,12 @@ class Engine(Reconciling):
                      c.id, "/".join(map(str, plan.requested.cpu())), plan.requested.memory_limit_in_bytes,
                      c.resources.cpuset_cpus or "any", len(plan.moved))
         await self._apply_updates(Decision(updates=updates))
-        await self._controllers_apply(c)
+        await self.controllers_apply(c)
         await self.save()
 
     async def _undo_resize(self, c: Container, pod: Pod, before: Resources) -> None:
         """Place the container as it was asked before."""
-        async with self._lock:
+        async with self.lock:
             try:
                 undo = self.policy.resize(c, pod, before, self.view())
             except Exception as err:
@@ -749,7 +681,7 @@ class Engine(Reconciling):
             if undo.resources is not None:
                 c.resources, c.pending = undo.resources.overlaid(c.adjusted), True
                 undo.updates[c.key] = c.resources
-            self._record(undo.updates)
+            self.record(undo.updates)
         self.wake()
         await self._apply_updates(undo)
 
@@ -763,10 +695,10 @@ class Engine(Reconciling):
 
     async def _end_container(self, what: str, container_id: str, call: Call[T], forget: bool) -> T:
         resp = await self._call_or_wake(what, call)
-        async with self._lock:
+        async with self.lock:
             c = self.containers.get(container_id)
-            decision = Decision() if c is None else self._forget(c) if forget else self._release(c)
-            self._record(decision.updates)
+            decision = Decision() if c is None else self.forget(c) if forget else self.release(c)
+            self.record(decision.updates)
         self._apply_soon(decision)  # CPUs given back: nobody has to wait for that
         await self.save()  # also when an event got there first: its save may not be on disk yet
         return resp
@@ -785,12 +717,12 @@ class Engine(Reconciling):
             return
         if kind not in (ContainerEvent.STOPPED, ContainerEvent.DELETED):
             return
-        async with self._lock:
+        async with self.lock:
             c = self.containers.get(container_id)
             if c is None or c.state == ContainerState.EXITED:
                 return
-            decision = self._release(c)
-            self._record(decision.updates)
+            decision = self.release(c)
+            self.record(decision.updates)
         log.debug("container %s stopped: released, %d container(s) move", c.id, len(decision.updates))
         await self._apply_updates(decision)
         await self.save()
@@ -802,25 +734,23 @@ class Engine(Reconciling):
     # -- policy and configuration --------------------------------------------------
     async def switch_policy(self, new: Policy) -> None:
         """Re-allocate every container under another policy (PolicyError: nothing changed)."""
-        async with self._lock:
+        async with self.lock:
             old = self.policy.name
             updates = self.ledger.reallocate(new)
             log.info("policy switched from %s to %s; %d container(s) move", old, new.name, len(updates))
-            self._unallocated.clear()
-            self._degraded.clear()
-            self._record(updates)
+            self.record(updates)
         await self._apply_updates(Decision(updates=updates))
         await self.save()
 
     async def reconfigure(self, policy_config: dict[str, Any]) -> None:
         """Hand the policy a new configuration (PolicyError: rejected, nothing changed)."""
-        async with self._lock:
+        async with self.lock:
             decision = self.policy.reconfigure(policy_config, self.view())
-            self._record(decision.updates)
+            self.record(decision.updates)
         await self._apply_updates(decision)
         await self.save()
 
-    async def _controllers_apply(self, c: Container) -> None:
+    async def controllers_apply(self, c: Container) -> None:
         pod = self.pods.get(c.pod_id)
         if pod is not None and c.id and c.state == ContainerState.RUNNING:
             await self.controllers.apply(c, pod)
@@ -828,13 +758,13 @@ class Engine(Reconciling):
     async def reapply(self) -> None:
         """Put every running container into its classes again (after a configuration change)."""
         for c in list(self.containers.values()):
-            await self._controllers_apply(c)
+            await self.controllers_apply(c)
 
     async def rebalance(self) -> int:
         """Let the policy re-place containers; returns how many moved."""
-        async with self._lock:
+        async with self.lock:
             decision = self.policy.rebalance(self.view())
-            self._record(decision.updates)
+            self.record(decision.updates)
         await self._apply_updates(decision)
         if decision.updates:
             await self.save()

@@ -33,7 +33,7 @@ from resmgr.policies.base import PolicyError
 from resmgr.topology.cpuset import CPUSet
 
 if TYPE_CHECKING:
-    from resmgr.engine import Engine
+    from resmgr.engine.lifecycle import Engine
 
 log = logging.getLogger("cri-resmgr.engine")
 
@@ -98,15 +98,21 @@ def brief(err: BaseException) -> str:
     return str(err) or type(err).__name__
 
 
-class Reconciling:
-    """The reconciliation half of the Engine (see engine.py for the state it repairs)."""
+class Reconciler:
+    """Repairs the engine's state against the runtime (see lifecycle.py for the state it repairs)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._wake = asyncio.Event()
+        self._sweep_lock = asyncio.Lock()  # one round at a time
+        self._swept = False  # a round has completed since start-up
 
     # -- the loop ----------------------------------------------------------------------
-    def wake(self: Engine) -> None:
+    def wake(self) -> None:
         """Reconcile soon: something happened whose outcome only the runtime knows."""
         self._wake.set()
 
-    async def run_reconciler(self: Engine, interval: float) -> None:
+    async def run(self, interval: float) -> None:
         """Reconcile every interval (0: only when woken), and retry a failed round with backoff."""
         failures = 0
         while True:
@@ -129,111 +135,111 @@ class Reconciling:
                 log.info("reconciliation with the runtime works again")
             failures = 0
 
-    async def reconcile(self: Engine) -> None:
+    async def reconcile(self) -> None:
         """One round: observe the runtime, repair the state, push what is pending, save."""
         async with self._sweep_lock:
             started = time.perf_counter()
-            first = not self.reconciled.is_set() or not self._swept
+            first = not self.engine.reconciled.is_set() or not self._swept
             obs = await self._observe()
-            async with self._lock:
+            async with self.engine.lock:
                 outcome, decision, fresh = self._commit(obs)
-                self._record(decision.updates)
-            await self._push_pending()
+                self.engine.record(decision.updates)
+            await self.engine.pusher.push_pending()
             if first:
-                await self.reapply()  # containers started while we were away join their classes too
+                await self.engine.reapply()  # containers started while we were away join their classes too
             else:
                 for c in fresh:
-                    await self._controllers_apply(c)
+                    await self.engine.controllers_apply(c)
             if first or outcome.changed():
-                await self.save()
+                await self.engine.save()
             self._swept = True
-            self.reconciled.set()
+            self.engine.reconciled.set()
         log.debug("reconciliation round: %d containers checked in %.1f ms", len(obs.actual),
                   (time.perf_counter() - started) * 1000)
         if first or outcome.changed():
             log.info("reconciled with the runtime: %d pods, %d containers known; adopted %d pods, %d containers; "
                      "dropped %d pods, %d containers; %d exited, %d settled, %d repaired, %d revived",
-                     len(self.pods), len(self.containers), outcome.adopted_pods, outcome.adopted,
+                     len(self.engine.pods), len(self.engine.containers), outcome.adopted_pods, outcome.adopted,
                      outcome.dropped_pods, outcome.dropped, outcome.exited, outcome.settled, outcome.repaired,
                      outcome.revived)
 
     # -- observing ----------------------------------------------------------------------
-    async def _observe(self: Engine) -> Observation:
-        start_seq, unsettled, listed_at = self.ledger.seq, set(self._unsettled), time.monotonic()
-        pods = {p.id: p for p in await self.runtime.list_pods() if p.id}
-        ctrs = {c.id: c for c in await self.runtime.list_containers() if c.id}
+    async def _observe(self) -> Observation:
+        start_seq, unsettled, listed_at = self.engine.ledger.seq, set(self.engine.ledger.unsettled), time.monotonic()
+        pods = {p.id: p for p in await self.engine.runtime.list_pods() if p.id}
+        ctrs = {c.id: c for c in await self.engine.runtime.list_containers() if c.id}
         obs = Observation(start_seq, listed_at, unsettled, pods, ctrs)
         # Creates in flight now: the runtime may list them before they return to us.
-        in_flight = {(c.pod_id, c.name, c.attempt) for k, c in self.containers.items()
+        in_flight = {(c.pod_id, c.name, c.attempt) for k, c in self.engine.containers.items()
                      if not c.id and k not in unsettled}
-        new_pods = [p for pid, p in pods.items() if pid not in self.pods]
+        new_pods = [p for pid, p in pods.items() if pid not in self.engine.pods]
         for pod in await _limited(new_pods, self._adopt_pod):
             obs.new_pods[pod.id] = pod
-        new = [c for cid, c in ctrs.items() if cid not in self.containers and c.state.live
+        new = [c for cid, c in ctrs.items() if cid not in self.engine.containers and c.state.live
                and (c.pod_id, c.name, c.attempt) not in in_flight]
         for c in await _limited(new, self._adopt_container):
             if c is not None:
                 obs.new_containers[c.id] = c
-        known = [c for c in self.containers.values() if c.id and c.state != ContainerState.EXITED
+        known = [c for c in self.engine.containers.values() if c.id and c.state != ContainerState.EXITED
                  and ctrs.get(c.id) is not None and ctrs[c.id].state.live]
         for c, seen in zip(known, await _limited(known, self._actual), strict=True):
             obs.actual[c.id] = seen
         return obs
 
-    async def _actual(self: Engine, c: Container) -> list[tuple[str, str]]:
+    async def _actual(self, c: Container) -> list[tuple[str, str]]:
         """The cpuset a container runs with: from its cgroup, and as the runtime reports it."""
         seen = []
-        pod = self.pods.get(c.pod_id)
-        if self.cgroup_root and pod is not None:
-            cg = await asyncio.to_thread(read_cpuset, self.cgroup_root, pod.cgroup_parent, c.id)
+        pod = self.engine.pods.get(c.pod_id)
+        if self.engine.cgroup_root and pod is not None:
+            cg = await asyncio.to_thread(read_cpuset, self.engine.cgroup_root, pod.cgroup_parent, c.id)
             if cg is not None:
                 seen.append(cg)
         try:
-            reported = await self.runtime.running_resources(c.id)
+            reported = await self.engine.runtime.running_resources(c.id)
             if reported is not None:
                 seen.append(reported)
         except Exception as err:  # gone meanwhile, or the runtime hiccuped: the next round sees
             log.debug("no status for container %s: %s", c.id, brief(err))
         return seen
 
-    async def _adopt_pod(self: Engine, p: Pod) -> Pod:
+    async def _adopt_pod(self, p: Pod) -> Pod:
         try:
-            return await self.runtime.pod_details(p)
+            return await self.engine.runtime.pod_details(p)
         except Exception as err:  # status may race with removal; adopt with what we have
             log.warning("no verbose status for pod %s: %s", p.id, brief(err))
             return p
 
-    async def _adopt_container(self: Engine, c: Container) -> Container | None:
+    async def _adopt_container(self, c: Container) -> Container | None:
         try:
-            full, devices = await self.runtime.container_details(c)
+            full, devices = await self.engine.runtime.container_details(c)
         except Exception as err:
             log.warning("no status for container %s, not adopting it yet: %s", c.id, brief(err))
             return None
-        full.hints = await asyncio.to_thread(self.device_hints, [d for d in devices if d])
+        full.hints = await asyncio.to_thread(self.engine.device_hints, [d for d in devices if d])
         return full
 
     # -- repairing (engine lock held) -------------------------------------------------
-    def _commit(self: Engine, obs: Observation) -> tuple[Outcome, Decision, list[Container]]:
+    def _commit(self, obs: Observation) -> tuple[Outcome, Decision, list[Container]]:
         out, decision, fresh = Outcome(), Decision(), []
-        for pod in [p for p in self.pods.values() if p.id not in obs.pods and p.seq <= obs.start_seq]:
-            decision.updates.update(self._drop_pod(pod).updates)
+        for pod in [p for p in self.engine.pods.values() if p.id not in obs.pods and p.seq <= obs.start_seq]:
+            decision.updates.update(self.engine.drop_pod(pod).updates)
             out.dropped_pods += 1
-        for c in list(self.containers.values()):
+        for c in list(self.engine.containers.values()):
             if not c.id or c.seq > obs.start_seq:
                 continue
             live = obs.containers.get(c.id)
-            if live is None or c.pod_id not in self.pods:
-                decision.updates.update(self._ended(c, None).updates)
+            if live is None or c.pod_id not in self.engine.pods:
+                decision.updates.update(self.ended(c, None).updates)
                 out.dropped += 1
             elif live.state == ContainerState.EXITED:
                 if c.state != ContainerState.EXITED:
-                    decision.updates.update(self._ended(c, live).updates)
+                    decision.updates.update(self.ended(c, live).updates)
                     out.exited += 1
             elif live.state.live:
                 if c.state == ContainerState.EXITED:  # released, yet it runs: it needs a grant again
                     log.warning("container %s was released but still runs; allocating it again", c.id)
                     c.state = live.state
-                    self._unallocated.add(c.key)
+                    self.engine.ledger.unallocated.add(c.key)
                     out.revived += 1
                     continue
                 c.state = live.state
@@ -245,32 +251,32 @@ class Reconciling:
         out.settled += self._settle_in(obs.unsettled, obs.listed_at, obs.containers.values(), obs.new_containers,
                                        fresh)
         for live_pod in obs.pods.values():
-            if live_pod.id in self.pods and live_pod.state == PodState.NOT_READY:
-                self.pods[live_pod.id].state = PodState.NOT_READY
+            if live_pod.id in self.engine.pods and live_pod.state == PodState.NOT_READY:
+                self.engine.pods[live_pod.id].state = PodState.NOT_READY
         for pid, pod in obs.new_pods.items():
-            if pid not in self.pods:
-                self.ledger.add_pod(pod)
+            if pid not in self.engine.pods:
+                self.engine.ledger.add_pod(pod)
                 out.adopted_pods += 1
         for cid, c in obs.new_containers.items():
-            if cid in self.containers or c.pod_id not in self.pods:
+            if cid in self.engine.containers or c.pod_id not in self.engine.pods:
                 continue
-            self.ledger.enter(c)
-            self._unallocated.add(cid)
+            self.engine.ledger.enter(c)
+            self.engine.ledger.unallocated.add(cid)
             fresh.append(c)
             out.adopted += 1
-        decision.updates.update(self._allocate_waiting())
+        decision.updates.update(self.allocate_waiting())
         return out, decision, fresh
 
-    def _ended(self: Engine, c: Container, listed: Container | None) -> Decision:
+    def ended(self, c: Container, listed: Container | None) -> Decision:
         """What c gives back, as the runtime lists it (None: not at all): removed, it is forgotten;
         exited, released; otherwise it keeps its grant."""
         if listed is None:
-            return self._forget(c)
+            return self.engine.forget(c)
         if listed.state == ContainerState.EXITED:
-            return self._release(c)
+            return self.engine.release(c)
         return Decision()
 
-    def _differs(self: Engine, c: Container, seen: list[tuple[str, str]]) -> bool:
+    def _differs(self, c: Container, seen: list[tuple[str, str]]) -> bool:
         want_cpus, want_mems = c.resources.cpuset_cpus, c.resources.cpuset_mems
         return any((want_cpus and not _same(cpus, want_cpus)) or (want_mems and not _same(mems, want_mems))
                    for cpus, mems in seen)
@@ -279,7 +285,7 @@ class Reconciling:
     def _describe_actual(seen: list[tuple[str, str]]) -> str:
         return "; ".join(f"cpus {cpus or '-'} mems {mems or '-'}" for cpus, mems in seen)
 
-    def _settle_in(self: Engine, keys: set[str], listed_at: float, live: Iterable[Container],
+    def _settle_in(self, keys: set[str], listed_at: float, live: Iterable[Container],
                    adopted: dict[str, Container], fresh: list[Container]) -> int:
         """Settle the creates in keys whose outcome was unknown, against a runtime listing taken after they failed.
 
@@ -288,25 +294,25 @@ class Reconciling:
         """
         by_name = {(c.pod_id, c.name, c.attempt): c for c in live}
         settled = 0
-        for key in sorted(keys & set(self._unsettled)):
-            c = self.containers.get(key)
+        for key in sorted(keys & set(self.engine.ledger.unsettled)):
+            c = self.engine.containers.get(key)
             if c is None or c.id:
-                self._unsettled.pop(key, None)
+                self.engine.ledger.unsettled.pop(key, None)
                 continue
             match = by_name.get((c.pod_id, c.name, c.attempt))
-            if match is None and listed_at < self._unsettled[key] + SETTLE_GRACE:
+            if match is None and listed_at < self.engine.ledger.unsettled[key] + SETTLE_GRACE:
                 continue  # too early to tell
-            self._unsettled.pop(key, None)
+            self.engine.ledger.unsettled.pop(key, None)
             settled += 1
-            if match is None or match.id in self.containers or not match.state.live:
+            if match is None or match.id in self.engine.containers or not match.state.live:
                 log.info("create of %s (pod %s) did not happen in the runtime; released", c.name, c.pod_id)
-                self._record(self._forget(c).updates)
-                self._deferred.pop(key, None)
+                self.engine.record(self.engine.forget(c).updates)
+                self.engine.ledger.deferred.pop(key, None)
                 continue
             c.id, c.state = match.id, match.state
-            self.ledger.rename(c, key)
+            self.engine.ledger.rename(c, key)
             twin = adopted.pop(match.id, None)
-            late = self._deferred.pop(key, None)
+            late = self.engine.ledger.deferred.pop(key, None)
             if late is not None:
                 c.resources = late.overlaid(c.adjusted)
             c.pending = late is not None or twin is None or twin.resources != c.resources
@@ -315,27 +321,27 @@ class Reconciling:
                      c.name, c.pod_id, c.id)
         return settled
 
-    async def _settle(self: Engine, pod_id: str) -> None:
+    async def settle(self, pod_id: str) -> None:
         """Settle unknown creates in one pod now (a caller retries one of them)."""
         listed_at = time.monotonic()
-        live = await self.runtime.list_containers(pod_id)
-        async with self._lock:
-            keys = {k for k in self._unsettled if (c := self.containers.get(k)) is not None and c.pod_id == pod_id}
+        live = await self.engine.runtime.list_containers(pod_id)
+        async with self.engine.lock:
+            keys = {k for k in self.engine.ledger.unsettled
+                    if (c := self.engine.containers.get(k)) is not None and c.pod_id == pod_id}
             fresh: list[Container] = []
             self._settle_in(keys, listed_at, live, {}, fresh)
-        await self._push_pending()
+        await self.engine.pusher.push_pending()
 
-    def _allocate_waiting(self: Engine) -> dict[str, Resources]:
+    def allocate_waiting(self) -> dict[str, Resources]:
         """Allocate containers the policy holds nothing for, and retry those that did not fit."""
         updates: dict[str, Resources] = {}
-        view = self.view()
-        waiting = [self.containers[k] for k in self._unallocated | self._degraded if k in self.containers]
-        for c in self.ledger.allocation_order(waiting):
-            pod = self.pods[c.pod_id]
-            degraded = c.key in self._degraded
+        view = self.engine.view()
+        for c in self.engine.ledger.waiting():
+            pod = self.engine.pods[c.pod_id]
+            degraded = c.key in self.engine.ledger.degraded
             try:
-                decision = (self.policy.allocate if degraded else self.policy.adopt)(c, pod, view)
-                self._degraded.discard(c.key)
+                decision = (self.engine.policy.allocate if degraded else self.engine.policy.adopt)(c, pod, view)
+                self.engine.ledger.degraded.discard(c.key)
                 if degraded:
                     log.info("container %s now gets what it asks for", c.id)
             except PolicyError as err:
@@ -347,19 +353,19 @@ class Reconciling:
             except Exception:  # a policy bug on one container must not stop every round
                 log.exception("allocating container %s failed; it runs as it is until a later round", c.id)
                 continue
-            self._unallocated.discard(c.key)
-            self.ledger.apply(c, decision)
+            self.engine.ledger.unallocated.discard(c.key)
+            self.engine.ledger.apply(c, decision)
             updates.update(decision.updates)
             if decision.resources is not None:
                 updates[c.key] = c.resources
         return updates
 
-    def _fallback(self: Engine, c: Container, pod: Pod, err: PolicyError) -> Decision | None:
+    def _fallback(self, c: Container, pod: Pod, err: PolicyError) -> Decision | None:
         """A container found running that the policy refuses: without its annotations, else as a plain
         shared container (never left on CPUs that are someone else's)."""
-        view = self.view()
+        view = self.engine.view()
         try:
-            decision = self.policy.adopt(dataclasses.replace(c, annotations={}),
+            decision = self.engine.policy.adopt(dataclasses.replace(c, annotations={}),
                                          dataclasses.replace(pod, annotations={}), view)
             log.warning("container %s (%s/%s/%s): %s; allocated ignoring its annotations", c.id, pod.namespace,
                         pod.name, c.name, err)
@@ -367,12 +373,12 @@ class Reconciling:
         except PolicyError:
             pass
         try:
-            decision = self.ledger.plain(c, pod)
+            decision = self.engine.ledger.plain(c, pod)
         except PolicyError as err2:
             log.error("container %s (%s/%s/%s) cannot be allocated (%s; %s); it runs as it is until it can",
                       c.id, pod.namespace, pod.name, c.name, err, err2)
             return None
         log.error("container %s (%s/%s/%s): %s; it runs as a shared container until there is room", c.id,
                   pod.namespace, pod.name, c.name, err)
-        self._degraded.add(c.key)
+        self.engine.ledger.degraded.add(c.key)
         return decision

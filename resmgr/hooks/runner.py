@@ -193,6 +193,11 @@ class Hooks:
     async def pre_start(self, pod: Pod, c: Container, pinned: bool, deadline: float | None = None) -> Adjustment:
         return await self._container_chain(Hook.PRE_START_CONTAINER, pod, c, pinned, deadline)
 
+    def wants_update(self, pod: Pod) -> bool:
+        """Whether a plugin is to see the pod's resource updates (else one that changes nothing is answered
+        without the runtime)."""
+        return bool(self.for_hook(Hook.PRE_UPDATE_CONTAINER_RESOURCES, pod))
+
     async def pre_update(self, pod: Pod, c: Container, pinned: bool, deadline: float | None = None) -> Adjustment:
         return await self._container_chain(Hook.PRE_UPDATE_CONTAINER_RESOURCES, pod, c, pinned, deadline)
 

@@ -16,31 +16,28 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
 from google.protobuf.message import Message
 
 from resmgr import metrics
-from resmgr.controllers import ControllerError
 from resmgr.engine import Engine
-from resmgr.engine.lifecycle import NotReady
+from resmgr.engine.calls import Calls
+from resmgr.engine.lifecycle import CreatePlan
+from resmgr.frontends import errors
 from resmgr.frontends.nri import convert
 from resmgr.frontends.nri.runtime import Collector, NriRuntime, Send, collecting
 from resmgr.frontends.nri.transport import (
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,
-    UNAVAILABLE,
     UNIMPLEMENTED,
-    UNKNOWN,
     Call,
     RpcError,
 )
 from resmgr.generated.nri import api_pb2 as nri
-from resmgr.hooks import HookFailed, Hooks
-from resmgr.model import Adjustment, Resources
-from resmgr.policies.base import PolicyError
+from resmgr.hooks import Hooks
+from resmgr.model import Adjustment, Pod, Resources
 
 log = logging.getLogger("cri-resmgr.nri")
-CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+CODE_NAMES = {number: name for name, number in errors.CODES.items()}
 
 SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 E = nri.Event
@@ -89,7 +86,7 @@ class NriPlugin:
     def __init__(self, engine: Engine, runtime: NriRuntime, hooks: Hooks | None = None) -> None:
         self.engine = engine
         self.runtime = runtime
-        self.hooks = hooks
+        self.calls = Calls(engine, hooks)
         self.events = 0
         self.old_runtime = False  # set when a runtime dropped us right after a full event mask
         self.configured = False
@@ -130,16 +127,16 @@ class NriPlugin:
         event = _event_name(call.method, req)
         try:
             resp = await fn(req, deadline)
-        except (PolicyError, ControllerError) as err:
-            raise self._failed(event, started, RpcError(FAILED_PRECONDITION, str(err))) from None
-        except NotReady as err:
-            raise self._failed(event, started, RpcError(UNAVAILABLE, str(err))) from None
-        except HookFailed as err:  # the plugin's own status code, as the relay answers it
-            code = getattr(grpc.StatusCode, err.code, None)
-            raise self._failed(event, started, RpcError(code.value[0] if code is not None else UNKNOWN,
-                                                        str(err))) from None
         except RpcError as err:
             raise self._failed(event, started, err) from None
+        except Exception as err:
+            refused = errors.refusal(err)
+            if refused is None:
+                raise
+            code, level = refused
+            if level is not None:
+                log.log(level, "NRI %s refused: %s", event, err)
+            raise self._failed(event, started, RpcError(errors.CODES[code], str(err))) from None
         seconds = time.perf_counter() - started
         metrics.nri_event(event, "OK", seconds)
         log.debug("NRI %s answered in %.2f ms", event, seconds * 1000)
@@ -219,57 +216,48 @@ class NriPlugin:
         await handler(self, pod, c, deadline)
 
     async def _pod_run(self, p: nri.PodSandbox, _: Any, deadline: float | None) -> None:
-        pod = convert.pod(p)
-        if self.hooks is not None:
-            adj = await self.hooks.pre_run_pod(pod, deadline)
+        async def call(adj: Adjustment | None) -> tuple[None, Pod]:
             if adj:  # the sandbox exists already: only the record can take it
                 log.info("pod %s/%s: runtime hook plugins' pod changes cannot be applied in NRI mode; recorded only",
                          pod.namespace, pod.name)
                 pod.labels.update(adj.labels)
                 pod.annotations.update(adj.annotations)
-        self.runtime.seen_pod(p)
-        await self.engine.pod_created(pod)
+            self.runtime.seen_pod(p)
+            return None, pod
+
+        pod = convert.pod(p)
+        await self.calls.run_pod(pod, call, deadline)
 
     async def _pod_stop(self, p: nri.PodSandbox, _: Any, deadline: float | None) -> None:
-        pod = self.engine.pods.get(p.id)
-        await self.engine.stop_pod(p.id, _noop)
-        for c in [c for c in self.runtime.containers.values() if c.pod_sandbox_id == p.id]:
-            self.runtime.seen_container(c, nri.CONTAINER_STOPPED)
-        if self.hooks is not None and pod is not None:
-            await self.hooks.post_stop_pod(pod, deadline)
+        async def call() -> None:
+            for c in [c for c in self.runtime.containers.values() if c.pod_sandbox_id == p.id]:
+                self.runtime.seen_container(c, nri.CONTAINER_STOPPED)
+
+        await self.calls.stop_pod(p.id, call, deadline)
 
     async def _pod_remove(self, p: nri.PodSandbox, _: Any, deadline: float | None) -> None:
-        await self.engine.remove_pod(p.id, _noop)
+        await self.calls.remove_pod(p.id, _noop)
         self.runtime.gone_pod(p.id)
 
     async def _container_start(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
-        known = self.engine.context(c.id) if self.hooks is not None else None
-        if self.hooks is None or known is None:
-            return
-        pod, model = known
-        adj = await self.hooks.pre_start(pod, model, self.engine.pins(model), deadline)
-        if adj.resources is not None:  # the start answer carries nothing: sent with UpdateContainers
-            await self.engine.adjust(c.id, adj.resources)
+        # The start answer carries nothing: hook plugins' changes go with UpdateContainers.
+        await self.calls.before_start(c.id, deadline)
 
     async def _container_started(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
         self.runtime.seen_container(c, nri.CONTAINER_RUNNING)
-        await self.engine.start_container(c.id, _noop, before=False)
-        known = self.engine.context(c.id)
-        if self.hooks is not None and known is not None:
-            await self.hooks.post_start(*known, deadline)
+        await self.calls.start_container(c.id, _noop, deadline, before=False)
 
     async def _container_remove(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
-        await self.engine.remove_container(c.id, _noop)
+        await self.calls.remove_container(c.id, _noop)
         self.runtime.gone_container(c.id)
 
     async def _container_stop(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
-        known = self.engine.context(c.id)
-        await self.engine.stop_container(c.id, _noop)
+        async def call() -> None:
+            if c.id in self.runtime.containers:
+                self.runtime.seen_container(c, nri.CONTAINER_STOPPED)
+
+        await self.calls.stop_container(c.id, call, deadline)
         await self.engine.settle_updates()  # the CPUs it gave back: in the answer when it carries updates
-        if c.id in self.runtime.containers:
-            self.runtime.seen_container(c, nri.CONTAINER_STOPPED)
-        if self.hooks is not None and known is not None:
-            await self.hooks.post_stop(*known, deadline)
 
     _events: dict[int, Callable[..., Awaitable[None]]] = {
         E.RUN_POD_SANDBOX: _pod_run, E.STOP_POD_SANDBOX: _pod_stop, E.REMOVE_POD_SANDBOX: _pod_remove,
@@ -280,53 +268,46 @@ class NriPlugin:
     # -- events whose answer carries changes ---------------------------------------------------
     async def _create_container(self, req: nri.CreateContainerRequest, deadline: float | None) -> Message:
         self._subscribed(E.CREATE_CONTAINER)
-        pod = convert.pod(req.pod)
         if req.pod.id not in self.runtime.pods:
             self.runtime.seen_pod(req.pod)
         c = convert.container(req.container)
         cid, c.id = c.id, ""
         requested = c.requested
-        adj: Adjustment | None = None
+        adjusted: list[Adjustment | None] = [None]
+
+        async def call(plan: CreatePlan, adj: Adjustment | None) -> tuple[None, str]:
+            adjusted[0] = adj  # the runtime makes it from our answer
+            return None, cid
+
         with collecting() as collector:
-            plan = await self.engine.plan_create(pod, c)
-            try:
-                if self.hooks is not None:
-                    adj = await self.hooks.pre_create(plan.pod, plan.container, plan.pinned, deadline)
-                    if adj:
-                        self.engine.amend_create(plan, adj)
-            except BaseException as err:
-                await self.engine.abort_create(plan, err, True)
-                raise
-            created = await self.engine.commit_create(plan, cid)
+            _, created = await self.calls.create_container(convert.pod(req.pod), c, call, deadline=deadline)
             await self.engine.settle_updates()
         res = collector.updates.pop(cid, None) or created.resources
         self.runtime.seen_container(req.container, nri.CONTAINER_CREATED)
         self.runtime.applied(cid, res)
         resp = nri.CreateContainerResponse(update=self._updates(collector, cid))
-        resp.adjust.CopyFrom(convert.adjustment(res, requested, adj))
+        resp.adjust.CopyFrom(convert.adjustment(res, requested, adjusted[0]))
         return resp
 
     async def _update_container(self, req: nri.UpdateContainerRequest, deadline: float | None) -> Message:
         self._subscribed(E.UPDATE_CONTAINER)
         cid = req.container.id
-        asked = convert.resources(req.linux_resources)
+        sent: list[Resources] = []
+
+        async def call(resources: Resources, adj: Adjustment | None) -> tuple[None, Resources]:
+            sent.append(resources.overlaid(adj.resources if adj is not None else None))
+            return None, sent[0]  # the runtime updates it from our answer
+
+        async def unmanaged() -> None:
+            return None
+
         with collecting() as collector:
-            plan = await self.engine.plan_update(cid, asked, False)
-            if plan is None:
+            await self.calls.update_container(cid, convert.resources(req.linux_resources), False, call,
+                                              unmanaged, lambda: None, deadline)
+            if not sent:
                 return nri.UpdateContainerResponse()
-            resources = plan.resources or plan.container.resources
-            adjusted: Resources | None = None
-            try:
-                if self.hooks is not None:
-                    adj = await self.hooks.pre_update(plan.pod, plan.container, plan.pinned, deadline)
-                    adjusted = adj.resources
-            except BaseException:
-                await self.engine.abort_update(plan)
-                raise
-            sent = resources.overlaid(adjusted)
-            await self.engine.commit_update(plan, sent, adjusted)
             await self.engine.settle_updates()
-        final = collector.updates.pop(cid, None) or sent
+        final = collector.updates.pop(cid, None) or sent[0]
         self.runtime.applied(cid, final)
         updates = [convert.update(cid, final)] + self._updates(collector, cid)
         return nri.UpdateContainerResponse(update=updates)

@@ -16,15 +16,14 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from resmgr import metrics
-from resmgr.controllers import ControllerError
-from resmgr.engine import Engine, NotReady
+from resmgr.engine import Engine
+from resmgr.frontends import errors
 from resmgr.frontends.cri import protowire
 from resmgr.frontends.cri.lifecycle import CriLifecycle
 from resmgr.frontends.relay import memory
 from resmgr.frontends.relay.dump import Dumper, Level
 from resmgr.frontends.relay.methods import KNOWN, is_image_method, method_label, short_name
-from resmgr.hooks import HookFailed, Hooks
-from resmgr.policies import PolicyError
+from resmgr.hooks import Hooks
 
 log = logging.getLogger("cri-resmgr.relay")
 
@@ -147,21 +146,16 @@ class Dispatcher:
             log.warning("%s cancelled by the caller after %.3fs", path, time.perf_counter() - started)
             metrics.cri_call(method_label(path), "engine", "CANCELLED", time.perf_counter() - started)
             raise
-        except NotReady as err:
-            log.warning("%s refused: %s", path, err)
-            outcome = Outcome(grpc.StatusCode.UNAVAILABLE, f"cri-resmgr: {err}")
-        except PolicyError as err:
-            log.error("%s refused: %s", path, err)
-            outcome = Outcome(grpc.StatusCode.RESOURCE_EXHAUSTED, f"cri-resmgr: {err}")
-        except ControllerError as err:
-            log.error("%s refused: %s", path, err)
-            outcome = Outcome(grpc.StatusCode.INVALID_ARGUMENT, f"cri-resmgr: {err}")
-        except HookFailed as err:  # logged where it failed
-            code = grpc.StatusCode.__members__.get(err.code, grpc.StatusCode.UNKNOWN)
-            outcome = Outcome(grpc.StatusCode.UNKNOWN if code == grpc.StatusCode.OK else code, f"cri-resmgr: {err}")
         except Exception as err:
-            log.exception("%s failed in the resource manager", path)
-            outcome = Outcome(grpc.StatusCode.INTERNAL, f"cri-resmgr: {path}: {err}")
+            refused = errors.refusal(err)
+            if refused is None:
+                log.exception("%s failed in the resource manager", path)
+                outcome = Outcome(grpc.StatusCode.INTERNAL, f"cri-resmgr: {path}: {err}")
+            else:
+                code, level = refused
+                if level is not None:
+                    log.log(level, "%s refused: %s", path, err)
+                outcome = Outcome(grpc.StatusCode[code], f"cri-resmgr: {err}")
         if self.dumped(path):
             self._dump(path, started, "intercepted", msg, request, outcome)
         metrics.cri_call(method_label(path), "engine", outcome.code.name, time.perf_counter() - started)
