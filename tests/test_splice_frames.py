@@ -270,3 +270,43 @@ def test_a_client_without_the_preface_is_closed():
     conn.backend = backend
     conn.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert client.closed and backend.transport.buf == b""
+
+
+class SlowDispatcher(Dispatcher):
+    """Answers CreateContainer once released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def call(self, path, request, metadata, timeout) -> Outcome:
+        await self.release.wait()
+        return await super().call(path, request, metadata, timeout)
+
+
+async def test_stopping_waits_for_calls_in_flight_and_no_longer():
+    p = Pair(SlowDispatcher())
+    p.call(1, CREATE, b"req")
+    p.call(3, VERSION)  # passed through, answered by the runtime below
+    stopping = asyncio.create_task(p.conn.server.stop(grace=30))
+    await asyncio.sleep(0)
+    assert not stopping.done()
+    p.dispatcher.release.set()
+    await asyncio.sleep(0.01)
+    assert not stopping.done()  # the runtime has not answered stream 3
+    done = hpack.Encoder().encode([(b"grpc-status", b"0")])
+    p.conn.on_backend(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 3, done))
+    await asyncio.wait_for(stopping, 5)  # woken by the end of the last call, not by the grace
+    assert (h2.GOAWAY, 0) in [(f[0], f[2]) for f in p.client.frames()] and p.client.closed
+
+
+async def test_a_lost_runtime_connection_closes_once_calls_answered_here_end():
+    p = Pair(SlowDispatcher())
+    p.call(1, CREATE, b"req")
+    await asyncio.sleep(0)
+    p.conn.backend_lost()
+    await asyncio.sleep(0.01)
+    assert not p.client.closed  # its call answered here still runs
+    p.dispatcher.release.set()
+    await asyncio.wait_for(p.conn.closing, 5)
+    assert p.client.closed and (h2.HEADERS, 1) in [(f[0], f[2]) for f in p.client.frames()]
