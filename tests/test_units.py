@@ -270,3 +270,21 @@ def test_cli_policy_config_the_machine_cannot_meet(tmp_path):
                "--config-socket", str(tmp_path / "config.sock"))
     assert out.returncode == 1
     assert str(cfg) in out.stderr and "policy.ReservedResources.cpu: CPUs 999 are not available" in out.stderr
+
+
+def test_every_daemon_option_is_a_flag_and_the_defaults_hold():
+    import dataclasses
+
+    from resmgr.app import options
+    from resmgr.app.cli import build_parser
+
+    parser = build_parser()
+    parsed = options.from_args(parser.parse_args([]))
+    assert parsed == options.Options()  # the parser's defaults are the table's
+    for f in dataclasses.fields(options.Options):
+        assert f.metadata["flags"] and f.metadata["help"], f.name
+    flags = build_parser().parse_args(["--runtime-events", "off", "--hook-timeout", "500ms", "--nri",
+                                       "--host-root", "/host"])
+    got = options.from_args(flags)
+    assert (got.runtime_events, got.hook_timeout, got.nri, got.cgroup_root) == (False, 0.5, True,
+                                                                                "/host/sys/fs/cgroup")

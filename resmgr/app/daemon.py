@@ -1,4 +1,5 @@
-"""Assemble and run the relay daemon: state, engine, relay server, signals."""
+"""Assemble and run the daemon: a front end (the CRI relay or NRI), the core it runs on (state,
+engine, hook plugins, configuration, view), its loops under one task group, signals, shutdown."""
 
 from __future__ import annotations
 
@@ -7,91 +8,47 @@ import functools
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from resmgr import metrics, policies, sockets
+from resmgr import metrics, policies
+from resmgr.app.options import Options
 from resmgr.config import Config, ConfigError, cpus, validate
 from resmgr.config import link as configlink
-from resmgr.config.manager import ConfigManager, Rejected, Sources
+from resmgr.config.manager import ConfigManager, DumpSink, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers
 from resmgr.controllers.blockio import BlockIOController
 from resmgr.controllers.rdt import RDTController
 from resmgr.engine import Engine, statefile
 from resmgr.engine.lifecycle import Runtime
 from resmgr.engine.store import StateInUse, StateStore
-from resmgr.frontends.cri import events
-from resmgr.frontends.cri.runtime import CriRuntime, RuntimeClient
-from resmgr.frontends.nri import connect
-from resmgr.frontends.nri.connect import Endpoint
-from resmgr.frontends.nri.plugin import NriPlugin
-from resmgr.frontends.nri.runtime import NriRuntime
-from resmgr.frontends.relay import memory
-from resmgr.frontends.relay.dispatch import Dispatcher
-from resmgr.frontends.relay.dump import DumpSink
-from resmgr.frontends.relay.proxy import CHANNEL_OPTIONS, SERVER_OPTIONS, Relay
-from resmgr.frontends.relay.splice import SpliceServer
-from resmgr.hooks import DEFAULT_DIR, SKIP_LABEL, Hooks
+from resmgr.frontends import FrontEnd, StartupError
+from resmgr.frontends.nri.frontend import NriFrontEnd
+from resmgr.frontends.relay.frontend import RelayFrontEnd, path_of
+from resmgr.hooks import Hooks
 from resmgr.policies import PolicyError
 from resmgr.topology.hints import hints as device_hints
+from resmgr.topology.model import Topology
 from resmgr.topology.sysfs import TopologyError, discover
 from resmgr.view import state as statedoc
 from resmgr.view.server import Address, ViewServer
 
 log = logging.getLogger("cri-resmgr")
 
-TESTED_RUNTIMES = ("containerd", "cri-o")
-RETRY_INTERVAL = 1.0
 
 
 @dataclass
-class Options:
-    relay_socket: str = "/var/run/cri-resmgr/cri-resmgr.sock"
-    runtime_socket: str = "/var/run/containerd/containerd.sock"
-    image_socket: str = ""
-    relay_dir: str = "/var/lib/cri-resmgr"
-    pid_file: str = ""
-    allow_untested_runtimes: bool = False
-    dump: str | None = None
-    dump_file: str | None = None
-    shutdown_grace: float = 5.0
-    relay_mode: str = "splice"
-    host_root: str = "/"
-    config_socket: str = "/var/run/cri-resmgr/cri-resmgr-config.sock"
-    disable_policy_switch: bool = False
-    cgroup_root: str = "/sys/fs/cgroup"
-    resctrl_root: str = "/sys/fs/resctrl"
-    rebalance_interval: float = 0.0  # seconds; 0: off
-    reconcile_interval: float = 10.0  # seconds; 0: only when something failed
-    runtime_events: bool = True  # follow GetContainerEvents when the runtime serves it
-    hook_dir: str = DEFAULT_DIR  # "disabled": no hook plugins
-    hook_timeout: float = 2.0
-    hook_skip_label: tuple[str, str] = SKIP_LABEL
-    nri: bool = False  # serve as an NRI plugin instead of relaying CRI
-    nri_socket: str = "/var/run/nri/nri.sock"
-    nri_name: str = "cri-resmgr"
-    nri_index: str = "90"
-    metrics_address: str = ""  # "": no HTTP endpoint
-    metrics_allow_remote: bool = False
+class Core:
+    """What every front end runs on: the state, the engine, hook plugins, configuration, the view."""
 
-
-class StartupError(Exception):
-    pass
-
-
-def _target(path: str) -> str:
-    return path if path.startswith(("unix:", "unix-abstract:")) else "unix://" + path
-
-
-def _path(endpoint: str) -> str:
-    for prefix in ("unix://", "unix:"):
-        if endpoint.startswith(prefix):
-            return endpoint[len(prefix):]
-    return endpoint
+    store: StateStore
+    engine: Engine
+    hooks: Hooks | None
+    control: ConfigManager
+    view: ViewServer | None
 
 
 class Daemon:
@@ -99,40 +56,75 @@ class Daemon:
         self.opts = opts
         self.sources = sources
         self.config = config
-        self.relay_socket = _path(opts.relay_socket)
-        self.runtime_socket = _path(opts.runtime_socket)
-        image = opts.image_socket
-        self.image_socket = _path(image) if image and image != "default" else self.runtime_socket
         self._stop = asyncio.Event()
         self.hooks: Hooks | None = None
+        self.topology: Topology | None = None
 
-    async def _check_runtime(self, engine: Engine) -> None:
-        version = await self.client.version()
-        name = version.runtime_name
-        if name not in TESTED_RUNTIMES:
-            msg = f"runtime {name!r} {version.runtime_version} is not a tested runtime " \
-                  f"({', '.join(TESTED_RUNTIMES)}); use --allow-untested-runtimes to proceed"
-            if not self.opts.allow_untested_runtimes:
-                raise StartupError(msg)
-            log.warning("%s", msg)
-        log.info("runtime %s %s (CRI %s) on %s", name, version.runtime_version,
-                 version.runtime_api_version, self.runtime_socket)
-        await engine.reconcile()
+    def front_end(self) -> FrontEnd:
+        o = self.opts
+        if o.nri:
+            return NriFrontEnd(path_of(o.nri_socket), o.nri_name, o.nri_index)
+        return RelayFrontEnd(o.relay_socket, o.runtime_socket, o.image_socket, o.relay_mode,
+                             o.allow_untested_runtimes, o.runtime_events)
 
-    async def _reconcile_until_done(self, engine: Engine) -> None:
-        while not self._stop.is_set():
-            try:
-                await self._check_runtime(engine)
-                return
-            except StartupError as err:
-                log.error("%s", err)
-                self._stop.set()
-                return
-            except grpc.aio.AioRpcError as err:
-                log.debug("runtime not ready yet: %s", err.details())
-            except Exception:
-                log.exception("reconciliation with the runtime failed; retrying")
-            await asyncio.sleep(RETRY_INTERVAL)
+    async def run(self) -> int:
+        """Prepare the front end, build the core on it, run until stopped, shut down."""
+        front = self.front_end()
+        front.prepare()
+        config_server: grpc.aio.Server | None = None
+        core: Core | None = None
+        try:
+            core = await self.build_core(front)
+            await front.start()
+            config_server = await self._serve_config(core.control)
+            if self.opts.pid_file:
+                Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
+            log.info("%s, policy %s", front.describe(), core.engine.policy.name)
+            code = await self._run_loops(core, front)
+            await self._shut_down(core, front, config_server)
+        finally:
+            if self.opts.pid_file:
+                Path(self.opts.pid_file).unlink(missing_ok=True)
+            await front.close()
+            if self.hooks is not None:
+                await self.hooks.close()
+        return code
+
+    async def build_core(self, front: FrontEnd) -> Core:
+        """The state claimed and loaded, the engine on the front end's runtime, hook plugins, the
+        configuration in force and the view."""
+        store, state = self._load_state()
+        engine = self._make_engine(store, state, front.runtime())
+        self.hooks = self._make_hooks()
+        control = self._make_control(engine, front.bind(engine, self.hooks))
+        view = await self._serve_view(engine, control)
+        return Core(store, engine, self.hooks, control, view)
+
+    async def _run_loops(self, core: Core, front: FrontEnd) -> int:
+        """Every loop under one task group until a signal or the front end's main loop ends; a loop that
+        fails ends the daemon."""
+        engine = core.engine
+        code = 0
+        try:
+            async with asyncio.TaskGroup() as tg:
+                loops = [tg.create_task(engine.run_reconciler(self.opts.reconcile_interval)),
+                         *(tg.create_task(loop) for loop in front.loops())]
+                if self.opts.rebalance_interval > 0:
+                    loops.append(tg.create_task(self._rebalance(engine)))
+                if self.hooks is not None:
+                    loops.append(tg.create_task(self.hooks.watch()))
+                main = tg.create_task(front.run())
+                main.add_done_callback(lambda _: self._stop.set())
+                await self._stop.wait()
+                for task in [*loops, main]:
+                    task.cancel()
+            if main.done() and not main.cancelled():
+                code = main.result()
+        except* Exception as failed:
+            for err in failed.exceptions:
+                log.critical("%s failed: %s", type(err).__name__, err, exc_info=err)
+            code = 1
+        return code
 
     async def _rebalance(self, engine: Engine) -> None:
         while True:
@@ -144,22 +136,6 @@ class Daemon:
                 continue
             if moved:
                 log.info("rebalanced: %d container(s) moved", moved)
-
-    @staticmethod
-    async def _watch_runtime(channel: grpc.aio.Channel, engine: Engine) -> None:
-        """Reconcile as soon as the runtime is back after its connection was lost (a restart)."""
-        lost = False
-        state = channel.get_state(try_to_connect=True)
-        while True:
-            if state == grpc.ChannelConnectivity.READY:
-                if lost:
-                    log.info("runtime connection is back; reconciling")
-                    engine.wake()
-                lost = False
-            elif state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.IDLE):
-                lost = True
-            await channel.wait_for_state_change(state)
-            state = channel.get_state(try_to_connect=True)
 
     def _keep_persisted_policy(self, state: dict | None, store: StateStore) -> None:
         """Without any configuration, keep the policy (and its settings) that allocated the running
@@ -178,83 +154,6 @@ class Daemon:
                     "containers (from %s)", name, store.path)
         self.config = kept
 
-    async def run(self) -> int:
-        if self.opts.nri:
-            return await self._run_nri()
-        memory.tune()
-        sockets.prepare(self.relay_socket)
-        store, state = self._load_state()
-        self._open_channels()
-        try:
-            engine = self._make_engine(store, state, CriRuntime(self.client))
-            self.hooks = self._make_hooks()
-            dispatcher = Dispatcher(engine, self.runtime_ch, self.image_ch, None, self.runtime_socket,
-                                    self.image_socket, self.hooks)
-            control = self._make_control(engine, dispatcher)
-            view = await self._serve_view(engine, control)
-            background = await self._first_reconcile(engine)
-            stop_server = await self._serve(dispatcher)
-            config_server = await self._serve_config(control)
-            log.info("relaying %s -> runtime %s, images %s, policy %s, %s front end", self.relay_socket,
-                     self.runtime_socket, self.image_socket, engine.policy.name, self.opts.relay_mode)
-            relay_loops = [self._watch_runtime(self.runtime_ch, engine)]
-            if self.opts.runtime_events:
-                relay_loops.append(events.follow(engine, self.client))
-            loops = self._start_loops(engine, *relay_loops)
-            await self._stop.wait()
-            for task in [*loops, *([background] if background else [])]:
-                task.cancel()
-            await self._shut_down(engine, stop_server, config_server, view)
-        finally:
-            Path(self.relay_socket).unlink(missing_ok=True)
-            if self.opts.pid_file:
-                Path(self.opts.pid_file).unlink(missing_ok=True)
-            if self.dispatcher is not None and self.dispatcher.dumper is not None:
-                self.dispatcher.dumper.close()
-            if self.hooks is not None:
-                await self.hooks.close()
-            await self.runtime_ch.close()
-            if self.image_ch is not self.runtime_ch:
-                await self.image_ch.close()
-        return 0
-
-    async def _run_nri(self) -> int:
-        """The NRI front end: the same engine, state and hook plugins, as a plugin of the runtime."""
-        try:
-            endpoint = Endpoint.from_environment(_path(self.opts.nri_socket), self.opts.nri_name, self.opts.nri_index)
-        except ValueError as err:
-            raise StartupError(str(err)) from None
-        store, state = self._load_state()
-        runtime = NriRuntime()
-        engine = self._make_engine(store, state, runtime)
-        runtime.on_failure = engine.wake
-        engine.write_behind = True  # the runtime waits for every answer; Synchronize heals a lost write
-        self.hooks = self._make_hooks()
-        plugin = NriPlugin(engine, runtime, self.hooks)
-        control = self._make_control(engine, None)
-        view = await self._serve_view(engine, control)
-        config_server = await self._serve_config(control)
-        if self.opts.pid_file:
-            Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
-        log.info("NRI plugin %s-%s for the runtime on %s, policy %s", endpoint.index, endpoint.name,
-                 "an inherited socket" if endpoint.inherited_fd is not None else endpoint.socket_path,
-                 engine.policy.name)
-        loops = self._start_loops(engine, runtime.run_sender())
-        serving = asyncio.create_task(connect.serve(plugin, endpoint))
-        stopping = asyncio.create_task(self._stop.wait())
-        try:
-            await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
-            for task in [*loops, serving, stopping]:
-                task.cancel()
-            await asyncio.gather(*loops, serving, return_exceptions=True)
-            await self._shut_down(engine, None, config_server, view)
-        finally:
-            if self.opts.pid_file:
-                Path(self.opts.pid_file).unlink(missing_ok=True)
-            if self.hooks is not None:
-                await self.hooks.close()
-        return serving.result() if serving.done() and not serving.cancelled() else 0
-
     def _load_state(self) -> tuple[StateStore, dict | None]:
         store = StateStore(self.opts.relay_dir)
         store.prepare()
@@ -265,13 +164,6 @@ class Daemon:
         state = store.load(statefile.check)
         self._keep_persisted_policy(state, store)
         return store, state
-
-    def _open_channels(self) -> None:
-        self.runtime_ch = grpc.aio.insecure_channel(_target(self.runtime_socket), options=CHANNEL_OPTIONS)
-        self.image_ch = self.runtime_ch if self.image_socket == self.runtime_socket else \
-            grpc.aio.insecure_channel(_target(self.image_socket), options=CHANNEL_OPTIONS)
-        self.client = RuntimeClient(self.runtime_ch)
-        self.dispatcher: Dispatcher | None = None
 
     def _make_engine(self, store: StateStore, state: dict | None, runtime: Runtime) -> Engine:
         """The topology, the policy, the controllers and the engine restored from the state file."""
@@ -312,15 +204,12 @@ class Daemon:
         hooks.registry.scan()  # registered before the first call; then kept current by the watch
         return hooks
 
-    def _make_control(self, engine: Engine, dispatcher: Dispatcher | None) -> ConfigManager:
-        self.dispatcher = dispatcher
-
-        dumps = DumpSink(dispatcher)
+    def _make_control(self, engine: Engine, dumps: DumpSink | None) -> ConfigManager:
         control = ConfigManager(self.sources, self.config, engine, self.topology, dumps,
                                 self.opts.disable_policy_switch, (self.opts.dump, self.opts.dump_file),
                                 self.opts.cgroup_root, self.hooks)
         try:
-            dumps.use(control.dumper_for(self.config))
+            control.dumps.use(control.dumper_for(self.config))
         except Rejected as err:
             raise StartupError(str(err)) from None
         return control
@@ -349,36 +238,6 @@ class Daemon:
         control.http_address = str(address)
         return view
 
-    async def _first_reconcile(self, engine: Engine) -> asyncio.Task | None:
-        """Check the runtime and reconcile once; if it is away or slow, go on doing so in the background."""
-        try:
-            await asyncio.wait_for(self._check_runtime(engine), timeout=2.0)
-            return None
-        except StartupError:
-            raise
-        except Exception as err:  # whatever the runtime holds or does, start-up goes on
-            detail = err.details() if isinstance(err, grpc.aio.AioRpcError) else str(err) or "timed out"
-            log.warning("runtime on %s not reachable, slow or odd (%s); serving anyway, lifecycle calls wait "
-                        "until it is reconciled", self.runtime_socket, detail)
-            return asyncio.create_task(self._reconcile_until_done(engine))
-
-    async def _serve(self, dispatcher: Dispatcher) -> Callable[[float], Awaitable[None]]:
-        """Start the relay front end; returns what stops it."""
-        if self.opts.relay_mode == "grpc":
-            server = grpc.aio.server(options=SERVER_OPTIONS)
-            server.add_generic_rpc_handlers([Relay(dispatcher)])
-            server.add_insecure_port("unix:" + self.relay_socket)
-            await server.start()
-            stop_server = server.stop
-        else:
-            splice = SpliceServer(dispatcher, self.runtime_socket, self.image_socket)
-            await splice.start(self.relay_socket)
-            stop_server = splice.stop
-        sockets.match_runtime(self.relay_socket, self.runtime_socket)
-        if self.opts.pid_file:
-            Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
-        return stop_server
-
     async def _serve_config(self, control: ConfigManager) -> grpc.aio.Server | None:
         """Signals (SIGHUP reloads the forced file) and the node agent's config link."""
         loop = asyncio.get_running_loop()
@@ -393,31 +252,20 @@ class Daemon:
 
         loop.add_signal_handler(signal.SIGHUP, reload)
         if self.opts.config_socket and self.opts.config_socket != "disabled":
-            return await configlink.serve(control, _path(self.opts.config_socket))
+            return await configlink.serve(control, path_of(self.opts.config_socket))
         return None
 
-    def _start_loops(self, engine: Engine, *front_end: Coroutine[Any, Any, None]) -> list[asyncio.Task]:
-        """The loops every front end runs, and the front end's own."""
-        loops = [asyncio.create_task(engine.run_reconciler(self.opts.reconcile_interval)),
-                 *(asyncio.create_task(coro) for coro in front_end)]
-        if self.opts.rebalance_interval > 0:
-            loops.append(asyncio.create_task(self._rebalance(engine)))
-        if self.hooks is not None:
-            loops.append(asyncio.create_task(self.hooks.watch()))
-        return loops
-
-    async def _shut_down(self, engine: Engine, stop_server: Callable[[float], Awaitable[None]] | None,
-                         config_server: grpc.aio.Server | None, view: ViewServer | None) -> None:
+    async def _shut_down(self, core: Core, front: FrontEnd, config_server: grpc.aio.Server | None) -> None:
+        """The one way down: no new calls, in-flight ones finish, updates pushed, the state written."""
         log.info("shutting down: letting in-flight calls finish (grace %.1fs)", self.opts.shutdown_grace)
-        if stop_server is not None:
-            await stop_server(self.opts.shutdown_grace)
+        await front.stop(self.opts.shutdown_grace)
         if config_server is not None:
             await config_server.stop(1.0)
-            Path(_path(self.opts.config_socket)).unlink(missing_ok=True)
+            Path(path_of(self.opts.config_socket)).unlink(missing_ok=True)
         try:  # updates still being pushed: finish them (what does not finish stays pending)
-            await asyncio.wait_for(engine.settle_updates(), self.opts.shutdown_grace)
+            await asyncio.wait_for(core.engine.settle_updates(), self.opts.shutdown_grace)
         except TimeoutError:
             log.warning("shutting down with container updates still pending; they are pushed after restart")
-        await engine.flush()
-        if view is not None:
-            await view.stop()
+        await core.engine.flush()
+        if core.view is not None:
+            await core.view.stop()

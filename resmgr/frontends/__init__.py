@@ -1,1 +1,50 @@
-"""Front ends: each translates one protocol to the engine's model calls and back."""
+"""Front ends: each translates one protocol to the engine's model calls and back.
+
+The daemon runs any front end the same way (resmgr/app/daemon.py): it is prepared, gives
+the engine its view of the runtime, is bound to the engine, started, runs its loops under
+the daemon's task group, and is stopped and closed. A third front end is one class with
+these methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from resmgr.config.manager import DumpSink
+from resmgr.engine import Engine
+from resmgr.engine.calls import HookPoints
+from resmgr.engine.lifecycle import Runtime
+
+
+class StartupError(Exception):
+    """The daemon cannot start as asked (a message for the operator)."""
+
+
+class FrontEnd(Protocol):
+    def prepare(self) -> None:
+        """Check what it needs before the state is claimed (StartupError, SocketInUse)."""
+
+    def runtime(self) -> Runtime:
+        """The engine's view of the runtime."""
+
+    def bind(self, engine: Engine, hooks: HookPoints | None) -> DumpSink | None:
+        """Everything that needs the engine; returns where CRI message dumps go (None: nowhere)."""
+
+    async def start(self) -> None:
+        """Take calls from now on."""
+
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        """Background loops of its own, run until the daemon stops (one may end early)."""
+
+    async def run(self) -> int:
+        """Its main loop; returning ends the daemon with that exit code."""
+
+    async def stop(self, grace: float) -> None:
+        """Take no new calls; those in flight get grace seconds to finish."""
+
+    async def close(self) -> None:
+        """Give back what it holds (sockets, channels, files)."""
+
+    def describe(self) -> str:
+        """What it serves, for the log."""

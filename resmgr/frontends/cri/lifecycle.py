@@ -13,11 +13,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from resmgr.engine import Engine
-from resmgr.engine.calls import Calls
+from resmgr.engine.calls import Calls, HookPoints
 from resmgr.engine.lifecycle import CreatePlan
 from resmgr.frontends.cri import convert
 from resmgr.generated.cri import api_pb2 as cri
-from resmgr.hooks import Hooks
 from resmgr.model import Adjustment, Pod, Resources
 
 Send = Callable[[Any], Awaitable[Any]]
@@ -38,7 +37,7 @@ def refused(err: BaseException) -> bool:
 
 
 class CriLifecycle:
-    def __init__(self, engine: Engine, hooks: Hooks | None = None) -> None:
+    def __init__(self, engine: Engine, hooks: HookPoints | None = None) -> None:
         self.engine = engine
         self.calls_ = Calls(engine, hooks)
 

@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 
 from resmgr import metrics
 from resmgr.engine import Engine
-from resmgr.engine.calls import Calls
+from resmgr.engine.calls import Calls, HookPoints
 from resmgr.engine.lifecycle import CreatePlan
 from resmgr.frontends import errors
 from resmgr.frontends.nri import convert
@@ -33,7 +33,6 @@ from resmgr.frontends.nri.transport import (
     RpcError,
 )
 from resmgr.generated.nri import api_pb2 as nri
-from resmgr.hooks import Hooks
 from resmgr.model import Adjustment, Pod, Resources
 
 log = logging.getLogger("cri-resmgr.nri")
@@ -83,7 +82,7 @@ def knows_pod_updates(runtime: str, version: str, nri_version: str) -> bool:
 
 
 class NriPlugin:
-    def __init__(self, engine: Engine, runtime: NriRuntime, hooks: Hooks | None = None) -> None:
+    def __init__(self, engine: Engine, runtime: NriRuntime, hooks: HookPoints | None = None) -> None:
         self.engine = engine
         self.runtime = runtime
         self.calls = Calls(engine, hooks)

@@ -17,13 +17,13 @@ from google.protobuf.message import DecodeError, Message
 
 from resmgr import metrics
 from resmgr.engine import Engine
+from resmgr.engine.calls import HookPoints
 from resmgr.frontends import errors
 from resmgr.frontends.cri import protowire
 from resmgr.frontends.cri.lifecycle import CriLifecycle
 from resmgr.frontends.relay import memory
 from resmgr.frontends.relay.dump import Dumper, Level
 from resmgr.frontends.relay.methods import KNOWN, is_image_method, method_label, short_name
-from resmgr.hooks import Hooks
 
 log = logging.getLogger("cri-resmgr.relay")
 
@@ -64,7 +64,7 @@ class Dispatcher:
 
     def __init__(self, engine: Engine | None, runtime_channel: grpc.aio.Channel,
                  image_channel: grpc.aio.Channel, dumper: Dumper | None = None,
-                 runtime_socket: str = "", image_socket: str = "", hooks: Hooks | None = None) -> None:
+                 runtime_socket: str = "", image_socket: str = "", hooks: HookPoints | None = None) -> None:
         self.engine_calls = CriLifecycle(engine, hooks).calls() if engine is not None else {}
         self.channels = (runtime_channel, image_channel)
         self.sockets = (runtime_socket, image_socket or runtime_socket)

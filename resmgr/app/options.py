@@ -1,0 +1,158 @@
+"""The daemon's options, declared once: each field is its flags, its default and its --help.
+
+`add_to(parser)` makes the command line from this table and `from_args(args)` the Options
+from what was parsed, so a new option is one field here. Options the configuration file
+also sets name its key (`config`); the flag wins over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from resmgr.hooks import DEFAULT_DIR, SKIP_LABEL
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
+
+
+def duration(text: str) -> float:
+    """Seconds from '30', '30s', '500ms', '5m' or '1h'."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r} (use e.g. 30s, 500ms, 5m)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use on or off")
+    return text == "on"
+
+
+RELAY = "CRI relay"
+NRI = "NRI front end (instead of the CRI relay)"
+HOOKS = "runtime hook plugins (koordinator RuntimeHookService)"
+VIEW = "what an operator sees (off unless an address is given)"
+STATE = "state, configuration and the node"
+
+
+def opt(default: Any, *flags: str, help: str, group: str = STATE, config: str = "", **argparse_kw: Any) -> Any:
+    """A field of Options: its default, its flags (the first names it), its help, where --help lists it,
+    the configuration file key it overrides, and anything else argparse takes (type, choices, metavar)."""
+    return field(default=default, metadata={"flags": flags, "help": help, "group": group, "config": config,
+                                            "argparse": argparse_kw})
+
+
+@dataclass
+class Options:
+    # -- the CRI relay -------------------------------------------------------------------------
+    relay_socket: str = opt("/var/run/cri-resmgr/cri-resmgr.sock", "--relay-socket", "--koord-runtimeproxy-endpoint",
+                            group=RELAY, help="unix socket the relay serves CRI on (default: %(default)s)")
+    runtime_socket: str = opt("/var/run/containerd/containerd.sock", "--runtime-socket",
+                              "--remote-runtime-service-endpoint", group=RELAY,
+                              help="container runtime's CRI socket (default: %(default)s)")
+    image_socket: str = opt("", "--image-socket", "--remote-image-service-endpoint", group=RELAY,
+                            help="CRI image service socket (default: the runtime socket)")
+    relay_mode: str = opt("splice", "--relay-mode", group=RELAY, choices=["splice", "grpc"],
+                          help="splice: forward HTTP/2 frames between paired connections, answering only "
+                               "intercepted calls (fast); grpc: a grpc.aio server and client (default: %(default)s)")
+    allow_untested_runtimes: bool = opt(False, "--allow-untested-runtimes", group=RELAY,
+                                        help="relay to runtimes other than containerd and CRI-O")
+    dump: str | None = opt(None, "--dump", group=RELAY, config="dump.Config", metavar="RULES",
+                           help="CRI message dump rules, e.g. 'off:.*,full:Create.*' "
+                                "(levels off/short/full, later rules win; overrides dump.Config)")
+    dump_file: str | None = opt(None, "--dump-file", group=RELAY, config="dump.File", metavar="PATH",
+                                help="write dumps to PATH ('-' for stdout; default: the log; overrides dump.File)")
+    runtime_events: bool = opt(True, "--runtime-events", group=RELAY, type=on_off, metavar="on|off",
+                               help="follow the runtime's container events (CRI GetContainerEvents), so an exited "
+                                    "container's CPUs are given back at once rather than at the next "
+                                    "reconciliation; runtimes without events fall back to reconciliation by "
+                                    "themselves (default: on)")
+    # -- NRI ------------------------------------------------------------------------------------
+    nri: bool = opt(False, "--nri", group=NRI,
+                    help="run as an NRI plugin of the runtime rather than as a CRI relay; the relay flags "
+                         "are then unused. A plugin the runtime starts itself (from its plugin directory) "
+                         "takes its socket, name and index from NRI_PLUGIN_SOCKET/NAME/IDX")
+    nri_socket: str = opt("/var/run/nri/nri.sock", "--nri-socket", group=NRI, metavar="PATH",
+                          help="the runtime's NRI socket (default: %(default)s)")
+    nri_name: str = opt("cri-resmgr", "--nri-plugin-name", group=NRI, metavar="NAME",
+                        help="name to register with ([a-zA-Z0-9_.+-]+; default: %(default)s)")
+    nri_index: str = opt("90", "--nri-plugin-index", group=NRI, metavar="NN",
+                         help="two-digit index: plugins are called in ascending order, so a high one runs after "
+                              "device plugins and sees their changes (default: %(default)s)")
+    # -- hook plugins -----------------------------------------------------------------------------
+    hook_dir: str = opt(DEFAULT_DIR, "--hook-dir", group=HOOKS, metavar="DIR",
+                        help="directory of plugin registration files (*.json), watched for changes "
+                             "('disabled': no hook plugins; default: %(default)s)")
+    hook_timeout: float = opt(2.0, "--hook-timeout", group=HOOKS, type=duration, metavar="DURATION",
+                              help="time a plugin gets per call unless its file says otherwise; never beyond the "
+                                   "lifecycle call's own deadline (default: %(default)ss)")
+    hook_skip_key: str = opt(SKIP_LABEL[0], "--hook-skip-label-key", "--runtime-hook-server-key", group=HOOKS,
+                             metavar="KEY", help="pods with this label (set to the value below) and their "
+                                                 "containers are never sent to plugins (default: %(default)s)")
+    hook_skip_value: str = opt(SKIP_LABEL[1], "--hook-skip-label-value", "--runtime-hook-server-val", group=HOOKS,
+                               metavar="VALUE", help="(default: %(default)s)")
+    # -- what an operator sees -------------------------------------------------------------------
+    metrics_address: str = opt("", "--metrics-address", group=VIEW, metavar="ADDR",
+                               help="serve Prometheus metrics at /metrics, the node's state as JSON at "
+                                    "/api/v1/state and a live picture of CPUs and containers at / on ADDR: "
+                                    "unix:/PATH, or HOST:PORT on loopback, e.g. 127.0.0.1:8891 (default: not served)")
+    metrics_allow_remote: bool = opt(False, "--metrics-allow-remote", group=VIEW,
+                                     help="allow a --metrics-address beyond loopback (e.g. :8891 or the node's IP); "
+                                          "the endpoint has no authentication and shows every pod and container "
+                                          "of the node")
+    # -- state, configuration and the node -------------------------------------------------------
+    relay_dir: str = opt("/var/lib/cri-resmgr", "--relay-dir",
+                         help="directory for persisted state (default: %(default)s)")
+    pid_file: str = opt("", "--pid-file", help="write the daemon's PID here")
+    host_root: str = opt("/", "--host-root", metavar="DIR",
+                         help="root of the host filesystem; topology is read from DIR/sys (default: %(default)s)")
+    config_socket: str = opt("/var/run/cri-resmgr/cri-resmgr-config.sock", "--config-socket",
+                             help="socket the node agent pushes configuration to ('disabled': none; "
+                                  "default: %(default)s)")
+    disable_policy_switch: bool = opt(False, "--disable-policy-switch",
+                                      help="refuse any change of the active policy, at start-up and from pushed "
+                                           "configuration")
+    shutdown_grace: float = opt(5.0, "--shutdown-grace", type=float, metavar="SECONDS",
+                                help="time in-flight calls get to finish on SIGTERM (default: %(default)s)")
+    resctrl_root: str = opt("/sys/fs/resctrl", "--resctrl-path", metavar="DIR",
+                            help="where the resctrl filesystem is mounted, for RDT classes (default: %(default)s)")
+    cgroup_root: str = opt("", "--cgroup-root", metavar="DIR",
+                           help="where the cgroup hierarchies are mounted (default: HOST_ROOT/sys/fs/cgroup)")
+    rebalance_interval: float = opt(0.0, "--rebalance-interval", type=duration, metavar="DURATION",
+                                    help="re-place shared containers for a better fit this often, e.g. 30s or 5m "
+                                         "(policies that support it: topology-aware; default: off)")
+    reconcile_interval: float = opt(10.0, "--reconcile-interval", "--exit-poll-interval", type=duration,
+                                    metavar="DURATION",
+                                    help="how often to compare the state with what the runtime runs and repair the "
+                                         "difference: release containers that exited or vanished, adopt ones made "
+                                         "behind our back, update containers whose CPUs or memory nodes differ from "
+                                         "their grant (0: only after a failed runtime call; default: %(default)ss)")
+
+    def __post_init__(self) -> None:
+        if not self.cgroup_root:
+            self.cgroup_root = os.path.join(self.host_root, "sys/fs/cgroup")
+
+    @property
+    def hook_skip_label(self) -> tuple[str, str]:
+        return self.hook_skip_key, self.hook_skip_value
+
+
+def add_to(parser: argparse.ArgumentParser) -> None:
+    """Every option's flags, in their --help groups (the state group on the parser itself)."""
+    groups: dict[str, Any] = {STATE: parser}
+    for f in dataclasses.fields(Options):
+        meta = f.metadata
+        group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        kw = dict(meta["argparse"])
+        if f.type in ("bool", bool) and "type" not in kw:
+            kw["action"] = "store_true"
+        group.add_argument(*meta["flags"], dest=f.name, default=f.default, help=meta["help"], **kw)
+
+
+def from_args(args: argparse.Namespace) -> Options:
+    return Options(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Options)})
