@@ -78,11 +78,13 @@ def pytest_addoption(parser):
                      help="seed of the soak tests' choices (default: a new one each run, printed)")
 
 
-# Modules whose tests start cri-resmgr or agent processes (or the private containerd).
-PROCESSES = {f"tests.{m}" for m in ("test_agent", "test_config_link", "test_hostile", "test_interop",
-                                     "test_passthrough", "test_policy_e2e", "test_rdt", "test_blockio",
-                                     "test_resize", "test_soak", "test_state", "test_wire", "test_hooks",
-                                     "test_webhook", "test_picture", "test_kubelet", "test_kubelet_soak")}
+SPEEDS = ("unit", "integration")
+
+
+def _speed(item: pytest.Item) -> str | None:
+    """A test's speed class: its own unit or integration marker, else its module's SPEED."""
+    own = next((m.name for m in item.own_markers if m.name in SPEEDS), None)
+    return own or getattr(item.module, "SPEED", None)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -91,9 +93,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("soak") is not None:
             item.add_marker(pytest.mark.timeout(limit))
-        # unit: no containerd and no daemon processes; `pytest -m unit` runs in seconds.
-        if "containerd" in getattr(item, "fixturenames", ()) or item.module.__name__ in PROCESSES or \
-                item.get_closest_marker("soak") or item.get_closest_marker("containerd"):
-            item.add_marker(pytest.mark.integration)
-        else:
-            item.add_marker(pytest.mark.unit)
+        # Every module declares its speed class; `pytest -m unit` selects by it and runs in seconds.
+        speed = _speed(item)
+        if speed not in SPEEDS:
+            raise pytest.UsageError(f"{item.module.__name__} declares no speed class: add SPEED = \"unit\" "
+                                    "(no containerd, no daemon processes) or SPEED = \"integration\"")
+        if speed == "unit" and ("containerd" in getattr(item, "fixturenames", ()) or item.get_closest_marker("soak")):
+            raise pytest.UsageError(f"{item.nodeid} is declared unit but needs the containerd harness")
+        if item.get_closest_marker(speed) is None:
+            item.add_marker(getattr(pytest.mark, speed))

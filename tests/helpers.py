@@ -16,9 +16,10 @@ import grpc
 
 from harness.images import BUSYBOX_IMAGE
 from harness.relay import RelayProcess, policy_relay, wait_socket  # noqa: F401 - shared
-from resmgr.generated.config import status_pb2, status_pb2_grpc
+from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.generated.cri import api_pb2_grpc as cri_grpc
+from resmgr.requests import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -326,3 +327,37 @@ def resmgr_status(config_socket: str, timeout: float = 10) -> status_pb2.GetStat
     """cri-resmgr's status (configuration, policy, pods and containers it knows) from its config socket."""
     with grpc.insecure_channel("unix://" + config_socket) as ch:
         return status_pb2_grpc.StatusStub(ch).GetStatus(status_pb2.GetStatusRequest(), timeout=timeout)
+
+
+def resources(milli: int, guaranteed: bool) -> cri.LinuxContainerResources:
+    return cri.LinuxContainerResources(cpu_shares=milli_to_shares(milli),
+                                       cpu_quota=milli * 100 if guaranteed else 0, cpu_period=100000,
+                                       memory_limit_in_bytes=64 << 20 if guaranteed else 0)
+
+
+class Link:
+    """The agent's side of the config link, plus the status service."""
+
+    def __init__(self, path: str) -> None:
+        self.channel = grpc.insecure_channel("unix://" + path)
+        self.config = api_pb2_grpc.ConfigStub(self.channel)
+        self.status_stub = status_pb2_grpc.StatusStub(self.channel)
+
+    def push(self, data: dict[str, str], node: str = "node-1") -> str:
+        return self.config.SetConfig(api_pb2.SetConfigRequest(node_name=node, config=data), timeout=30).error
+
+    def status(self) -> status_pb2.GetStatusReply:
+        return self.status_stub.GetStatus(status_pb2.GetStatusRequest(), timeout=10)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def relay_with_link(workdir, containerd, *extra, relay_dir=None) -> tuple[RelayProcess, Link]:
+    """A relay with its config link, and the agent's side of the link."""
+    relay = RelayProcess(workdir, containerd.socket, "--config-socket", str(workdir / "cfg" / "config.sock"),
+                         *extra, relay_dir=relay_dir).start()
+    deadline = time.monotonic() + 10
+    while not (workdir / "cfg" / "config.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return relay, Link(str(workdir / "cfg" / "config.sock"))

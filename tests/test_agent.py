@@ -21,9 +21,22 @@ from kubernetes import client, utils
 from harness.kube import ControlPlane
 from resmgr.generated.agent import api_pb2, api_pb2_grpc
 from resmgr.generated.config import status_pb2
-from tests.helpers import ROOT, Cri, RelayProcess, container_config, pod_config, resmgr_status, wait_socket
+from tests.helpers import (
+    ONLINE,
+    ROOT,
+    Cri,
+    RelayProcess,
+    cgroup_cpus,
+    cgroup_cpuset,
+    container_config,
+    pod_config,
+    resmgr_status,
+    resources,
+    wait_socket,
+)
 from tests.kubeapi import KubeAPI
-from tests.test_policy_e2e import ONLINE, cgroup_cpus, cgroup_cpuset, resources
+
+SPEED = "integration"  # see tests/conftest.py
 
 NS = "kube-system"
 LABEL = "cri-resource-manager.intel.com/group"

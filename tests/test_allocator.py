@@ -14,6 +14,8 @@ from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.model import CoreKind
 from resmgr.topology.sysfs import discover
 
+SPEED = "unit"  # see tests/conftest.py
+
 # 2 sockets x 8 cores x 2 threads: socket 0 = 0-7,16-23; socket 1 = 8-15,24-31
 SERVER = discover(generate(parse_spec("sockets=2,cores=8,threads=2"), tempfile.mkdtemp(prefix="crirm-topo-")))
 

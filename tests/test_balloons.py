@@ -14,6 +14,8 @@ from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.model import CoreKind
 from tests.world import World, machine
 
+SPEED = "unit"  # see tests/conftest.py
+
 G, B, BE = QOSClass.GUARANTEED, QOSClass.BURSTABLE, QOSClass.BEST_EFFORT
 SERVER = machine("sockets=2,cores=4,threads=2")  # socket 0: 0-3,8-11; socket 1: 4-7,12-15
 HYBRID = machine("cores=8,threads=2,ecores=8,ecluster=4,numbering=linear")  # P 0-15 (pairs), E 16-23

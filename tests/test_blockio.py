@@ -12,8 +12,9 @@ import pytest
 from resmgr.controllers import ControllerError
 from resmgr.controllers.blockio import parse_classes
 from resmgr.controllers.cgroups import cgroup_dirs, read_cpuset
-from tests.helpers import Cri, container_config, pod_config, refused_create
-from tests.test_config_link import start
+from tests.helpers import Cri, container_config, pod_config, refused_create, relay_with_link
+
+SPEED = "integration"  # see tests/conftest.py
 
 
 def a_block_device() -> str | None:
@@ -44,7 +45,7 @@ def classes(read_bps: str, iops: int | None) -> str:
 def test_block_io_classes_reach_the_cgroups(containerd, workdir):
     dev = os.stat(DEVICE).st_rdev
     key = f"{os.major(dev)}:{os.minor(dev)}"
-    relay, link = start(workdir, containerd)
+    relay, link = relay_with_link(workdir, containerd)
     via = Cri(relay.socket)
     pods = []
     try:

@@ -14,8 +14,10 @@ from resmgr.config.manager import ConfigManager, Rejected, Sources
 from resmgr.engine import Engine
 from resmgr.engine.store import StateStore
 from resmgr.frontends.cri.runtime import CriRuntime
-from tests.test_engine import FakeRuntime
+from tests.fakeruntime import FakeRuntime
 from tests.world import machine
+
+SPEED = "unit"  # see tests/conftest.py
 
 
 def test_configmap_keys_may_be_sections_or_dotted_paths():

@@ -7,12 +7,21 @@ import subprocess
 import sys
 import time
 
-import grpc
 import pytest
 
-from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
-from tests.helpers import ROOT, Cri, RelayProcess, container_config, pod_config
-from tests.test_policy_e2e import ONLINE, cgroup_cpus, cgroup_cpuset, resources
+from tests.helpers import (
+    ONLINE,
+    ROOT,
+    Cri,
+    cgroup_cpus,
+    cgroup_cpuset,
+    container_config,
+    pod_config,
+    relay_with_link,
+    resources,
+)
+
+SPEED = "integration"  # see tests/conftest.py
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -20,36 +29,12 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=60)
 
 
-class Link:
-    """The agent's side of the config link, plus the status service."""
 
-    def __init__(self, path: str) -> None:
-        self.channel = grpc.insecure_channel("unix://" + path)
-        self.config = api_pb2_grpc.ConfigStub(self.channel)
-        self.status_stub = status_pb2_grpc.StatusStub(self.channel)
-
-    def push(self, data: dict[str, str], node: str = "node-1") -> str:
-        return self.config.SetConfig(api_pb2.SetConfigRequest(node_name=node, config=data), timeout=30).error
-
-    def status(self) -> status_pb2.GetStatusReply:
-        return self.status_stub.GetStatus(status_pb2.GetStatusRequest(), timeout=10)
-
-    def close(self) -> None:
-        self.channel.close()
-
-
-def start(workdir, containerd, *extra, relay_dir=None) -> tuple[RelayProcess, Link]:
-    relay = RelayProcess(workdir, containerd.socket, "--config-socket", str(workdir / "cfg" / "config.sock"),
-                         *extra, relay_dir=relay_dir).start()
-    deadline = time.monotonic() + 10
-    while not (workdir / "cfg" / "config.sock").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return relay, Link(str(workdir / "cfg" / "config.sock"))
 
 
 @pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
 def test_pushed_configuration_switches_policies_and_survives_restarts(containerd, workdir):
-    relay, link = start(workdir, containerd)
+    relay, link = relay_with_link(workdir, containerd)
     via = Cri(relay.socket)
     pods = []
     try:
@@ -91,7 +76,7 @@ def test_pushed_configuration_switches_policies_and_survives_restarts(containerd
         # The pushed configuration is used again after a restart, even a kill -9.
         relay.stop(signal.SIGKILL)
         via.close()
-        relay, link = start(workdir, containerd, relay_dir=relay.relay_dir)
+        relay, link = relay_with_link(workdir, containerd, relay_dir=relay.relay_dir)
         via = Cri(relay.socket)
         status = link.status()
         assert status.policy == "topology-aware" and "persisted" in status.source
@@ -100,7 +85,7 @@ def test_pushed_configuration_switches_policies_and_survives_restarts(containerd
         relay.stop()
 
         # With policy switching disabled, a push that switches is refused.
-        relay, link = start(workdir, containerd, "--disable-policy-switch", relay_dir=relay.relay_dir)
+        relay, link = relay_with_link(workdir, containerd, "--disable-policy-switch", relay_dir=relay.relay_dir)
         via.close()
         via = Cri(relay.socket)
         assert "disabled" in link.push({"policy": "Active: static\n"})
@@ -116,7 +101,7 @@ def test_pushed_configuration_switches_policies_and_survives_restarts(containerd
 def test_forced_configuration_reloads_on_sighup_and_refuses_pushes(containerd, workdir):
     forced = workdir / "forced.yaml"
     forced.write_text("policy:\n  Active: none\n")
-    relay, link = start(workdir, containerd, "--force-config", str(forced))
+    relay, link = relay_with_link(workdir, containerd, "--force-config", str(forced))
     try:
         assert "forced by" in link.push({"policy": "Active: static\n"})
         forced.write_text("policy:\n  Active: static\n")
@@ -161,7 +146,7 @@ def test_reset_config_and_print_config_use_the_persisted_push(tmp_path):
 def test_disabled_policy_switch_refuses_to_start_on_another_policys_allocations(containerd, workdir):
     config = workdir / "policy.yaml"
     config.write_text("policy:\n  Active: static\n")
-    relay, link = start(workdir, containerd, "--force-config", str(config))
+    relay, link = relay_with_link(workdir, containerd, "--force-config", str(config))
     link.close()
     assert relay.stop() == 0
     config.write_text("policy:\n  Active: topology-aware\n")
@@ -172,7 +157,7 @@ def test_disabled_policy_switch_refuses_to_start_on_another_policys_allocations(
     assert "allocated by the static policy" in out.stderr and "--disable-policy-switch" in out.stderr
     out = cli("--reset-policy", "--relay-dir", str(relay.relay_dir), "--relay-socket", str(workdir / "again.sock"))
     assert out.returncode == 0 and "policy allocations dropped" in out.stdout
-    relay, link = start(workdir, containerd, "--force-config", str(config), "--disable-policy-switch",
+    relay, link = relay_with_link(workdir, containerd, "--force-config", str(config), "--disable-policy-switch",
                         relay_dir=relay.relay_dir)
     try:
         assert link.status().policy == "topology-aware"

@@ -9,6 +9,8 @@ import sys
 
 from tests.helpers import ROOT
 
+SPEED = "unit"  # see tests/conftest.py
+
 DOCS = "\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
 
 

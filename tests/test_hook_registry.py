@@ -18,6 +18,8 @@ from resmgr.hooks import FailurePolicy, Hook, HookFailed, Hooks
 from resmgr.hooks.registry import BadPlugin, parse
 from resmgr.model import Container, Pod, Resources
 
+SPEED = "unit"  # see tests/conftest.py
+
 
 def _spec(text: str):
     return parse(Path("/x/10-plugin.json"), text)

@@ -13,7 +13,10 @@ import pytest
 
 from resmgr.generated.cri import api_pb2 as cri
 
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed (scripts/setup.sh)")
+SPEED = "integration"  # see tests/conftest.py
+pytestmark = [
+    pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed (scripts/setup.sh)"),
+]
 
 
 def curl_grpc(socket: str, method: str, msg, tmp_path) -> tuple[int, str, bytes]:

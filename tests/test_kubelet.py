@@ -17,7 +17,10 @@ from resmgr.topology.cpuset import CPUSet
 from tests.helpers import ONLINE, resmgr_status, wait_until
 from tests.kubenode import KubeNode, done_with, error_kinds, scratch
 
-pytestmark = pytest.mark.skipif(len(ONLINE) < 2, reason="needs two CPUs: one reserved, one to hand out")
+SPEED = "integration"  # see tests/conftest.py
+pytestmark = [
+    pytest.mark.skipif(len(ONLINE) < 2, reason="needs two CPUs: one reserved, one to hand out"),
+]
 
 RESERVED = CPUSet([0])
 # kubelet's calls that must go through the relay, answered ok, in every round.

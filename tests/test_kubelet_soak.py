@@ -17,6 +17,7 @@ from resmgr.topology.cpuset import CPUSet
 from tests.helpers import ONLINE, live_cgroups, watch_exclusive
 from tests.kubenode import NAMESPACE, KubeNode, done_with, scratch
 
+SPEED = "integration"  # see tests/conftest.py
 pytestmark = [pytest.mark.soak, pytest.mark.skipif(len(ONLINE) < 2, reason="needs two CPUs")]
 
 RESERVED = CPUSet([0])

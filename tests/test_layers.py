@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+SPEED = "unit"  # see tests/conftest.py
+
 ROOT = Path(__file__).resolve().parent.parent
 
 FRONT_ENDS = ("resmgr.frontends", "resmgr.app", "harness")
@@ -83,3 +85,9 @@ def test_layering(under, banned, why):
 def test_the_rules_see_imports():
     assert "resmgr.model" in _imports(ROOT / "resmgr/engine/ledger.py")
     assert _hits("grpc.aio", PROTOCOLS) and not _hits("grpcio", PROTOCOLS)
+
+
+def test_test_modules_share_helpers_through_shared_modules_only():
+    broken = [f"{path.name} imports {name}" for path in sorted((ROOT / "tests").glob("*.py"))
+              for name in sorted(_imports(path)) if name.startswith("tests.test_")]
+    assert not broken, "helpers used by several test modules belong in a shared module:\n" + "\n".join(broken)

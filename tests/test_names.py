@@ -25,7 +25,10 @@ from tests.helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.skipif(len(ONLINE) != 2, reason="counts on 2 CPUs: one exclusive grant fills the machine")
+SPEED = "integration"  # see tests/conftest.py
+pytestmark = [
+    pytest.mark.skipif(len(ONLINE) != 2, reason="counts on 2 CPUs: one exclusive grant fills the machine"),
+]
 
 
 @pytest.fixture

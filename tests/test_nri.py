@@ -15,12 +15,22 @@ import pytest
 
 from harness.relay import NriProcess, policy_relay
 from resmgr.generated.cri import api_pb2 as cri
-from tests.helpers import ONLINE, ROOT, Cri, Pods, cgroup_cpus, container_config, pod_config, wait_until
-from tests.test_config_link import Link
-from tests.test_hooks import Plugin
-from tests.test_policy_e2e import resources
+from tests.helpers import (
+    ONLINE,
+    ROOT,
+    Cri,
+    Link,
+    Pods,
+    cgroup_cpus,
+    container_config,
+    pod_config,
+    resources,
+    wait_until,
+)
+from tests.hookplugin import Plugin
 
-pytestmark = pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
+SPEED = "integration"  # see tests/conftest.py
+pytestmark = [pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")]
 
 
 def nri_plugin(workdir: Path, containerd, policy: str, *extra: str, relay_dir: Path | None = None) -> NriProcess:

@@ -24,6 +24,8 @@ from resmgr.generated.nri import api_pb2 as nri
 from resmgr.generated.ttrpc import request_pb2 as ttrpc
 from resmgr.policies import PolicyError
 
+SPEED = "unit"  # see tests/conftest.py
+
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 MIB4 = 4 << 20
 

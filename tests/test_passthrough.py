@@ -11,6 +11,8 @@ from harness.images import BUSYBOX_IMAGE, PAUSE_IMAGE
 from resmgr.generated.cri import api_pb2 as cri
 from tests.helpers import container_config, pod_config
 
+SPEED = "integration"  # see tests/conftest.py
+
 
 def outcome(fn, *args, **kw):
     """(code, details) of a call, or ('OK', reply)."""

@@ -15,8 +15,19 @@ from harness.relay import free_port
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.view import client
-from tests.helpers import ONLINE, ROOT, Cri, RelayProcess, cgroup_cpus, container_config, pod_config, wait_until
-from tests.test_policy_e2e import resources
+from tests.helpers import (
+    ONLINE,
+    ROOT,
+    Cri,
+    RelayProcess,
+    cgroup_cpus,
+    container_config,
+    pod_config,
+    resources,
+    wait_until,
+)
+
+SPEED = "integration"  # see tests/conftest.py
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (scripts/setup.sh installs it)")

@@ -10,6 +10,8 @@ from resmgr.policies import PolicyError
 from resmgr.topology.cpuset import CPUSet
 from tests.world import World, machine
 
+SPEED = "unit"  # see tests/conftest.py
+
 DESKTOP = machine("cores=8,threads=2")  # cores 0-7, threads n and n+8
 POOL = "pool.podpools.cri-resource-manager.intel.com"
 CONFIG = {"AvailableResources": {"cpu": "cpuset:2-15"}, "ReservedResources": {"cpu": "cpuset:15"},

@@ -7,7 +7,6 @@ import signal
 import pytest
 
 from resmgr.generated.cri import api_pb2 as cri
-from resmgr.requests import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.sysfs import discover
@@ -20,16 +19,15 @@ from tests.helpers import (
     container_config,
     pod_config,
     policy_relay,
+    resources,
     wait_until,
 )
+
+SPEED = "integration"  # see tests/conftest.py
 
 TOPOLOGY = discover("/")
 
 
-def resources(milli: int, guaranteed: bool) -> cri.LinuxContainerResources:
-    return cri.LinuxContainerResources(cpu_shares=milli_to_shares(milli),
-                                       cpu_quota=milli * 100 if guaranteed else 0, cpu_period=100000,
-                                       memory_limit_in_bytes=64 << 20 if guaranteed else 0)
 
 
 @pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")

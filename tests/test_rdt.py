@@ -15,8 +15,9 @@ import yaml
 
 from resmgr.controllers import ControllerError
 from resmgr.controllers.rdt import Info, Plan, RDTController
-from tests.helpers import ROOT, Cri, container_config, pod_config, refused_create
-from tests.test_config_link import start
+from tests.helpers import ROOT, Cri, container_config, pod_config, refused_create, relay_with_link
+
+SPEED = "integration"  # see tests/conftest.py
 
 INFO = Info(cbm_bits=12, min_cbm_bits=2, l3_ids=(0, 1), mb_ids=(0, 1), mb_gran=10, mb_min=10, closids=8)
 
@@ -159,7 +160,7 @@ def test_container_threads_join_their_class_also_across_restarts(containerd, wor
     config = workdir / "rdt.yaml"
     config.write_text(yaml.safe_dump({"policy": {"Active": "none"}, "rdt": QOS_CLASSES}))
     args = ("--force-config", str(config), "--resctrl-path", str(resctrl))
-    relay, link = start(workdir, containerd, *args)
+    relay, link = relay_with_link(workdir, containerd, *args)
     via = Cri(relay.socket)
     pods = []
     try:
@@ -183,7 +184,7 @@ def test_container_threads_join_their_class_also_across_restarts(containerd, wor
         late_cfg = pod_config(qos="burstable", logdir=str(workdir / "logs"))
         pods.append(direct.run_pod(late_cfg))
         late = direct.run_container(pods[-1], late_cfg, container_config())
-        relay, link = start(workdir, containerd, *args, relay_dir=relay.relay_dir)
+        relay, link = relay_with_link(workdir, containerd, *args, relay_dir=relay.relay_dir)
         via = Cri(relay.socket)
         assert in_group(resctrl, "cri-resmgr.Burstable", late_cfg, late)
         assert in_group(resctrl, "cri-resmgr.Guaranteed", g_cfg, g)

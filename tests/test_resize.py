@@ -23,7 +23,10 @@ from tests.helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.skipif(len(ONLINE) != 2, reason="counts on 2 CPUs: one exclusive grant fills the machine")
+SPEED = "integration"  # see tests/conftest.py
+pytestmark = [
+    pytest.mark.skipif(len(ONLINE) != 2, reason="counts on 2 CPUs: one exclusive grant fills the machine"),
+]
 
 HALF_CPU = cri.LinuxContainerResources(cpu_shares=512, cpu_quota=50000, cpu_period=100000,
                                        memory_limit_in_bytes=64 << 20)

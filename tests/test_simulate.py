@@ -21,6 +21,8 @@ from resmgr.requests import (
 from resmgr.topology.cpuset import CPUSet
 from tests.helpers import ROOT
 
+SPEED = "unit"  # see tests/conftest.py
+
 PODS = """\
 - name: system
   namespace: kube-system

@@ -53,7 +53,10 @@ from tests.helpers import (
     watch_exclusive,
 )
 
-pytestmark = [pytest.mark.soak, pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")]
+SPEED = "integration"  # see tests/conftest.py
+pytestmark = [
+    pytest.mark.soak, pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs"),
+]
 
 NAME_HELD = re.compile(r'is reserved for "([0-9a-f]+)"')
 RETRIED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,

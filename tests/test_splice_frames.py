@@ -12,6 +12,8 @@ from resmgr.frontends.relay import frames as h2
 from resmgr.frontends.relay.dispatch import Outcome
 from resmgr.frontends.relay.splice import SpliceServer, _Backend, _Conn
 
+SPEED = "unit"  # see tests/conftest.py
+
 VERSION = b"/runtime.v1.RuntimeService/Version"
 CREATE = b"/runtime.v1.RuntimeService/CreateContainer"
 

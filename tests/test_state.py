@@ -11,6 +11,8 @@ import pytest
 from resmgr.generated.cri import api_pb2 as cri
 from tests.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_config, pod_config, policy_relay
 
+SPEED = "integration"  # see tests/conftest.py
+
 
 def guaranteed_cpu() -> cri.LinuxContainerResources:
     return cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000,

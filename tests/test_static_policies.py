@@ -15,6 +15,8 @@ from resmgr.topology.model import CoreKind
 from tests import world
 from tests.world import machine
 
+SPEED = "unit"  # see tests/conftest.py
+
 # 2 sockets x 4 cores x 2 threads: socket 0 = 0-3,8-11; socket 1 = 4-7,12-15; 7 and 15 isolated.
 TOPO = machine("sockets=2,cores=4,threads=2,isolated=7;15")
 

@@ -11,6 +11,8 @@ from resmgr.policies.toolkit.grants import Grant, Grants
 from resmgr.policies.toolkit.options import Option, case_free, read, schema
 from resmgr.topology.cpuset import CPUSet
 
+SPEED = "unit"  # see tests/conftest.py
+
 
 def test_grants_keep_the_taken_cpus_and_undo_a_failed_transaction():
     seen = []

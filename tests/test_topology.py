@@ -13,6 +13,8 @@ from resmgr.topology.generate import GiB, MachineSpec, MemoryOnlyNode, generate,
 from resmgr.topology.model import CoreKind, MemoryType
 from resmgr.topology.sysfs import TopologyError, discover
 
+SPEED = "unit"  # see tests/conftest.py
+
 # -- CPUSet ---------------------------------------------------------------------------
 
 

@@ -19,6 +19,8 @@ from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.sysfs import discover
 from tests.world import World, machine
 
+SPEED = "unit"  # see tests/conftest.py
+
 G = QOSClass.GUARANTEED
 B = QOSClass.BURSTABLE
 BE = QOSClass.BEST_EFFORT

@@ -22,6 +22,8 @@ from resmgr.frontends.relay import dump
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import QOSClass, Resources, qos_class_from_cgroup_parent
 
+SPEED = "unit"  # see tests/conftest.py
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -25,10 +25,12 @@ from tests.helpers import (
     container_config,
     pod_config,
     policy_relay,
+    resources,
     wait_until,
 )
-from tests.test_hooks import Plugin
-from tests.test_policy_e2e import resources
+from tests.hookplugin import Plugin
+
+SPEED = "unit"  # see tests/conftest.py
 
 
 def scrape(address: str) -> dict[tuple[str, frozenset], float]:
@@ -74,6 +76,7 @@ def test_cli_refuses_a_remote_address_without_the_flag(tmp_path):
     assert "not a loopback address" in out.stderr and "--metrics-allow-remote" in out.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["splice", "grpc"])
 def test_metrics_of_a_running_relay(containerd, workdir, mode):
     """CRI calls by route and outcome, pools, configuration, state saves: scraped and parsed."""
@@ -162,6 +165,7 @@ def test_metrics_of_a_running_relay(containerd, workdir, mode):
         relay.stop()
 
 
+@pytest.mark.integration
 def test_state_on_a_unix_socket_and_status_table(containerd, workdir):
     """`cri-resmgr status` finds the endpoint through the config socket and prints the pools."""
     address = f"unix:{workdir}/view.sock"
@@ -200,6 +204,7 @@ def test_state_on_a_unix_socket_and_status_table(containerd, workdir):
     assert not (workdir / "view.sock").exists()
 
 
+@pytest.mark.integration
 def test_hook_and_nri_metrics(containerd, workdir):
     """Hook plugin calls by plugin, hook and outcome; NRI events, in NRI mode."""
     hookdir = workdir / "hookserver.d"

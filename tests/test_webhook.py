@@ -29,6 +29,8 @@ from resmgr.webhook import review
 from tests.helpers import ONLINE, ROOT, Cri, cgroup_cpus, container_config, pod_config, policy_relay, wait_until
 from tests.kubenode import KubeNode
 
+SPEED = "integration"  # see tests/conftest.py
+
 
 def pod(containers: list[dict], init: list[dict] | None = None, annotations: dict | None = None) -> dict:
     meta: dict = {"name": "web", "namespace": "default", "uid": str(uuid.uuid4())}

@@ -16,6 +16,8 @@ import pytest
 from resmgr.generated.cri import api_pb2 as cri
 from tests.helpers import FakeBackend, RelayProcess, slow_call_in_thread, wait_socket
 
+SPEED = "integration"  # see tests/conftest.py
+
 
 @pytest.fixture
 def backend(workdir):
