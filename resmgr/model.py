@@ -204,8 +204,7 @@ class Container:
     # What kubelet asked for and what was actually applied after policy decisions.
     requested: Resources = field(default_factory=Resources)
     resources: Resources = field(default_factory=Resources)
-    rdt_class: str = ""
-    blockio_class: str = ""
+    classes: dict[str, str] = field(default_factory=dict)  # class name by controller name ("rdt", "blockio")
     seq: int = 0
     # Topology hints: device host path -> the NUMA nodes it is attached to.
     hints: dict[str, list[int]] = field(default_factory=dict)
@@ -234,6 +233,11 @@ class Container:
     def from_dict(cls, d: dict[str, Any]) -> Container:
         d = dict(d)
         d["state"] = ContainerState(d["state"])
+        classes = d.setdefault("classes", {})
+        for controller in ("rdt", "blockio"):  # the state file's older form
+            old = d.pop(f"{controller}_class", "")
+            if old and controller not in classes:
+                classes[controller] = old
         d["requested"] = Resources.from_dict(d.get("requested", {}))
         d["resources"] = Resources.from_dict(d.get("resources", {}))
         if d.get("adjusted") is not None:
@@ -247,12 +251,12 @@ class Decision:
 
     `resources` replaces the container's resources (None: leave the request as is);
     `updates` holds every *other* container whose resources changed, by container key.
-    An empty class name leaves the container's class as it was.
+    `classes` names the container's class by controller name; a controller it does not
+    name (or names with "") leaves the container's class as it was.
     """
 
     resources: Resources | None = None
-    rdt_class: str = ""
-    blockio_class: str = ""
+    classes: dict[str, str] = field(default_factory=dict)
     updates: dict[str, Resources] = field(default_factory=dict)
 
 

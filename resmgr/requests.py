@@ -143,9 +143,13 @@ def requirements(container: Container, pod: Pod) -> Requirements:
     return Requirements(qos, cpu_request, cpu_limit, mem_request, mem_limit)
 
 
-def class_names(container: Container, pod: Pod) -> tuple[str, str]:
-    """The container's RDT and block-I/O class: annotation, else the pod's QoS class name."""
+# The annotation naming a container's class, by controller name.
+CLASS_ANNOTATIONS = {"rdt": RDT_ANNOTATION, "blockio": BLOCKIO_ANNOTATION}
+
+
+def class_names(container: Container, pod: Pod) -> dict[str, str]:
+    """The container's class for each controller: its annotation, else the pod's QoS class name."""
     annotations = {**container.annotations, **pod.annotations}
     qos = pod.qos_class.value
-    return (effective_annotation(annotations, RDT_ANNOTATION, container.name) or qos,
-            effective_annotation(annotations, BLOCKIO_ANNOTATION, container.name) or qos)
+    return {controller: effective_annotation(annotations, key, container.name) or qos
+            for controller, key in CLASS_ANNOTATIONS.items()}

@@ -139,9 +139,9 @@ def test_preserved_containers_are_left_alone():
 def test_type_classes_unless_annotated():
     w = world([{"Name": "t", "Namespaces": ["*"], "RdtClass": "gold", "BlockioClass": "slow"}])
     c = w.add(B, 100)
-    assert (w.containers[c.key].rdt_class, w.containers[c.key].blockio_class) == ("gold", "slow")
+    assert w.containers[c.key].classes == {"rdt": "gold", "blockio": "slow"}
     c = w.add(B, 100, annotations={"rdtclass.cri-resource-manager.intel.com": "silver"})
-    assert w.containers[c.key].rdt_class == "silver"
+    assert w.containers[c.key].classes["rdt"] == "silver"
 
 
 def test_nri_plugins_spelling_and_errors():

@@ -35,7 +35,7 @@ class PinningPolicy(Policy):
         n = len(view.containers) - 1
         others = {k: Resources(cpuset_cpus=f"0-{n}") for k in view.containers if k != container.key}
         return Decision(resources=Resources(cpuset_cpus=str(n), cpu_shares=1024), updates=others,
-                        rdt_class="gold")
+                        classes={"rdt": "gold"})
 
     def update(self, container, requested, view):
         return Decision(resources=Resources(cpuset_cpus=container.resources.cpuset_cpus,
@@ -102,7 +102,7 @@ async def test_create_rewrites_request_and_updates_others(engine):
     assert sent[1].config.linux.resources.cpuset_cpus == "1"
     assert sent[1].config.linux.resources.cpu_shares == 1024
     assert engine.containers["c2"].requested.cpu_shares == 2
-    assert engine.containers["c2"].rdt_class == "gold"
+    assert engine.containers["c2"].classes["rdt"] == "gold"
     assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.client.updates] == [("c1", "0-1")]
     assert engine.containers["c1"].resources.cpuset_cpus == "0-1"
 

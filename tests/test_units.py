@@ -290,3 +290,16 @@ def test_every_daemon_option_is_a_flag_and_the_defaults_hold():
     got = options.from_args(flags)
     assert (got.runtime_events, got.hook_timeout, got.nri, got.cgroup_root) == (False, 0.5, True,
                                                                                 "/host/sys/fs/cgroup")
+
+
+def test_classes_are_kept_by_controller_name_and_older_state_files_still_load():
+    from resmgr.engine import statefile
+    from resmgr.model import Container
+
+    old = {"id": "c1", "pod_id": "p1", "name": "app", "state": "running", "rdt_class": "gold",
+           "blockio_class": "slow"}
+    statefile.check({"version": 1, "pods": [], "containers": [old]})
+    c = Container.from_dict(old)
+    assert c.classes == {"rdt": "gold", "blockio": "slow"}
+    again = Container.from_dict(c.to_dict())
+    assert again.classes == c.classes and "rdt_class" not in c.to_dict()

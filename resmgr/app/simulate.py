@@ -143,8 +143,8 @@ def summary(topology: Topology, policy: Policy, ledger: Ledger,
             pool = (grant.pool or "exclusive") if grant is not None else ""
             result.append({"pod": f"{pod.namespace}/{pod.name}", "name": c.name,
                            "cpus": c.resources.cpuset_cpus or str(topology.online),
-                           "mems": c.resources.cpuset_mems, "rdt_class": c.rdt_class,
-                           "blockio_class": c.blockio_class, "pool": pool})
+                           "mems": c.resources.cpuset_mems, "rdt_class": c.classes.get("rdt", ""),
+                           "blockio_class": c.classes.get("blockio", ""), "pool": pool})
     return {"policy": policy.name, "pools": pools, "containers": result, "notices": policy.fallback()}
 
 

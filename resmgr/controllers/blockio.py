@@ -161,7 +161,7 @@ class BlockIOController:
     def apply(self, container: Container, pod: Pod) -> None:
         if self.mode == "disabled" or not container.id or not self.touched or self.available():
             return  # no class was ever configured here: nothing to write, nothing to lift
-        name = container.blockio_class
+        name = container.classes.get(self.name, "")
         rules = self.classes.get(name)
         if rules is None and name not in {q.value for q in QOSClass}:
             self._warn_once(f"block-I/O class {name!r} is not configured; containers in it are not limited")

@@ -323,10 +323,11 @@ class RDTController:
     def apply(self, container: Container, pod: Pod) -> None:
         if self.rdt_mode == "Disabled" or not container.id:
             return
-        group = self.groups.get(container.rdt_class)
+        named = container.classes.get(self.name, "")
+        group = self.groups.get(named)
         if group is None:
-            if container.rdt_class not in {q.value for q in QOSClass} or self.groups:
-                self._warn_once(f"RDT class {container.rdt_class!r} is not configured; its containers stay in "
+            if named not in {q.value for q in QOSClass} or self.groups:
+                self._warn_once(f"RDT class {named!r} is not configured; its containers stay in "
                                 "the root group")
             group = self.root
         tasks = group / "tasks"

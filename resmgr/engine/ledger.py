@@ -108,8 +108,9 @@ class Ledger:
         """c's own part of a decision: its resources, and the classes the decision names."""
         if decision.resources is not None:
             c.resources = decision.resources.overlaid(c.adjusted)
-        c.rdt_class = decision.rdt_class or c.rdt_class
-        c.blockio_class = decision.blockio_class or c.blockio_class
+        named = {k: v for k, v in decision.classes.items() if v}
+        if named:
+            c.classes = {**c.classes, **named}
 
     def record(self, updates: dict[str, Resources]) -> dict[str, Resources]:
         """Take updates as the containers' resources, pending until the runtime has them.
@@ -164,7 +165,7 @@ class Ledger:
         """c replaces holder, which is gone, and takes over what the policy granted it (its resources
         stay what the runtime made it with: the caller pushes the grant's if they differ)."""
         self.containers.pop(holder.key, None)
-        c.rdt_class, c.blockio_class = holder.rdt_class, holder.blockio_class
+        c.classes = dict(holder.classes)
         self.unsettled.pop(holder.key, None)
         for keys in (self.unallocated, self.degraded):
             if holder.key in keys:
@@ -234,7 +235,7 @@ class Ledger:
             old = self.containers[key]
             if c.state != ContainerState.EXITED and c.resources != old.resources:
                 updates[key] = c.resources
-            old.rdt_class, old.blockio_class = c.rdt_class, c.blockio_class
+            old.classes = c.classes
         self.policy = policy
         self.unallocated.clear()
         self.degraded.clear()

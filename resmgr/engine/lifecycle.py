@@ -426,7 +426,7 @@ class Engine:
         pinned = self.pins(holder)
         if pinned:
             c.resources = dataclasses.replace(holder.resources)
-        c.rdt_class, c.blockio_class = holder.rdt_class, holder.blockio_class
+        c.classes = dict(holder.classes)
         return CreatePlan(pod, c, pinned, pinned=pinned, holder=holder)
 
     async def abort_create(self, plan: CreatePlan, err: BaseException, refused: bool) -> None:
@@ -658,7 +658,7 @@ class Engine:
             now = self.policy.update(c, plan.requested, self.view())
             c.resources = now.resources.overlaid(c.adjusted) if now.resources else sent
             c.pending = c.resources != sent and c.state != ContainerState.EXITED
-            self.ledger.apply(c, Decision(rdt_class=now.rdt_class, blockio_class=now.blockio_class))
+            self.ledger.apply(c, Decision(classes=now.classes))
             updates = dict(plan.moved)
             if c.pending:
                 updates[c.key] = c.resources

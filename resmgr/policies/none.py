@@ -16,5 +16,5 @@ class NonePolicy(Policy):
     description = "no resource management: requests pass to the runtime unchanged"
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
-        rdt, blockio = class_names(container, pod)
-        return Decision(rdt_class=rdt, blockio_class=blockio)
+        classes = class_names(container, pod)
+        return Decision(classes=classes)

@@ -198,8 +198,8 @@ class PodpoolsPolicy(Policy):
                 i.pods.add(pod.id)
         resources = self._resources(container.requested, pool)
         resources.cpu_shares = milli_to_shares(req.cpu_request)
-        rdt, blockio = class_names(container, pod)
-        return Decision(resources=resources, rdt_class=rdt, blockio_class=blockio)
+        classes = class_names(container, pod)
+        return Decision(resources=resources, classes=classes)
 
     def release(self, container: Container, view: View) -> Decision:
         pool = self.where.pop(container.key, None)

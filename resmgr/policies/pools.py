@@ -98,11 +98,11 @@ class PoolPolicy(Policy):
                 grant = replace(grant, hide_ht=True)
             self.grants.add(container.key, grant)
         cpus = self.cpus_of(container.key)
-        rdt, blockio = class_names(container, pod)
+        classes = class_names(container, pod)
         resources = container.requested.with_cpus(str(cpus))
         resources.cpu_shares = milli_to_shares(req.cpu_request)  # the annotation may know better
         return Decision(resources=resources,
-                        rdt_class=rdt, blockio_class=blockio,
+                        classes=classes,
                         updates=self._updates(before, view, container.key))
 
     def release(self, container: Container, view: View) -> Decision:

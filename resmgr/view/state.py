@@ -49,7 +49,7 @@ def _container_doc(c: Container, policy: Policy, online: CPUSet) -> dict[str, An
             "runs_on": c.resources.cpuset_cpus or str(online),
             "pool": grant.get("pool", ""), "kind": grant.get("kind", ""), "fallback": grant.get("fallback", ""),
             "exclusive": grant.get("exclusive", ""), "shared_milli": grant.get("shared_milli", 0),
-            "rdt_class": c.rdt_class, "blockio_class": c.blockio_class,
+            "rdt_class": c.classes.get("rdt", ""), "blockio_class": c.classes.get("blockio", ""),
             "cpu_shares": c.resources.cpu_shares, "cpu_quota": c.resources.cpu_quota,
             "memory_limit": c.resources.memory_limit_in_bytes, "pending": c.pending}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from resmgr.generated.nri import api_pb2 as nri
 from resmgr.model import Adjustment, Container, ContainerState, Pod, Resources, qos_class_from_cgroup_parent
 
@@ -23,8 +25,8 @@ def resources(msg: nri.LinuxResources | None) -> Resources:
     )
 
 
-def to_nri(res: Resources, base: Resources | None = None, rdt_class: str = "",
-           blockio_class: str = "") -> nri.LinuxResources:
+def to_nri(res: Resources, base: Resources | None = None,
+           classes: Mapping[str, str] | None = None) -> nri.LinuxResources:
     """res as NRI resources; with base, only what differs from it (and the cpuset, always): a
     plugin owns every field it sets, so it sets no more than it changes."""
     def wanted(name: str) -> bool:
@@ -52,10 +54,11 @@ def to_nri(res: Resources, base: Resources | None = None, rdt_class: str = "",
     if wanted("unified"):
         out.unified.update(res.unified if base is None else
                            {k: v for k, v in res.unified.items() if base.unified.get(k) != v})
-    if rdt_class:
-        out.rdt_class.value = rdt_class
-    if blockio_class:
-        out.blockio_class.value = blockio_class
+    classes = classes or {}
+    if classes.get("rdt"):
+        out.rdt_class.value = classes["rdt"]
+    if classes.get("blockio"):
+        out.blockio_class.value = classes["blockio"]
     return out
 
 
@@ -92,12 +95,12 @@ def container(c: nri.Container) -> Container:
                      resources=Resources.from_dict(res.to_dict()), env=env(list(c.env)))
 
 
-def adjustment(res: Resources, requested: Resources, adj: Adjustment | None, rdt_class: str = "",
-               blockio_class: str = "") -> nri.ContainerAdjustment:
+def adjustment(res: Resources, requested: Resources, adj: Adjustment | None,
+               classes: Mapping[str, str] | None = None) -> nri.ContainerAdjustment:
     """What a create changes: the resources that differ from the request, and the hook plugins'
     annotations and environment."""
     out = nri.ContainerAdjustment()
-    linux = to_nri(res, requested, rdt_class, blockio_class)
+    linux = to_nri(res, requested, classes)
     if linux.ByteSize():
         out.linux.resources.CopyFrom(linux)
     if adj is not None:

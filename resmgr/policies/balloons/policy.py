@@ -31,7 +31,7 @@ from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.expressions import substitute
 from resmgr.policies.toolkit.grants import Grant
 from resmgr.policies.toolkit.options import in_namespaces
-from resmgr.requests import BLOCKIO_ANNOTATION, RDT_ANNOTATION, class_names, effective_annotation, milli_to_shares
+from resmgr.requests import CLASS_ANNOTATIONS, class_names, effective_annotation, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import CoreKind, MemoryType, Topology
 
@@ -481,24 +481,23 @@ class BalloonsPolicy(Policy):
         else:
             self._resize(b, size, guaranteed)
         self._put(container.key, b, m)
-        rdt, blockio = self._classes(container, pod, b.type)
+        classes = self._classes(container, pod, b.type)
         resources = self._resources(container.requested, b, m)
         resources.cpu_shares = milli_to_shares(m.milli)
-        return Decision(resources=resources, rdt_class=rdt, blockio_class=blockio,
+        return Decision(resources=resources, classes=classes,
                         updates=self._updates(before, view, container.key))
 
     def _group(self, t: BalloonType, container: Container, pod: Pod) -> str:
         return substitute(t.group_by, container, pod) if t.group_by else ""
 
-    def _classes(self, container: Container, pod: Pod, t: BalloonType) -> tuple[str, str]:
+    def _classes(self, container: Container, pod: Pod, t: BalloonType) -> dict[str, str]:
         """The container's class annotations, else its type's classes, else its QoS class."""
-        rdt, blockio = class_names(container, pod)
+        classes = class_names(container, pod)
         merged = annotations.merged(container, pod)
-        if t.rdt_class and effective_annotation(merged, RDT_ANNOTATION, container.name) is None:
-            rdt = t.rdt_class
-        if t.blockio_class and effective_annotation(merged, BLOCKIO_ANNOTATION, container.name) is None:
-            blockio = t.blockio_class
-        return rdt, blockio
+        for controller, named in t.classes.items():
+            if named and effective_annotation(merged, CLASS_ANNOTATIONS[controller], container.name) is None:
+                classes[controller] = named
+        return classes
 
     def _put(self, key: str, b: Balloon, m: Member) -> None:
         b.members[key] = m

@@ -158,8 +158,7 @@ class BalloonType:
     memory_types: frozenset[MemoryType] = frozenset()
     hide_ht: bool = False
     isolated: bool = False
-    rdt_class: str = ""
-    blockio_class: str = ""
+    classes: dict[str, str] = field(default_factory=dict)  # by controller name
     loads: tuple[Load, ...] = ()
     near_nodes: tuple[int, ...] = ()  # PreferCloseToDevices naming NUMA nodes, first preferred first
     components: tuple[str, ...] = ()  # a composite type: the types of its parts
@@ -232,7 +231,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
             share_idle=t["ShareIdleCPUsInSame"], core_kind=CoreKind(t["PreferCoreType"]),
             pin_memory=_bool_or(t["PinMemory"], raw["PinMemory"], f"{at}.PinMemory"),
             memory_types=t["MemoryTypes"] or frozenset(), hide_ht=t["HideHyperthreads"],
-            isolated=t["PreferIsolCpus"], rdt_class=t["RdtClass"], blockio_class=t["BlockioClass"], order=i,
+            isolated=t["PreferIsolCpus"], classes={"rdt": t["RdtClass"], "blockio": t["BlockioClass"]}, order=i,
             loads=tuple(loads[n] for n in t["Loads"]),
             near_nodes=tuple(int(m.group(1)) for d in t["PreferCloseToDevices"]
                              for m in [_NODE.fullmatch(d.rstrip("/"))] if m),

@@ -490,10 +490,10 @@ class TopologyAwarePolicy(Policy):
             if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
                 grant = self._keep(container.key, grant, keep)
             self._add(container.key, grant)
-        rdt, blockio = class_names(container, pod)
+        classes = class_names(container, pod)
         resources = self._resources(container.requested, grant)
         resources.cpu_shares = milli_to_shares(req.cpu_request)
-        return Decision(resources=resources, rdt_class=rdt, blockio_class=blockio,
+        return Decision(resources=resources, classes=classes,
                         updates=self._updates(before, view, container.key))
 
     def release(self, container: Container, view: View) -> Decision:
