@@ -25,11 +25,12 @@ from typing import Any
 from resmgr.model import Container, Pod, QOSClass, Resources
 from resmgr.policies import annotations, cpuconfig
 from resmgr.policies.balloons.types import DEFAULT, POLICY_OPTIONS, RESERVED, BalloonType, parse
-from resmgr.policies.base import Decision, Policy, PolicyError, View, container_requirements
+from resmgr.policies.base import Decision, PolicyError, View, container_requirements
 from resmgr.policies.toolkit.cpus import Preferences, one_thread_per_core, take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.expressions import substitute
 from resmgr.policies.toolkit.grants import Grant
+from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.policies.toolkit.options import in_namespaces
 from resmgr.requests import CLASS_ANNOTATIONS, class_names, effective_annotation, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
@@ -116,7 +117,7 @@ def _hint(container: Container, pod: Pod, name: str) -> str | None:
     return effective_annotation(annotations.merged(container, pod), f"{name}.{NRI}", container.name)
 
 
-class BalloonsPolicy(Policy):
+class BalloonsPolicy(SnapshotMoves):
     name = "balloons"
     description = ("containers in typed balloons, CPU pools that grow and shrink with their requests, "
                    "matched by annotation, namespace or expressions")
@@ -517,12 +518,6 @@ class BalloonsPolicy(Policy):
         else:
             self._resize(b, self._size(t, b.milli, bool(b.members)) or len(b.cpus))
         return b, m
-
-    def release(self, container: Container, view: View) -> Decision:
-        before = self._snapshot()
-        if self._remove(container.key) is None:
-            return Decision()
-        return Decision(updates=self._updates(before, view, container.key))
 
     def update(self, container: Container, requested: Resources, view: View) -> Decision:
         b = self.where.get(container.key)

@@ -35,9 +35,10 @@ from typing import Any
 
 from resmgr.model import Container, Pod, QOSClass, Resources
 from resmgr.policies import annotations, cpuconfig
-from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
+from resmgr.policies.base import Decision, PolicyError, View, class_names, container_requirements
 from resmgr.policies.toolkit.cpus import ANY, Preferences, one_thread_per_core, preferences, take_cpus
 from resmgr.policies.toolkit.grants import Grant, Grants
+from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.policies.toolkit.options import Option, in_namespaces, reserved_namespaces
 from resmgr.policies.topology_aware.affinity import affinities
 from resmgr.policies.topology_aware.tree import Pool, TreeError, build, owner
@@ -89,7 +90,7 @@ class Request:
         return ", ".join(parts)
 
 
-class TopologyAwarePolicy(Policy):
+class TopologyAwarePolicy(SnapshotMoves):
     name = "topology-aware"
     description = ("pools from the hardware tree (sockets, dies, NUMA nodes, L3): each container in the tightest "
                    "pool that fits, with CPUs and memory from the same place")
@@ -495,12 +496,6 @@ class TopologyAwarePolicy(Policy):
         resources.cpu_shares = milli_to_shares(req.cpu_request)
         return Decision(resources=resources, classes=classes,
                         updates=self._updates(before, view, container.key))
-
-    def release(self, container: Container, view: View) -> Decision:
-        before = self._snapshot()
-        if self._remove(container.key) is None:
-            return Decision()
-        return Decision(updates=self._updates(before, view, container.key))
 
     def update(self, container: Container, requested: Resources, view: View) -> Decision:
         g = self.grants.get(container.key)
