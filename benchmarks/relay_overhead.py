@@ -4,7 +4,10 @@ minimal Go gRPC proxy (benchmarks/goproxy, grpc-go relaying raw bytes), in the s
 
 Brings up the private containerd (or uses --runtime-socket), starts the relay and the Go
 proxy as separate processes, and measures Version, Status, ListContainers and
-ContainerStatus with 1 and 16 concurrent clients, all three ways. Prints p50/p99 per call,
+ContainerStatus with 1 and 16 concurrent clients, all three ways. The load comes from a Go
+client (benchmarks/goproxy/load: each client a goroutine with a connection of its own, as
+separate callers would be), so the client is not what limits the figures; --client python
+uses a grpc.aio client in this process instead. Prints p50/p99 per call,
 each proxy's overhead (its latency - direct), cri-resmgr's overhead as a ratio of the Go
 proxy's, the CPU time each proxy spends per relayed call, calls per second, the relay's
 RSS with --pods pods known, and its start-up time to first served call.
@@ -41,17 +44,19 @@ GOPROXY_SRC = Path(__file__).resolve().parent / "goproxy"
 CACHE = Path(os.environ.get("CRI_RESMGR_CACHE", Path.home() / ".cache" / "cri-resmgr"))
 
 
-def build_goproxy() -> Path:
-    """Build benchmarks/goproxy with the Go toolchain (module proxy), cached by its sources' hash."""
+def build_goproxy(package: str = ".") -> Path:
+    """Build a command of benchmarks/goproxy (the proxy, or ./load) with the Go toolchain (module
+    proxy), cached by its sources' hash."""
     digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go"):
+    for name in ("go.mod", "go.sum", "main.go", "load/main.go"):
         digest.update((GOPROXY_SRC / name).read_bytes())
-    binary = CACHE / "go" / f"goproxy-{digest.hexdigest()[:12]}" / "goproxy"
+    name = "goproxy" if package == "." else Path(package).name
+    binary = CACHE / "go" / f"goproxy-{digest.hexdigest()[:12]}" / name
     if not binary.exists():
         binary.parent.mkdir(parents=True, exist_ok=True)
         go = shutil.which("go") or "/usr/local/go/bin/go"
-        subprocess.run([go, "build", "-trimpath", "-o", str(binary) + ".tmp", "."], cwd=GOPROXY_SRC, check=True,
-                       env=dict(os.environ, GOFLAGS="-mod=readonly", GOTOOLCHAIN="local"))
+        subprocess.run([go, "build", "-trimpath", "-o", str(binary) + ".tmp", package], cwd=GOPROXY_SRC,
+                       check=True, env=dict(os.environ, GOFLAGS="-mod=readonly", GOTOOLCHAIN="local"))
         os.replace(str(binary) + ".tmp", binary)
     return binary
 
@@ -141,6 +146,14 @@ async def measure(socket: str, method: str, request: bytes, calls: int, clients:
         return latencies, len(latencies) / (time.perf_counter() - t0)
 
 
+def measure_go(load: Path, socket: str, method: str, request: bytes, calls: int,
+               clients: int) -> tuple[list[float], float]:
+    out = subprocess.run([str(load), "-socket", socket, "-method", BASE + method, "-request", request.hex(),
+                          "-calls", str(calls), "-clients", str(clients)], capture_output=True, text=True,
+                         check=True, timeout=600)
+    return [int(line) / 1e9 for line in out.stdout.split()], float(out.stderr.split()[-1])
+
+
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] * 1e6
@@ -153,7 +166,18 @@ def main() -> int:
     ap.add_argument("--runtime-socket", help="use this containerd instead of a private one")
     ap.add_argument("--relay-mode", default="splice", choices=["splice", "grpc"],
                     help="relay front end to measure (default: splice)")
+    ap.add_argument("--client", default="go", choices=["go", "python"],
+                    help="load client: go (benchmarks/goproxy/load, a connection per client) or python "
+                         "(grpc.aio coroutines in this process, one channel; default: go)")
     args = ap.parse_args()
+    if args.client == "go":
+        load = build_goproxy("./load")
+
+        def run(socket: str, method: str, raw: bytes, clients: int) -> tuple[list[float], float]:
+            return measure_go(load, socket, method, raw, args.calls, clients)
+    else:
+        def run(socket: str, method: str, raw: bytes, clients: int) -> tuple[list[float], float]:
+            return asyncio.run(measure(socket, method, raw, args.calls, clients))
 
     ctrd = None
     if args.runtime_socket:
@@ -174,7 +198,8 @@ def main() -> int:
             "ListContainers": cri.ListContainersRequest(),
             "ContainerStatus": cri.ContainerStatusRequest(container_id=cid),
         }
-        print(f"relay front end: {args.relay_mode}; baseline: benchmarks/goproxy (grpc-go, raw bytes)")
+        print(f"relay front end: {args.relay_mode}; baseline: benchmarks/goproxy (grpc-go, raw bytes); "
+              f"load client: {args.client}")
         print(f"relay start-up to first served call: {startup * 1000:.0f} ms")
         print(f"relay RSS: {rss_start:.1f} MB at start, {rss_pods:.1f} MB with {args.pods} pods known")
         print()
@@ -188,13 +213,14 @@ def main() -> int:
         for method, req in requests.items():
             raw = req.SerializeToString()
             for clients in (1, 16):
-                d_lat, _ = asyncio.run(measure(runtime, method, raw, args.calls, clients))
+                d_lat, _ = run(runtime, method, raw, clients)
                 cpu0 = cpu_seconds(relay.pid)
-                r_lat, r_rate = asyncio.run(measure(relay_sock, method, raw, args.calls, clients))
-                r_cpu = (cpu_seconds(relay.pid) - cpu0) / (len(r_lat) + 50) * 1e6
+                r_lat, r_rate = run(relay_sock, method, raw, clients)
+                warm = 50 * clients if args.client == "go" else 50  # warm-up calls, also relayed
+                r_cpu = (cpu_seconds(relay.pid) - cpu0) / (len(r_lat) + warm) * 1e6
                 cpu0 = cpu_seconds(goproxy.pid)
-                g_lat, g_rate = asyncio.run(measure(go_sock, method, raw, args.calls, clients))
-                g_cpu = (cpu_seconds(goproxy.pid) - cpu0) / (len(g_lat) + 50) * 1e6
+                g_lat, g_rate = run(go_sock, method, raw, clients)
+                g_cpu = (cpu_seconds(goproxy.pid) - cpu0) / (len(g_lat) + warm) * 1e6
                 d50, d99 = pct(d_lat, 50), pct(d_lat, 99)
                 r50, r99, g50, g99 = pct(r_lat, 50), pct(r_lat, 99), pct(g_lat, 50), pct(g_lat, 99)
                 ratio = (r50 - d50) / (g50 - d50) if g50 > d50 else float("nan")

@@ -139,8 +139,7 @@ def summary(topology: Topology, policy: Policy, ledger: Ledger,
     result = []
     for pod, containers in pods:
         for c in containers:
-            grant = getattr(policy, "grants", {}).get(c.key)
-            pool = (grant.pool or "exclusive") if grant is not None else ""
+            pool = policy.pool_of(c.key)
             result.append({"pod": f"{pod.namespace}/{pod.name}", "name": c.name,
                            "cpus": c.resources.cpuset_cpus or str(topology.online),
                            "mems": c.resources.cpuset_mems, "rdt_class": c.classes.get("rdt", ""),

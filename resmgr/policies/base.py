@@ -103,6 +103,12 @@ class Policy:
         each; the engine logs each when it starts and when it ends."""
         return []
 
+    def pool_of(self, key: str) -> str:
+        """The pool a container runs in: "" if it holds nothing of the policy, "exclusive" for CPUs of
+        its own outside any pool."""
+        held = self.describe_grant(key)
+        return "" if held is None else held.get("pool") or "exclusive"
+
     def describe_grant(self, key: str) -> dict[str, Any] | None:
         """What a container holds: pool, exclusive (CPU set text), shared_milli, kind
         (exclusive, shared, mixed or reserved), and fallback ("reserved" or "parent") when a shared

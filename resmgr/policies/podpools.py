@@ -23,7 +23,6 @@ from resmgr.policies import annotations, cpuconfig
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from resmgr.policies.toolkit.cpus import take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
-from resmgr.policies.toolkit.grants import Grant
 from resmgr.policies.toolkit.options import Option, in_namespaces, read
 from resmgr.requests import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
@@ -217,10 +216,6 @@ class PodpoolsPolicy(Policy):
         if old_key in self.where:
             self.where[new_key] = self.where.pop(old_key)
             self.pod_of[new_key] = self.pod_of.pop(old_key)
-
-    @property
-    def grants(self) -> dict[str, Grant]:
-        return {k: Grant(v) for k, v in self.where.items()}
 
     def describe_pools(self) -> list[dict[str, Any]]:
         pools = [(RESERVED, self._pool_cpus(RESERVED)), (DEFAULT, self.default)]

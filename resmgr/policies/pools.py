@@ -160,6 +160,10 @@ class PoolPolicy(Policy):
                                   elsewhere=elsewhere.get(name, 0)))
         return out
 
+    def pool_of(self, key: str) -> str:
+        g = self.grants.get(key)
+        return "" if g is None else g.pool or "exclusive"
+
     def describe_grant(self, key: str) -> dict[str, Any] | None:
         g = self.grants.get(key)
         if g is None:

@@ -29,7 +29,6 @@ from resmgr.policies.base import Decision, PolicyError, View, container_requirem
 from resmgr.policies.toolkit.cpus import Preferences, one_thread_per_core, take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.expressions import substitute
-from resmgr.policies.toolkit.grants import Grant
 from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.policies.toolkit.options import in_namespaces
 from resmgr.requests import CLASS_ANNOTATIONS, class_names, effective_annotation, milli_to_shares
@@ -551,10 +550,6 @@ class BalloonsPolicy(SnapshotMoves):
         if b is not None:
             b.members[new_key] = b.members.pop(old_key)
             self.where[new_key] = b
-
-    @property
-    def grants(self) -> dict[str, Grant]:
-        return {key: Grant(b.name) for key, b in self.where.items()}
 
     def fallback(self) -> list[str]:
         wanted = sorted({m.wanted for b in self.balloons for m in b.members.values() if m.wanted})
