@@ -1,9 +1,11 @@
-"""CRI conformance (cri-tools' critest) directly against a private containerd and through the relay.
+"""CRI conformance (cri-tools' critest) directly against a private containerd, through the relay
+and with cri-resmgr as the runtime's NRI plugin.
 
-    python -m harness.conformance [--modes splice,grpc] [--policy NAME] [--focus REGEX]
+    python -m harness.conformance [--modes splice,grpc,nri] [--policy NAME] [--focus REGEX]
 
-The relay must pass exactly the specs that the runtime passes when called directly: every
-spec that passes direct and fails through the relay (or the other way round) is printed
+Each front end must pass exactly the specs that the runtime passes when called directly (nri:
+critest calls the runtime directly, which hands every lifecycle event to our plugin): every
+spec that passes direct and fails through a front end (or the other way round) is printed
 and the exit status is 1. Specs listed in tests/critest-skip.txt (with the reason) are
 skipped in every run. critest's images are served from a loopback registry
 (harness.registry) built from local binaries, since nothing can be pulled here.
@@ -24,7 +26,7 @@ from pathlib import Path
 from harness import images
 from harness.containerd import PrivateContainerd, tool
 from harness.registry import Base, Registry
-from harness.relay import policy_relay
+from harness.relay import policy_nri, policy_relay
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_FILE = ROOT / "tests" / "critest-skip.txt"
@@ -93,7 +95,8 @@ def run_critest(endpoint: str, report: Path, focus: str, skips: list[str], log: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="splice,grpc", help="relay front ends to check (default: %(default)s)")
+    ap.add_argument("--modes", default="splice,grpc,nri",
+                    help="front ends to check: the relay's splice and grpc, and nri (default: %(default)s)")
     ap.add_argument("--policy", default="topology-aware", help="the relay's policy (default: %(default)s)")
     ap.add_argument("--focus", default="", help="run only specs matching this regular expression")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (reports, logs)")
@@ -115,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             relay = None
             endpoint = ctrd.socket
-            if target != "direct":
+            if target == "nri":
+                relay = policy_nri(work, str(ctrd.dir / "nri.sock"), args.policy, "--config-socket", "disabled",
+                                   "--hook-dir", "disabled", "--log-level", "INFO",
+                                   relay_dir=work / "state-nri").start()
+            elif target != "direct":
                 relay = policy_relay(work, ctrd.socket, args.policy, "--relay-mode", target, "--config-socket",
                                      "disabled", "--log-level", "INFO", relay_dir=work / f"state-{target}").start()
                 endpoint = relay.socket
@@ -149,14 +156,14 @@ def report(results: dict[str, dict[str, str]], timings: dict[str, float], skips:
             continue
         for spec in sorted(passed - mine):
             ok = False
-            print(f"    passes direct, not through the {target} relay: {spec}")
+            print(f"    passes direct, not through {target}: {spec}")
         for spec in sorted(mine - passed):
             ok = False
-            print(f"    passes through the {target} relay, not direct: {spec}")
+            print(f"    passes through {target}, not direct: {spec}")
     for spec, st in sorted(direct.items()):
         if st not in ("passed", "skipped", "pending"):
             print(f"  fails direct too ({st}): {spec}")
-    print("critest through the relay " + ("equals critest direct" if ok else "DIFFERS from critest direct"))
+    print("critest through every front end " + ("equals critest direct" if ok else "DIFFERS from critest direct"))
     if keep or not ok:
         print(f"reports and logs: {work}")
     else:

@@ -80,16 +80,23 @@ def _int(value: int, prefix_bits: int, first: int = 0) -> bytes:
     return bytes(out)
 
 
+# Encoded fields seen lately: most of a call's headers repeat from call to call.
+_FIELDS: dict[tuple[bytes, bytes], bytes] = {}
+_FIELDS_KEPT = 4096
+
+
+def _field(name: bytes, value: bytes) -> bytes:
+    out = b"\x00" + _int(len(name), 7) + name + _int(len(value), 7) + value
+    if len(_FIELDS) >= _FIELDS_KEPT:
+        _FIELDS.clear()
+    _FIELDS[(name, value)] = out
+    return out
+
+
 def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
     """HPACK block using only literal fields without indexing (no dynamic table use)."""
-    out = bytearray()
-    for name, value in headers:
-        out.append(0x00)
-        out += _int(len(name), 7)
-        out += name
-        out += _int(len(value), 7)
-        out += value
-    return bytes(out)
+    known = _FIELDS.get
+    return b"".join([known((name, value)) or _field(name, value) for name, value in headers])
 
 
 def header_frames(stream: int, block: bytes, end_stream: bool, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
