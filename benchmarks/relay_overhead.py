@@ -33,11 +33,13 @@ from pathlib import Path
 
 import grpc
 
-from harness.containerd import PrivateContainerd
-from harness.images import BUSYBOX_IMAGE
-from harness.relay import RelayProcess
-from resmgr.generated.cri import api_pb2 as cri
-from resmgr.generated.cri import api_pb2_grpc as cri_grpc
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.containerd import PrivateContainerd  # noqa: E402
+from harness.images import BUSYBOX_IMAGE  # noqa: E402
+from harness.relay import RelayProcess  # noqa: E402
+from resmgr.generated.cri import api_pb2 as cri  # noqa: E402
+from resmgr.generated.cri import api_pb2_grpc as cri_grpc  # noqa: E402
 
 BASE = "/runtime.v1.RuntimeService/"
 GOPROXY_SRC = Path(__file__).resolve().parent / "goproxy"
