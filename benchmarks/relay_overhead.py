@@ -9,7 +9,8 @@ client (benchmarks/goproxy/load: each client a goroutine with a connection of it
 separate callers would be), so the client is not what limits the figures; --client python
 uses a grpc.aio client in this process instead. Prints p50/p99 per call,
 each proxy's overhead (its latency - direct), cri-resmgr's overhead as a ratio of the Go
-proxy's, the CPU time each proxy spends per relayed call, calls per second, the relay's
+proxy's (each figure the median of --rounds interleaved measurements), the CPU time each
+proxy spends per relayed call, calls per second, the relay's
 RSS with --pods pods known, and its start-up time to first served call.
 
 Targets: p50 overhead at most 0.5x the Go proxy's with 1 client and at most 1.0x with 16;
@@ -25,6 +26,7 @@ import asyncio
 import hashlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -168,6 +170,9 @@ def main() -> int:
     ap.add_argument("--runtime-socket", help="use this containerd instead of a private one")
     ap.add_argument("--relay-mode", default="splice", choices=["splice", "grpc"],
                     help="relay front end to measure (default: splice)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="measurements of each method, direct, relay and Go proxy interleaved; the figures are "
+                         "their medians (default 5)")
     ap.add_argument("--client", default="go", choices=["go", "python"],
                     help="load client: go (benchmarks/goproxy/load, a connection per client) or python "
                          "(grpc.aio coroutines in this process, one channel; default: go)")
@@ -215,17 +220,22 @@ def main() -> int:
         for method, req in requests.items():
             raw = req.SerializeToString()
             for clients in (1, 16):
-                d_lat, _ = run(runtime, method, raw, clients)
-                cpu0 = cpu_seconds(relay.pid)
-                r_lat, r_rate = run(relay_sock, method, raw, clients)
-                warm = 50 * clients if args.client == "go" else 50  # warm-up calls, also relayed
-                r_cpu = (cpu_seconds(relay.pid) - cpu0) / (len(r_lat) + warm) * 1e6
-                cpu0 = cpu_seconds(goproxy.pid)
-                g_lat, g_rate = run(go_sock, method, raw, clients)
-                g_cpu = (cpu_seconds(goproxy.pid) - cpu0) / (len(g_lat) + warm) * 1e6
-                d50, d99 = pct(d_lat, 50), pct(d_lat, 99)
-                r50, r99, g50, g99 = pct(r_lat, 50), pct(r_lat, 99), pct(g_lat, 50), pct(g_lat, 99)
-                ratio = (r50 - d50) / (g50 - d50) if g50 > d50 else float("nan")
+                rows = []
+                for _ in range(args.rounds):  # interleaved, so a slow moment of the machine hits all three
+                    d_lat, _ = run(runtime, method, raw, clients)
+                    cpu0 = cpu_seconds(relay.pid)
+                    r_lat, r_rate = run(relay_sock, method, raw, clients)
+                    warm = 50 * clients if args.client == "go" else 50  # warm-up calls, also relayed
+                    r_cpu = (cpu_seconds(relay.pid) - cpu0) / (len(r_lat) + warm) * 1e6
+                    cpu0 = cpu_seconds(goproxy.pid)
+                    g_lat, g_rate = run(go_sock, method, raw, clients)
+                    g_cpu = (cpu_seconds(goproxy.pid) - cpu0) / (len(g_lat) + warm) * 1e6
+                    d50, r50, g50 = pct(d_lat, 50), pct(r_lat, 50), pct(g_lat, 50)
+                    ratio = (r50 - d50) / (g50 - d50) if g50 > d50 else float("nan")
+                    rows.append((d50, pct(d_lat, 99), r50, pct(r_lat, 99), g50, pct(g_lat, 99), ratio,
+                                 r_cpu, g_cpu, r_rate, g_rate))
+                d50, d99, r50, r99, g50, g99, ratio, r_cpu, g_cpu, r_rate, g_rate = \
+                    (statistics.median(col) for col in zip(*rows, strict=True))
                 ratios[clients].append(ratio)
                 if clients == 16:
                     p99s.append(r99 / g99)
