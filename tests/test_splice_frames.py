@@ -312,3 +312,13 @@ async def test_a_lost_runtime_connection_closes_once_calls_answered_here_end():
     p.dispatcher.release.set()
     await asyncio.wait_for(p.conn.closing, 5)
     assert p.client.closed and (h2.HEADERS, 1) in [(f[0], f[2]) for f in p.client.frames()]
+
+
+def test_the_header_encoder_keeps_only_short_fields_and_a_bounded_number():
+    big = h2.encode_headers([(b"x-big", b"v" * 100_000)])
+    assert big.endswith(b"v" * 100_000)
+    assert not any(len(v) > 1000 for _, v in h2._FIELDS)
+    for i in range(10_000):
+        h2.encode_headers([(b"x-n", str(i).encode())])
+    assert len(h2._FIELDS) <= h2._FIELDS_KEPT
+    assert h2.encode_headers([(b"a", b"b")]) == b"\x00\x01a\x01b"

@@ -80,16 +80,19 @@ def _int(value: int, prefix_bits: int, first: int = 0) -> bytes:
     return bytes(out)
 
 
-# Encoded fields seen lately: most of a call's headers repeat from call to call.
+# Encoded fields seen lately: most of a call's headers repeat from call to call. Only short
+# ones are kept, so the cache stays small whatever clients send (at most about 1 MiB).
 _FIELDS: dict[tuple[bytes, bytes], bytes] = {}
 _FIELDS_KEPT = 4096
+_FIELD_MAX = 256
 
 
 def _field(name: bytes, value: bytes) -> bytes:
     out = b"\x00" + _int(len(name), 7) + name + _int(len(value), 7) + value
-    if len(_FIELDS) >= _FIELDS_KEPT:
-        _FIELDS.clear()
-    _FIELDS[(name, value)] = out
+    if len(out) <= _FIELD_MAX:
+        if len(_FIELDS) >= _FIELDS_KEPT:
+            _FIELDS.clear()
+        _FIELDS[(name, value)] = out
     return out
 
 
