@@ -52,7 +52,7 @@ def build_goproxy(package: str = ".") -> Path:
     """Build a command of benchmarks/goproxy (the proxy, or ./load) with the Go toolchain (module
     proxy), cached by its sources' hash."""
     digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go", "load/main.go"):
+    for name in ("go.mod", "go.sum", "main.go", "load/main.go", "raw/raw.go"):
         digest.update((GOPROXY_SRC / name).read_bytes())
     name = "goproxy" if package == "." else Path(package).name
     binary = CACHE / "go" / f"goproxy-{digest.hexdigest()[:12]}" / name

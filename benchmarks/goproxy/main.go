@@ -12,20 +12,11 @@ import (
 	"net"
 	"os"
 
+	"cri-resmgr/benchmarks/goproxy/raw"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/metadata"
 )
-
-// rawCodec hands messages through as the bytes they arrived as.
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) ([]byte, error)      { return *(v.(*[]byte)), nil }
-func (rawCodec) Unmarshal(data []byte, v any) error { *(v.(*[]byte)) = append([]byte(nil), data...); return nil }
-func (rawCodec) Name() string                       { return "proto" }
-
-var _ encoding.Codec = rawCodec{}
 
 func main() {
 	listen := flag.String("listen", "", "unix socket to serve on")
@@ -36,7 +27,7 @@ func main() {
 	}
 	conn, err := grpc.NewClient("unix://"+*backend,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(raw.Codec{})))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -45,7 +36,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	server := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}),
+	server := grpc.NewServer(grpc.ForceServerCodec(raw.Codec{}),
 		grpc.UnknownServiceHandler(func(_ any, in grpc.ServerStream) error { return relay(conn, in) }))
 	log.Fatal(server.Serve(lis))
 }

@@ -14,18 +14,10 @@ import (
 	"sync"
 	"time"
 
+	"cri-resmgr/benchmarks/goproxy/raw"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/encoding"
 )
-
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) ([]byte, error)      { return *(v.(*[]byte)), nil }
-func (rawCodec) Unmarshal(data []byte, v any) error { *(v.(*[]byte)) = append([]byte(nil), data...); return nil }
-func (rawCodec) Name() string                       { return "proto" }
-
-var _ encoding.Codec = rawCodec{}
 
 func main() {
 	socket := flag.String("socket", "", "unix socket to call")
@@ -42,7 +34,7 @@ func main() {
 	conns := make([]*grpc.ClientConn, *clients)
 	for i := range conns {
 		conns[i], err = grpc.NewClient("unix://"+*socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
+			grpc.WithDefaultCallOptions(grpc.ForceCodec(raw.Codec{})))
 		if err != nil {
 			log.Fatal(err)
 		}
