@@ -112,24 +112,21 @@ class Ledger:
         if named:
             c.classes = {**c.classes, **named}
 
-    def record(self, updates: dict[str, Resources]) -> dict[str, Resources]:
+    def record(self, updates: dict[str, Resources]) -> None:
         """Take updates as the containers' resources, pending until the runtime has them.
 
         Updates for containers whose create has not returned yet (no runtime ID) cannot be pushed
-        until it has: they are deferred, and returned.
+        until it has: they are deferred (rename and take_over hand them back).
         """
-        early: dict[str, Resources] = {}
         for key, res in updates.items():
             c = self.containers.get(key)
             if c is None:
                 continue
             if not c.id:
-                early[key] = res
+                self.deferred[key] = res
             else:
                 c.resources = res.overlaid(c.adjusted)
                 c.pending = c.state != ContainerState.EXITED
-        self.deferred.update(early)  # pushed once its create lands
-        return early
 
     def plain(self, c: Container, pod: Pod) -> Decision:
         """The policy's decision for c placed as a plain best-effort container (PolicyError: no room):
@@ -161,9 +158,11 @@ class Ledger:
         c.seq = self.next_seq()
         self.containers[c.key] = c
 
-    def take_over(self, holder: Container, c: Container) -> None:
+    def take_over(self, holder: Container, c: Container) -> Resources | None:
         """c replaces holder, which is gone, and takes over what the policy granted it (its resources
-        stay what the runtime made it with: the caller pushes the grant's if they differ)."""
+        stay what the runtime made it with: the caller pushes the grant's if they differ). Returns
+        the update deferred for holder, if any."""
+        late = self.deferred.pop(holder.key, None)
         self.containers.pop(holder.key, None)
         c.classes = dict(holder.classes)
         self.unsettled.pop(holder.key, None)
@@ -173,13 +172,16 @@ class Ledger:
                 keys.add(c.key)
         self.enter(c)
         self.policy.rename(holder.key, c.key)
+        return late
 
-    def rename(self, c: Container, old_key: str) -> None:
-        """c's key changed from old_key (its runtime ID became known)."""
+    def rename(self, c: Container, old_key: str) -> Resources | None:
+        """c's key changed from old_key (its runtime ID became known). Returns the update deferred
+        while it had none (the policy moved it meanwhile), if any."""
         self.containers.pop(old_key, None)
         c.seq = self.next_seq()  # known to the runtime from now on, not from when it was asked
         self.containers[c.key] = c
         self.policy.rename(old_key, c.key)
+        return self.deferred.pop(old_key, None)
 
     def release(self, c: Container) -> Decision:
         """Give back what c holds (it exited); it stays known."""

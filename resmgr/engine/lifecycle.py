@@ -470,8 +470,7 @@ class Engine:
         async with self.lock:
             pending_key = c.key
             c.id, c.state = container_id, ContainerState.CREATED
-            self.ledger.rename(c, pending_key)
-            late = self.ledger.deferred.pop(pending_key, None)
+            late = self.ledger.rename(c, pending_key)
             if late is not None:  # the policy moved it while the runtime was creating it
                 c.resources, c.pending = late.overlaid(c.adjusted), True
                 plan.updates[c.key] = c.resources
@@ -492,8 +491,7 @@ class Engine:
             if self.containers.get(holder.key) is holder and (not holder.id or holder.state != ContainerState.EXITED):
                 log.info("container %s takes over the grant of %s, which held its name", c.id,
                          holder.id or "a create that did not happen")
-                late = self.ledger.deferred.pop(holder.key, None)
-                self.ledger.take_over(holder, c)
+                late = self.ledger.take_over(holder, c)
                 wanted = late or holder.resources
                 updates = {c.key: wanted} if wanted.overlaid(c.adjusted) != c.resources else {}
             else:  # the holder ended meanwhile: allocated like a container found running

@@ -306,13 +306,11 @@ class Reconciler:
             settled += 1
             if match is None or match.id in self.engine.containers or not match.state.live:
                 log.info("create of %s (pod %s) did not happen in the runtime; released", c.name, c.pod_id)
-                self.engine.record(self.engine.forget(c).updates)
-                self.engine.ledger.deferred.pop(key, None)
+                self.engine.record(self.engine.forget(c).updates)  # its deferred update goes with it
                 continue
             c.id, c.state = match.id, match.state
-            self.engine.ledger.rename(c, key)
+            late = self.engine.ledger.rename(c, key)
             twin = adopted.pop(match.id, None)
-            late = self.engine.ledger.deferred.pop(key, None)
             if late is not None:
                 c.resources = late.overlaid(c.adjusted)
             c.pending = late is not None or twin is None or twin.resources != c.resources
