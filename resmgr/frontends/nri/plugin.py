@@ -272,41 +272,38 @@ class NriPlugin:
         c = convert.container(req.container)
         cid, c.id = c.id, ""
         requested = c.requested
-        adjusted: list[Adjustment | None] = [None]
 
-        async def call(plan: CreatePlan, adj: Adjustment | None) -> tuple[None, str]:
-            adjusted[0] = adj  # the runtime makes it from our answer
-            return None, cid
+        async def call(plan: CreatePlan, adj: Adjustment | None) -> tuple[Adjustment | None, str]:
+            return adj, cid  # the runtime makes it from our answer, which carries the adjustment
 
         with collecting() as collector:
-            _, created = await self.calls.create_container(convert.pod(req.pod), c, call, deadline=deadline)
+            adj, created = await self.calls.create_container(convert.pod(req.pod), c, call, deadline=deadline)
             await self.engine.settle_updates()
         res = collector.updates.pop(cid, None) or created.resources
         self.runtime.seen_container(req.container, nri.CONTAINER_CREATED)
         self.runtime.applied(cid, res)
         resp = nri.CreateContainerResponse(update=self._updates(collector, cid))
-        resp.adjust.CopyFrom(convert.adjustment(res, requested, adjusted[0]))
+        resp.adjust.CopyFrom(convert.adjustment(res, requested, adj))
         return resp
 
     async def _update_container(self, req: nri.UpdateContainerRequest, deadline: float | None) -> Message:
         self._subscribed(E.UPDATE_CONTAINER)
         cid = req.container.id
-        sent: list[Resources] = []
 
-        async def call(resources: Resources, adj: Adjustment | None) -> tuple[None, Resources]:
-            sent.append(resources.overlaid(adj.resources if adj is not None else None))
-            return None, sent[0]  # the runtime updates it from our answer
+        async def call(resources: Resources, adj: Adjustment | None) -> tuple[Resources, Resources]:
+            sent = resources.overlaid(adj.resources if adj is not None else None)
+            return sent, sent  # the runtime updates it from our answer
 
         async def unmanaged() -> None:
             return None
 
         with collecting() as collector:
-            await self.calls.update_container(cid, convert.resources(req.linux_resources), False, call,
-                                              unmanaged, lambda: None, deadline)
-            if not sent:
+            sent = await self.calls.update_container(cid, convert.resources(req.linux_resources), False, call,
+                                                     unmanaged, lambda: None, deadline)
+            if sent is None:  # not a container we manage
                 return nri.UpdateContainerResponse()
             await self.engine.settle_updates()
-        final = collector.updates.pop(cid, None) or sent[0]
+        final = collector.updates.pop(cid, None) or sent
         self.runtime.applied(cid, final)
         updates = [convert.update(cid, final)] + self._updates(collector, cid)
         return nri.UpdateContainerResponse(update=updates)
