@@ -65,3 +65,16 @@ async def start_private(server: grpc.aio.Server, path: str) -> None:
         await server.start()
     finally:
         os.umask(old)
+
+
+def target(path: str) -> str:
+    """A gRPC target for a unix socket path (or an endpoint that already is one)."""
+    return path if path.startswith(("unix:", "unix-abstract:")) else "unix://" + path
+
+
+def path_of(endpoint: str) -> str:
+    """The socket path of an endpoint given as a path, unix:PATH or unix://PATH."""
+    for prefix in ("unix://", "unix:"):
+        if endpoint.startswith(prefix):
+            return endpoint[len(prefix):]
+    return endpoint

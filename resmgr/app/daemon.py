@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from resmgr import metrics, policies
+from resmgr import metrics, policies, sockets
 from resmgr.app.options import Options
 from resmgr.config import Config, ConfigError, cpus, validate
 from resmgr.config import link as configlink
@@ -27,7 +27,7 @@ from resmgr.engine.lifecycle import Runtime
 from resmgr.engine.store import StateInUse, StateStore
 from resmgr.frontends import FrontEnd, StartupError
 from resmgr.frontends.nri.frontend import NriFrontEnd
-from resmgr.frontends.relay.frontend import RelayFrontEnd, path_of
+from resmgr.frontends.relay.frontend import RelayFrontEnd
 from resmgr.hooks import Hooks
 from resmgr.policies import PolicyError
 from resmgr.topology.hints import hints as device_hints
@@ -63,7 +63,7 @@ class Daemon:
     def front_end(self) -> FrontEnd:
         o = self.opts
         if o.nri:
-            return NriFrontEnd(path_of(o.nri_socket), o.nri_name, o.nri_index)
+            return NriFrontEnd(sockets.path_of(o.nri_socket), o.nri_name, o.nri_index)
         return RelayFrontEnd(o.relay_socket, o.runtime_socket, o.image_socket, o.relay_mode,
                              o.allow_untested_runtimes, o.runtime_events)
 
@@ -72,7 +72,6 @@ class Daemon:
         front = self.front_end()
         front.prepare()
         config_server: grpc.aio.Server | None = None
-        core: Core | None = None
         try:
             core = await self.build_core(front)
             await front.start()
@@ -252,7 +251,7 @@ class Daemon:
 
         loop.add_signal_handler(signal.SIGHUP, reload)
         if self.opts.config_socket and self.opts.config_socket != "disabled":
-            return await configlink.serve(control, path_of(self.opts.config_socket))
+            return await configlink.serve(control, sockets.path_of(self.opts.config_socket))
         return None
 
     async def _shut_down(self, core: Core, front: FrontEnd, config_server: grpc.aio.Server | None) -> None:
@@ -261,7 +260,7 @@ class Daemon:
         await front.stop(self.opts.shutdown_grace)
         if config_server is not None:
             await config_server.stop(1.0)
-            Path(path_of(self.opts.config_socket)).unlink(missing_ok=True)
+            Path(sockets.path_of(self.opts.config_socket)).unlink(missing_ok=True)
         try:  # updates still being pushed: finish them (what does not finish stays pending)
             await asyncio.wait_for(core.engine.settle_updates(), self.opts.shutdown_grace)
         except TimeoutError:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from asyncinotify import Inotify, Mask
 
+from resmgr import sockets
+
 log = logging.getLogger("cri-resmgr.hooks")
 
 DEFAULT_DIR = "/etc/runtime/hookserver.d"
@@ -99,10 +101,7 @@ def parse(path: Path, text: str, default_timeout: float = DEFAULT_TIMEOUT) -> Pl
     endpoint = doc.get("remote-endpoint")
     if not isinstance(endpoint, str) or not endpoint.strip():
         raise BadPlugin("remote-endpoint: missing (the unix socket path of the plugin)")
-    endpoint = endpoint.strip()
-    for prefix in ("unix://", "unix:"):
-        if endpoint.startswith(prefix):
-            endpoint = endpoint[len(prefix):]
+    endpoint = sockets.path_of(endpoint.strip())
     if not endpoint.startswith("/"):
         raise BadPlugin(f"remote-endpoint: {endpoint!r} is not an absolute unix socket path")
     policy = doc.get("failure-policy", "Ignore")

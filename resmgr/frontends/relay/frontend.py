@@ -29,23 +29,12 @@ RETRY_INTERVAL = 1.0  # seconds between start-up attempts while the runtime is a
 FIRST_WAIT = 2.0  # how long start-up waits for the runtime before serving anyway
 
 
-def target(path: str) -> str:
-    return path if path.startswith(("unix:", "unix-abstract:")) else "unix://" + path
-
-
-def path_of(endpoint: str) -> str:
-    for prefix in ("unix://", "unix:"):
-        if endpoint.startswith(prefix):
-            return endpoint[len(prefix):]
-    return endpoint
-
-
 class RelayFrontEnd:
     def __init__(self, relay_socket: str, runtime_socket: str, image_socket: str = "", mode: str = "splice",
                  allow_untested: bool = False, runtime_events: bool = True) -> None:
-        self.relay_socket = path_of(relay_socket)
-        self.runtime_socket = path_of(runtime_socket)
-        self.image_socket = path_of(image_socket) if image_socket and image_socket != "default" \
+        self.relay_socket = sockets.path_of(relay_socket)
+        self.runtime_socket = sockets.path_of(runtime_socket)
+        self.image_socket = sockets.path_of(image_socket) if image_socket and image_socket != "default" \
             else self.runtime_socket
         self.mode = mode
         self.allow_untested = allow_untested
@@ -58,9 +47,9 @@ class RelayFrontEnd:
     def prepare(self) -> None:
         memory.tune()
         sockets.prepare(self.relay_socket)
-        self.runtime_ch = grpc.aio.insecure_channel(target(self.runtime_socket), options=CHANNEL_OPTIONS)
+        self.runtime_ch = grpc.aio.insecure_channel(sockets.target(self.runtime_socket), options=CHANNEL_OPTIONS)
         self.image_ch = self.runtime_ch if self.image_socket == self.runtime_socket else \
-            grpc.aio.insecure_channel(target(self.image_socket), options=CHANNEL_OPTIONS)
+            grpc.aio.insecure_channel(sockets.target(self.image_socket), options=CHANNEL_OPTIONS)
         self.client = RuntimeClient(self.runtime_ch)
 
     def runtime(self) -> CriRuntime:
