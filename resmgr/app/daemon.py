@@ -42,9 +42,8 @@ log = logging.getLogger("cri-resmgr")
 
 @dataclass
 class Core:
-    """What every front end runs on: the state, the engine, hook plugins, configuration, the view."""
+    """What every front end runs on: the engine (with its state), hook plugins, configuration, the view."""
 
-    store: StateStore
     engine: Engine
     hooks: Hooks | None
     control: ConfigManager
@@ -97,7 +96,7 @@ class Daemon:
         self.hooks = self._make_hooks()
         control = self._make_control(engine, front.bind(engine, self.hooks))
         view = await self._serve_view(engine, control)
-        return Core(store, engine, self.hooks, control, view)
+        return Core(engine, self.hooks, control, view)
 
     async def _run_loops(self, core: Core, front: FrontEnd) -> int:
         """Every loop under one task group until a signal or the front end's main loop ends; a loop that
@@ -110,8 +109,8 @@ class Daemon:
                          *(tg.create_task(loop) for loop in front.loops())]
                 if self.opts.rebalance_interval > 0:
                     loops.append(tg.create_task(self._rebalance(engine)))
-                if self.hooks is not None:
-                    loops.append(tg.create_task(self.hooks.watch()))
+                if core.hooks is not None:
+                    loops.append(tg.create_task(core.hooks.watch()))
                 main = tg.create_task(front.run())
                 main.add_done_callback(lambda _: self._stop.set())
                 await self._stop.wait()
