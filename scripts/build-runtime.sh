@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the Go programs the tests run against - containerd, its runc shim, ctr, runc,
-# crictl and critest; kubelet, kube-apiserver, kubectl and etcd - from the Go module proxy,
+# crictl and critest; kubelet, kube-apiserver, kubectl and etcd; helm - from the Go module proxy,
 # at the versions pinned by the go.mod files under tools/go/. Nothing of their source lives
 # in this repository.
 #
@@ -66,6 +66,9 @@ build() {  # COMPONENT MODULE: build into the cache unless it is there
                 -o "$out.tmp/bin/" "$mod/cmd/kubelet" "$mod/cmd/kube-apiserver" "$mod/cmd/kubectl" ;;
         etcd)
             go build -trimpath -ldflags "-s -w" -o "$out.tmp/bin/etcd" "$mod" ;;
+        helm)
+            go build -trimpath -ldflags "-s -w -X $mod/internal/version.version=$version" \
+                -o "$out.tmp/bin/helm" "$mod/cmd/helm" ;;
         esac
     ) >&2
     touch "$out.tmp/.done"
@@ -79,3 +82,4 @@ build runc github.com/opencontainers/runc
 build critools sigs.k8s.io/cri-tools
 build kubernetes k8s.io/kubernetes
 build etcd go.etcd.io/etcd/server/v3
+build helm helm.sh/helm/v4

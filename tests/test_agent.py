@@ -2,210 +2,43 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import grpc
 import pytest
-from kubernetes import client, utils
 
-from harness.kube import ControlPlane
-from resmgr.generated.agent import api_pb2, api_pb2_grpc
-from resmgr.generated.config import status_pb2
+from resmgr.agent import resources as rs
+from resmgr.generated.agent import api_pb2
+from tests.agentenv import (
+    AGENT_USER,
+    NS,
+    Env,
+    FakeCluster,
+    RealCluster,
+    applied,
+    healthy_again,
+    policy_map,
+    running_static,
+    wait_for,
+)
 from tests.helpers import (
     ONLINE,
     ROOT,
     Cri,
-    RelayProcess,
     cgroup_cpus,
     cgroup_cpuset,
     container_config,
     pod_config,
-    resmgr_status,
     resources,
-    wait_socket,
 )
-from tests.kubeapi import KubeAPI
 
 SPEED = "integration"  # see tests/conftest.py
-
-NS = "kube-system"
-LABEL = "cri-resource-manager.intel.com/group"
-STATUS = "cri-resource-manager.intel.com/config-status"
-RBAC = ROOT / "config" / "kubernetes" / "agent-rbac.yaml"
-AGENT_USER = "system:serviceaccount:kube-system:cri-resmgr-agent"
-
-
-def wait_for(check: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class AgentProcess:
-    def __init__(self, workdir: Path, node: str, kubeconfig: str, relay_config_socket: str) -> None:
-        self.node = node
-        self.socket = str(workdir / "agent" / "agent.sock")
-        self.log_path = workdir / f"agent-{uuid.uuid4().hex[:6]}.log"
-        self.args = [sys.executable, "-m", "resmgr.agent", "--kubeconfig", kubeconfig, "--config-ns", NS,
-                     "--cri-resmgr-socket", relay_config_socket, "--agent-socket", self.socket,
-                     "--debounce", "0.1", "--retry-max", "0.5", "--resync-interval", "1", "--log-level", "DEBUG"]
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> AgentProcess:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                         env={**os.environ, "NODE_NAME": self.node})
-        wait_socket(self.socket, proc=self.proc)
-        return self
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(15)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stub(self) -> api_pb2_grpc.AgentStub:
-        return api_pb2_grpc.AgentStub(grpc.insecure_channel("unix://" + self.socket))
-
-
-class RealCluster:
-    """The objects the agent reads and writes, on the real API server (harness.kube), set up and read
-    back with an admin client; the agent itself gets a token of the shipped ServiceAccount and RBAC."""
-
-    def __init__(self, control: ControlPlane, node: str) -> None:
-        self.control, self.node = control, node
-        self.core = control.core()
-        try:
-            utils.create_from_yaml(control.api_client(), str(RBAC))
-        except utils.FailToCreateError as err:  # made by an earlier test
-            if any(e.status != 409 for e in err.api_exceptions):
-                raise
-        labels = {"kubernetes.io/hostname": node, "kubernetes.io/os": "linux"}  # as a kubelet registers it
-        self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node, labels=labels),
-                                            status=client.V1NodeStatus(capacity={"cpu": "2"})))
-        self.maps: set[tuple[str, str]] = set()
-        self.since = datetime.datetime.now(datetime.UTC)
-
-    def kubeconfig(self, path: str) -> str:
-        return str(self.control.kubeconfig_for(NS, "cri-resmgr-agent"))
-
-    def configmap(self, namespace: str, name: str, data: dict[str, str]) -> None:
-        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name), data=data)
-        if (namespace, name) in self.maps:
-            self.core.replace_namespaced_config_map(name, namespace, body)
-        else:
-            self.core.create_namespaced_config_map(namespace, body)
-            self.maps.add((namespace, name))
-
-    def delete_configmap(self, namespace: str, name: str) -> None:
-        self.core.delete_namespaced_config_map(name, namespace)
-        self.maps.discard((namespace, name))
-
-    def node_object(self) -> dict:
-        return json.loads(self.core.read_node(self.node, _preload_content=False).data)
-
-    def set_label(self, key: str, value: str | None) -> None:
-        self.core.patch_node(self.node, {"metadata": {"labels": {key: value}}})
-
-    def events(self) -> list[dict]:
-        return json.loads(self.core.list_namespaced_event(
-            "default", field_selector=f"involvedObject.name={self.node}", _preload_content=False).data)["items"]
-
-    def close(self) -> None:
-        for namespace, name in list(self.maps):
-            self.delete_configmap(namespace, name)
-        self.core.delete_node(self.node)
-
-
-class FakeCluster:
-    """The same on tests/kubeapi.py, for what a real API server will not do on cue (drop every watch,
-    forget its history)."""
-
-    def __init__(self, node: str) -> None:
-        self.node = node
-        self.api = KubeAPI().start()
-        self.api.node(node)
-
-    def kubeconfig(self, path: str) -> str:
-        return self.api.kubeconfig(path)
-
-    def configmap(self, namespace: str, name: str, data: dict[str, str]) -> None:
-        self.api.configmap(namespace, name, data)
-
-    def delete_configmap(self, namespace: str, name: str) -> None:
-        self.api.store.delete("configmaps", namespace, name)
-
-    def node_object(self) -> dict:
-        return self.api.get("nodes", self.node) or {}
-
-    def set_label(self, key: str, value: str | None) -> None:
-        node = self.node_object()
-        labels = node["metadata"].setdefault("labels", {})
-        if value is None:
-            labels.pop(key, None)
-        else:
-            labels[key] = value
-        self.api.store.put("nodes", node)
-
-    def events(self) -> list[dict]:
-        return self.api.events()
-
-    def close(self) -> None:
-        self.api.stop()
-
-
-class Env:
-    """An API server, a cri-resmgr (no runtime behind it unless given one) and an agent between them."""
-
-    def __init__(self, workdir: Path, cluster: RealCluster | FakeCluster) -> None:
-        self.workdir, self.cluster, self.node = workdir, cluster, cluster.node
-        self.config_socket = str(workdir / "cfg" / "config.sock")
-        self.relay: RelayProcess | None = None
-        self.agent = AgentProcess(workdir, self.node, cluster.kubeconfig(str(workdir / "kubeconfig")),
-                                  self.config_socket)
-
-    def start_relay(self, runtime_socket: str | None = None, state: str = "state") -> None:
-        runtime_socket = runtime_socket or str(self.workdir / "no-runtime.sock")
-        self.relay = RelayProcess(self.workdir, runtime_socket, "--config-socket", self.config_socket,
-                                  relay_dir=self.workdir / state).start()
-        wait_socket(self.config_socket, proc=self.relay.proc)
-
-    def status(self) -> status_pb2.GetStatusReply:
-        return resmgr_status(self.config_socket, timeout=5)
-
-    def active(self) -> str:
-        return self.status().policy
-
-    def node_status(self) -> dict:
-        text = self.cluster.node_object().get("metadata", {}).get("annotations", {}).get(STATUS)
-        return json.loads(text) if text else {}
-
-    def label(self, group: str | None) -> None:
-        self.cluster.set_label(LABEL, group)
-
-    def close(self) -> None:
-        if self.agent.proc is not None:
-            self.agent.stop()
-        if self.relay is not None:
-            self.relay.stop()
-        self.cluster.close()
 
 
 @pytest.fixture
@@ -220,27 +53,6 @@ def fake_env(workdir):
     e = Env(workdir, FakeCluster("node-1"))
     yield e
     e.close()
-
-
-def policy_map(policy: str, extra: str = "") -> dict[str, str]:
-    return {"policy": f"Active: {policy}\n{extra}"}
-
-
-def applied(env: Env, name: str) -> Callable[[], bool]:
-    return lambda: env.node_status().get("configMap") == f"{NS}/{name}" and env.node_status().get("applied")
-
-
-def running_static(env: Env) -> None:
-    """cri-resmgr and the agent up, with the default ConfigMap's static policy applied."""
-    env.start_relay()
-    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
-    env.agent.start()
-    wait_for(lambda: env.active() == "static")
-
-
-def healthy_again(env: Env) -> None:
-    wait_for(lambda: env.agent.stub().HealthCheck(api_pb2.HealthCheckRequest(), timeout=5).error == "",
-             what="healthy again")
 
 
 def test_node_group_default_precedence_and_edits(env):
@@ -280,11 +92,11 @@ def test_node_group_default_precedence_and_edits(env):
     calls = env.cluster.control.audit(AGENT_USER, since=env.cluster.since)
     assert calls and [c["requestURI"] for c in calls if c["responseStatus"]["code"] == 403] == []
     reads = [urlsplit(c["requestURI"]) for c in calls if c["verb"] in ("list", "watch")]
-    assert reads and {r.path for r in reads} == {"/api/v1/nodes", f"/api/v1/namespaces/{NS}/configmaps"}
+    assert reads and {r.path for r in reads} == {"/api/v1/nodes", f"/api/v1/namespaces/{NS}/configmaps",
+                                                 f"/apis/{rs.GROUP}/{rs.VERSION}/namespaces/{NS}/{rs.PLURAL}"}
     names = {parse_qs(r.query).get("fieldSelector", [""])[0] for r in reads}
-    assert names <= {f"metadata.name={n}" for n in (env.node, "cri-resmgr-config.default",
-                                                    f"cri-resmgr-config.node.{env.node}",
-                                                    "cri-resmgr-config.group.gold", "cri-resmgr-config.group.silver")}
+    levels = ("default", f"node.{env.node}", "group.gold", "group.silver")
+    assert names <= {f"metadata.name={n}" for n in (env.node, *levels, *(f"cri-resmgr-config.{n}" for n in levels))}
 
 
 def test_rejected_configuration_is_reported_and_the_relay_keeps_its_own(env):

@@ -1,12 +1,14 @@
-"""The node agent's core: pick this node's ConfigMap, push it to cri-resmgr, report back.
+"""The node agent's core: pick this node's configuration, push it to cri-resmgr, report back.
 
-Three ConfigMaps may apply, in the config namespace: `<name>.node.<NODE_NAME>` (always
-wins when it exists), `<name>.group.<GROUP>` when the Node carries the group label, and
-`<name>.default`. Each is watched by name, and so is the Node (its group label may
-change, which switches the group map). Changes are debounced; the winner's data is
-pushed over the config link with a timeout and retried until cri-resmgr answers. The
-answer is recorded on the Node (an annotation) and a rejection also as a Warning
-Event, so `kubectl describe node` says what happened. Without any ConfigMap nothing
+A configuration comes as a custom resource (ResourceManagerConfig, named `node.<NODE>`,
+`group.<GROUP>` or `default`) or as a ConfigMap (`<name>.node.<NODE>`, `<name>.group.<GROUP>`,
+`<name>.default`), all in the config namespace. The most specific wins: node, then group
+(when the Node carries the group label), then default; at the same level the resource wins
+over the ConfigMap. Each candidate is watched by name, and so is the Node (its group label
+may change). Changes are debounced; the winner is pushed over the config link with a
+timeout and retried until cri-resmgr answers. The answer is recorded on the Node (an
+annotation), in a resource's status (this node's entry and the counts), and a rejection
+also as a Warning Event on the resource or the Node. Without any configuration nothing
 is pushed and cri-resmgr keeps what it has.
 """
 
@@ -16,13 +18,16 @@ import asyncio
 import datetime
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import yaml
 from kubernetes import client
 
+from resmgr.agent import resources
 from resmgr.agent.kube import Backoff, Cluster, Watcher
+from resmgr.agent.topology import TopologyExporter
 from resmgr.generated.config import api_pb2, api_pb2_grpc
 
 log = logging.getLogger("cri-resmgr-agent")
@@ -37,6 +42,9 @@ class Settings:
     namespace: str = "kube-system"
     configmap: str = "cri-resmgr-config"
     label: str = "cri-resource-manager.intel.com/group"
+    custom_resources: bool = True  # also read ResourceManagerConfig resources
+    export_topology: bool = False  # publish cri-resmgr's NodeResourceTopology
+    topology_interval: float = 2.0  # seconds between two topology writes at least
     relay_socket: str = "/var/run/cri-resmgr/cri-resmgr-config.sock"
     debounce: float = 0.5  # seconds to let a burst of changes settle before pushing
     resync: float = 60.0  # push the configuration in force again this often
@@ -47,11 +55,39 @@ class Settings:
 
 @dataclass(frozen=True)
 class Choice:
-    """The ConfigMap in force for this node."""
+    """The configuration in force for this node. Two choices are the same when they are the same
+    version of the same object: a resource's generation (its status writes leave it alone), a
+    ConfigMap's resourceVersion."""
 
+    kind: str  # "ConfigMap" or resources.KIND
     name: str
-    resource_version: str
+    version: str
     data: dict[str, str]
+    resource_version: str = field(default="", compare=False)
+    obj: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+
+    @property
+    def custom(self) -> bool:
+        return self.kind == resources.KIND
+
+    def describe(self, namespace: str) -> str:
+        return f"{self.kind} {namespace}/{self.name} ({'generation' if self.custom else 'resourceVersion'} " \
+               f"{self.version})"
+
+
+def spec_data(spec: dict[str, Any]) -> dict[str, str]:
+    """A resource's spec in the config link's form: one YAML text per section."""
+    return {str(section): yaml.safe_dump(value, sort_keys=False) for section, value in (spec or {}).items()}
+
+
+def error_path(error: str, node_name: str, custom: bool) -> str:
+    """cri-resmgr names what it rejected in the pushed data (`policy.static.X: ...`); in a resource
+    that is under `spec`."""
+    prefix = f"ConfigMap data for node {node_name}: "
+    if not error.startswith(prefix):
+        return error
+    rest = error[len(prefix):]
+    return f"spec.{rest}" if custom else rest
 
 
 class ConfigAgent:
@@ -66,18 +102,29 @@ class ConfigAgent:
         self.watchers: dict[str, Watcher] = {}
         self.pushed: Choice | None = None  # what cri-resmgr last answered about
         self.push_error = ""  # its rejection, or why it could not be reached
+        self.unrecorded = False  # the outcome of the last push is not all written yet
+        self.recorded_on: set[str] = set()  # resources whose status lists this node, as we wrote it
         self.relay_reachable = True
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.topology: TopologyExporter | None = None
+        if settings.export_topology:
+            self.topology = TopologyExporter(self.cluster, settings.relay_socket, settings.topology_interval,
+                                             lambda: self.node, self._backoff)
 
     # -- watching ------------------------------------------------------------------------------
     def map_name(self, slot: str) -> str:
-        base = self.settings.configmap
-        if slot == "node":
-            return f"{base}.node.{self.settings.node_name}"
-        if slot == "group":
-            return f"{base}.group.{self.group}"
-        return f"{base}.default"
+        """The object a slot watches: "node", "group", "default" (ConfigMaps), "cr:" and a level
+        (resources)."""
+        level = slot.removeprefix("cr:")
+        name = {"node": f"node.{self.settings.node_name}", "group": f"group.{self.group}", "default": "default"}[level]
+        return name if slot.startswith("cr:") else f"{self.settings.configmap}.{name}"
+
+    def _levels(self) -> list[str]:
+        return ["node", "group", "default"] if self.group else ["node", "default"]
+
+    def _slots(self, level: str) -> list[str]:
+        return [f"cr:{level}", level] if self.settings.custom_resources else [level]
 
     def _watch(self, slot: str) -> None:
         old = self.watchers.pop(slot, None)
@@ -85,14 +132,17 @@ class ConfigAgent:
             old.stop()
         self.maps.pop(slot, None)
         self.reported.discard(slot)
-        backoff = Backoff(self.settings.retry_first, self.settings.retry_most)
+        backoff = self._backoff()
         if slot == "nodeobj":
             watcher = Watcher(self.api, "node", self.settings.node_name, "", self._reporter(slot), backoff)
         else:
-            watcher = Watcher(self.api, "configmap", self.map_name(slot), self.settings.namespace,
-                              self._reporter(slot), backoff)
+            watcher = Watcher(self.api, "custom" if slot.startswith("cr:") else "configmap", self.map_name(slot),
+                              self.settings.namespace, self._reporter(slot), backoff)
         self.watchers[slot] = watcher
         watcher.start()
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.settings.retry_first, self.settings.retry_most)
 
     def _reporter(self, slot: str) -> Any:
         def report(obj: dict[str, Any] | None) -> None:
@@ -111,14 +161,15 @@ class ConfigAgent:
             if group != self.group:
                 log.info("node %s is in group %s", self.settings.node_name, group or "(none)")
                 self.group = group
-                if group is None:
-                    old = self.watchers.pop("group", None)
-                    if old is not None:
-                        old.stop()
-                    self.maps.pop("group", None)
-                    self.reported.discard("group")
-                else:
-                    self._watch("group")
+                for gslot in self._slots("group"):
+                    if group is None:
+                        old = self.watchers.pop(gslot, None)
+                        if old is not None:
+                            old.stop()
+                        self.maps.pop(gslot, None)
+                        self.reported.discard(gslot)
+                    else:
+                        self._watch(gslot)
         else:
             self.maps[slot] = obj
         self.reported.add(slot)
@@ -126,28 +177,36 @@ class ConfigAgent:
 
     def known(self) -> bool:
         """Every watch has reported at least once (so a missing map is really missing)."""
-        slots = {"nodeobj", "node", "default"} | ({"group"} if self.group else set())
+        slots = {"nodeobj", *(slot for level in self._levels() for slot in self._slots(level))}
         return slots <= self.reported
 
     def choice(self) -> Choice | None:
-        for slot in ("node", "group", "default"):
-            if slot == "group" and not self.group:
-                continue
-            obj = self.maps.get(slot)
-            if obj is not None:
+        for level in self._levels():
+            for slot in self._slots(level):
+                obj = self.maps.get(slot)
+                if obj is None:
+                    continue
                 meta = obj.get("metadata") or {}
-                return Choice(meta.get("name", self.map_name(slot)), str(meta.get("resourceVersion", "")),
-                              {str(k): str(v) for k, v in (obj.get("data") or {}).items()})
+                name, rv = meta.get("name", self.map_name(slot)), str(meta.get("resourceVersion", ""))
+                if slot.startswith("cr:"):
+                    return Choice(resources.KIND, name, str(meta.get("generation", "")),
+                                  spec_data(obj.get("spec") or {}), rv, obj)
+                return Choice("ConfigMap", name, rv, {str(k): str(v) for k, v in (obj.get("data") or {}).items()},
+                              rv, obj)
         return None
 
     # -- pushing -------------------------------------------------------------------------------
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._watch("nodeobj")
-        self._watch("node")
-        self._watch("default")
+        for level in ("node", "default"):
+            for slot in self._slots(level):
+                self._watch(slot)
         try:
-            await self._push_loop()
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._push_loop())
+                if self.topology is not None:
+                    tg.create_task(self.topology.run())
         finally:
             for watcher in self.watchers.values():
                 watcher.stop()
@@ -168,7 +227,7 @@ class ConfigAgent:
                 choice = self.choice()
                 if choice is None:
                     if not resync:
-                        log.info("no ConfigMap applies to node %s; cri-resmgr keeps its configuration",
+                        log.info("no configuration applies to node %s; cri-resmgr keeps its configuration",
                                  self.settings.node_name)
                     continue
                 if choice == self.pushed and not resync:
@@ -177,7 +236,7 @@ class ConfigAgent:
 
     async def _push(self, stub: api_pb2_grpc.ConfigStub, choice: Choice) -> None:
         """Push until cri-resmgr answers, or a newer change takes over."""
-        backoff = Backoff(self.settings.retry_first, self.settings.retry_most)
+        backoff = self._backoff()
         request = api_pb2.SetConfigRequest(node_name=self.settings.node_name, config=choice.data)
         while True:
             try:
@@ -194,31 +253,74 @@ class ConfigAgent:
                 except TimeoutError:
                     continue
         self.relay_reachable = True
-        if (choice, reply.error) == (self.pushed, self.push_error):
+        error = error_path(reply.error, self.settings.node_name, choice.custom)
+        if (choice, error) == (self.pushed, self.push_error) and not self.unrecorded:
             return  # a resync with the same outcome: nothing new to report
+        if (choice, error) != (self.pushed, self.push_error):
+            what = choice.describe(self.settings.namespace)
+            if error:
+                log.error("cri-resmgr rejected %s: %s", what, error)
+            else:
+                log.info("cri-resmgr applied %s", what)
         self.pushed = choice
-        self.push_error = reply.error
-        if reply.error:
-            log.error("cri-resmgr rejected %s (resourceVersion %s): %s", choice.name, choice.resource_version,
-                      reply.error)
-        else:
-            log.info("cri-resmgr applied %s (resourceVersion %s)", choice.name, choice.resource_version)
-        await asyncio.to_thread(self._record, choice, reply.error)
+        self.push_error = error
+        # Resources that may still list this node: those we wrote to, and those we watch.
+        node = self.settings.node_name
+        others = set(self.recorded_on) | {
+            str((obj.get("metadata") or {}).get("name")) for slot, obj in self.maps.items()
+            if slot.startswith("cr:") and obj and node in ((obj.get("status") or {}).get("nodes") or {})}
+        others.discard(choice.name if choice.custom else "")
+        self.unrecorded = not await asyncio.to_thread(self._record, choice, error, sorted(others))
 
-    def _record(self, choice: Choice, error: str) -> None:
-        status = {"configMap": f"{self.settings.namespace}/{choice.name}",
-                  "resourceVersion": choice.resource_version, "applied": not error,
-                  "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    def _record(self, choice: Choice, error: str, others: list[str]) -> bool:
+        """The outcome on the Node, in the resource's status, and as an Event if rejected; False
+        if some of it could not be written (the next resync tries again)."""
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        where = f"{self.settings.namespace}/{choice.name}"
+        status: dict[str, Any] = {"kind": choice.kind, "name": where, "resourceVersion": choice.resource_version,
+                                  "applied": not error, "time": now}
+        if choice.custom:
+            status["generation"] = choice.version
+        else:
+            status["configMap"] = where
         if error:
             status["error"] = error
+        ok = True
         try:
             self.cluster.annotate_node({STATUS_ANNOTATION: json.dumps(status, sort_keys=True)})
-            if error:
-                self.cluster.warn(REJECTED_REASON,
-                                  f"cri-resmgr rejected ConfigMap {self.settings.namespace}/{choice.name} "
-                                  f"(resourceVersion {choice.resource_version}): {error}", self.node)
         except Exception as err:  # the status is informative; the agent keeps working without it
             log.error("recording the configuration status on node %s failed: %s", self.settings.node_name, err)
+            ok = False
+        if choice.custom:
+            outcome = resources.FAILURE if error else resources.SUCCESS
+            entry = {"generation": int(choice.version or 0), "status": outcome, "timestamp": now,
+                     **({"error": error[:4096]} if error else {})}
+            try:
+                if self.cluster.set_config_status(self.settings.namespace, choice.name, entry):
+                    self.recorded_on.add(choice.name)
+            except Exception as err:
+                log.error("writing the status of %s failed: %s", choice.describe(self.settings.namespace), err)
+                ok = False
+        for name in others:
+            try:
+                self.cluster.set_config_status(self.settings.namespace, name, None)
+                self.recorded_on.discard(name)
+            except Exception as err:
+                log.warning("dropping node %s from the status of %s %s/%s failed: %s", self.settings.node_name,
+                            resources.KIND, self.settings.namespace, name, err)
+                ok = False
+        if error:
+            message = (f"cri-resmgr on node {self.settings.node_name} rejected "
+                       f"{choice.describe(self.settings.namespace)}: {error}")
+            try:
+                if choice.custom and choice.obj is not None:
+                    self.cluster.warn_config(REJECTED_REASON, message, choice.obj)
+                else:
+                    self.cluster.warn(REJECTED_REASON, message, self.node)
+            except Exception as err:
+                log.error("recording the rejection as an Event failed: %s", err)
+                ok = False
+        return ok
 
     # -- health --------------------------------------------------------------------------------
     def health(self) -> str:
@@ -228,4 +330,6 @@ class ConfigAgent:
             problems.append("cri-resmgr is not reachable on " + self.settings.relay_socket)
         if self.push_error and self.pushed is not None:
             problems.append(f"cri-resmgr rejected {self.pushed.name}: {self.push_error}")
+        if self.topology is not None and self.topology.error:
+            problems.append(self.topology.error)
         return "; ".join(problems)

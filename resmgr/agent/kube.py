@@ -23,10 +23,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch import Watch
 
+from resmgr.agent import resources
+
 log = logging.getLogger("cri-resmgr-agent.kube")
 
-WATCH_SECONDS = 240
-EVENT_NAMESPACE = "default"  # the server ends each watch after this long; we watch again from where we were
+WATCH_SECONDS = 240  # the server ends each watch after this long; we watch again from where we were
+EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects live
+CONFLICT_TRIES = 8  # writes of a shared object tried again after a conflict
 
 
 class Backoff:
@@ -45,9 +48,12 @@ class Backoff:
 
 
 class Watcher:
+    """Follows one object: kind is "node", "configmap", or "custom" (our configuration resource,
+    whose absence of a CRD reads as "no such object", checked again now and then)."""
+
     def __init__(self, api: client.CoreV1Api, kind: str, name: str, namespace: str,
                  report: Callable[[dict[str, Any] | None], None], backoff: Backoff | None = None) -> None:
-        if kind not in ("node", "configmap"):
+        if kind not in ("node", "configmap", "custom"):
             raise ValueError(kind)
         self.api, self.kind, self.name, self.namespace = api, kind, name, namespace
         self.report = report
@@ -66,15 +72,22 @@ class Watcher:
 
     @property
     def what(self) -> str:
-        return f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
+        kind = resources.KIND if self.kind == "custom" else self.kind
+        return f"{kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
+
+    def _lister(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        if self.kind == "node":
+            return self.api.list_node, ()
+        if self.kind == "configmap":
+            return self.api.list_namespaced_config_map, (self.namespace,)
+        custom = client.CustomObjectsApi(self.api.api_client)
+        return custom.list_namespaced_custom_object, (resources.GROUP, resources.VERSION, self.namespace,
+                                                      resources.PLURAL)
 
     def _list(self) -> tuple[dict[str, Any] | None, str]:
-        selector = f"metadata.name={self.name}"
-        if self.kind == "node":
-            resp = self.api.list_node(field_selector=selector, _preload_content=False, _request_timeout=30)
-        else:
-            resp = self.api.list_namespaced_config_map(self.namespace, field_selector=selector,
-                                                      _preload_content=False, _request_timeout=30)
+        func, args = self._lister()
+        resp = func(*args, field_selector=f"metadata.name={self.name}", _preload_content=False,
+                    _request_timeout=30)
         doc = json.loads(resp.data)
         items = doc.get("items") or []
         return (items[0] if items else None), doc["metadata"]["resourceVersion"]
@@ -82,13 +95,7 @@ class Watcher:
     def _watch(self, rv: str) -> str:
         """Follow changes from rv until the server ends the watch; returns the last rv seen."""
         selector = f"metadata.name={self.name}"
-        func: Callable[..., Any]
-        args: tuple[Any, ...] = ()
-        if self.kind == "node":
-            func = self.api.list_node
-        else:
-            func, args = self.api.list_namespaced_config_map, (self.namespace,)
-        list_call = func
+        list_call, args = self._lister()
 
         @functools.wraps(list_call)  # the client reads the docstring to learn the result type
         def connect(*a: Any, **kw: Any) -> Any:
@@ -130,6 +137,12 @@ class Watcher:
                 self.error = ""
                 continue
             except ApiException as err:
+                if err.status == 404 and self.kind == "custom":
+                    # No CRD (yet): the same as no such object; look again later, without alarm.
+                    self.report(None)
+                    rv, self.error = "", ""
+                    self._stop.wait(self.backoff.most)
+                    continue
                 if err.status == 410:  # our resourceVersion is too old: start over
                     log.info("%s: watch expired (410 Gone), listing again", self.what)
                     rv = ""
@@ -167,14 +180,89 @@ class Cluster:
         """A Warning Event about this Node, so `kubectl describe node` shows it. An Event about a
         cluster-scoped object lives in the default namespace (the API server refuses it elsewhere),
         where the kubelet's own Events about the node are too."""
-        namespace = EVENT_NAMESPACE
         meta = (node or {}).get("metadata") or {}
+        self.event(client.V1ObjectReference(kind="Node", name=self.node_name, uid=meta.get("uid"), api_version="v1"),
+                   EVENT_NAMESPACE, reason, message)
+
+    def warn_config(self, reason: str, message: str, obj: dict[str, Any]) -> None:
+        """A Warning Event about a configuration resource, in its namespace (`kubectl describe`)."""
+        meta = obj.get("metadata") or {}
+        ref = client.V1ObjectReference(kind=resources.KIND, name=meta.get("name"), namespace=meta.get("namespace"),
+                                       uid=meta.get("uid"), api_version=f"{resources.GROUP}/{resources.VERSION}")
+        self.event(ref, meta.get("namespace") or "default", reason, message)
+
+    def event(self, ref: client.V1ObjectReference, namespace: str, reason: str, message: str) -> None:
         now = datetime.datetime.now(datetime.UTC)
         body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{self.node_name}.cri-resmgr.", namespace=namespace),
-            involved_object=client.V1ObjectReference(kind="Node", name=self.node_name, uid=meta.get("uid"),
-                                                     api_version="v1"),
-            reason=reason, message=message[:1024], type="Warning", count=1,
+            metadata=client.V1ObjectMeta(generate_name=f"{ref.name}.cri-resmgr.", namespace=namespace),
+            involved_object=ref, reason=reason, message=message[:1024], type="Warning", count=1,
             first_timestamp=now, last_timestamp=now,
             source=client.V1EventSource(component="cri-resmgr-agent", host=self.node_name))
         self.api.create_namespaced_event(namespace, body, _request_timeout=10)
+
+    # -- configuration resources and NodeResourceTopology ----------------------------------------
+    def _custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api.api_client)
+
+    def set_config_status(self, namespace: str, name: str, entry: dict[str, Any] | None) -> bool:
+        """Write (or with None, drop) this node's entry in a configuration's status, and the
+        counts the `kubectl get` columns show. Nodes write concurrently: each write names the
+        resourceVersion it read and is tried again on a conflict. False: the object is gone."""
+        custom = self._custom()
+        for _ in range(CONFLICT_TRIES):
+            try:
+                obj = custom.get_namespaced_custom_object_status(resources.GROUP, resources.VERSION, namespace,
+                                                                 resources.PLURAL, name, _request_timeout=10)
+            except ApiException as err:
+                if err.status == 404:
+                    return False
+                raise
+            nodes = dict(((obj.get("status") or {}).get("nodes")) or {})
+            if entry is None and self.node_name not in nodes:
+                return True
+            if entry is None:
+                nodes.pop(self.node_name)
+            else:
+                nodes[self.node_name] = entry
+            counts = {k: sum(1 for n in nodes.values() if n.get("status") == k)
+                      for k in (resources.SUCCESS, resources.FAILURE)}
+            patch = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                     # A merge patch merges the entry too: a field it lacks is named null to go.
+                     "status": {"nodes": {self.node_name: None if entry is None else {"error": None, **entry}},
+                                "success": counts[resources.SUCCESS], "failure": counts[resources.FAILURE]}}
+            try:
+                custom.patch_namespaced_custom_object_status(resources.GROUP, resources.VERSION, namespace,
+                                                             resources.PLURAL, name, patch, _request_timeout=10)
+                return True
+            except ApiException as err:
+                if err.status == 404:
+                    return False
+                if err.status != 409:
+                    raise
+        raise RuntimeError(f"{resources.KIND} {namespace}/{name}: status kept changing under {CONFLICT_TRIES} writes")
+
+    def put_topology(self, body: dict[str, Any]) -> None:
+        """Create or replace this node's NodeResourceTopology."""
+        custom = self._custom()
+        args = (resources.NRT_GROUP, resources.NRT_VERSION, resources.NRT_PLURAL)
+        for _ in range(CONFLICT_TRIES):
+            try:
+                old = custom.get_cluster_custom_object(*args, self.node_name, _request_timeout=10)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                try:
+                    custom.create_cluster_custom_object(*args, body, _request_timeout=10)
+                    return
+                except ApiException as err2:
+                    if err2.status != 409:
+                        raise
+                    continue  # made meanwhile: replace it
+            body = {**body, "metadata": {**body["metadata"], "resourceVersion": old["metadata"]["resourceVersion"]}}
+            try:
+                custom.replace_cluster_custom_object(*args, self.node_name, body, _request_timeout=10)
+                return
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+        raise RuntimeError(f"{resources.NRT_KIND} {self.node_name}: kept changing under {CONFLICT_TRIES} writes")

@@ -1,8 +1,10 @@
 """`cri-resmgr-agent`: the only process on the node that talks to the Kubernetes API.
 
-Watches this node's Node object and its ConfigMaps (node-specific > group > default),
-pushes the one in force to cri-resmgr over the config link, records the outcome on
-the Node, and serves the Agent service that cri-resmgr uses for cluster operations.
+Watches this node's Node object and its configurations - ResourceManagerConfig resources
+and ConfigMaps, node-specific > group > default, a resource before a ConfigMap at the same
+level - pushes the one in force to cri-resmgr over the config link, records the outcome on
+the Node and in the resource's status, optionally publishes the node's
+NodeResourceTopology, and serves the Agent service cri-resmgr uses for cluster operations.
 
     NODE_NAME=$(hostname) cri-resmgr-agent [--kubeconfig FILE] [--config-ns kube-system]
     cri-resmgr-agent probe   # readiness: exit 0 when the last push was applied
@@ -53,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "without it (default: %(default)s)")
     p.add_argument("--retry-max", type=float, default=d.retry_most, metavar="SECONDS",
                    help="longest wait between retries of a failed watch or push (default: %(default)s)")
+    p.add_argument("--custom-resources", choices=["on", "off"], default="on",
+                   help="also read ResourceManagerConfig resources named node.<node>, group.<group> and default "
+                        "in the config namespace (default: %(default)s; without their CRD none exist)")
+    p.add_argument("--export-topology", choices=["on", "off"], default="off",
+                   help="publish this node's NodeResourceTopology (topology.node.k8s.io/v1alpha2) as cri-resmgr "
+                        "reports it (default: %(default)s)")
+    p.add_argument("--topology-interval", type=float, default=d.topology_interval, metavar="SECONDS",
+                   help="shortest time between two NodeResourceTopology updates (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -83,8 +93,10 @@ async def run(settings: Settings, api: client.CoreV1Api, agent_socket: str) -> i
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.create_task(agent.run())
-    log.info("watching ConfigMaps %s.{node.%s,group.<group>,default} in %s for node %s", settings.configmap,
-             settings.node_name, settings.namespace, settings.node_name)
+    crs = f"ResourceManagerConfigs {{node.{settings.node_name},group.<group>,default}} and "
+    log.info("watching %sConfigMaps %s.{node.%s,group.<group>,default} in %s for node %s",
+             crs if settings.custom_resources else "", settings.configmap, settings.node_name, settings.namespace,
+             settings.node_name)
     done, _ = await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     task.cancel()
     await server.stop(1.0)
@@ -118,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = Settings(node_name=node_name, namespace=args.config_ns, configmap=args.configmap_name,
                         label=args.label_name, relay_socket=args.cri_resmgr_socket, debounce=args.debounce,
-                        push_timeout=args.push_timeout, retry_most=args.retry_max, resync=args.resync_interval)
+                        push_timeout=args.push_timeout, retry_most=args.retry_max, resync=args.resync_interval,
+                        custom_resources=args.custom_resources == "on", export_topology=args.export_topology == "on",
+                        topology_interval=args.topology_interval)
     return asyncio.run(run(settings, client.CoreV1Api(), args.agent_socket))
 
 

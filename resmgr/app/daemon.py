@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from resmgr.policies import PolicyError
 from resmgr.topology.hints import hints as device_hints
 from resmgr.topology.model import Topology
 from resmgr.topology.sysfs import TopologyError, discover
+from resmgr.view import nrt
 from resmgr.view import state as statedoc
 from resmgr.view.server import Address, ViewServer
 
@@ -74,7 +76,7 @@ class Daemon:
         try:
             core = await self.build_core(front)
             await front.start()
-            config_server = await self._serve_config(core.control)
+            config_server = await self._serve_config(core)
             if self.opts.pid_file:
                 Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
             log.info("%s, policy %s", front.describe(), core.engine.policy.name)
@@ -222,13 +224,7 @@ class Daemon:
             raise StartupError(f"--metrics-address {err}") from None
         metrics.enable()
         metrics.config_applied(control.config.source, control.generation)
-        topo = statedoc.topology_doc(self.topology)
-
-        def snapshot() -> dict[str, Any]:
-            return statedoc.build(self.topology, engine.policy, engine.pods, engine.containers,
-                                  control.describe(), topo)
-
-        view = ViewServer(snapshot, address)
+        view = ViewServer(self._snapshot(engine, control), address)
         try:
             await view.start()
         except OSError as err:
@@ -236,8 +232,18 @@ class Daemon:
         control.http_address = str(address)
         return view
 
-    async def _serve_config(self, control: ConfigManager) -> grpc.aio.Server | None:
+    def _snapshot(self, engine: Engine, control: ConfigManager) -> Callable[[], dict[str, Any]]:
+        """The state document (resmgr/view/state.py) of this moment, as a function."""
+        topo = statedoc.topology_doc(self.topology)
+
+        def snapshot() -> dict[str, Any]:
+            return statedoc.build(self.topology, engine.policy, engine.pods, engine.containers,
+                                  control.describe(), topo)
+        return snapshot
+
+    async def _serve_config(self, core: Core) -> grpc.aio.Server | None:
         """Signals (SIGHUP reloads the forced file) and the node agent's config link."""
+        control = core.control
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
@@ -250,7 +256,11 @@ class Daemon:
 
         loop.add_signal_handler(signal.SIGHUP, reload)
         if self.opts.config_socket and self.opts.config_socket != "disabled":
-            return await configlink.serve(control, sockets.path_of(self.opts.config_socket))
+            feed = None
+            if self.topology is not None:
+                snapshot = self._snapshot(core.engine, control)
+                feed = configlink.TopologyFeed(lambda: nrt.build(snapshot()), core.engine.changes)
+            return await configlink.serve(control, sockets.path_of(self.opts.config_socket), feed)
         return None
 
     async def _shut_down(self, core: Core, front: FrontEnd, config_server: grpc.aio.Server | None) -> None:

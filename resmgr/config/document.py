@@ -27,6 +27,7 @@ import yaml
 from resmgr import policies
 from resmgr.config import custom
 from resmgr.config import dumprules as dump
+from resmgr.config.openapi import canonical_key
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +105,7 @@ def _describe(error: jsonschema.ValidationError, module: str) -> str:
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
         patterns = list(error.schema.get("patternProperties", {}))
         # Policy options match in any letter case: `^[Pp][Ii][Nn]...$` reads back as PinCPU.
-        known = sorted([*error.schema.get("properties", {}),
-                        *(re.sub(r"\[(.)[^]]*\]|\\(.)", lambda m: m.group(1) or m.group(2), p).strip("^$")
-                          for p in patterns)])
+        known = sorted([*error.schema.get("properties", {}), *(canonical_key(p) for p in patterns)])
         props = error.schema.get("properties", {})
         unknown = sorted(str(k) for k in error.instance
                          if k not in props and not any(re.search(p, str(k)) for p in patterns))

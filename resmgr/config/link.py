@@ -5,12 +5,18 @@ Served on a root-only unix socket: the agent runs as root, nobody else may recon
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from resmgr import sockets
 from resmgr.config.manager import ConfigManager, Rejected
+from resmgr.engine.lifecycle import Changes
 from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
 
 log = logging.getLogger("cri-resmgr.config")
@@ -35,19 +41,47 @@ class ConfigService(api_pb2_grpc.ConfigServicer):
         raise AssertionError("unreachable")
 
 
+MIN_TOPOLOGY_INTERVAL = 0.2  # seconds: the floor between two topology replies, whatever is asked
+
+
+@dataclass
+class TopologyFeed:
+    """What WatchTopology sends: the topology document now, and the engine's changes to wait on."""
+
+    document: Callable[[], dict[str, Any]]
+    changes: Changes
+
+
 class StatusService(status_pb2_grpc.StatusServicer):
-    def __init__(self, control: ConfigManager) -> None:
+    def __init__(self, control: ConfigManager, feed: TopologyFeed | None = None) -> None:
         self.control = control
+        self.feed = feed
 
     async def GetStatus(self, request: status_pb2.GetStatusRequest,  # noqa: N802
                         context: grpc.aio.ServicerContext) -> status_pb2.GetStatusReply:
         return status_pb2.GetStatusReply(**self.control.status())
 
+    async def WatchTopology(self, request: status_pb2.WatchTopologyRequest,  # noqa: N802
+                            context: grpc.aio.ServicerContext) -> Any:
+        if self.feed is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "this daemon knows no topology")
+            return
+        interval = max(MIN_TOPOLOGY_INTERVAL, request.min_interval)
+        sent = ""
+        while True:
+            seen = self.feed.changes.count
+            text = json.dumps(self.feed.document(), sort_keys=True)
+            if text != sent:
+                yield status_pb2.TopologyReply(topology=text)
+                sent = text
+                await asyncio.sleep(interval)  # the rate limit: changes meanwhile are sent as one
+            await self.feed.changes.after(seen)
 
-async def serve(control: ConfigManager, path: str) -> grpc.aio.Server:
+
+async def serve(control: ConfigManager, path: str, feed: TopologyFeed | None = None) -> grpc.aio.Server:
     server = grpc.aio.server()
     api_pb2_grpc.add_ConfigServicer_to_server(ConfigService(control), server)
-    status_pb2_grpc.add_StatusServicer_to_server(StatusService(control), server)
+    status_pb2_grpc.add_StatusServicer_to_server(StatusService(control, feed), server)
     await sockets.start_private(server, path)
     log.info("config link serving on %s", path)
     return server

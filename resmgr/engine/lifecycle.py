@@ -116,6 +116,24 @@ class UpdatePlan:
     adjusted: Resources | None = None  # hook plugins' earlier changes that still stand
 
 
+class Changes:
+    """Counts the engine's state changes, for those who follow them (the topology feed)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._event = asyncio.Event()
+
+    def bump(self) -> None:
+        self.count += 1
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def after(self, count: int) -> None:
+        """Return once the count has moved past count."""
+        while self.count == count:
+            await self._event.wait()
+
+
 class Engine:
     def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
                  controllers: Controllers | None = None, cgroup_root: str = "", gated: bool = False) -> None:
@@ -139,6 +157,7 @@ class Engine:
         self._fallback: list[str] = []  # the policy's fallback conditions last logged
         self._held_back: dict[str, float] = {}  # starts refused since, by container
         self._saves: set[asyncio.Task[None]] = set()
+        self.changes = Changes()  # bumped with every state write
 
     # -- state -------------------------------------------------------------
     @property
@@ -198,6 +217,7 @@ class Engine:
 
     async def save(self) -> None:
         """Persist the state; with write_behind, soon, without waiting for the disk."""
+        self.changes.bump()
         if not self.write_behind:
             await self.store.save(self.snapshot)
             return

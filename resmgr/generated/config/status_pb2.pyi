@@ -25,3 +25,15 @@ class GetStatusReply(_message.Message):
     containers: int
     http_address: str
     def __init__(self, config: _Optional[str] = ..., source: _Optional[str] = ..., policy: _Optional[str] = ..., last_error: _Optional[str] = ..., pods: _Optional[int] = ..., containers: _Optional[int] = ..., http_address: _Optional[str] = ...) -> None: ...
+
+class WatchTopologyRequest(_message.Message):
+    __slots__ = ("min_interval",)
+    MIN_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    min_interval: float
+    def __init__(self, min_interval: _Optional[float] = ...) -> None: ...
+
+class TopologyReply(_message.Message):
+    __slots__ = ("topology",)
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    topology: str
+    def __init__(self, topology: _Optional[str] = ...) -> None: ...

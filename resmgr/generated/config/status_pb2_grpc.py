@@ -39,6 +39,11 @@ class StatusStub:
                 request_serializer=config_dot_status__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=config_dot_status__pb2.GetStatusReply.FromString,
                 _registered_method=True)
+        self.WatchTopology = channel.unary_stream(
+                '/crirm.v1.Status/WatchTopology',
+                request_serializer=config_dot_status__pb2.WatchTopologyRequest.SerializeToString,
+                response_deserializer=config_dot_status__pb2.TopologyReply.FromString,
+                _registered_method=True)
 
 
 class StatusServicer:
@@ -50,6 +55,14 @@ class StatusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchTopology(self, request, context):
+        """The node's resource topology: sent at once, then again whenever it changes, at most
+        once per interval. The node agent publishes it as a NodeResourceTopology.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StatusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +70,11 @@ def add_StatusServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=config_dot_status__pb2.GetStatusRequest.FromString,
                     response_serializer=config_dot_status__pb2.GetStatusReply.SerializeToString,
+            ),
+            'WatchTopology': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchTopology,
+                    request_deserializer=config_dot_status__pb2.WatchTopologyRequest.FromString,
+                    response_serializer=config_dot_status__pb2.TopologyReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +104,33 @@ class Status:
             '/crirm.v1.Status/GetStatus',
             config_dot_status__pb2.GetStatusRequest.SerializeToString,
             config_dot_status__pb2.GetStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchTopology(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/crirm.v1.Status/WatchTopology',
+            config_dot_status__pb2.WatchTopologyRequest.SerializeToString,
+            config_dot_status__pb2.TopologyReply.FromString,
             options,
             channel_credentials,
             insecure,
