@@ -235,6 +235,8 @@ class ControlPlane:
             f"--service-account-issuer={ISSUER}", f"--service-account-key-file={sa_pub}",
             f"--service-account-signing-key-file={sa_key}", f"--service-cluster-ip-range={SERVICE_RANGE}",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            # As kubeadm sets it: node agents (cri-resmgr's NRI DaemonSet among them) run privileged.
+            "--allow-privileged=true",
             # Webhooks are called at a Service's endpoints, as without kube-proxy there is no ClusterIP.
             "--enable-aggregator-routing=true", "--profiling=false", "--v=1",
             # Every request, who made it and its answer: what the tests check least privilege with.

@@ -19,6 +19,7 @@ import yaml
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 
+from harness import helm
 from harness.kube import ControlPlane
 from resmgr.agent import resources as rs
 from resmgr.generated.agent import api_pb2, api_pb2_grpc
@@ -29,9 +30,7 @@ from tests.kubeapi import KubeAPI
 NS = "kube-system"
 LABEL = "cri-resource-manager.intel.com/group"
 STATUS = "cri-resource-manager.intel.com/config-status"
-RBAC = ROOT / "config" / "kubernetes" / "agent-rbac.yaml"
-CHART = ROOT / "deployment" / "helm" / "cri-resmgr"
-CRDS = [CHART / "crds" / f"{rs.PLURAL}.yaml", CHART / "files" / "noderesourcetopologies.yaml"]
+CRDS = [helm.CHART / "crds" / f"{rs.PLURAL}.yaml", helm.CHART / "files" / "noderesourcetopologies.yaml"]
 AGENT_USER = "system:serviceaccount:kube-system:cri-resmgr-agent"
 
 
@@ -82,8 +81,9 @@ class RealCluster:
     def __init__(self, control: ControlPlane, node: str) -> None:
         self.control, self.node = control, node
         self.core = control.core()
-        try:
-            utils.create_from_yaml(control.api_client(), str(RBAC))
+        try:  # the chart's RBAC, as it installs it
+            utils.create_from_yaml(control.api_client(), yaml_objects=helm.render(
+                {"nodeResourceTopology.export": True}, namespace=NS, only="templates/agent-rbac.yaml"))
         except utils.FailToCreateError as err:  # made by an earlier test
             if any(e.status != 409 for e in err.api_exceptions):
                 raise

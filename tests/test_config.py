@@ -126,7 +126,6 @@ async def test_static_reconfiguration_re_allocates_under_the_new_settings(tmp_pa
 
 
 def test_shipped_samples_are_valid():
-    from pathlib import Path
 
     from resmgr.config import load_file
 
@@ -136,50 +135,12 @@ def test_shipped_samples_are_valid():
     assert {m["metadata"]["name"].split(".")[1] for m in maps} == {"default", "group", "node"}
     for m in maps:
         from_map(m["data"], m["metadata"]["name"])
-    rbac = {(d["kind"], d["metadata"]["name"]): d for d in
-            yaml.safe_load_all((root / "kubernetes" / "agent-rbac.yaml").read_text())}
-    role = rbac[("Role", "cri-resmgr-agent")]["rules"]
-    assert {tuple(r["resources"]): r["verbs"] for r in role} == {("configmaps",): ["get", "list", "watch"]}
-    events = rbac[("Role", "cri-resmgr-agent-events")]  # Events about the Node live in default
-    assert events["metadata"]["namespace"] == "default"
-    assert {tuple(r["resources"]): r["verbs"] for r in events["rules"]} == {("events",): ["create"]}
-    daemonset = yaml.safe_load((root / "kubernetes" / "agent-daemonset.yaml").read_text())
-    env = daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert env[0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    # The NRI DaemonSet's command line is one cri-resmgr accepts, and its mounts hold what it names.
-    from resmgr.app.cli import build_parser
+    from resmgr.agent.agent import spec_data
 
-    nri = yaml.safe_load((root / "kubernetes" / "nri-daemonset.yaml").read_text())["spec"]["template"]["spec"]
-    cmd = nri["containers"][0]["command"]
-    args = build_parser().parse_args(cmd[1:])
-    mounts = [m["mountPath"] for m in nri["containers"][0]["volumeMounts"]]
-    assert args.nri and any(args.nri_socket.startswith(m + "/") for m in mounts)
-    assert args.relay_dir in mounts and args.host_root + "/sys" in mounts
-
-
-def test_webhook_manifests_hang_together():
-    from resmgr.webhook.main import build_parser
-    from resmgr.webhook.review import API_VERSION
-
-    path = Path(__file__).resolve().parent.parent / "config/kubernetes/webhook.yaml"
-    docs = {d["kind"]: d for d in yaml.safe_load_all(path.read_text())}
-    deployment, service, config = docs["Deployment"], docs["Service"], docs["MutatingWebhookConfiguration"]
-    pod = deployment["spec"]["template"]["spec"]
-    container = pod["containers"][0]
-    args = build_parser().parse_args(container["command"][1:])
-    mount = container["volumeMounts"][0]["mountPath"]
-    assert args.tls_cert_file.startswith(mount + "/") and args.tls_private_key_file.startswith(mount + "/")
-    assert container["ports"][0]["containerPort"] == args.listen[1]
-    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
-    (hook,) = config["webhooks"]
-    assert hook["failurePolicy"] == "Ignore" and hook["admissionReviewVersions"] == [API_VERSION.split("/")[1]]
-    ref = hook["clientConfig"]["service"]
-    assert (ref["name"], ref["namespace"], ref["path"]) == (service["metadata"]["name"],
-                                                            deployment["metadata"]["namespace"], "/mutate")
-    (expr,) = hook["namespaceSelector"]["matchExpressions"]
-    assert expr["operator"] == "NotIn" and deployment["metadata"]["namespace"] in expr["values"]
-    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                              "resources": ["pods"], "scope": "Namespaced"}]
+    crs = [d for d in yaml.safe_load_all((root / "kubernetes" / "resourcemanagerconfigs.yaml").read_text()) if d]
+    assert {c["metadata"]["name"].split(".")[0] for c in crs} == {"default", "group", "node"}
+    for c in crs:
+        from_map(spec_data(c["spec"]), c["metadata"]["name"])
 
 
 @pytest.mark.parametrize("v2", [False, True])

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import jsonpatch
 import pytest
-import yaml
 from kubernetes import client, utils
 
+from harness import helm
 from harness.kube import host_address
 from harness.relay import free_port
 from resmgr.generated.cri import api_pb2 as cri
@@ -258,7 +258,7 @@ def test_annotated_pod_gets_its_cpus_through_the_relay(containerd, workdir, webh
 
 def test_the_api_server_calls_the_webhook_the_shipped_manifest_registers(kube, workdir):
     """A pod made through the real API server gets the annotation from the webhook (registered by
-    config/kubernetes/webhook.yaml, TLS verified against the Service's name) and runs with the CPUs it
+    the Helm chart's webhook.yaml, TLS verified against the Service's name) and runs with the CPUs it
     asks for through the relay under a real kubelet."""
     ns = "cri-resmgr"
     hook = Webhook(workdir / "hook", namespace=ns, host="0.0.0.0")
@@ -266,8 +266,9 @@ def test_the_api_server_calls_the_webhook_the_shipped_manifest_registers(kube, w
     # on the host, and an EndpointSlice puts it behind the manifest's Service, as the Deployment's pods
     # would be (the API server calls webhooks at a Service's endpoints with aggregator routing).
     ca = base64.b64encode((hook.certs / "ca.crt").read_bytes()).decode()
-    docs = [d for d in yaml.safe_load_all((ROOT / "config/kubernetes/webhook.yaml").read_text().replace(
-        "CA_BUNDLE", ca)) if d and d["kind"] != "Deployment"]
+    docs = [d for d in helm.render({"webhook.enabled": True, "webhook.secretName": "mine", "webhook.caBundle": ca,
+                                    "config": {}}, namespace=ns, only="templates/webhook.yaml")
+            if d["kind"] != "Deployment"]
     api = kube.api_client()
     kube.ensure_namespace(ns)
     utils.create_from_yaml(api, yaml_objects=docs, namespace=ns)
