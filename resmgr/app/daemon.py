@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from resmgr import metrics, policies, sockets
+from resmgr import metrics, policies, sockets, telemetry
 from resmgr.app.options import Options
 from resmgr.config import Config, ConfigError, cpus, validate
 from resmgr.config import link as configlink
@@ -50,6 +51,8 @@ class Core:
     hooks: Hooks | None
     control: ConfigManager
     view: ViewServer | None
+    telemetry: telemetry.Telemetry | None = None
+    state_gauges: metrics.StateCollector | None = None  # refreshed for OTLP exports
 
 
 class Daemon:
@@ -98,7 +101,32 @@ class Daemon:
         self.hooks = self._make_hooks()
         control = self._make_control(engine, front.bind(engine, self.hooks))
         view = await self._serve_view(engine, control)
-        return Core(engine, self.hooks, control, view)
+        core = Core(engine, self.hooks, control, view)
+        self._start_telemetry(core)
+        return core
+
+    def _start_telemetry(self, core: Core) -> None:
+        """OpenTelemetry export, when an endpoint is given: traces, and the metrics the view serves."""
+        if not self.opts.otlp_endpoint:
+            return
+        metrics.enable()
+        if core.view is not None:
+            core.state_gauges = core.view.collector
+        else:
+            core.state_gauges = metrics.StateCollector(self._snapshot(core.engine, core.control))
+            metrics.REGISTRY.register(core.state_gauges)
+        core.state_gauges.refresh()
+        try:
+            core.telemetry = telemetry.start(self.opts.otlp_endpoint, self.opts.otlp_interval, metrics.REGISTRY,
+                                             socket.gethostname())
+        except Exception as err:  # a malformed endpoint: the exporters refuse it at once
+            raise StartupError(f"--otlp-endpoint {self.opts.otlp_endpoint}: {err}") from None
+
+    async def _refresh_gauges(self, gauges: metrics.StateCollector) -> None:
+        """The exporter runs in its own thread: it reads a snapshot the event loop took."""
+        while True:
+            gauges.refresh()
+            await asyncio.sleep(max(0.5, self.opts.otlp_interval / 2))
 
     async def _run_loops(self, core: Core, front: FrontEnd) -> int:
         """Every loop under one task group until a signal or the front end's main loop ends; a loop that
@@ -113,6 +141,8 @@ class Daemon:
                     loops.append(tg.create_task(self._rebalance(engine)))
                 if core.hooks is not None:
                     loops.append(tg.create_task(core.hooks.watch()))
+                if core.state_gauges is not None:
+                    loops.append(tg.create_task(self._refresh_gauges(core.state_gauges)))
                 main = tg.create_task(front.run())
                 main.add_done_callback(lambda _: self._stop.set())
                 await self._stop.wait()
@@ -277,3 +307,5 @@ class Daemon:
         await core.engine.flush()
         if core.view is not None:
             await core.view.stop()
+        if core.telemetry is not None:
+            await asyncio.to_thread(core.telemetry.shutdown)

@@ -105,6 +105,13 @@ class Options:
                                      help="allow a --metrics-address beyond loopback (e.g. :8891 or the node's IP); "
                                           "the endpoint has no authentication and shows every pod and container "
                                           "of the node")
+    otlp_endpoint: str = opt("", "--otlp-endpoint", group=VIEW, metavar="ADDR",
+                             help="export traces of lifecycle calls (the policy's decision a span of each) and the "
+                                  "metrics over OpenTelemetry's OTLP/gRPC to ADDR: HOST:PORT, http(s)://HOST:PORT or "
+                                  "unix:///PATH (default: off)")
+    otlp_interval: float = opt(15.0, "--otlp-interval", group=VIEW, type=duration, metavar="DURATION",
+                               help="how often metrics and batched traces are exported over OTLP "
+                                    "(default: %(default)s seconds)")
     # -- state, configuration and the node -------------------------------------------------------
     relay_dir: str = opt("/var/lib/cri-resmgr", "--relay-dir",
                          help="directory for persisted state (default: %(default)s)")

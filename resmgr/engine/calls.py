@@ -10,6 +10,9 @@ the runtime's reply.
 Whether a failure left the runtime untouched decides what the engine gives back: a
 failure before the runtime call (a hook plugin, a cancellation) always did; after it,
 the front end's `refused` predicate tells from the runtime's error.
+
+Each call is a trace span (resmgr/telemetry.py; no-ops unless OpenTelemetry is on), with the
+policy's decision, the hook plugins and the runtime call as its children.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Protocol, TypeVar
 
 from resmgr.engine.lifecycle import CreatePlan, Engine
 from resmgr.model import Adjustment, Container, Pod, Resources
+from resmgr.telemetry import tracer
 
 T = TypeVar("T")
 
@@ -60,20 +64,23 @@ class Calls:
                       deadline: float | None = None) -> T:
         """Hook plugins adjust the pod (call applies it where it can), the runtime makes it (call returns
         its reply and the pod as made), the engine records it."""
-        adj = await self.hooks.pre_run_pod(pod, deadline) if self.hooks is not None else None
-        resp, made = await call(adj or None)
-        await self.engine.pod_created(made)
-        return resp
+        with tracer.start_as_current_span("RunPodSandbox", attributes=_pod(pod)):
+            adj = await self.hooks.pre_run_pod(pod, deadline) if self.hooks is not None else None
+            resp, made = await call(adj or None)
+            await self.engine.pod_created(made)
+            return resp
 
     async def stop_pod(self, pod_id: str, call: Callable[[], Awaitable[T]], deadline: float | None = None) -> T:
-        pod = self.engine.pods.get(pod_id)
-        resp = await self.engine.stop_pod(pod_id, call)
-        if self.hooks is not None and pod is not None:
-            await self.hooks.post_stop_pod(pod, deadline)
-        return resp
+        with tracer.start_as_current_span("StopPodSandbox", attributes={"pod.id": pod_id}):
+            pod = self.engine.pods.get(pod_id)
+            resp = await self.engine.stop_pod(pod_id, call)
+            if self.hooks is not None and pod is not None:
+                await self.hooks.post_stop_pod(pod, deadline)
+            return resp
 
     async def remove_pod(self, pod_id: str, call: Callable[[], Awaitable[T]]) -> T:
-        return await self.engine.remove_pod(pod_id, call)
+        with tracer.start_as_current_span("RemovePodSandbox", attributes={"pod.id": pod_id}):
+            return await self.engine.remove_pod(pod_id, call)
 
     # -- containers ----------------------------------------------------------------------
     async def create_container(self, pod: Pod, c: Container,
@@ -84,22 +91,35 @@ class Calls:
 
         PolicyError, ControllerError, NotReady: refused before anything changed.
         """
-        plan = await self.engine.plan_create(pod, c, devices)
-        adj = None
-        try:
-            if self.hooks is not None:
-                adj = await self.hooks.pre_create(plan.pod, plan.container, plan.pinned, deadline)
-                if adj:
-                    self.engine.amend_create(plan, adj)
-        except BaseException as err:
-            await self.engine.abort_create(plan, err, True)  # the runtime was not asked
-            raise
-        try:
-            resp, container_id = await call(plan, adj or None)
-        except BaseException as err:
-            await self.engine.abort_create(plan, err, refused(err))
-            raise
-        return resp, await self.engine.commit_create(plan, container_id)
+        with tracer.start_as_current_span("CreateContainer", attributes={**_pod(pod), "container.name": c.name}):
+            with tracer.start_as_current_span("policy decision") as span:
+                plan = await self.engine.plan_create(pod, c, devices)
+                span.set_attributes(self._decision(plan.container, plan.decided, len(plan.updates)))
+            adj = None
+            try:
+                if self.hooks is not None:
+                    with tracer.start_as_current_span("hook plugins"):
+                        adj = await self.hooks.pre_create(plan.pod, plan.container, plan.pinned, deadline)
+                    if adj:
+                        self.engine.amend_create(plan, adj)
+            except BaseException as err:
+                await self.engine.abort_create(plan, err, True)  # the runtime was not asked
+                raise
+            try:
+                with tracer.start_as_current_span("runtime"):
+                    resp, container_id = await call(plan, adj or None)
+            except BaseException as err:
+                await self.engine.abort_create(plan, err, refused(err))
+                raise
+            return resp, await self.engine.commit_create(plan, container_id)
+
+    def _decision(self, c: Container, decided: bool, moved: int) -> dict[str, str | int | bool]:
+        """What the policy decided for c, as span attributes."""
+        grant = self.engine.policy.describe_grant(c.key) or {}
+        return {"policy": self.engine.policy.name, "decided": decided, "cpuset.cpus": c.resources.cpuset_cpus,
+                "cpuset.mems": c.resources.cpuset_mems, "pool": str(grant.get("pool", "")),
+                "grant": str(grant.get("kind", "")), "exclusive": str(grant.get("exclusive", "")),
+                "others.moved": moved}
 
     async def before_start(self, container_id: str, deadline: float | None = None) -> None:
         """Hook plugins' PreStartContainer: their resource changes are pushed to the runtime now."""
@@ -120,12 +140,13 @@ class Calls:
                               deadline: float | None = None, before: bool = True) -> T:
         """Start through call() (before=False: the runtime has started it already; its PreStart hook
         point came with an earlier event)."""
-        if before:
-            await self.before_start(container_id, deadline)
-        known = self.engine.context(container_id) if before else None
-        resp = await self.engine.start_container(container_id, call, before)
-        await self.after_start(container_id, known or self.engine.context(container_id), deadline)
-        return resp
+        with tracer.start_as_current_span("StartContainer", attributes={"container.id": container_id}):
+            if before:
+                await self.before_start(container_id, deadline)
+            known = self.engine.context(container_id) if before else None
+            resp = await self.engine.start_container(container_id, call, before)
+            await self.after_start(container_id, known or self.engine.context(container_id), deadline)
+            return resp
 
     async def update_container(self, container_id: str, asked: Resources, plain: bool,
                                call: Callable[[Resources, Adjustment | None], Awaitable[tuple[T, Resources]]],
@@ -137,32 +158,45 @@ class Calls:
         call, and returns the reply and the resources the runtime was sent. unmanaged: a container the
         engine does not manage, the request goes as it is; unchanged: the answer to one that changes nothing.
         """
-        plan = await self.engine.plan_update(container_id, asked, plain)
-        if plan is None:
-            return await unmanaged()
-        hooked = self.hooks is not None and self.hooks.wants_update(plan.pod)
-        if plan.resources is None and not hooked:
-            return unchanged()
-        resources = plan.resources or plan.container.resources
-        try:
-            adj = None
-            if self.hooks is not None and hooked:
-                c = dataclasses.replace(plan.container, resources=resources)
-                adj = await self.hooks.pre_update(plan.pod, c, plan.pinned, deadline)
-            resp, sent = await call(resources, adj)
-        except BaseException:
-            await self.engine.abort_update(plan)
-            raise
-        await self.engine.commit_update(plan, sent, adj.resources if adj is not None else None)
-        return resp
+        with tracer.start_as_current_span("UpdateContainerResources", attributes={"container.id": container_id}):
+            with tracer.start_as_current_span("policy decision") as span:
+                plan = await self.engine.plan_update(container_id, asked, plain)
+                if plan is not None:
+                    c = dataclasses.replace(plan.container, resources=plan.resources or plan.container.resources)
+                    span.set_attributes(self._decision(c, plan.resources is not None, len(plan.moved)))
+            if plan is None:
+                return await unmanaged()
+            hooked = self.hooks is not None and self.hooks.wants_update(plan.pod)
+            if plan.resources is None and not hooked:
+                return unchanged()
+            resources = plan.resources or plan.container.resources
+            try:
+                adj = None
+                if self.hooks is not None and hooked:
+                    with tracer.start_as_current_span("hook plugins"):
+                        c = dataclasses.replace(plan.container, resources=resources)
+                        adj = await self.hooks.pre_update(plan.pod, c, plan.pinned, deadline)
+                with tracer.start_as_current_span("runtime"):
+                    resp, sent = await call(resources, adj)
+            except BaseException:
+                await self.engine.abort_update(plan)
+                raise
+            await self.engine.commit_update(plan, sent, adj.resources if adj is not None else None)
+            return resp
 
     async def stop_container(self, container_id: str, call: Callable[[], Awaitable[T]],
                              deadline: float | None = None) -> T:
-        known = self.engine.context(container_id) if self.hooks is not None else None
-        resp = await self.engine.stop_container(container_id, call)
-        if self.hooks is not None and known is not None:
-            await self.hooks.post_stop(*known, deadline)
-        return resp
+        with tracer.start_as_current_span("StopContainer", attributes={"container.id": container_id}):
+            known = self.engine.context(container_id) if self.hooks is not None else None
+            resp = await self.engine.stop_container(container_id, call)
+            if self.hooks is not None and known is not None:
+                await self.hooks.post_stop(*known, deadline)
+            return resp
 
     async def remove_container(self, container_id: str, call: Callable[[], Awaitable[T]]) -> T:
-        return await self.engine.remove_container(container_id, call)
+        with tracer.start_as_current_span("RemoveContainer", attributes={"container.id": container_id}):
+            return await self.engine.remove_container(container_id, call)
+
+
+def _pod(pod: Pod) -> dict[str, str]:
+    return {"pod.namespace": pod.namespace, "pod.name": pod.name, "pod.qos": pod.qos_class.value}
