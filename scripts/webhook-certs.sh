@@ -7,7 +7,7 @@
 # the Service cri-resmgr-webhook in NAMESPACE (default cri-resmgr), as the API server calls
 # it; EXTRA_SANs are added as given (e.g. DNS:localhost IP:127.0.0.1). Then:
 #   kubectl -n NAMESPACE create secret tls cri-resmgr-webhook-tls --cert=OUTDIR/tls.crt --key=OUTDIR/tls.key
-#   and put `base64 -w0 OUTDIR/ca.crt` into caBundle of config/kubernetes/webhook.yaml.
+#   and give `base64 -w0 OUTDIR/ca.crt` to the Helm chart as webhook.caBundle (docs/operating.md).
 set -euo pipefail
 out=${1:?usage: $0 OUTDIR [NAMESPACE] [EXTRA_SAN...]}
 ns=${2:-cri-resmgr}

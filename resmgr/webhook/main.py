@@ -2,7 +2,7 @@
 
     cri-resmgr-webhook --tls-cert-file tls.crt --tls-private-key-file tls.key [--listen :8443]
 
-Point a MutatingWebhookConfiguration (config/kubernetes/webhook.yaml) at POST /mutate. Each
+Point a MutatingWebhookConfiguration (the Helm chart's webhook.yaml) at POST /mutate. Each
 pod created gets the annotation intel.com/resources: the requests and limits of every
 container and init container, as JSON. GET /healthz answers probes. The certificate and
 key are read again when their files change (a rotated Secret), without a restart.
