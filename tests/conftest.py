@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,16 @@ def kube():
     control = ControlPlane().start()
     yield control
     control.stop()
+
+
+@pytest.fixture
+def env(workdir, kube):
+    """The node agent between the real API server (a Node of its own) and a cri-resmgr (tests/agentenv.py)."""
+    from tests.agentenv import Env, RealCluster
+
+    e = Env(workdir, RealCluster(kube, f"node-{uuid.uuid4().hex[:6]}"))
+    yield e
+    e.close()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from urllib.parse import parse_qs, urlsplit
 
 import grpc
@@ -20,7 +19,6 @@ from tests.agentenv import (
     NS,
     Env,
     FakeCluster,
-    RealCluster,
     applied,
     healthy_again,
     policy_map,
@@ -39,13 +37,6 @@ from tests.helpers import (
 )
 
 SPEED = "integration"  # see tests/conftest.py
-
-
-@pytest.fixture
-def env(workdir, kube):
-    e = Env(workdir, RealCluster(kube, f"node-{uuid.uuid4().hex[:6]}"))
-    yield e
-    e.close()
 
 
 @pytest.fixture

@@ -7,24 +7,16 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 from kubernetes.client.rest import ApiException
 
 from harness.containerd import TOOLS_BIN
 from resmgr.agent import resources as rs
-from tests.agentenv import NS, Env, RealCluster, policy_map, wait_for
+from tests.agentenv import NS, Env, policy_map, wait_for
 from tests.helpers import ONLINE, ROOT, Cri, container_config, pod_config, resources
 
 SPEED = "integration"  # see tests/conftest.py
-
-
-@pytest.fixture
-def env(workdir, kube):
-    e = Env(workdir, RealCluster(kube, f"node-{uuid.uuid4().hex[:6]}"))
-    yield e
-    e.close()
 
 
 def entry_is(env: Env, name: str, status: str) -> dict:

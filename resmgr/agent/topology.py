@@ -72,11 +72,13 @@ class TopologyExporter:
         while True:
             await self._new.wait()
             self._new.clear()
-            doc = self.latest
-            if doc is None or doc == self.written:
+            if self.latest is None:
+                continue
+            body = self.body(self.latest)  # the owner may have become known since the last write
+            if body == self.written:
                 continue
             try:
-                await asyncio.to_thread(self.cluster.put_topology, self.body(doc))
+                await asyncio.to_thread(self.cluster.put_topology, body)
             except Exception as err:  # the API server is away or refuses: try again later
                 self.error = f"writing {resources.NRT_KIND} {self.cluster.node_name}: {err}"
                 delay = backoff.next()
@@ -84,7 +86,7 @@ class TopologyExporter:
                 await asyncio.sleep(delay)
                 self._new.set()
                 continue
-            self.written, self.error = doc, ""
+            self.written, self.error = body, ""
             self.writes += 1
             backoff.reset()
             await asyncio.sleep(self.interval)  # the API server's share of the rate limit

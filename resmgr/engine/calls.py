@@ -94,7 +94,8 @@ class Calls:
         with tracer.start_as_current_span("CreateContainer", attributes={**_pod(pod), "container.name": c.name}):
             with tracer.start_as_current_span("policy decision") as span:
                 plan = await self.engine.plan_create(pod, c, devices)
-                span.set_attributes(self._decision(plan.container, plan.decided, len(plan.updates)))
+                if span.is_recording():
+                    span.set_attributes(self._decision(plan.container, plan.decided, len(plan.updates)))
             adj = None
             try:
                 if self.hooks is not None:
@@ -161,7 +162,7 @@ class Calls:
         with tracer.start_as_current_span("UpdateContainerResources", attributes={"container.id": container_id}):
             with tracer.start_as_current_span("policy decision") as span:
                 plan = await self.engine.plan_update(container_id, asked, plain)
-                if plan is not None:
+                if plan is not None and span.is_recording():
                     c = dataclasses.replace(plan.container, resources=plan.resources or plan.container.resources)
                     span.set_attributes(self._decision(c, plan.resources is not None, len(plan.moved)))
             if plan is None:
