@@ -11,7 +11,6 @@ default ServiceAccount) the harness makes itself.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import ipaddress
 import itertools
@@ -141,11 +140,11 @@ def write_kubeconfig(path: Path, server: str, ca: Path, user: dict[str, str]) ->
     return path
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the test process dies, however it dies, so no kubelet
-    or API server outlives a killed test run."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+# SIGKILL when the test process dies, however it dies, so no kubelet or API server outlives a
+# killed test run. util-linux's setpriv sets it and execs the program: no Python code may run
+# between fork and exec (a preexec_fn does), since gRPC's fork handlers in a test process with
+# gRPC threads can abort the child there.
+DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"]
 
 
 class Process:
@@ -157,8 +156,8 @@ class Process:
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen([*DIE_WITH_PARENT, *self.args], stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
