@@ -86,7 +86,7 @@ def test_the_most_specific_wins_and_a_resource_before_a_configmap():
     before = agent.choice()
     agent.maps["cr:default"] = same
     assert agent.choice() == before
-    assert agent.map_name("cr:group") == "group.None" and agent.map_name("node") == "cri-resmgr-config.node.n1"
+    assert agent.map_name("cr:node") == "node.n1" and agent.map_name("node") == "cri-resmgr-config.node.n1"
     off = ConfigAgent(Settings(node_name="n1", custom_resources=False), api=None)  # type: ignore[arg-type]
     off.maps = dict(agent.maps)
     assert off.choice().kind == "ConfigMap"
