@@ -126,3 +126,14 @@ def test_node_resource_topology_zones():
     assert {a["name"]: a["value"] for a in shared["attributes"]}["exclusive-grants"] == "1"
     assert {a["name"]: a["value"] for a in doc["attributes"]}["policy"] == "static"
     assert nrt.cpu_quantity(2000) == "2" and nrt.cpu_quantity(250) == "250m"
+
+
+def test_agent_intervals_must_be_positive():
+    import pytest
+
+    from resmgr.agent.main import build_parser
+
+    assert build_parser().parse_args(["--topology-interval", "0.5"]).topology_interval == 0.5
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--topology-interval", bad])

@@ -4,6 +4,8 @@ published OTLP services (the opentelemetry-proto package's)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from concurrent import futures
 
@@ -13,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from harness.relay import free_port, policy_relay
-from tests.helpers import ONLINE, Cri, cgroup_cpus, container_config, pod_config, resources, wait_until
+from tests.helpers import ONLINE, ROOT, Cri, cgroup_cpus, container_config, pod_config, resources, wait_until
 
 SPEED = "integration"  # see tests/conftest.py
 
@@ -107,3 +109,10 @@ def test_lifecycle_calls_are_traced_and_metrics_exported(containerd, workdir, co
         via.close()
         relay.stop()
     assert relay.proc.returncode == 0
+
+
+def test_a_zero_export_interval_is_refused(workdir):
+    out = subprocess.run([sys.executable, "-m", "resmgr", "--otlp-endpoint", "127.0.0.1:1", "--otlp-interval", "0",
+                          "--relay-socket", str(workdir / "relay.sock"), "--relay-dir", str(workdir / "state"),
+                          "--config-socket", "disabled"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode != 0 and "--otlp-interval 0.0: must be more than 0" in out.stderr

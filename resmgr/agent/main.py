@@ -31,6 +31,16 @@ log = logging.getLogger("cri-resmgr-agent")
 DEFAULT_AGENT_SOCKET = "/var/run/cri-resmgr/cri-resmgr-agent.sock"
 
 
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = Settings(node_name="")
     p = argparse.ArgumentParser(prog="cri-resmgr-agent", description=__doc__,
@@ -61,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-topology", choices=["on", "off"], default="off",
                    help="publish this node's NodeResourceTopology (topology.node.k8s.io/v1alpha2) as cri-resmgr "
                         "reports it (default: %(default)s)")
-    p.add_argument("--topology-interval", type=float, default=d.topology_interval, metavar="SECONDS",
+    p.add_argument("--topology-interval", type=positive, default=d.topology_interval, metavar="SECONDS",
                    help="shortest time between two NodeResourceTopology updates (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p

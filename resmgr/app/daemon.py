@@ -109,6 +109,8 @@ class Daemon:
         """OpenTelemetry export, when an endpoint is given: traces, and the metrics the view serves."""
         if not self.opts.otlp_endpoint:
             return
+        if self.opts.otlp_interval <= 0:
+            raise StartupError(f"--otlp-interval {self.opts.otlp_interval}: must be more than 0")
         metrics.enable()
         if core.view is not None:
             core.state_gauges = core.view.collector
