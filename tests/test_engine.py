@@ -802,3 +802,18 @@ async def test_balloons_are_reconfigured_live_and_persisted(tmp_path):
         await eng.reconfigure(config)
     await eng.switch_policy(create("balloons", config, topo))
     assert runtime.updates[-1][0] == "a" and eng.policy.describe_grant("a")["pool"] == "solo[0]"
+
+
+async def test_the_reconciler_stops_when_cancelled_as_it_is_woken(engine):
+    """A cancellation that lands as the reconciler is woken must end it (asyncio.wait_for in 3.11
+    returns the woken result and drops the cancellation, so a daemon could hang on SIGTERM)."""
+    for i in range(20):
+        task = asyncio.create_task(engine.run_reconciler(10))
+        for _ in range(i % 5):
+            await asyncio.sleep(0)
+        engine.wake()
+        for _ in range(i % 3):
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=2)
+        assert done, f"the reconciler went on after its cancellation (round {i})"

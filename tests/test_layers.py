@@ -94,3 +94,12 @@ def test_test_modules_share_helpers_through_shared_modules_only():
     broken = [f"{path.name} imports {name}" for path in sorted((ROOT / "tests").glob("*.py"))
               for name in sorted(_imports(path)) if name.startswith("tests.test_")]
     assert not broken, "helpers used by several test modules belong in a shared module:\n" + "\n".join(broken)
+
+
+def test_no_asyncio_wait_for():
+    """asyncio.timeout, not wait_for: in Python 3.11 wait_for returns an inner result that completes as
+    the task is cancelled and drops the cancellation, so a loop built on it can outlive its shutdown."""
+    used = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "resmgr").rglob("*.py"))
+            if "generated" not in path.parts
+            for n, line in enumerate(path.read_text().splitlines(), 1) if "asyncio.wait_for(" in line]
+    assert used == []

@@ -216,7 +216,8 @@ class ConfigAgent:
             stub = api_pb2_grpc.ConfigStub(channel)
             while True:
                 try:
-                    await asyncio.wait_for(self._changed.wait(), self.settings.resync)
+                    async with asyncio.timeout(self.settings.resync):
+                        await self._changed.wait()
                     await asyncio.sleep(self.settings.debounce)
                     resync = False
                 except TimeoutError:
@@ -248,7 +249,8 @@ class ConfigAgent:
                 log.warning("pushing %s to cri-resmgr failed (%s: %s); retrying in %.1fs", choice.name,
                             err.code().name, err.details(), delay)
                 try:
-                    await asyncio.wait_for(self._changed.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._changed.wait()
                     return  # something changed meanwhile: the loop pushes the newer choice
                 except TimeoutError:
                     continue

@@ -303,7 +303,8 @@ class Daemon:
             await config_server.stop(1.0)
             Path(sockets.path_of(self.opts.config_socket)).unlink(missing_ok=True)
         try:  # updates still being pushed: finish them (what does not finish stays pending)
-            await asyncio.wait_for(core.engine.settle_updates(), self.opts.shutdown_grace)
+            async with asyncio.timeout(self.opts.shutdown_grace):
+                await core.engine.settle_updates()
         except TimeoutError:
             log.warning("shutting down with container updates still pending; they are pushed after restart")
         await core.engine.flush()

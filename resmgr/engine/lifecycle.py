@@ -235,7 +235,8 @@ class Engine:
         if self.reconciled.is_set():
             return
         try:
-            await asyncio.wait_for(self.reconciled.wait(), READY_WAIT)
+            async with asyncio.timeout(READY_WAIT):
+                await self.reconciled.wait()
         except TimeoutError:
             raise NotReady("cri-resmgr has not yet reconciled its state with the runtime (is the runtime "
                            "reachable?); try again") from None

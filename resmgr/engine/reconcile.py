@@ -120,7 +120,10 @@ class Reconciler:
                 await asyncio.sleep(min(RETRY_MIN * 2 ** (failures - 1), interval or 10.0))
             else:
                 try:
-                    await asyncio.wait_for(self._wake.wait(), interval or None)
+                    # Not asyncio.wait_for: in 3.11 it drops a cancellation that lands as the
+                    # event is set, and the loop would outlive the daemon's shutdown.
+                    async with asyncio.timeout(interval or None):
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
             self._wake.clear()

@@ -224,7 +224,8 @@ class Registry:
                 gone = bool(event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED))
                 while not gone:  # let a burst of events settle, then read once
                     try:
-                        event = await asyncio.wait_for(inotify.get(), SETTLE)
+                        async with asyncio.timeout(SETTLE):
+                            event = await inotify.get()
                     except TimeoutError:
                         break
                     gone = bool(event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED))

@@ -163,8 +163,8 @@ class NriRuntime:
                 continue
             batch, self._outbox = self._outbox, {}
             try:
-                failed = await asyncio.wait_for(send([convert.update(cid, res) for cid, res in batch.items()]),
-                                                UPDATE_TIMEOUT)
+                async with asyncio.timeout(UPDATE_TIMEOUT):
+                    failed = await send([convert.update(cid, res) for cid, res in batch.items()])
             except Exception as err:
                 log.warning("UpdateContainers for %d container(s) failed: %s; they are repaired at the next "
                             "synchronization", len(batch), err)

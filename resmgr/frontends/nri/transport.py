@@ -132,7 +132,8 @@ class Trunk:
         try:
             self._send(RUNTIME_CONN, sid, REQUEST, req.SerializeToString())
             await self.writer.drain()
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                return await fut
         finally:
             self._pending.pop(sid, None)
 

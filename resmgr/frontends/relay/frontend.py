@@ -64,7 +64,8 @@ class RelayFrontEnd:
     async def start(self) -> None:
         """Check the runtime and reconcile once (or go on trying in run()), then serve kubelet's socket."""
         try:
-            await asyncio.wait_for(self._check_runtime(), timeout=FIRST_WAIT)
+            async with asyncio.timeout(FIRST_WAIT):
+                await self._check_runtime()
         except StartupError:
             raise
         except Exception as err:  # whatever the runtime holds or does, start-up goes on
