@@ -31,7 +31,6 @@ class TopologyExporter:
         self.backoff = backoff
         self.latest: dict[str, Any] | None = None
         self.written: dict[str, Any] | None = None
-        self.writes = 0
         self.error = ""  # why the topology is not current, "" when it is
         self._new = asyncio.Event()
 
@@ -87,6 +86,5 @@ class TopologyExporter:
                 self._new.set()
                 continue
             self.written, self.error = body, ""
-            self.writes += 1
             backoff.reset()
             await asyncio.sleep(self.interval)  # the API server's share of the rate limit
