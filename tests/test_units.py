@@ -153,6 +153,23 @@ def test_store_atomic_write_and_permissions(tmp_path):
     assert any(p.name.startswith("cache.broken-") for p in tmp_path.iterdir())
 
 
+def test_only_the_newest_broken_state_files_are_kept(tmp_path):
+    from resmgr.engine.store import KEEP_BROKEN
+
+    for _ in range(KEEP_BROKEN + 4):
+        (tmp_path / "cache").write_text("{not json")
+        (tmp_path / "cache").chmod(0o600)
+        assert StateStore(tmp_path).load() is None
+    kept = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("cache.broken-"))
+    assert len(kept) == KEEP_BROKEN
+    (tmp_path / "cache.broken-1").write_text("oldest")  # older than every kept one: goes next
+    (tmp_path / "cache").write_text("{not json")
+    (tmp_path / "cache").chmod(0o600)
+    StateStore(tmp_path).load()
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("cache.broken-"))
+    assert len(left) == KEEP_BROKEN and "cache.broken-1" not in left and kept[-1] in left
+
+
 def test_store_rejects_other_versions(tmp_path):
     (tmp_path / "cache").write_text(json.dumps({"version": 99}))
     (tmp_path / "cache").chmod(0o600)

@@ -23,6 +23,7 @@ from resmgr import metrics
 log = logging.getLogger("cri-resmgr.engine.store")
 
 VERSION = 1
+KEEP_BROKEN = 3  # broken state files kept for a post-mortem; older ones are removed
 
 
 class StateFileError(Exception):
@@ -82,7 +83,20 @@ class StateStore:
                 aside = self.path
             log.error("state file %s is unusable (%s); moved to %s, %s", self.path,
                       str(err)[:300] or type(err).__name__, aside, self.on_loss)
+            self._prune_broken()
             return None
+
+    def _prune_broken(self) -> None:
+        """Keep the newest KEEP_BROKEN broken copies: a disk or a state that keeps failing
+        must not fill the state directory, one copy per start."""
+        prefix = f"{self.path.name}.broken-"
+        copies = sorted((p for p in self.dir.iterdir() if p.name.startswith(prefix)),
+                        key=lambda p: int(p.name[len(prefix):]) if p.name[len(prefix):].isdigit() else 0)
+        for old in copies[:-KEEP_BROKEN]:
+            try:
+                old.unlink()
+            except OSError as err:
+                log.warning("cannot remove old broken state file %s: %s", old, err)
 
     def write(self, data: dict[str, Any]) -> None:
         """Synchronous atomic write."""
