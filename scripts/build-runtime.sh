@@ -7,6 +7,12 @@
 # Binaries are cached under ~/.cache/cri-resmgr/go/<component>-<version>-<hash of go.mod
 # and go.sum>/bin, so a second run builds nothing. Prints the bin directories, one per line
 # (scripts/setup.sh links them into ~/.cache/cri-resmgr/bin).
+#
+#   build-runtime.sh [COMPONENT...]    build these (default: all) and print their bin directories
+#   build-runtime.sh --cached COMPONENT  print its bin directory if it is built, else exit 1
+#   build-runtime.sh --version COMPONENT print the version pinned
+#
+# Components: containerd runc critools kubernetes etcd helm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,9 +83,24 @@ build() {  # COMPONENT MODULE: build into the cache unless it is there
     echo "$out/bin"
 }
 
-build containerd github.com/containerd/containerd/v2
-build runc github.com/opencontainers/runc
-build critools sigs.k8s.io/cri-tools
-build kubernetes k8s.io/kubernetes
-build etcd go.etcd.io/etcd/server/v3
-build helm helm.sh/helm/v4
+declare -A MODULE=([containerd]=github.com/containerd/containerd/v2 [runc]=github.com/opencontainers/runc
+                   [critools]=sigs.k8s.io/cri-tools [kubernetes]=k8s.io/kubernetes
+                   [etcd]=go.etcd.io/etcd/server/v3 [helm]=helm.sh/helm/v4)
+ALL=(containerd runc critools kubernetes etcd helm)
+module() {
+    [ -n "${MODULE[$1]:-}" ] || { echo "build-runtime: unknown component '$1' (${ALL[*]})" >&2; exit 2; }
+    echo "${MODULE[$1]}"
+}
+
+case ${1:-} in
+--cached)
+    out=$(out_dir "$2" "$(module "$2")")
+    [ -f "$out/.done" ] && echo "$out/bin" ;;
+--version)
+    pinned "$2" "$(module "$2")" ;;
+*)
+    [ $# -gt 0 ] || set -- "${ALL[@]}"
+    for comp in "$@"; do
+        build "$comp" "$(module "$comp")"
+    done ;;
+esac

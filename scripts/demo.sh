@@ -3,5 +3,5 @@
 # through the relay and show what each container got.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh demo
 exec .venv/bin/python -m harness.demo "$@"

@@ -1,41 +1,106 @@
 #!/usr/bin/env bash
-# Install what cri-resmgr, its tests and its demo need on Debian 12 (run as root).
-# Idempotent: installs only what is missing. Python packages go to ./.venv.
+# Install what cri-resmgr's demo, tests or VM tests need on Debian 12 (run as root), and nothing more:
+#
+#   scripts/setup.sh demo   Debian packages for pods, the Python venv, containerd and runc
+#   scripts/setup.sh test   the demo's, plus cri-tools, kubelet, kube-apiserver, etcd, helm and Chromium (default)
+#   scripts/setup.sh vm     the tests', plus qemu and mmdebstrap, and the test node's disk image
+#
+# Idempotent: installs and builds only what is missing. Python packages go to ./.venv; Go programs
+# are built from the Go module proxy at the versions tools/go/*/go.mod pin and cached under
+# ~/.cache/cri-resmgr/. Each step is shown with the time it takes on a 2-core machine; the tools'
+# own output goes to ~/.cache/cri-resmgr/setup.log, which a failure points to.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=()
+part=${1:-test}
+case $part in
+demo|test|vm) ;;
+-h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+*) echo "setup: unknown part '$part' (demo, test or vm)" >&2; exit 2 ;;
+esac
+
+CACHE=${CRI_RESMGR_CACHE:-$HOME/.cache/cri-resmgr}
+mkdir -p "$CACHE/bin"
+LOG=$CACHE/setup.log
+echo "=== setup $part $(date -u +%FT%TZ)" >>"$LOG"
+
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-# fuse3/libfuse3-3: the tests serve a resctrl filesystem with FUSE (this kernel has no RDT).
-# chromium: the node picture is tested in a headless browser.
-# libseccomp-dev: runc is built with seccomp support. containerd and runc themselves are built
-# from the Go module proxy (scripts/build-runtime.sh), not taken from Debian.
-for pkg in containernetworking-plugins iptables busybox-static gcc libc6-dev libseccomp-dev pkg-config curl fuse3 libfuse3-3 chromium; do
-    have_pkg "$pkg" || need+=("$pkg")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    echo "setup: installing Debian packages: ${need[*]}"
+
+# The steps of this part, each "title|about how long|function", run in order when not done yet.
+steps=()
+add() { steps+=("$1|$2|$3"); }
+
+# Debian packages: CNI plugins, iptables and busybox for pods (the busybox test image is made from
+# busybox-static); gcc, libseccomp-dev and pkg-config to build runc with seccomp; fuse3 for the
+# resctrl file system the tests serve (this kernel has no RDT); Chromium for the node picture's
+# test; qemu, mmdebstrap and e2fsprogs for the VM tests, python3-venv for the host package.
+pkgs=(containernetworking-plugins iptables busybox-static gcc libc6-dev libseccomp-dev pkg-config curl)
+[ "$part" = demo ] || pkgs+=(fuse3 libfuse3-3 chromium)
+[ "$part" = vm ] && pkgs+=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs python3-venv)
+need=()
+for pkg in "${pkgs[@]}"; do have_pkg "$pkg" || need+=("$pkg"); done
+apt_install() {
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${need[@]}"
-fi
+    apt-get update -q && apt-get install -y -q --no-install-recommends "${need[@]}"
+}
+[ ${#need[@]} -eq 0 ] || add "Debian packages: ${need[*]}" "1-3 min" apt_install
 
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    if ! "$PY" -m venv .venv 2>/dev/null; then
+venv() {
+    if [ ! -x .venv/bin/python ] && ! "$PY" -m venv .venv; then
         rm -rf .venv
-        apt-get install -y -q --no-install-recommends python3-venv
-        python3 -m venv .venv
+        apt-get install -y -q --no-install-recommends python3-venv && python3 -m venv .venv
     fi
+    .venv/bin/python -m pip install --disable-pip-version-check -e '.[test]'
+}
+# pip's own check is quick when everything is there, but it prints nothing worth a step then.
+if [ -x .venv/bin/python ] && .venv/bin/python -c 'import resmgr, grpc_tools, pytest' 2>/dev/null \
+        && [ .venv/.setup-stamp -nt pyproject.toml ]; then :; else
+    add "Python packages into ./.venv" "1 min" venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
-# containerd 2.x, runc, crictl and critest at the versions tools/go/*/go.mod pin.
-bin=${CRI_RESMGR_CACHE:-$HOME/.cache/cri-resmgr}/bin
-mkdir -p "$bin"
-dirs=$(scripts/build-runtime.sh)  # an assignment, so a failed build stops setup (set -e)
-for dir in $dirs; do
-    for exe in "$dir"/*; do
-        ln -sfn "$exe" "$bin/$(basename "$exe")"
-    done
+# Go programs: name, about how long, modules (scripts/build-runtime.sh knows how).
+components=(containerd runc)
+[ "$part" = demo ] || components+=(critools kubernetes etcd helm)
+declare -A about=([containerd]="3 min" [runc]="1 min" [critools]="3 min" [kubernetes]="7 min"
+                  [etcd]="1 min" [helm]="2 min")
+for comp in "${components[@]}"; do
+    if ! scripts/build-runtime.sh --cached "$comp" >/dev/null 2>&1; then
+        eval "build_$comp() { dir=\$(scripts/build-runtime.sh $comp) && for exe in \"\$dir\"/*; do ln -sfn \"\$exe\" \"$CACHE/bin/\$(basename \"\$exe\")\"; done; }"
+        add "building $comp $(scripts/build-runtime.sh --version "$comp") from the Go module proxy" "${about[$comp]}" "build_$comp"
+    fi
 done
+
+vm_image() { link_built && .venv/bin/python -m harness.vmimage; }
+if [ "$part" = vm ] && ! { [ -x .venv/bin/python ] && .venv/bin/python -m harness.vmimage --cached >/dev/null 2>&1; }; then
+    add "the test node's disk image (Debian 12 by mmdebstrap, the Go programs, the Python venv)" "2-3 min" vm_image
+fi
+
+# Links of every cached Go build, also of builds made by an earlier run.
+link_built() {
+    local dir
+    for comp in "${components[@]}"; do
+        dir=$(scripts/build-runtime.sh --cached "$comp" 2>/dev/null) || continue
+        for exe in "$dir"/*; do ln -sfn "$exe" "$CACHE/bin/$(basename "$exe")"; done
+    done
+}
+
+link_built
+total=${#steps[@]}
+n=0
+for s in "${steps[@]}"; do
+    IFS='|' read -r title about fn <<<"$s"
+    n=$((n + 1))
+    echo "setup [$n/$total] $title (about $about here) ..." >&2
+    echo "--- [$n/$total] $title" >>"$LOG"
+    start=$SECONDS
+    if ! "$fn" >>"$LOG" 2>&1; then
+        echo "setup [$n/$total] failed: $title. The last lines of $LOG:" >&2
+        tail -n 25 "$LOG" | sed 's/^/    /' >&2
+        exit 1
+    fi
+    echo "setup [$n/$total] done in $((SECONDS - start)) s" >&2
+    [ "$fn" = venv ] && touch .venv/.setup-stamp
+done
+link_built
+[ "$total" -eq 0 ] || echo "setup: $part ready (log: $LOG)" >&2
