@@ -3,9 +3,20 @@
 # then CRI conformance (critest) directly and through the relay. Arguments go to pytest;
 # naming tests (tests/...), choosing by marker (-m unit) or --no-critest (or CRIRM_CRITEST=0) leaves
 # conformance out.
+#
+# --vm runs the VM tier instead: the test node booted as a virtual machine shaped like production
+# (systemd, cgroup v2, the systemd cgroup driver, 2 sockets x 2 NUMA nodes; tests/test_vm.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+for arg in "$@"; do
+    if [ "$arg" = --vm ]; then
+        scripts/setup.sh vm
+        args=()
+        for a in "$@"; do [ "$a" = --vm ] || args+=("$a"); done
+        exec .venv/bin/python -m pytest -m vm -p no:cacheprovider tests/test_vm.py "${args[@]}"
+    fi
+done
+scripts/setup.sh test
 critest=${CRIRM_CRITEST:-1}
 args=()
 for arg in "$@"; do

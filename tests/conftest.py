@@ -89,7 +89,7 @@ def pytest_addoption(parser):
                      help="seed of the soak tests' choices (default: a new one each run, printed)")
 
 
-SPEEDS = ("unit", "integration")
+SPEEDS = ("unit", "integration", "vm")
 
 
 def _speed(item: pytest.Item) -> str | None:
@@ -101,6 +101,12 @@ def _speed(item: pytest.Item) -> str | None:
 def pytest_collection_modifyitems(config, items):
     # A soak runs as long as it is asked to: its time limit follows --soak-seconds.
     limit = config.getoption("--soak-seconds") * 1.5 + 240
+    # The VM tier boots a virtual machine for minutes: only `-m vm` (scripts/test.sh --vm) runs it.
+    if "vm" not in (config.getoption("markexpr") or ""):
+        vm = [item for item in items if _speed(item) == "vm"]
+        if vm:
+            config.hook.pytest_deselected(items=vm)
+            items[:] = [item for item in items if _speed(item) != "vm"]
     for item in items:
         if item.get_closest_marker("soak") is not None:
             item.add_marker(pytest.mark.timeout(limit))
@@ -108,7 +114,8 @@ def pytest_collection_modifyitems(config, items):
         speed = _speed(item)
         if speed not in SPEEDS:
             raise pytest.UsageError(f"{item.module.__name__} declares no speed class: add SPEED = \"unit\" "
-                                    "(no containerd, no daemon processes) or SPEED = \"integration\"")
+                                    "(no containerd, no daemon processes), SPEED = \"integration\" "
+                                    "or SPEED = \"vm\" (boots the test node VM)")
         if speed == "unit" and ("containerd" in getattr(item, "fixturenames", ()) or item.get_closest_marker("soak")):
             raise pytest.UsageError(f"{item.nodeid} is declared unit but needs the containerd harness")
         if item.get_closest_marker(speed) is None:

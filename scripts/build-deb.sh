@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build the host package of cri-resmgr for Debian 12 (relay mode as a systemd service):
+#
+#   scripts/build-deb.sh [OUTDIR]     writes OUTDIR/cri-resmgr_<version>_amd64.deb (default: dist/)
+#
+# The package carries its own Python environment, /opt/cri-resmgr/venv, made with Debian's
+# python3.11 (the system Python refuses `pip install`: it is EXTERNALLY-MANAGED), holding the project
+# and its dependencies from PyPI; /usr/bin/cri-resmgr and cri-resmgr-agent; the relay's unit;
+# /etc/cri-resmgr/fallback.yaml and /etc/default/cri-resmgr as conffiles; and a kubelet
+# configuration drop-in its maintainer scripts put in place and take away (packaging/deb/).
+# Needs Debian's python3.11 and python3-venv, and dpkg-deb (scripts/setup.sh vm installs them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(realpath -m "${1:-dist}")
+version=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+[ -x /usr/bin/python3.11 ] || { echo "build-deb: Debian's python3.11 is needed (apt-get install python3-venv)" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/crirm-deb.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+root=$work/root
+mkdir -p "$root/DEBIAN" "$root/opt/cri-resmgr" "$root/usr/bin" "$root/lib/systemd/system" \
+    "$root/etc/cri-resmgr" "$root/etc/default" "$root/usr/share/cri-resmgr" "$root/usr/share/doc/cri-resmgr" "$out"
+
+# The environment is made where it will live (/opt/cri-resmgr), so its scripts' paths are right: in a
+# private mount namespace that shows the package's tree there, leaving the host's /opt untouched.
+.venv/bin/python -m pip wheel -q --no-deps -w "$work/wheel" .
+mkdir -p /opt/cri-resmgr
+unshare --mount --propagation private sh -euc '
+    mount --bind "$1/opt/cri-resmgr" /opt/cri-resmgr
+    /usr/bin/python3.11 -m venv /opt/cri-resmgr/venv
+    /opt/cri-resmgr/venv/bin/pip install -q --disable-pip-version-check --no-compile "$2"/*.whl
+    /opt/cri-resmgr/venv/bin/pip uninstall -q -y pip
+' sh "$root" "$work/wheel"
+rmdir /opt/cri-resmgr 2>/dev/null || true
+find "$root/opt" -name __pycache__ -prune -exec rm -rf {} +
+ln -s /opt/cri-resmgr/venv/bin/cri-resmgr "$root/usr/bin/cri-resmgr"
+ln -s /opt/cri-resmgr/venv/bin/cri-resmgr-agent "$root/usr/bin/cri-resmgr-agent"
+
+sed 's|/usr/local/bin/|/usr/bin/|' config/cri-resmgr.service >"$root/lib/systemd/system/cri-resmgr.service"
+cp config/cri-resmgr.sample.yaml "$root/etc/cri-resmgr/fallback.yaml"
+cp packaging/deb/default "$root/etc/default/cri-resmgr"
+cp packaging/deb/kubelet-dropin.conf "$root/usr/share/cri-resmgr/"
+cp README.md "$root/usr/share/doc/cri-resmgr/"
+cp packaging/deb/conffiles "$root/DEBIAN/"
+install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm "$root/DEBIAN/"
+size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
+sed "s/@VERSION@/$version/" packaging/deb/control >"$root/DEBIAN/control"
+echo "Installed-Size: $size" >>"$root/DEBIAN/control"
+dpkg-deb --root-owner-group -Zzstd --build "$root" "$out/cri-resmgr_${version}_amd64.deb" >/dev/null
+echo "$out/cri-resmgr_${version}_amd64.deb"
