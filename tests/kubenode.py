@@ -144,9 +144,10 @@ class KubeNode:
 _KLOG = re.compile(r"^E\d{4} [\d:.]+\s+\d+ (\S+:\d+)\] \"?([^\"=]*)")
 # What a busy machine makes a kubelet log whatever its runtime: races between its start-up and the
 # API server (the Node object not registered yet: CSINode, mirror pods, leases), a lease written by
-# two of its loops at once or late, a housekeeping round over its one-second budget.
+# two of its loops at once or late, a housekeeping round over its one-second budget, cAdvisor's read
+# of the node's own cgroups ("system containers") racing with a pod cgroup going away.
 _NOT_RUNTIME = re.compile(r'nodes? \\?"[^"\\]+\\?" not found|CSINode|Failed to update lease|'
-                          r'Housekeeping took longer than expected')
+                          r'Housekeeping took longer than expected|Failed to get system container stats')
 
 
 def error_kinds(log: str) -> set[str]:

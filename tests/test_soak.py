@@ -59,6 +59,9 @@ pytestmark = [
 ]
 
 NAME_HELD = re.compile(r'is reserved for "([0-9a-f]+)"')
+# containerd can refuse a RemoveContainer right after a StopContainer that a cut-off stop raced with,
+# while its task's exit is still being handled; kubelet's container GC removes it on a later round.
+STILL_RUNNING = "cannot delete running task"
 RETRIED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
            grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED}
 CONVERGE = 15.0
@@ -148,7 +151,9 @@ class Kubelet:
                     return None
                 holder = NAME_HELD.search(err.details() or "") if err.code() == grpc.StatusCode.FAILED_PRECONDITION \
                     else None
-                if err.code() not in RETRIED and holder is None:
+                running = method == "RemoveContainer" and err.code() == grpc.StatusCode.FAILED_PRECONDITION \
+                    and STILL_RUNNING in (err.details() or "")
+                if err.code() not in RETRIED and holder is None and not running:
                     raise
             finally:
                 self.in_call = ""
