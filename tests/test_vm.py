@@ -388,6 +388,20 @@ def test_block_io_classes_land_in_io_max_of_the_container_scope(node):
     node.sh(f"crictl --runtime-endpoint unix://{RELAY_SOCKET} rmp -af")
 
 
+def test_an_in_place_resize_reaches_the_container_scope(node):
+    node.fresh(TOPOLOGY_AWARE)
+    _, g = node.pod("r-g", "guaranteed", "2", "128Mi")
+    assert len(node.cpuset(g)[0]) == 2
+    # What kubelet sends for a resize to 3 CPUs (UpdateContainerResources), through the relay.
+    node.crictl(f"update --cpu-period 100000 --cpu-quota 300000 --cpu-share 3072 --memory 134217728 {g}")
+    deadline = time.monotonic() + 30
+    while len((placed := node.cpuset(g))[0]) != 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    cpus, mems = placed
+    assert len(cpus) == 3 and len(node_of(cpus)) == 1 and set(mems) == node_of(cpus), placed
+    assert node.sh(f"cat {node.scope(g)}/cpu.max").split() == ["300000", "100000"]
+    node.crictl("rmp -af")
+
 def test_sigkill_of_cri_resmgr_and_a_containerd_restart_keep_placements_and_leak_nothing(node):
     node.fresh(TOPOLOGY_AWARE)
     _, g = node.pod("k-g", "guaranteed", "2", "64Mi")
