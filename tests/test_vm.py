@@ -482,8 +482,8 @@ def test_the_host_package_runs_the_relay_for_kubelet_and_leaves_containerd_to_it
         assert g not in known or (known[g]["state"] == "exited" and not known[g]["exclusive"]), known.get(g)
 
         node.sh("dpkg -r cri-resmgr", timeout=300)
-        assert node.run("test -e /etc/kubernetes/kubelet.conf.d/50-cri-resmgr.conf").code != 0
-        assert node.run("systemctl is-active -q cri-resmgr.service").code != 0
+        assert node.vm.run("test -e /etc/kubernetes/kubelet.conf.d/50-cri-resmgr.conf").code != 0
+        assert node.vm.run("systemctl is-active -q cri-resmgr.service").code != 0
         kubelet.wait_ready()
         after = kubelet.run("pkg-after", "250m", "64Mi")  # kubelet talks to containerd again
         running = node.crictl("ps -q", CONTAINERD_SOCKET).split()
