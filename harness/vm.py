@@ -299,9 +299,6 @@ class Vm:
         """Run and return the output; a failure raises with the output."""
         return self.run(command, timeout).check(command)
 
-    def read(self, path: str) -> str:
-        return self.sh(f"cat {path}")
-
     def write(self, path: str, data: str | bytes) -> None:
         payload = data.encode() if isinstance(data, str) else data
         self.run(f"mkdir -p \"$(dirname {path})\" && cat > {path}", input=payload).check(f"writing {path}")

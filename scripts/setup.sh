@@ -26,7 +26,7 @@ echo "=== setup $part $(date -u +%FT%TZ)" >>"$LOG"
 
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
-# The steps of this part, each "title|about how long|function", run in order when not done yet.
+# The steps of this part, each "title|about how long|command", run in order when not done yet.
 steps=()
 add() { steps+=("$1|$2|$3"); }
 
@@ -64,10 +64,15 @@ components=(containerd runc)
 [ "$part" = demo ] || components+=(critools kubernetes etcd helm)
 declare -A about=([containerd]="3 min" [runc]="1 min" [critools]="3 min" [kubernetes]="7 min"
                   [etcd]="1 min" [helm]="2 min")
+build_one() {  # COMPONENT: build it and link its programs
+    local dir exe
+    dir=$(scripts/build-runtime.sh "$1") || return 1
+    for exe in "$dir"/*; do ln -sfn "$exe" "$CACHE/bin/$(basename "$exe")"; done
+}
 for comp in "${components[@]}"; do
     if ! scripts/build-runtime.sh --cached "$comp" >/dev/null 2>&1; then
-        eval "build_$comp() { dir=\$(scripts/build-runtime.sh $comp) && for exe in \"\$dir\"/*; do ln -sfn \"\$exe\" \"$CACHE/bin/\$(basename \"\$exe\")\"; done; }"
-        add "building $comp $(scripts/build-runtime.sh --version "$comp") from the Go module proxy" "${about[$comp]}" "build_$comp"
+        add "building $comp $(scripts/build-runtime.sh --version "$comp") from the Go module proxy" "${about[$comp]}" \
+            "build_one $comp"
     fi
 done
 
@@ -94,7 +99,8 @@ for s in "${steps[@]}"; do
     echo "setup [$n/$total] $title (about $about here) ..." >&2
     echo "--- [$n/$total] $title" >>"$LOG"
     start=$SECONDS
-    if ! "$fn" >>"$LOG" 2>&1; then
+    # shellcheck disable=SC2086 # the command is a function name and its arguments
+    if ! $fn >>"$LOG" 2>&1; then
         echo "setup [$n/$total] failed: $title. The last lines of $LOG:" >&2
         tail -n 25 "$LOG" | sed 's/^/    /' >&2
         exit 1

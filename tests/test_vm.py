@@ -22,7 +22,6 @@ from kubernetes.client import ApiException
 
 from harness import vmimage
 from harness.kube import KUBELET_CONFIG, ControlPlane, container_ids, describe, pod_manifest
-from harness.kube import missing_tools as kube_missing
 from harness.vm import HOST_ADDRESS, Shape, Vm
 from resmgr.topology.cpuset import CPUSet
 
@@ -153,22 +152,15 @@ def node_of(cpus: CPUSet) -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def control():
-    """etcd and kube-apiserver on the host; the guest's kubelet reaches them through a forward."""
-    missing = vmimage.missing_tools() + kube_missing()
+def node(kube, tmp_path_factory):
+    """The guest; its kubelet reaches the host's etcd and kube-apiserver (tests/conftest.py) through a forward."""
+    missing = vmimage.missing_tools()
     if missing:
         pytest.fail("the VM tests need: " + ", ".join(missing) + " (run scripts/setup.sh vm)")
-    plane = ControlPlane().start()
-    yield plane
-    plane.stop()
-
-
-@pytest.fixture(scope="module")
-def node(control, tmp_path_factory):
     image = vmimage.build()
     deb = subprocess.run(["scripts/build-deb.sh", str(tmp_path_factory.mktemp("deb"))], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.strip()
-    vm = Vm(image, SHAPE, forwards={API_PORT: control.port}, files={"cri-resmgr.deb": Path(deb)})
+    vm = Vm(image, SHAPE, forwards={API_PORT: kube.port}, files={"cri-resmgr.deb": Path(deb)})
     vm.start()
     print(f"the test node booted in {vm.boot_seconds:.0f} s ({vm.dir})")
     n = Node(vm)
@@ -341,8 +333,8 @@ class Kubelet:
 
 
 @pytest.fixture(scope="module")
-def kubelet(node, control):
-    k = Kubelet(node, control)
+def kubelet(node, kube):
+    k = Kubelet(node, kube)
     yield k
     k.stop()
 
