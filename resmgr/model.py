@@ -213,6 +213,10 @@ class Container:
     env: dict[str, str] = field(default_factory=dict)
     # Fields the runtime hook plugins set, laid over whatever the policy decides later.
     adjusted: Resources | None = None
+    # The CPUs the pod's container of this name ran on last (an earlier attempt, or itself before a
+    # node reboot): policies give them again when they are free and fit, as kubelet's CPU manager
+    # keeps CPUs by pod UID and container name. "": none known.
+    previous: str = ""
 
     @property
     def key(self) -> str:

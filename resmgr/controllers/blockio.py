@@ -203,9 +203,12 @@ class BlockIOController:
                 except OSError as err:
                     if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                         raise
-                    # bfq weights need the bfq I/O scheduler on the device
-                    self._warn_once(f"block-I/O weights cannot be set here ({weight_file.name}: "
-                                    f"{err.strerror}; is the device's I/O scheduler bfq?); only throttles apply")
+                    # A device's weight needs a policy weighing that device: bfq as its scheduler,
+                    # or for io.weight iocost enabled on it (io.cost.qos).
+                    how = "its I/O scheduler must be bfq" + (
+                        ", or iocost enabled for it in io.cost.qos" if weight_file.name == "io.weight" else "")
+                    self._warn_once(f"block-I/O weights cannot be set here ({weight_file.name}: {err.strerror}; "
+                                    f"for a device's weight {how}); only throttles apply")
 
 
 def _current_throttles(base: Path, v1: bool) -> set[tuple[tuple[int, int], str]]:

@@ -4,6 +4,9 @@ Beside them it keeps the containers in a state of their own: those the policy ho
 nothing for (unallocated), those running as plain shared ones because what they ask
 did not fit (degraded), creates whose outcome is not known yet (unsettled) and updates
 for creates still in flight (deferred). Forgetting a container drops it from all of them.
+It also remembers the CPUs each pod's container ran on by pod UID and container name
+(previous), so a restarted container, or every container after a node reboot, is offered
+them again; the memory goes with the pod's last sandbox.
 
 Whatever resources a decision gives a container, the fields runtime hook plugins set for
 it (Container.adjusted) are laid over them, so a later move keeps a plugin's changes.
@@ -41,6 +44,8 @@ class Ledger:
         self.unsettled: dict[str, float] = {}
         # Updates for containers whose create was still in flight, applied once it lands.
         self.deferred: dict[str, Resources] = {}
+        # The CPUs a container ended on, by "<pod UID>/<container name>".
+        self.previous: dict[str, str] = {}
 
     def view(self) -> View:
         return View(self.pods, self.containers)
@@ -50,8 +55,10 @@ class Ledger:
         return self.seq
 
     def load(self, pods: Iterable[Pod], containers: Iterable[Container], unallocated: Iterable[str] = (),
-             degraded: Iterable[str] = ()) -> None:
+             degraded: Iterable[str] = (), previous: dict[str, str] | None = None) -> None:
         self.pods = {p.id: p for p in pods}
+        uids = {p.uid for p in self.pods.values()}
+        self.previous = {k: v for k, v in (previous or {}).items() if k.partition("/")[0] in uids}
         self.containers = {c.key: c for c in containers}
         self.seq = max([p.seq for p in self.pods.values()] + [c.seq for c in self.containers.values()] + [0])
         self.unallocated = set(unallocated) & set(self.containers)
@@ -84,7 +91,15 @@ class Ledger:
         for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
             decision.updates.update(self.forget(c).updates)
         self.pods.pop(pod.id, None)
+        if not any(p.uid == pod.uid for p in self.pods.values()):
+            prefix = f"{pod.uid}/"
+            self.previous = {k: v for k, v in self.previous.items() if not k.startswith(prefix)}
         return decision
+
+    def _identity(self, c: Container) -> str:
+        """The container's name within its pod's identity, which outlives sandboxes ("": none)."""
+        pod = self.pods.get(c.pod_id)
+        return f"{pod.uid}/{c.name}" if pod is not None and pod.uid else ""
 
     # -- containers ----------------------------------------------------------------------
     def place(self, c: Container, pod: Pod, adopt: bool = False) -> Decision:
@@ -95,6 +110,8 @@ class Ledger:
         """
         c.seq = self.next_seq()
         self.containers[c.key] = c
+        if not adopt:
+            c.previous = self.previous.get(self._identity(c), "") if self.policy.pins else ""
         try:
             decision = (self.policy.adopt if adopt else self.policy.allocate)(c, pod, self.view())
         except BaseException:
@@ -187,6 +204,9 @@ class Ledger:
         """Give back what c holds (it exited); it stays known."""
         if c.state == ContainerState.EXITED:
             return Decision()
+        identity = self._identity(c)
+        if identity and c.resources.cpuset_cpus and self.pins(c) and c.key not in self.degraded:
+            self.previous[identity] = c.resources.cpuset_cpus
         decision = self.policy.release(c, self.view())
         c.state = ContainerState.EXITED
         c.pending = False
@@ -224,7 +244,7 @@ class Ledger:
         Decided on a shadow copy, so a PolicyError half-way leaves the ledger as it was.
         Returns the containers whose resources change; their classes are taken at once.
         """
-        shadow = {k: dataclasses.replace(c) for k, c in self.containers.items()}
+        shadow = {k: dataclasses.replace(c, previous="") for k, c in self.containers.items()}
         view = View(self.pods, shadow)
         for c in self.allocation_order(shadow.values()):
             decision = policy.allocate(c, self.pods[c.pod_id], view)

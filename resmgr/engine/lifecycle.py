@@ -193,6 +193,7 @@ class Engine:
             "policy": {"name": self.policy.name, "data": self.policy.export_state(), "config": self.policy.config},
             "unallocated": sorted(self.ledger.unallocated & ids),
             "degraded": sorted(self.ledger.degraded & ids),
+            "previous": dict(self.ledger.previous),
         }
 
     def restore(self, data: dict[str, Any] | None) -> None:
@@ -201,7 +202,7 @@ class Engine:
             return
         self.ledger.load([Pod.from_dict(p) for p in data.get("pods", [])],
                          [Container.from_dict(c) for c in data.get("containers", [])],
-                         data.get("unallocated", []), data.get("degraded", []))
+                         data.get("unallocated", []), data.get("degraded", []), data.get("previous"))
         pdata = data.get("policy") or {}
         if pdata.get("name") == self.policy.name:
             try:

@@ -52,7 +52,7 @@ _CONTAINER = {
         "requested": _RESOURCES, "resources": _RESOURCES, "rdt_class": _STR, "blockio_class": _STR, "classes": _STR_MAP,
         "seq": _INT,
         "hints": {"type": "object", "additionalProperties": {"type": "array", "items": _INT}},
-        "pending": {"type": "boolean"}, "env": _STR_MAP, "adjusted": _RESOURCES,
+        "pending": {"type": "boolean"}, "env": _STR_MAP, "adjusted": _RESOURCES, "previous": _STR,
     },
 }
 
@@ -72,6 +72,7 @@ SCHEMA = {
         },
         "unallocated": _STR_LIST,
         "degraded": _STR_LIST,
+        "previous": _STR_MAP,
     },
 }
 

@@ -50,6 +50,9 @@ class Policy:
         """A container's key changed (its runtime ID became known)."""
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
+        """Place a new container. container.previous, when set, names the CPUs the pod's container of
+        that name ran on before (a restart, a node reboot): policies give them again where they are
+        free and would be chosen for a request of that size."""
         return Decision()
 
     def adopt(self, container: Container, pod: Pod, view: View) -> Decision:

@@ -173,6 +173,10 @@ class PodpoolsPolicy(Policy):
         if not room:
             raise PolicyError(f"pod {pod.namespace}/{pod.name}: every {wanted} pool is full "
                               f"({len(mine)} instances of {mine[0].max_pods} pods)")
+        previous = CPUSet.parse_or_empty(container.previous)
+        again = [i for i in room if previous & i.cpus]  # where it ran before (a restart, a node reboot)
+        if again:
+            return again[0].name
         packed = self.fill[wanted] == "Packed"
         return min(room, key=lambda i: ((1 if packed else -1) * (i.max_pods - len(i.pods) if i.max_pods
                                                                   else -len(i.pods)), i.index)).name

@@ -78,7 +78,7 @@ class PoolPolicy(Policy):
         return updates
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
-        return self._allocate(container, pod, view, keep=EMPTY)
+        return self._allocate(container, pod, view, keep=CPUSet.parse_or_empty(container.previous))
 
     def adopt(self, container: Container, pod: Pod, view: View) -> Decision:
         return self._allocate(container, pod, view, keep=CPUSet.parse_or_empty(container.resources.cpuset_cpus))

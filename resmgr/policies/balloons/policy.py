@@ -247,19 +247,25 @@ class BalloonsPolicy(SnapshotMoves):
         else:  # keep its most compact part
             b.cpus = take_cpus(self.topo, b.cpus, size, self._prefer(b.type))
 
-    def _new_balloon(self, t: BalloonType, size: int, group: str = "", guaranteed: bool = False) -> Balloon:
+    def _new_balloon(self, t: BalloonType, size: int, group: str = "", guaranteed: bool = False,
+                     previous: CPUSet = EMPTY) -> Balloon:
         used = {b.index for b in self.balloons if b.type is t}
         index = next(i for i in range(len(used) + 1) if i not in used)
         b = Balloon(t, index, group=group)
         self.balloons.append(b)
-        self._fill(b, size, guaranteed)
+        self._fill(b, size, guaranteed, previous)
         return b
 
-    def _fill(self, b: Balloon, size: int, guaranteed: bool) -> None:
-        """Give a new balloon its CPUs: a composite's parts (hidden balloons of the component types)
-        one after the other, each its even share by its own type's preferences."""
+    def _fill(self, b: Balloon, size: int, guaranteed: bool, previous: CPUSet = EMPTY) -> None:
+        """Give a new balloon its CPUs: those its first member ran on before when they are free, else
+        a composite's parts (hidden balloons of the component types) one after the other, each its
+        even share by its own type's preferences."""
         if not b.type.components:
-            b.cpus = self._take(b.type, size, guaranteed=guaranteed)
+            again = previous & self.free(b.type)
+            if len(again) >= size:
+                b.cpus = take_cpus(self.topo, again, size, self._prefer(b.type, guaranteed))
+            else:
+                b.cpus = self._take(b.type, size, guaranteed=guaranteed)
             return
         for name, share in zip(b.type.components, _shares(size, len(b.type.components)), strict=True):
             t = self.types[name]
@@ -363,11 +369,13 @@ class BalloonsPolicy(SnapshotMoves):
                 return t
         return self.types[DEFAULT]
 
-    def _choose(self, t: BalloonType, group: str, m: Member) -> tuple[Balloon | None, int]:
-        """The balloon for a new member and the size it then has (None: a new balloon of that size)."""
+    def _choose(self, t: BalloonType, group: str, m: Member, previous: CPUSet = EMPTY) -> tuple[Balloon | None, int]:
+        """The balloon for a new member and the size it then has (None: a new balloon of that size);
+        first one on the CPUs the member ran on before (a restart, a node reboot), if any."""
         if t.on_reserved:
             return next(b for b in self.balloons if b.type is t), 0
         free = len(self.free(t))
+        again = len(previous & self.free(t))
         options: list[tuple[tuple[Any, ...], Balloon | None, int]] = []
         for b in self.balloons:
             if b.type is not t or b.group != group:
@@ -384,12 +392,14 @@ class BalloonsPolicy(SnapshotMoves):
             else:
                 kind = 0 if size <= len(b.cpus) else 1
             left = 1000 * max(size, len(b.cpus)) - b.milli - m.milli
-            options.append(((pod_rank, ns_rank, kind, -left, b.index), b, size))
+            sticky = 0 if previous & b.cpus else 1
+            options.append(((sticky, pod_rank, ns_rank, kind, -left, b.index), b, size))
         count = sum(1 for b in self.balloons if b.type is t)
         size = self._size(t, m.milli, True)
         if size is not None and (not t.max_balloons or count < t.max_balloons) and size <= free:
-            options.append(((1, 1 if t.per_namespace else 0, 1 if t.prefer_new else 2, -(1000 * size - m.milli),
-                             1 << 30), None, size))
+            sticky = 0 if previous and again >= size else 1
+            options.append(((sticky, 1, 1 if t.per_namespace else 0, 1 if t.prefer_new else 2,
+                             -(1000 * size - m.milli), 1 << 30), None, size))
         if not options:
             raise PolicyError(self._no_room(t, group, m))
         _, b, size = min(options, key=lambda o: o[0])
@@ -465,8 +475,9 @@ class BalloonsPolicy(SnapshotMoves):
             m = self._member(container, pod)
             t = self._type_of(container, pod)
             group = self._group(t, container, pod)
+            previous = CPUSet.parse_or_empty(container.previous)
             try:
-                b, size = self._choose(t, group, m)
+                b, size = self._choose(t, group, m, previous)
             except PolicyError:
                 if m.milli:
                     raise
@@ -477,7 +488,7 @@ class BalloonsPolicy(SnapshotMoves):
             raise
         guaranteed = pod.qos_class == QOSClass.GUARANTEED
         if b is None:
-            b = self._new_balloon(t, size, group, guaranteed)
+            b = self._new_balloon(t, size, group, guaranteed, previous)
         else:
             self._resize(b, size, guaranteed)
         self._put(container.key, b, m)

@@ -76,6 +76,7 @@ class Request:
     affinity: dict[str, float] = field(default_factory=dict)  # container key -> weight
     prefer: Preferences = ANY  # what kind of exclusive CPUs
     hide_ht: bool = False
+    previous: CPUSet = EMPTY  # where the pod's container of this name ran before: its pool first
 
     def describe(self) -> str:
         parts = []
@@ -233,7 +234,8 @@ class TopologyAwarePolicy(SnapshotMoves):
         r = Request(who, memory=req.memory_limit or req.memory_request,
                     mem_types=types if types is not None else annotations.DEFAULT_MEMORY,
                     explicit_types=types is not None, hints=container.hints,
-                    hide_ht=bool(annotations.hide_hyperthreads(container, pod)))
+                    hide_ht=bool(annotations.hide_hyperthreads(container, pod)),
+                    previous=CPUSet.parse_or_empty(container.previous))
         reserved_hint = annotations.bool_hint(container, pod, annotations.PREFER_RESERVED)
         if self.reserved_pool is not None and (
                 reserved_hint or (reserved_hint is None and self._reserved_namespace(pod.namespace))):
@@ -353,7 +355,9 @@ class TopologyAwarePolicy(SnapshotMoves):
             hinted = sum(1 for nodes in r.hints.values() if any(n in mems for n in nodes))
             elsewhere = r.on_shared and not self._sharable[pool.id]  # would run on another pool's CPUs
             split = self._split(pool, r) if r.exclusive and not isolated else 0
-            ranked.append(((elsewhere, -affinity, not all_types, -hinted, not preferred_cpu, split, -pool.depth,
+            # The deepest pool holding where it ran before, as kubelet keeps a container's CPUs.
+            sticky = -pool.depth if r.previous and r.previous <= pool.cpus else 1
+            ranked.append(((elsewhere, sticky, -affinity, not all_types, -hinted, not preferred_cpu, split, -pool.depth,
                             -left, self._count[pool.id], pool.id), pool))
         if not ranked:
             raise PolicyError(f"container {r.who}: no pool can take {r.describe() or 'it'}; free: {self._free()}")
@@ -471,7 +475,7 @@ class TopologyAwarePolicy(SnapshotMoves):
 
     # -- the policy interface -------------------------------------------------------------
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
-        return self._allocate(container, pod, view, keep=EMPTY)
+        return self._allocate(container, pod, view, keep=CPUSet.parse_or_empty(container.previous))
 
     def adopt(self, container: Container, pod: Pod, view: View) -> Decision:
         try:
