@@ -33,10 +33,11 @@ add() { steps+=("$1|$2|$3"); }
 # Debian packages: CNI plugins, iptables and busybox for pods (the busybox test image is made from
 # busybox-static); gcc, libseccomp-dev and pkg-config to build runc with seccomp; fuse3 for the
 # resctrl file system the tests serve (this kernel has no RDT); Chromium for the node picture's
-# test; qemu, mmdebstrap and e2fsprogs for the VM tests, python3-venv for the host package.
+# test; mmdebstrap, umoci and python3-venv for the container image (scripts/build-image.py) and
+# the host package; qemu and e2fsprogs for the VM tests.
 pkgs=(containernetworking-plugins iptables busybox-static gcc libc6-dev libseccomp-dev pkg-config curl)
-[ "$part" = demo ] || pkgs+=(fuse3 libfuse3-3 chromium)
-[ "$part" = vm ] && pkgs+=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs python3-venv)
+[ "$part" = demo ] || pkgs+=(fuse3 libfuse3-3 chromium mmdebstrap umoci python3-venv)
+[ "$part" = vm ] && pkgs+=(qemu-system-x86 qemu-utils e2fsprogs)
 need=()
 for pkg in "${pkgs[@]}"; do have_pkg "$pkg" || need+=("$pkg"); done
 apt_install() {
@@ -75,6 +76,11 @@ for comp in "${components[@]}"; do
             "build_one $comp"
     fi
 done
+
+if [ "$part" != demo ] && ! python3 scripts/build-image.py --cached; then
+    add "the container image's base layers (Debian 12 by mmdebstrap, the Python dependencies)" "2 min" \
+        "python3 scripts/build-image.py $CACHE/image/out"
+fi
 
 vm_image() { link_built && .venv/bin/python -m harness.vmimage; }
 if [ "$part" = vm ] && ! { [ -x .venv/bin/python ] && .venv/bin/python -m harness.vmimage --cached >/dev/null 2>&1; }; then

@@ -1,0 +1,39 @@
+"""The project's own container image for the tests: built by scripts/build-image.py (cached
+there) and imported into a test containerd under the name the chart pulls."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from harness.containerd import tool
+
+ROOT = Path(__file__).resolve().parent.parent
+REPOSITORY = "docker.io/library/cri-resmgr"  # the chart's image.repository "cri-resmgr", normalised
+
+
+def builder() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("build_image", ROOT / "scripts" / "build-image.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("build_image", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build() -> Path:
+    """The image archive of the code as it is now (its base layers come from the cache)."""
+    b = builder()
+    return b.build(b.CACHE / "out")
+
+
+def load(archive: Path, containerd_socket: str) -> str:
+    """Import the archive into containerd's CRI namespace; the image's name."""
+    version = builder().version()
+    subprocess.run([tool("ctr"), "--address", containerd_socket, "--namespace", "k8s.io", "images", "import",
+                    "--base-name", REPOSITORY, "--local", str(archive)],
+                   check=True, capture_output=True, text=True)
+    return f"{REPOSITORY}:{version}"
