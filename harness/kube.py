@@ -1,11 +1,15 @@
-"""A one-node Kubernetes on loopback, for tests: etcd, kube-apiserver and a kubelet.
+"""A Kubernetes on loopback, for tests: etcd, kube-apiserver and kubelets, and on request
+kube-controller-manager and kube-scheduler.
 
 All are real processes of the pinned releases (scripts/build-runtime.sh), each with its own
 directory, ports and certificates made at start. The API server runs with RBAC and the Node
 authorizer; the kubelet authenticates with a node certificate, a test client with an admin one,
-and the agent with a ServiceAccount token. There is no scheduler and no controller manager: pods
-name their node, and the one object their controllers would make that pods need (a namespace's
-default ServiceAccount) the harness makes itself.
+and the agent with a ServiceAccount token. Without the controllers (most tests) pods name their
+node, and the one object a controller would make that pods need (a namespace's default
+ServiceAccount) the harness makes itself; with them (ControlPlane(controllers=True)) DaemonSets,
+Deployments and the scheduler work as in a cluster. There is no kube-proxy: Services have no
+ClusterIP routing (webhooks are called at their endpoints; pods that need the API server use the
+host's network and its loopback address).
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
 def missing_tools() -> list[str]:
-    return [str(TOOLS_BIN / b) for b in ("etcd", "kube-apiserver", "kubelet")
-            if not os.access(TOOLS_BIN / b, os.X_OK)]
+    return [str(TOOLS_BIN / b) for b in ("etcd", "kube-apiserver", "kubelet", "kube-controller-manager",
+                                         "kube-scheduler") if not os.access(TOOLS_BIN / b, os.X_OK)]
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -201,7 +205,7 @@ def _wait(what: str, ready: Any, proc: Process, timeout: float) -> None:
 class ControlPlane:
     """etcd and kube-apiserver (RBAC, Node authorizer), and an admin client of it."""
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, controllers: bool = False) -> None:
         self._own = workdir is None
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="crirm-k8s-"))
         self.pki = Pki(self.dir / "pki")
@@ -245,11 +249,40 @@ class ControlPlane:
         self.admin_kubeconfig = write_kubeconfig(self.dir / "admin.kubeconfig", self.server, self.pki.ca,
                                                  {"client-certificate": self._admin[0], "client-key": self._admin[1]})
         self._api: client.ApiClient | None = None
+        self.controllers: list[Process] = self._controllers() if controllers else []
+
+    def _controllers(self) -> list[Process]:
+        """kube-controller-manager (its root CA is what pods' kube-root-ca.crt holds) and
+        kube-scheduler, both as admin, without leader election or a serving port."""
+        scheduler_config = self.dir / "scheduler.yaml"
+        scheduler_config.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.admin_kubeconfig)},
+            "leaderElection": {"leaderElect": False}}))
+        sa_key = self.dir / "pki" / "service-accounts.key"
+        return [
+            Process("kube-controller-manager", [
+                str(TOOLS_BIN / "kube-controller-manager"), f"--kubeconfig={self.admin_kubeconfig}",
+                f"--root-ca-file={self.pki.ca}", f"--service-account-private-key-file={sa_key}",
+                "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false",
+                # No node IPAM (the CNI plugin hands out pod addresses), no certificate signing.
+                "--controllers=*,-nodeipam,-csrsigning,-bootstrapsigner,-tokencleaner",
+                "--v=1"], self.dir / "controller-manager.log"),
+            Process("kube-scheduler", [
+                str(TOOLS_BIN / "kube-scheduler"), f"--config={scheduler_config}", "--secure-port=0", "--v=1"],
+                self.dir / "scheduler.log"),
+        ]
 
     def start(self, timeout: float = 90) -> ControlPlane:
         if not self.etcd.alive():
             self.etcd.start()
         self.start_apiserver(timeout)
+        for p in self.controllers:
+            p.start()
+        if self.controllers:  # up once the controller manager has published the cluster's CA
+            _wait("kube-controller-manager", lambda: self.core().read_namespaced_config_map(
+                "kube-root-ca.crt", "kube-system", _request_timeout=5), self.controllers[0], timeout)
+            self.controllers[1].check()
         return self
 
     def start_apiserver(self, timeout: float = 90) -> None:
@@ -325,6 +358,8 @@ class ControlPlane:
         if self._api is not None:
             self._api.close()
             self._api = None
+        for p in self.controllers:
+            p.stop()
         self.apiserver.stop()
         self.etcd.stop()
         if self._own and not os.environ.get("CRIRM_KEEP_WORKDIR"):

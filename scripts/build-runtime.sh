@@ -27,10 +27,15 @@ command -v go >/dev/null || { echo "build-runtime: Go is needed (go 1.26 or newe
 # version of module $2 required by tools/go/$1/go.mod
 pinned() { awk -v m="$2" '$1 == m { print $2; exit }' "tools/go/$1/go.mod"; }
 
+# The programs each component's build makes (part of its cache key: a new one rebuilds it).
+declare -A PROGRAMS=([containerd]="containerd containerd-shim-runc-v2 ctr" [runc]=runc [critools]="crictl critest"
+                     [kubernetes]="kubelet kube-apiserver kubectl kube-controller-manager kube-scheduler"
+                     [etcd]=etcd [helm]=helm)
+
 # out_dir COMPONENT MODULE: the cache directory for this pin
 out_dir() {
     local key
-    key=$(cat "tools/go/$1/go.mod" "tools/go/$1/go.sum" | sha256sum | cut -c1-12)
+    key=$(cat "tools/go/$1/go.mod" "tools/go/$1/go.sum" - <<<"${PROGRAMS[$1]}" | sha256sum | cut -c1-12)
     echo "$CACHE/go/$1-$(pinned "$1" "$2")-$key"
 }
 
@@ -69,7 +74,7 @@ build() {  # COMPONENT MODULE: build into the cache unless it is there
             minor=${minor%%.*}
             local v=k8s.io/component-base/version
             go build -trimpath -ldflags "-s -w -X $v.gitVersion=$version -X $v.gitMajor=1 -X $v.gitMinor=$minor" \
-                -o "$out.tmp/bin/" "$mod/cmd/kubelet" "$mod/cmd/kube-apiserver" "$mod/cmd/kubectl" ;;
+                -o "$out.tmp/bin/" $(printf "$mod/cmd/%s " ${PROGRAMS[kubernetes]}) ;;
         etcd)
             go build -trimpath -ldflags "-s -w" -o "$out.tmp/bin/etcd" "$mod" ;;
         helm)

@@ -115,7 +115,7 @@ def test_the_nri_plugin_runs_from_the_image_and_places_containers(containerd, im
             metadata=cri.ContainerMetadata(name="cri-resmgr"), image=cri.ImageSpec(image=image),
             command=["cri-resmgr", "--nri", f"--nri-socket={nri_dir}/nri.sock", "--relay-dir=/var/lib/cri-resmgr",
                      "--config-socket=/var/run/cri-resmgr/cri-resmgr-config.sock", "--host-root=/host",
-                     "--cgroup-root=/sys/fs/cgroup", "--force-config=/etc/cri-resmgr/config.yaml",
+                     "--resctrl-path=/host/sys/fs/resctrl", "--force-config=/etc/cri-resmgr/config.yaml",
                      "--hook-dir=disabled"],
             log_path="plugin.log",
             mounts=[cri.Mount(container_path=nri_dir, host_path=nri_dir),
@@ -124,7 +124,7 @@ def test_the_nri_plugin_runs_from_the_image_and_places_containers(containerd, im
                     cri.Mount(container_path="/etc/cri-resmgr/config.yaml", host_path=str(workdir / "config.yaml"),
                               readonly=True),
                     cri.Mount(container_path="/host/sys", host_path="/sys", readonly=True),
-                    cri.Mount(container_path="/sys/fs/cgroup", host_path="/sys/fs/cgroup")],
+                    cri.Mount(container_path="/host/sys/fs", host_path="/sys/fs")],
             linux=cri.LinuxContainerConfig(security_context=cri.LinuxContainerSecurityContext(
                 privileged=True, run_as_user=cri.Int64Value(value=0), readonly_rootfs=True)))
         plugin = client.run_container(pod_id, pod, config)
