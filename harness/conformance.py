@@ -8,7 +8,9 @@ critest calls the runtime directly, which hands every lifecycle event to our plu
 spec that passes direct and fails through a front end (or the other way round) is printed
 and the exit status is 1. Specs listed in tests/critest-skip.txt (with the reason) are
 skipped in every run. critest's images are served from a loopback registry
-(harness.registry) built from local binaries, since nothing can be pulled here.
+(harness.registry) built from local binaries, since nothing can be pulled here. The runs go two
+at a time (--jobs), each against a containerd of its own: critest spends most of its time
+waiting on containers, and specs that list every pod must not see another run's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness import images
@@ -100,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="topology-aware", help="the relay's policy (default: %(default)s)")
     ap.add_argument("--focus", default="", help="run only specs matching this regular expression")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (reports, logs)")
+    ap.add_argument("--jobs", type=int, default=2, help="critest runs at once (default: %(default)s)")
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="crirm-critest-"))
@@ -107,35 +111,45 @@ def main(argv: list[str] | None = None) -> int:
     registry = Registry()
     serve_images(registry)
     url = registry.start()
-    ctrd = PrivateContainerd(work / "containerd")
     results: dict[str, dict[str, str]] = {}
     timings: dict[str, float] = {}
-    try:
-        ctrd.start()
-        for host in ("registry.k8s.io", "k8s.gcr.io", "gcr.io"):
-            ctrd.mirror(host, url)
-        for target in ["direct"] + [m for m in args.modes.split(",") if m]:
-            started = time.monotonic()
-            relay = None
+
+    targets = ["direct"] + [m for m in args.modes.split(",") if m]
+
+    def run(target: str) -> None:
+        started = time.monotonic()
+        here = work / target
+        here.mkdir()
+        n = 80 + targets.index(target)
+        ctrd = PrivateContainerd(here / "containerd", subnet=f"10.88.{n}.0/24", bridge=f"crirm{n}")
+        relay = None
+        try:
+            ctrd.start()
+            for host in ("registry.k8s.io", "k8s.gcr.io", "gcr.io"):
+                ctrd.mirror(host, url)
             endpoint = ctrd.socket
             if target == "nri":
-                relay = policy_nri(work, str(ctrd.dir / "nri.sock"), args.policy, "--config-socket", "disabled",
-                                   "--hook-dir", "disabled", "--log-level", "INFO",
-                                   relay_dir=work / "state-nri").start()
+                relay = policy_nri(here, str(ctrd.dir / "nri.sock"), args.policy, "--config-socket", "disabled",
+                                   "--hook-dir", "disabled", "--log-level", "INFO", relay_dir=here / "state").start()
             elif target != "direct":
-                relay = policy_relay(work, ctrd.socket, args.policy, "--relay-mode", target, "--config-socket",
-                                     "disabled", "--log-level", "INFO", relay_dir=work / f"state-{target}").start()
+                relay = policy_relay(here, ctrd.socket, args.policy, "--relay-mode", target, "--config-socket",
+                                     "disabled", "--log-level", "INFO", relay_dir=here / "state").start()
                 endpoint = relay.socket
-            try:
-                results[target] = run_critest(endpoint, work / f"critest-{target}.json", args.focus,
-                                              [s for s, _ in skips], work / f"critest-{target}.log")
-            finally:
-                if relay is not None:
-                    relay.stop(timeout=30)
-            timings[target] = time.monotonic() - started
+            results[target] = run_critest(endpoint, here / "critest.json", args.focus, [s for s, _ in skips],
+                                          here / "critest.log")
+        finally:
+            if relay is not None:
+                relay.stop(timeout=30)
+            ctrd.stop()
+        timings[target] = time.monotonic() - started
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for done in [pool.submit(run, t) for t in targets]:
+                done.result()
     finally:
-        ctrd.stop()
         registry.stop()
+    results = {t: results[t] for t in targets}
     return report(results, timings, skips, work, args.keep)
 
 

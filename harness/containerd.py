@@ -120,7 +120,7 @@ CNI_CONFLIST = """\
   "plugins": [
     {{
       "type": "bridge",
-      "bridge": "crirm0",
+      "bridge": "{bridge}",
       "isGateway": true,
       "ipMasq": false,
       "ipam": {{
@@ -171,8 +171,11 @@ def containerd_version(binary: str | None = None) -> tuple[int, ...]:
 class PrivateContainerd:
     """A containerd process owned by the caller, with its own temporary tree."""
 
-    def __init__(self, workdir: str | Path | None = None) -> None:
+    def __init__(self, workdir: str | Path | None = None, subnet: str = CNI_SUBNET, bridge: str = "crirm0") -> None:
+        """subnet, bridge: its pods' network; containerds running at once need their own (each has
+        an address allocator of its own, and a bridge holds one subnet)."""
         self._own_dir = workdir is None
+        self.subnet, self.bridge = subnet, bridge
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="crirm-ctrd-"))
         self.socket = str(self.dir / "containerd.sock")
         self.log_path = self.dir / "containerd.log"
@@ -190,7 +193,7 @@ class PrivateContainerd:
         cni_conf = self.dir / "cni"
         cni_conf.mkdir(parents=True, exist_ok=True)
         (cni_conf / "10-cri-resmgr-test.conflist").write_text(
-            CNI_CONFLIST.format(subnet=CNI_SUBNET, ipam_dir=self.dir / "ipam"))
+            CNI_CONFLIST.format(subnet=self.subnet, bridge=self.bridge, ipam_dir=self.dir / "ipam"))
         config = self.dir / "config.toml"
         template, version = (CONFIG_V3, 3) if self.version >= (2,) else (CONFIG_V2, 2)
         config.write_text(template.format(
