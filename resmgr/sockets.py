@@ -67,6 +67,19 @@ async def start_private(server: grpc.aio.Server, path: str) -> None:
         os.umask(old)
 
 
+def grant_group(path: str, gid: int) -> None:
+    """Let members of the group connect to a private socket: the socket 0660 in that group, and its
+    directory, when ours and closed to the group, opened to it for passing through (g+x) only."""
+    os.chown(path, -1, gid)
+    os.chmod(path, 0o660)
+    directory = os.path.dirname(path)
+    st = os.stat(directory)
+    if st.st_uid == os.geteuid() and not st.st_mode & stat.S_IXOTH and \
+            not (st.st_gid == gid and st.st_mode & stat.S_IXGRP):
+        os.chown(directory, -1, gid)
+        os.chmod(directory, stat.S_IMODE(st.st_mode) | stat.S_IXGRP)
+
+
 def target(path: str) -> str:
     """A gRPC target for a unix socket path (or an endpoint that already is one)."""
     return path if path.startswith(("unix:", "unix-abstract:")) else "unix://" + path

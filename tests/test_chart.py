@@ -53,8 +53,11 @@ def test_rendered_commands_are_ones_the_daemons_accept():
     args = agent_parser().parse_args(container["command"][1:])
     assert args.config_ns == NS and args.export_topology == "on" and args.custom_resources == "on"
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    mount = container["volumeMounts"][0]["mountPath"]
-    assert args.cri_resmgr_socket.startswith(mount + "/") and args.agent_socket.startswith(mount + "/")
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert args.cri_resmgr_socket.startswith(mounts["sockets"] + "/")
+    assert args.agent_socket.startswith(mounts["own"] + "/")
+    # The agent is unprivileged; the plugin lets its group onto the configuration socket.
+    assert container["securityContext"]["runAsUser"] == 65532 and container["securityContext"]["runAsNonRoot"]
 
     nri = objs[("DaemonSet", "cri-resmgr-nri")]["spec"]["template"]["spec"]
     (container,) = nri["containers"]
@@ -65,6 +68,7 @@ def test_rendered_commands_are_ones_the_daemons_accept():
     assert args.config_socket == agent_parser().parse_args(
         agent["containers"][0]["command"][1:]).cri_resmgr_socket  # the agent finds it
     assert nri["automountServiceAccountToken"] is False  # only the agent talks to the API server
+    assert args.config_socket_group == 65532
 
     deployment = objs[("Deployment", "cri-resmgr-webhook")]
     service = objs[("Service", "cri-resmgr-webhook")]

@@ -32,6 +32,38 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 
+def connects_as(uid: int, path: str) -> bool:
+    """Whether a process of that user (and group) can connect to the unix socket."""
+    probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\n"
+             "try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    sys.exit(3)")
+    done = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3",
+                           "-c", probe, path], capture_output=True, text=True, timeout=30)
+    assert done.returncode in (0, 3), done.stderr
+    return done.returncode == 0
+
+
+def test_a_socket_group_lets_an_unprivileged_agent_reach_the_link_and_no_one_else(containerd, workdir):
+    """The agent in the chart runs as the image's user 65532; cri-resmgr grants that group the link."""
+    workdir.chmod(0o711)  # the test's own directory, passable like /var/run
+    relay, link = relay_with_link(workdir, containerd, "--config-socket-group", "65532")
+    try:
+        path = str(workdir / "cfg" / "config.sock")
+        assert link.status().policy
+        assert connects_as(65532, path) and not connects_as(65533, path)
+    finally:
+        link.close()
+        relay.stop()
+    # Without the option the link is root's alone.
+    relay, link = relay_with_link(workdir, containerd)
+    try:
+        assert not connects_as(65532, str(workdir / "cfg" / "config.sock"))
+    finally:
+        link.close()
+        relay.stop()
+    refused = cli("--config-socket-group", "no-such-group-here", "--help")
+    assert refused.returncode == 2 and "no group 'no-such-group-here'" in refused.stderr
+
+
 @pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
 def test_pushed_configuration_switches_policies_and_survives_restarts(containerd, workdir):
     relay, link = relay_with_link(workdir, containerd)

@@ -292,7 +292,8 @@ class Daemon:
             if self.topology is not None:
                 snapshot = self._snapshot(core.engine, control)
                 feed = configlink.TopologyFeed(lambda: nrt.build(snapshot()), core.engine.changes)
-            return await configlink.serve(control, sockets.path_of(self.opts.config_socket), feed)
+            return await configlink.serve(control, sockets.path_of(self.opts.config_socket), feed,
+                                          self.opts.config_socket_group)
         return None
 
     async def _shut_down(self, core: Core, front: FrontEnd, config_server: grpc.aio.Server | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import grp
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,6 +26,16 @@ def duration(text: str) -> float:
     if not m:
         raise argparse.ArgumentTypeError(f"bad duration {text!r} (use e.g. 30s, 500ms, 5m)")
     return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def group_id(text: str) -> int:
+    """A group's ID from its name or number."""
+    if text.isdigit():
+        return int(text)
+    try:
+        return grp.getgrnam(text).gr_gid
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"no group {text!r} on this host (give its name or GID)") from None
 
 
 def on_off(text: str) -> bool:
@@ -121,6 +132,10 @@ class Options:
     config_socket: str = opt("/var/run/cri-resmgr/cri-resmgr-config.sock", "--config-socket",
                              help="socket the node agent pushes configuration to ('disabled': none; "
                                   "default: %(default)s)")
+    config_socket_group: int = opt(-1, "--config-socket-group", type=group_id, metavar="GROUP",
+                                   help="a group (name or GID) whose members may connect to the configuration "
+                                        "socket too, e.g. the node agent's when it runs as an unprivileged user "
+                                        "(default: root only)")
     disable_policy_switch: bool = opt(False, "--disable-policy-switch",
                                       help="refuse any change of the active policy, at start-up and from pushed "
                                            "configuration")

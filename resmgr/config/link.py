@@ -78,10 +78,14 @@ class StatusService(status_pb2_grpc.StatusServicer):
             await self.feed.changes.after(seen)
 
 
-async def serve(control: ConfigManager, path: str, feed: TopologyFeed | None = None) -> grpc.aio.Server:
+async def serve(control: ConfigManager, path: str, feed: TopologyFeed | None = None,
+                group: int = -1) -> grpc.aio.Server:
+    """The link on a root-only socket; group (>= 0): its members may connect too."""
     server = grpc.aio.server()
     api_pb2_grpc.add_ConfigServicer_to_server(ConfigService(control), server)
     status_pb2_grpc.add_StatusServicer_to_server(StatusService(control, feed), server)
     await sockets.start_private(server, path)
+    if group >= 0:
+        sockets.grant_group(path, group)
     log.info("config link serving on %s", path)
     return server
