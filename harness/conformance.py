@@ -10,7 +10,8 @@ and the exit status is 1. Specs listed in tests/critest-skip.txt (with the reaso
 skipped in every run. critest's images are served from a loopback registry
 (harness.registry) built from local binaries, since nothing can be pulled here. The runs go two
 at a time (--jobs), each against a containerd of its own: critest spends most of its time
-waiting on containers, and specs that list every pod must not see another run's.
+waiting on containers, and specs that list every pod must not see another run's. The specs that
+bind the host's ports (port forwarding and mapping, the host's network) run one run at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,6 +35,8 @@ from harness.relay import policy_nri, policy_relay
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_FILE = ROOT / "tests" / "critest-skip.txt"
+# Specs that listen on the host's network (fixed ports): two runs at once would take each other's.
+HOST_PORTS = r"portforward|port mapping|HostNetwork"
 E2E = "registry.k8s.io/e2e-test-images/"
 STAGING = "gcr.io/k8s-staging-cri-tools/"
 # /etc/passwd and /etc/group for the users critest's image tests name.
@@ -76,14 +80,16 @@ def skip_list() -> list[tuple[str, str]]:
     return out
 
 
-def run_critest(endpoint: str, report: Path, focus: str, skips: list[str], log: Path) -> dict[str, str]:
+def run_critest(endpoint: str, report: Path, focus: str, skips: list[str], log: Path,
+                skip_pattern: str = "") -> dict[str, str]:
     """Run critest against endpoint; returns spec -> state (passed, failed, skipped, ...)."""
     cmd = [tool("critest"), f"--runtime-endpoint=unix://{endpoint}", f"--image-endpoint=unix://{endpoint}",
            f"--ginkgo.json-report={report}", "--ginkgo.no-color", "--ginkgo.timeout=30m"]
     if focus:
         cmd.append(f"--ginkgo.focus={focus}")
-    if skips:
-        cmd.append("--ginkgo.skip=" + "|".join(re.escape(s) for s in skips))
+    patterns = [re.escape(s) for s in skips] + ([skip_pattern] if skip_pattern else [])
+    if patterns:
+        cmd.append("--ginkgo.skip=" + "|".join(patterns))
     with open(log, "w") as out:
         subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=report.parent)
     results: dict[str, str] = {}
@@ -115,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     timings: dict[str, float] = {}
 
     targets = ["direct"] + [m for m in args.modes.split(",") if m]
+    host_ports = threading.Lock()
 
     def run(target: str) -> None:
         started = time.monotonic()
@@ -135,8 +142,17 @@ def main(argv: list[str] | None = None) -> int:
                 relay = policy_relay(here, ctrd.socket, args.policy, "--relay-mode", target, "--config-socket",
                                      "disabled", "--log-level", "INFO", relay_dir=here / "state").start()
                 endpoint = relay.socket
-            results[target] = run_critest(endpoint, here / "critest.json", args.focus, [s for s, _ in skips],
-                                          here / "critest.log")
+            skipped = [s for s, _ in skips]
+            if args.focus or args.jobs <= 1:
+                results[target] = run_critest(endpoint, here / "critest.json", args.focus, skipped,
+                                              here / "critest.log")
+            else:
+                found = run_critest(endpoint, here / "critest.json", "", skipped, here / "critest.log", HOST_PORTS)
+                with host_ports:
+                    serial = run_critest(endpoint, here / "critest-host-ports.json", HOST_PORTS, skipped,
+                                         here / "critest-host-ports.log")
+                # Specs the first run skipped for their ports are what the second one says.
+                results[target] = {**found, **{k: v for k, v in serial.items() if v != "skipped" or k not in found}}
         finally:
             if relay is not None:
                 relay.stop(timeout=30)
