@@ -141,18 +141,21 @@ def test_helm_install_in_nri_mode_runs_the_plugin_the_agent_and_the_webhook(clus
     assert plugin.spec.node_name == agent.spec.node_name == NODE  # placed by the DaemonSet controller and scheduler
     assert {p.spec.node_name for p in hooks} == {NODE}
 
-    # The plugin registered with containerd and holds the pod that ran before it.
-    state = json.loads((c.state_dir / "cache").read_text())
-    assert state["policy"]["name"] == "static"
-    assert early.metadata.uid in {p["uid"] for p in state["pods"]}
-    c.core.delete_namespaced_pod("early", "default", grace_period_seconds=0)  # the node has 2 CPUs
-
     # The agent pushed the chart's configuration and says so in the resource's status.
     deadline = time.monotonic() + 60
     while (entry := ((c.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, "default")
                       .get("status") or {}).get("nodes") or {}).get(NODE, {})).get("status") != rs.SUCCESS:
         assert time.monotonic() < deadline, (entry, c.logs("cri-resmgr-agent"))
         time.sleep(1)
+
+    # The plugin registered with containerd and holds the pod that ran before it, under the pushed policy.
+    deadline = time.monotonic() + 30
+    while active_policy(c) != "static":  # written as the switch is, with or just after the answer
+        assert time.monotonic() < deadline, active_policy(c)
+        time.sleep(0.5)
+    state = json.loads((c.state_dir / "cache").read_text())
+    assert early.metadata.uid in {p["uid"] for p in state["pods"]}
+    c.core.delete_namespaced_pod("early", "default", grace_period_seconds=0)  # the node has 2 CPUs
 
     # A Guaranteed pod the scheduler places gets an exclusive CPU outside the reserved one; the
     # webhook's annotation says what it asked for.
@@ -262,4 +265,6 @@ def test_helm_uninstall_leaves_pods_running_and_new_ones_start_without_the_plugi
     assert c.custom.list_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL)["items"] == []
     for name in ("kept", "after"):
         c.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
-    assert Path(c.values["socketDir"]).exists()
+    # Nothing of ours on the node but the state: the sockets went with the plugin (the directories
+    # are the chart's hostPath volumes, made by kubelet).
+    assert [p.name for p in Path(c.values["socketDir"]).iterdir()] == []
