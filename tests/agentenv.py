@@ -127,9 +127,15 @@ class RealCluster:
         args = (rs.GROUP, rs.VERSION, NS, rs.PLURAL)
         body = {"apiVersion": f"{rs.GROUP}/{rs.VERSION}", "kind": rs.KIND, "metadata": {"name": name}, "spec": spec}
         if name in self.resources:
-            old = self.custom.get_namespaced_custom_object(*args, name)
-            body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-            return self.custom.replace_namespaced_custom_object(*args, name, body)
+            for attempt in range(5):  # the agents' status writes move the version on: read again, as kubectl does
+                old = self.custom.get_namespaced_custom_object(*args, name)
+                body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+                try:
+                    return self.custom.replace_namespaced_custom_object(*args, name, body)
+                except ApiException as err:
+                    if err.status != 409 or attempt == 4:
+                        raise
+                    time.sleep(0.1)
         self.resources.add(name)
         return self.custom.create_namespaced_custom_object(*args, body)
 
