@@ -3,6 +3,7 @@ there) and imported into a test containerd under the name the chart pulls."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = "docker.io/library/cri-resmgr"  # the chart's image.repository "cri-resmgr", normalised
 
 
+@functools.cache
 def builder() -> ModuleType:
     spec = importlib.util.spec_from_file_location("build_image", ROOT / "scripts" / "build-image.py")
     assert spec is not None and spec.loader is not None

@@ -221,11 +221,10 @@ def test_a_killed_plugin_pod_comes_back_and_keeps_every_placement(cluster):
         assert (c.cpus(g), c.cpus(b)) == (held, shared)
         new = [p for p in c.pods("cri-resmgr-nri") if p.metadata.uid != old.metadata.uid and any(
             x.type == "Ready" and x.status == "True" for x in p.status.conditions or [])]
-        if new:
-            break
+        if new and "NRI: synchronized" in c.core.read_namespaced_pod_log(new[0].metadata.name, NS):
+            break  # the new plugin has synchronized with containerd: what it restored stands
         assert time.monotonic() < deadline
         time.sleep(0.5)
-    time.sleep(3)  # synchronized by now: what it restored stands
     assert (c.cpus(g), c.cpus(b)) == (held, shared)
     assert active_policy(c) == "static"
     for name in ("exclusive-through-kill", "shared-through-kill"):

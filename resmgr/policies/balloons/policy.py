@@ -374,8 +374,8 @@ class BalloonsPolicy(SnapshotMoves):
         first one on the CPUs the member ran on before (a restart, a node reboot), if any."""
         if t.on_reserved:
             return next(b for b in self.balloons if b.type is t), 0
-        free = len(self.free(t))
-        again = len(previous & self.free(t))
+        free_cpus = self.free(t)
+        free, again = len(free_cpus), len(previous & free_cpus)
         options: list[tuple[tuple[Any, ...], Balloon | None, int]] = []
         for b in self.balloons:
             if b.type is not t or b.group != group:

@@ -478,11 +478,7 @@ class TopologyAwarePolicy(SnapshotMoves):
         return self._allocate(container, pod, view, keep=CPUSet.parse_or_empty(container.previous))
 
     def adopt(self, container: Container, pod: Pod, view: View) -> Decision:
-        try:
-            keep = CPUSet.parse(container.resources.cpuset_cpus)
-        except ValueError:
-            keep = EMPTY
-        return self._allocate(container, pod, view, keep)
+        return self._allocate(container, pod, view, keep=CPUSet.parse_or_empty(container.resources.cpuset_cpus))
 
     def _allocate(self, container: Container, pod: Pod, view: View, keep: CPUSet) -> Decision:
         """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""
