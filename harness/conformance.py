@@ -6,7 +6,9 @@ and with cri-resmgr as the runtime's NRI plugin.
 Each front end must pass exactly the specs that the runtime passes when called directly (nri:
 critest calls the runtime directly, which hands every lifecycle event to our plugin): every
 spec that passes direct and fails through a front end (or the other way round) is printed
-and the exit status is 1. Specs listed in tests/critest-skip.txt (with the reason) are
+and the exit status is 1, with the failure's message. A spec that fails on one side only is run
+there RETRIES more times against a fresh runtime first: some specs race containerd itself, so it
+is a difference only if it fails again, and is printed as flaky otherwise. Specs listed in tests/critest-skip.txt (with the reason) are
 skipped in every run. critest's images are served from a loopback registry
 (harness.registry) built from local binaries, since nothing can be pulled here. The runs go two
 at a time (--jobs), each against a containerd of its own: critest spends most of its time
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SKIP_FILE = ROOT / "tests" / "critest-skip.txt"
 # Specs that listen on the host's network (fixed ports): two runs at once would take each other's.
 HOST_PORTS = r"portforward|port mapping|HostNetwork"
+# Runs again of a spec that failed on one side only before it counts as a difference.
+RETRIES = 2
 E2E = "registry.k8s.io/e2e-test-images/"
 STAGING = "gcr.io/k8s-staging-cri-tools/"
 # /etc/passwd and /etc/group for the users critest's image tests name.
@@ -92,14 +97,32 @@ def run_critest(endpoint: str, report: Path, focus: str, skips: list[str], log: 
         cmd.append("--ginkgo.skip=" + "|".join(patterns))
     with open(log, "w") as out:
         subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=report.parent)
-    results: dict[str, str] = {}
+    return {name: spec["State"] for name, spec in specs(report)}
+
+
+def specs(report: Path) -> list[tuple[str, dict]]:
+    """(full spec text, spec report) for every It in a ginkgo JSON report."""
+    out = []
     for suite in json.loads(report.read_text()):
         for spec in suite.get("SpecReports") or []:
-            if spec.get("LeafNodeType") != "It":
-                continue
-            name = " ".join(spec.get("ContainerHierarchyTexts") or []) + " " + spec.get("LeafNodeText", "")
-            results[name.strip()] = spec["State"]
-    return results
+            if spec.get("LeafNodeType") == "It":
+                name = " ".join(spec.get("ContainerHierarchyTexts") or []) + " " + spec.get("LeafNodeText", "")
+                out.append((name.strip(), spec))
+    return out
+
+
+def failures(here: Path) -> dict[str, str]:
+    """spec -> "message (file:line)" for every failed spec in a run's reports."""
+    out = {}
+    for report in sorted(here.glob("critest*.json")):
+        for name, spec in specs(report):
+            failure = spec.get("Failure") or {}
+            if failure:
+                where = failure.get("Location") or {}
+                at = f"{Path(where.get('FileName', '?')).name}:{where.get('LineNumber', '?')}"
+                message = " ".join(str(failure.get("Message", "")).split())[:400]
+                out[name] = f"{message} ({at})"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,15 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     registry = Registry()
     serve_images(registry)
     url = registry.start()
-    results: dict[str, dict[str, str]] = {}
     timings: dict[str, float] = {}
 
     targets = ["direct"] + [m for m in args.modes.split(",") if m]
     host_ports = threading.Lock()
 
-    def run(target: str) -> None:
+    def run(target: str, focus: str = "", here: Path | None = None) -> dict[str, str]:
         started = time.monotonic()
-        here = work / target
+        here = here or work / target
         here.mkdir()
         n = 80 + targets.index(target)
         ctrd = PrivateContainerd(here / "containerd", subnet=f"10.88.{n}.0/24", bridge=f"crirm{n}")
@@ -143,34 +165,68 @@ def main(argv: list[str] | None = None) -> int:
                                      "disabled", "--log-level", "INFO", relay_dir=here / "state").start()
                 endpoint = relay.socket
             skipped = [s for s, _ in skips]
-            if args.focus or args.jobs <= 1:
-                results[target] = run_critest(endpoint, here / "critest.json", args.focus, skipped,
-                                              here / "critest.log")
-            else:
-                found = run_critest(endpoint, here / "critest.json", "", skipped, here / "critest.log", HOST_PORTS)
-                with host_ports:
-                    serial = run_critest(endpoint, here / "critest-host-ports.json", HOST_PORTS, skipped,
-                                         here / "critest-host-ports.log")
-                # Specs the first run skipped for their ports are what the second one says.
-                results[target] = {**found, **{k: v for k, v in serial.items() if v != "skipped" or k not in found}}
+            if focus or args.jobs <= 1:
+                return run_critest(endpoint, here / "critest.json", focus, skipped, here / "critest.log")
+            found = run_critest(endpoint, here / "critest.json", "", skipped, here / "critest.log", HOST_PORTS)
+            with host_ports:
+                serial = run_critest(endpoint, here / "critest-host-ports.json", HOST_PORTS, skipped,
+                                     here / "critest-host-ports.log")
+            # Specs the first run skipped for their ports are what the second one says.
+            return {**found, **{k: v for k, v in serial.items() if v != "skipped" or k not in found}}
         finally:
             if relay is not None:
                 relay.stop(timeout=30)
             ctrd.stop()
-        timings[target] = time.monotonic() - started
+            timings[target] = timings.get(target, 0.0) + time.monotonic() - started
 
     try:
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            for done in [pool.submit(run, t) for t in targets]:
-                done.result()
+            futures = {t: pool.submit(run, t, args.focus) for t in targets}
+            results = {t: f.result() for t, f in futures.items()}
+        flaky = retry_differences(results, run, work)
     finally:
         registry.stop()
-    results = {t: results[t] for t in targets}
-    return report(results, timings, skips, work, args.keep)
+    return report(results, flaky, timings, skips, work, args.keep)
 
 
-def report(results: dict[str, dict[str, str]], timings: dict[str, float], skips: list[tuple[str, str]],
-           work: Path, keep: bool) -> int:
+def differences(results: dict[str, dict[str, str]]) -> dict[str, set[str]]:
+    """target -> specs that failed there although another side passed them (direct vs each front end)."""
+    passed = {t: {s for s, st in res.items() if st == "passed"} for t, res in results.items()}
+    out: dict[str, set[str]] = {t: set() for t in results}
+    for target in results:
+        if target != "direct":
+            out[target] |= passed["direct"] - passed[target]
+            out["direct"] |= passed[target] - passed["direct"]
+    return {t: specs for t, specs in out.items() if specs}
+
+
+def retry_differences(results: dict[str, dict[str, str]], run: Callable[[str, str, Path], dict[str, str]],
+                      work: Path) -> dict[str, dict[str, str]]:
+    """Run every spec that failed on one side only RETRIES more times there, against a fresh runtime.
+
+    Some critest specs race the runtime itself (removing a container whose exit containerd has not
+    finished handling), so one failure is not yet a difference. A spec that passes on every retry
+    is reported as flaky with its first failure; one that fails again stays a difference.
+    Returns target -> spec -> first failure message for the flaky ones, and updates results.
+    """
+    flaky: dict[str, dict[str, str]] = {}
+    for target, names in sorted(differences(results).items()):
+        why = failures(work / target)
+        focus = "|".join(re.escape(n) for n in sorted(names))
+        passes = dict.fromkeys(names, 0)
+        for attempt in range(1, RETRIES + 1):
+            again = run(target, focus, work / f"{target}.retry{attempt}")
+            for name in names:
+                passes[name] += again.get(name) == "passed"
+        for name in names:
+            if passes[name] == RETRIES:
+                flaky.setdefault(target, {})[name] = why.get(name, results[target].get(name, "?"))
+                results[target][name] = "passed"
+    return flaky
+
+
+def report(results: dict[str, dict[str, str]], flaky: dict[str, dict[str, str]], timings: dict[str, float],
+           skips: list[tuple[str, str]], work: Path, keep: bool) -> int:
     direct = results["direct"]
     passed = {s for s, st in direct.items() if st == "passed"}
     print(f"critest {len(direct)} specs; skipped by tests/critest-skip.txt: {len(skips)} entries")
@@ -182,11 +238,16 @@ def report(results: dict[str, dict[str, str]], timings: dict[str, float], skips:
         mine = {s for s, st in res.items() if st == "passed"}
         line = ", ".join(f"{n} {st}" for st, n in sorted(states.items()))
         print(f"  {target:7s} {line}  ({timings[target]:.0f} s)")
+        for spec, why in sorted(flaky.get(target, {}).items()):
+            print(f"    flaky {target}: failed once, passed {RETRIES} retries: {spec}\n      {why}")
         if target == "direct":
             continue
+        why = failures(work / target) if passed - mine else {}
         for spec in sorted(passed - mine):
             ok = False
             print(f"    passes direct, not through {target}: {spec}")
+            if spec in why:
+                print(f"      {why[spec]}")
         for spec in sorted(mine - passed):
             ok = False
             print(f"    passes through {target}, not direct: {spec}")
