@@ -8,12 +8,13 @@ critest calls the runtime directly, which hands every lifecycle event to our plu
 spec that passes direct and fails through a front end (or the other way round) is printed
 and the exit status is 1, with the failure's message. A spec that fails on one side only is run
 there RETRIES more times against a fresh runtime first: some specs race containerd itself, so it
-is a difference only if it fails again, and is printed as flaky otherwise. Specs listed in tests/critest-skip.txt (with the reason) are
-skipped in every run. critest's images are served from a loopback registry
-(harness.registry) built from local binaries, since nothing can be pulled here. The runs go two
-at a time (--jobs), each against a containerd of its own: critest spends most of its time
-waiting on containers, and specs that list every pod must not see another run's. The specs that
-bind the host's ports (port forwarding and mapping, the host's network) run one run at a time.
+is a difference only if it fails again, and is printed as flaky otherwise. Specs listed in
+tests/critest-skip.txt (with the reason) are skipped in every run. critest's images are served from
+a loopback registry (harness.registry) built from local binaries, since nothing can be pulled
+here. The runs go two at a time (--jobs), each against a containerd of its own: critest spends
+most of its time waiting on containers, and specs that list every pod must not see another run's.
+The specs that bind the host's ports (port forwarding and mapping, the host's network) run one
+run at a time.
 """
 
 from __future__ import annotations
