@@ -366,6 +366,32 @@ class ControlPlane:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+TOPOLOGY_SCHEDULER = "topology-aware-scheduler"
+
+
+def start_topology_scheduler(control: ControlPlane, name: str = TOPOLOGY_SCHEDULER, timeout: float = 60) -> Process:
+    """A second scheduler, kube-scheduler of kubernetes-sigs/scheduler-plugins: pods that
+    name it (spec.schedulerName) are filtered and scored by NodeResourceTopologyMatch on the nodes'
+    NodeResourceTopology objects, set up as the plugin's own manifests set it up (its reserve step
+    off, no cache: each decision reads the objects as they are). It is of an older Kubernetes
+    release than the API server (see tools/go/schedulerplugins/go.mod)."""
+    config = control.dir / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(control.admin_kubeconfig)},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": name,
+                      "plugins": {"multiPoint": {"enabled": [{"name": "NodeResourceTopologyMatch"}]},
+                                  "reserve": {"disabled": [{"name": "NodeResourceTopologyMatch"}]}},
+                      "pluginConfig": [{"name": "NodeResourceTopologyMatch",
+                                        "args": {"scoringStrategy": {"type": "LeastAllocated"}}}]}]}))
+    proc = Process(name, [str(TOOLS_BIN / "kube-scheduler-plugins"), f"--config={config}", "--secure-port=0",
+                          "--v=4"], control.dir / f"{name}.log")
+    proc.start()
+    _wait(name, lambda: "Starting Kubernetes Scheduler" in proc.log(), proc, timeout)
+    return proc
+
+
 KUBELET_CONFIG: dict[str, Any] = {
     "apiVersion": "kubelet.config.k8s.io/v1beta1",
     "kind": "KubeletConfiguration",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the Go programs the tests run against - containerd, its runc shim, ctr, runc,
-# crictl and critest; kubelet, kube-apiserver, kubectl and etcd; helm - from the Go module proxy,
+# crictl and critest; kubelet, kube-apiserver, kubectl and etcd; helm; kube-scheduler with the
+# scheduler-plugins (NodeResourceTopologyMatch) - from the Go module proxy,
 # at the versions pinned by the go.mod files under tools/go/. Nothing of their source lives
 # in this repository.
 #
@@ -12,7 +13,7 @@
 #   build-runtime.sh --cached COMPONENT  print its bin directory if it is built, else exit 1
 #   build-runtime.sh --version COMPONENT print the version pinned
 #
-# Components: containerd runc critools kubernetes etcd helm.
+# Components: containerd runc critools kubernetes etcd helm schedulerplugins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,12 +26,13 @@ done
 command -v go >/dev/null || { echo "build-runtime: Go is needed (go 1.26 or newer, on PATH)" >&2; exit 1; }
 
 # version of module $2 required by tools/go/$1/go.mod
-pinned() { awk -v m="$2" '$1 == m { print $2; exit }' "tools/go/$1/go.mod"; }
+TOOLS=$PWD/tools/go
+pinned() { awk -v m="$2" '$1 == m { print $2; exit }' "$TOOLS/$1/go.mod"; }
 
 # The programs each component's build makes (part of its cache key: a new one rebuilds it).
 declare -A PROGRAMS=([containerd]="containerd containerd-shim-runc-v2 ctr" [runc]=runc [critools]="crictl critest"
                      [kubernetes]="kubelet kube-apiserver kubectl kube-controller-manager kube-scheduler"
-                     [etcd]=etcd [helm]=helm)
+                     [etcd]=etcd [helm]=helm [schedulerplugins]=kube-scheduler-plugins)
 
 # out_dir COMPONENT MODULE: the cache directory for this pin
 out_dir() {
@@ -80,6 +82,15 @@ build() {  # COMPONENT MODULE: build into the cache unless it is there
         helm)
             go build -trimpath -ldflags "-s -w -X $mod/internal/version.version=$version" \
                 -o "$out.tmp/bin/helm" "$mod/cmd/helm" ;;
+        schedulerplugins)
+            # kube-scheduler with every plugin of the release compiled in, as its own image ships it.
+            # It must say the Kubernetes version it is built on: its compatibility checks read that.
+            local kube minor v=k8s.io/component-base/version
+            kube=$(pinned schedulerplugins k8s.io/kubernetes)
+            minor=${kube#v1.}
+            minor=${minor%%.*}
+            go build -trimpath -ldflags "-s -w -X $v.gitVersion=$kube -X $v.gitMajor=1 -X $v.gitMinor=$minor" \
+                -o "$out.tmp/bin/kube-scheduler-plugins" "$mod/cmd/scheduler" ;;
         esac
     ) >&2
     touch "$out.tmp/.done"
@@ -90,8 +101,9 @@ build() {  # COMPONENT MODULE: build into the cache unless it is there
 
 declare -A MODULE=([containerd]=github.com/containerd/containerd/v2 [runc]=github.com/opencontainers/runc
                    [critools]=sigs.k8s.io/cri-tools [kubernetes]=k8s.io/kubernetes
-                   [etcd]=go.etcd.io/etcd/server/v3 [helm]=helm.sh/helm/v4)
-ALL=(containerd runc critools kubernetes etcd helm)
+                   [etcd]=go.etcd.io/etcd/server/v3 [helm]=helm.sh/helm/v4
+                   [schedulerplugins]=sigs.k8s.io/scheduler-plugins)
+ALL=(containerd runc critools kubernetes etcd helm schedulerplugins)
 module() {
     [ -n "${MODULE[$1]:-}" ] || { echo "build-runtime: unknown component '$1' (${ALL[*]})" >&2; exit 2; }
     echo "${MODULE[$1]}"

@@ -2,7 +2,7 @@
 # Install what cri-resmgr's demo, tests or VM tests need on Debian 12 (run as root), and nothing more:
 #
 #   scripts/setup.sh demo   Debian packages for pods, the Python venv, containerd and runc
-#   scripts/setup.sh test   the demo's, plus cri-tools, kubelet, kube-apiserver, etcd, helm and Chromium (default)
+#   scripts/setup.sh test   the demo's, plus cri-tools, Kubernetes, etcd, helm, the scheduler plugins and Chromium (default)
 #   scripts/setup.sh vm     the tests', plus qemu and mmdebstrap, and the test node's disk image
 #
 # Idempotent: installs and builds only what is missing. Python packages go to ./.venv; Go programs
@@ -62,9 +62,9 @@ fi
 
 # Go programs: name, about how long, modules (scripts/build-runtime.sh knows how).
 components=(containerd runc)
-[ "$part" = demo ] || components+=(critools kubernetes etcd helm)
+[ "$part" = demo ] || components+=(critools kubernetes etcd helm schedulerplugins)
 declare -A about=([containerd]="3 min" [runc]="1 min" [critools]="3 min" [kubernetes]="7 min"
-                  [etcd]="1 min" [helm]="2 min")
+                  [etcd]="1 min" [helm]="2 min" [schedulerplugins]="4 min")
 build_one() {  # COMPONENT: build it and link its programs
     local dir exe
     dir=$(scripts/build-runtime.sh "$1") || return 1

@@ -81,12 +81,7 @@ class RealCluster:
     def __init__(self, control: ControlPlane, node: str) -> None:
         self.control, self.node = control, node
         self.core = control.core()
-        try:  # the chart's RBAC, as it installs it
-            utils.create_from_yaml(control.api_client(), yaml_objects=helm.render(
-                {"nodeResourceTopology.export": True}, namespace=NS, only="templates/agent-rbac.yaml"))
-        except utils.FailToCreateError as err:  # made by an earlier test
-            if any(e.status != 409 for e in err.api_exceptions):
-                raise
+        install_agent_rbac(control)
         install_crds(control)
         self.custom = client.CustomObjectsApi(control.api_client())
         labels = {"kubernetes.io/hostname": node, "kubernetes.io/os": "linux"}  # as a kubelet registers it
@@ -171,6 +166,16 @@ class RealCluster:
         if self.topology() is not None:
             self.custom.delete_cluster_custom_object(rs.NRT_GROUP, rs.NRT_VERSION, rs.NRT_PLURAL, self.node)
         self.core.delete_node(self.node)
+
+
+def install_agent_rbac(control: ControlPlane) -> None:
+    """The chart's RBAC of the agent (exporting the topology), as it installs it (once per server)."""
+    try:
+        utils.create_from_yaml(control.api_client(), yaml_objects=helm.render(
+            {"nodeResourceTopology.export": True}, namespace=NS, only="templates/agent-rbac.yaml"))
+    except utils.FailToCreateError as err:  # made by an earlier test
+        if any(e.status != 409 for e in err.api_exceptions):
+            raise
 
 
 def install_crds(control: ControlPlane) -> None:
@@ -286,3 +291,45 @@ def healthy_again(env: Env) -> None:
              what="healthy again")
 
 
+# -- a NodeResourceTopology next to `cri-resmgr status` --
+def zones(nrt: dict) -> dict[str, dict]:
+    return {z["name"]: z for z in nrt["zones"]}
+
+
+def attrs(zone: dict) -> dict[str, str]:
+    return {a["name"]: a["value"] for a in zone.get("attributes", [])}
+
+
+def cpu(zone: dict) -> dict[str, str]:
+    return next(r for r in zone["resources"] if r["name"] == "cpu")
+
+
+def status_doc(config_socket: str) -> dict:
+    """The state document `cri-resmgr status --output json` prints."""
+    out = subprocess.run([sys.executable, "-m", "resmgr", "status", "--config-socket", config_socket,
+                          "--output", "json"], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["state"]
+
+
+def matches_status(nrt: dict, state: dict) -> bool:
+    """The NodeResourceTopology says what `cri-resmgr status` says: the same pools with the same CPUs,
+    grants and free shared CPU, and one Node zone per NUMA node with its CPUs."""
+    z = zones(nrt)
+    for pool in state["pools"]:
+        zone, st = z.get(pool["name"]), pool["stats"]
+        if zone is None or attrs(zone)["cpus"] != (pool["cpus"] or "-"):
+            return False
+        if (attrs(zone)["exclusive-grants"], attrs(zone)["containers"]) != (str(st["exclusive_grants"]),
+                                                                           str(st["containers"])):
+            return False
+        free = st["shared_milli_free"]
+        if cpu(zone)["available"] != (str(free // 1000) if free % 1000 == 0 else f"{free}m"):
+            return False
+    nodes = {f"node-{n['id']}": n for n in state["topology"]["nodes"]}
+    return {n for n, zone in z.items() if zone["type"] == "Node"} == set(nodes) and \
+        {a["name"]: a["value"] for a in nrt["attributes"]}["policy"] == state["policy"]
+
+
+def milli(q: str) -> int:
+    return int(q[:-1]) if q.endswith("m") else int(q) * 1000

@@ -37,15 +37,17 @@ def done_with(path: Path) -> None:
 class KubeNode:
     def __init__(self, control: ControlPlane, workdir: Path, front: str = "relay", policy: str = "static",
                  relay_mode: str = "splice", reserved: str = "cpuset:0", node: str = "crirm-node",
-                 cpu_manager: str = "none", **kubelet_settings: Any) -> None:
+                 cpu_manager: str = "none", relay_args: tuple[str, ...] = (), **kubelet_settings: Any) -> None:
+        """policy "" leaves the relay's configuration to relay_args and what is pushed to it."""
         self.control, self.workdir, self.front, self.node = control, workdir, front, node
         workdir.mkdir(parents=True, exist_ok=True)
         self.ctrd = PrivateContainerd(workdir / "ctrd")
         self.resmgr: RelayProcess | None = None
         if front == "relay":
             # Every call in the log, with its outcome ("<kind> <Method> ok|error ...").
-            self.resmgr = policy_relay(workdir, self.ctrd.socket, policy, "--relay-mode", relay_mode,
-                                       "--dump", "short:.*", reserved=reserved)
+            args = ("--relay-mode", relay_mode, "--dump", "short:.*", *relay_args)
+            self.resmgr = policy_relay(workdir, self.ctrd.socket, policy, *args, reserved=reserved) if policy \
+                else RelayProcess(workdir, self.ctrd.socket, *args)
         elif front == "nri":
             self.resmgr = policy_nri(workdir, str(self.ctrd.dir / "nri.sock"), policy, "--hook-dir", "disabled",
                                      reserved=reserved)

@@ -3,9 +3,7 @@ per-node status and Events, and the node's NodeResourceTopology next to `cri-res
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 import time
 
 import pytest
@@ -13,8 +11,8 @@ from kubernetes.client.rest import ApiException
 
 from harness.containerd import TOOLS_BIN
 from resmgr.agent import resources as rs
-from tests.agentenv import NS, Env, policy_map, wait_for
-from tests.helpers import ONLINE, ROOT, Cri, container_config, pod_config, resources
+from tests.agentenv import NS, Env, cpu, matches_status, milli, policy_map, status_doc, wait_for
+from tests.helpers import ONLINE, Cri, container_config, pod_config, resources
 
 SPEED = "integration"  # see tests/conftest.py
 
@@ -89,55 +87,13 @@ def test_resources_by_level_with_per_node_status_events_and_columns(env):
     assert entry["generation"] == 3 and "error" not in entry
 
 
-def zones(nrt: dict) -> dict[str, dict]:
-    return {z["name"]: z for z in nrt["zones"]}
-
-
-def attrs(zone: dict) -> dict[str, str]:
-    return {a["name"]: a["value"] for a in zone.get("attributes", [])}
-
-
-def cpu(zone: dict) -> dict[str, str]:
-    return next(r for r in zone["resources"] if r["name"] == "cpu")
-
-
-def status_doc(env: Env) -> dict:
-    out = subprocess.run([sys.executable, "-m", "resmgr", "status", "--config-socket", env.config_socket,
-                          "--output", "json"], capture_output=True, text=True, cwd=ROOT, timeout=30)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["state"]
-
-
-def matches_status(nrt: dict, state: dict) -> bool:
-    """The NodeResourceTopology says what `cri-resmgr status` says: the same pools with the same CPUs,
-    grants and free shared CPU, and one Node zone per NUMA node with its CPUs."""
-    z = zones(nrt)
-    for pool in state["pools"]:
-        zone, st = z.get(pool["name"]), pool["stats"]
-        if zone is None or attrs(zone)["cpus"] != (pool["cpus"] or "-"):
-            return False
-        if (attrs(zone)["exclusive-grants"], attrs(zone)["containers"]) != (str(st["exclusive_grants"]),
-                                                                           str(st["containers"])):
-            return False
-        free = st["shared_milli_free"]
-        if cpu(zone)["available"] != (str(free // 1000) if free % 1000 == 0 else f"{free}m"):
-            return False
-    nodes = {f"node-{n['id']}": n for n in state["topology"]["nodes"]}
-    return {n for n, zone in z.items() if zone["type"] == "Node"} == set(nodes) and \
-        {a["name"]: a["value"] for a in nrt["attributes"]}["policy"] == state["policy"]
-
-
-def milli(q: str) -> int:
-    return int(q[:-1]) if q.endswith("m") else int(q) * 1000
-
-
 @pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
 def test_node_resource_topology_follows_containers_and_matches_status(env, containerd):
     env.cluster.resource("default", {"policy": {"Active": "static"}})
     env.start_relay(containerd.socket, "state", "--metrics-address", f"unix:{env.workdir / 'view.sock'}")
     env.agent.start("--export-topology", "on", "--topology-interval", "0.2")
     wait_for(lambda: env.active() == "static", what="the static policy")
-    nrt = wait_for(lambda: (t := env.cluster.topology()) and matches_status(t, status_doc(env)) and t,
+    nrt = wait_for(lambda: (t := env.cluster.topology()) and matches_status(t, status_doc(env.config_socket)) and t,
                    what="a NodeResourceTopology that matches cri-resmgr status")
     node = env.cluster.node_object()
     assert nrt["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
@@ -151,12 +107,12 @@ def test_node_resource_topology_follows_containers_and_matches_status(env, conta
         pod = via.run_pod(cfg)
         via.run_container(pod, cfg, container_config(resources=resources(1000, True)))
         # One exclusive CPU less available, in both views.
-        nrt = wait_for(lambda: (t := env.cluster.topology()) and matches_status(t, s := status_doc(env))
+        nrt = wait_for(lambda: (t := env.cluster.topology()) and matches_status(t, s := status_doc(env.config_socket))
                        and any(p["stats"]["exclusive_grants"] for p in s["pools"]) and t,
                        what="the exclusive CPU in the NodeResourceTopology")
         assert sum(milli(cpu(z)["available"]) for z in nrt["zones"] if z["type"] == "Node") == before - 1000
         via.remove_pod(pod)
-        wait_for(lambda: (t := env.cluster.topology()) and matches_status(t, s := status_doc(env))
+        wait_for(lambda: (t := env.cluster.topology()) and matches_status(t, s := status_doc(env.config_socket))
                  and not any(p["stats"]["exclusive_grants"] for p in s["pools"]),
                  what="the CPU given back in the NodeResourceTopology")
     finally:

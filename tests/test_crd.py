@@ -124,7 +124,12 @@ def test_node_resource_topology_zones():
     shared = z["shared"]
     assert shared["type"] == "Pool" and res["shared"]["cpu"]["available"] == "1500m"
     assert {a["name"]: a["value"] for a in shared["attributes"]}["exclusive-grants"] == "1"
-    assert {a["name"]: a["value"] for a in doc["attributes"]}["policy"] == "static"
+    attributes = {a["name"]: a["value"] for a in doc["attributes"]}
+    assert attributes["policy"] == "static"
+    # What the scheduler plugin filters by: static promises no NUMA alignment, topology-aware does.
+    assert (attributes["topologyManagerPolicy"], attributes["topologyManagerScope"]) == ("none", "container")
+    aligned = {a["name"]: a["value"] for a in nrt.build({**_state(), "policy": "topology-aware"})["attributes"]}
+    assert aligned["topologyManagerPolicy"] == "single-numa-node"
     assert nrt.cpu_quantity(2000) == "2" and nrt.cpu_quantity(250) == "250m"
 
 

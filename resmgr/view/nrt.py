@@ -93,8 +93,19 @@ def pool_zones(doc: dict[str, Any], taken: set[str]) -> list[dict[str, Any]]:
     return zones
 
 
+def alignment(policy: str) -> tuple[str, str]:
+    """(topologyManagerPolicy, topologyManagerScope): the NUMA alignment the policy gives, in the
+    terms of kubelet's topology manager the scheduler plugin filters nodes by. topology-aware puts a
+    container that fits one NUMA node on one (single-numa-node, per container); the others promise
+    none, so the plugin does not filter their nodes."""
+    return ("single-numa-node", "container") if policy == "topology-aware" else ("none", "container")
+
+
 def build(doc: dict[str, Any]) -> dict[str, Any]:
     """The NodeResourceTopology's zones and attributes (no metadata: the agent names it)."""
     nodes = node_zones(doc)
+    tm_policy, tm_scope = alignment(doc["policy"])
     return {"zones": nodes + pool_zones(doc, {z["name"] for z in nodes}),
-            "attributes": _attrs(resource_manager="cri-resmgr", policy=doc["policy"])}
+            "attributes": _attrs(resource_manager="cri-resmgr", policy=doc["policy"]) + [
+                {"name": "topologyManagerPolicy", "value": tm_policy},
+                {"name": "topologyManagerScope", "value": tm_scope}]}
