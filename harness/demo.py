@@ -67,7 +67,7 @@ def main() -> int:
     rules = "off:.*,short:((Run)|(Create)|(Start)|(Stop)|(Remove)).*"
     config.write_text(f"policy:\n  Active: {args.policy}\ndump:\n  Config: '{rules}'\n")
     relay = subprocess.Popen([sys.executable, "-m", "resmgr", "--relay-socket", relay_sock,
-                              "--runtime-socket", ctrd.socket, "--relay-dir", str(work / "state"),
+                              "--runtime-socket", ctrd.socket, "--state-dir", str(work / "state"),
                               "--force-config", str(config), "--config-socket", str(work / "config.sock")])
     try:
         channel = grpc.insecure_channel("unix://" + relay_sock)

@@ -50,7 +50,7 @@ class RelayProcess:
         self.relay_dir = relay_dir or workdir / "state"
         self.log_path = workdir / f"relay-{uuid.uuid4().hex[:6]}.log"
         self.args = [sys.executable, "-m", "resmgr", "--relay-socket", self.socket,
-                     "--runtime-socket", runtime_socket, "--relay-dir", str(self.relay_dir),
+                     "--runtime-socket", runtime_socket, "--state-dir", str(self.relay_dir),
                      "--log-level", "DEBUG", "--config-socket", str(workdir / "config.sock"), *extra]
         self.proc: subprocess.Popen | None = None
 
@@ -100,7 +100,7 @@ class NriProcess(RelayProcess):
     def __init__(self, workdir: Path, nri_socket: str, *extra: str, relay_dir: Path | None = None) -> None:
         super().__init__(workdir, "", *extra, relay_dir=relay_dir)
         self.args = [sys.executable, "-m", "resmgr", "--nri", "--nri-socket", nri_socket,
-                     "--relay-dir", str(self.relay_dir), "--log-level", "DEBUG",
+                     "--state-dir", str(self.relay_dir), "--log-level", "DEBUG",
                      "--config-socket", str(workdir / "config.sock"), *extra]
         self.syncs = 0
 

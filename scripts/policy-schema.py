@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from resmgr.policies.toolkit.options import declared_sections  # noqa: E402
+from resmgr.policies import declared_sections  # noqa: E402
 
 PATH = Path(__file__).resolve().parent.parent / "config" / "schemas" / "policy.schema.json"
 

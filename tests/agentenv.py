@@ -49,8 +49,8 @@ class AgentProcess:
         self.node = node
         self.socket = str(workdir / "agent" / "agent.sock")
         self.log_path = workdir / f"agent-{uuid.uuid4().hex[:6]}.log"
-        self.args = [sys.executable, "-m", "resmgr.agent", "--kubeconfig", kubeconfig, "--config-ns", NS,
-                     "--cri-resmgr-socket", relay_config_socket, "--agent-socket", self.socket,
+        self.args = [sys.executable, "-m", "resmgr.agent", "--kubeconfig", kubeconfig, "--config-namespace", NS,
+                     "--config-socket", relay_config_socket, "--agent-socket", self.socket,
                      "--debounce", "0.1", "--retry-max", "0.5", "--resync-interval", "1", "--log-level", "DEBUG"]
         self.proc: subprocess.Popen | None = None
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resmgr.policies.toolkit.cpus import AllocationError, Preferences, take_cpus
+from resmgr.policies.toolkit.allocator import AllocationError, Preferences, take_cpus
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.model import CoreKind

@@ -64,9 +64,9 @@ def test_rendered_commands_are_ones_the_daemons_accept():
     args = daemon_parser().parse_args(container["command"][1:])
     mounts = [m["mountPath"] for m in container["volumeMounts"]]
     assert args.nri and any(args.nri_socket.startswith(m + "/") for m in mounts)
-    assert args.relay_dir in mounts and args.host_root + "/sys" in mounts
+    assert args.state_dir in mounts and args.host_root + "/sys" in mounts
     assert args.config_socket == agent_parser().parse_args(
-        agent["containers"][0]["command"][1:]).cri_resmgr_socket  # the agent finds it
+        agent["containers"][0]["command"][1:]).config_socket  # the agent finds it
     assert nri["automountServiceAccountToken"] is False  # only the agent talks to the API server
     assert args.config_socket_group == 65532
 

@@ -86,7 +86,7 @@ def _control(tmp_path, policy: str = "static") -> ConfigManager:
     store = StateStore(tmp_path)
     store.prepare()
     engine = Engine(policies.create(policy, {"Active": policy}, topo), store, CriRuntime(FakeRuntime()))
-    return ConfigManager(Sources(relay_dir=str(tmp_path)), validate({"policy": {"Active": policy}}), engine, topo)
+    return ConfigManager(Sources(state_dir=str(tmp_path)), validate({"policy": {"Active": policy}}), engine, topo)
 
 
 @settings(max_examples=60, deadline=None)
@@ -145,7 +145,7 @@ def test_shipped_samples_are_valid():
 
 @pytest.mark.parametrize("v2", [False, True])
 def test_cgroup_cpu_values_are_resolved_at_load_under_the_cgroup_root(tmp_path, v2):
-    from resmgr.config import cpus
+    from resmgr.config import cgroupcpus as cpus
 
     group = tmp_path / ("" if v2 else "cpuset") / "kube/reserved"
     group.mkdir(parents=True)

@@ -160,7 +160,7 @@ def test_forced_configuration_reloads_on_sighup_and_refuses_pushes(containerd, w
 def test_reset_config_and_print_config_use_the_persisted_push(tmp_path):
     from resmgr.config.manager import Sources
 
-    Sources(relay_dir=str(tmp_path)).pushed_store().write(
+    Sources(state_dir=str(tmp_path)).pushed_store().write(
         {"node_name": "n1", "config": {"policy": "Active: static-plus\n"}})
     args = ("--relay-dir", str(tmp_path), "--relay-socket", str(tmp_path / "relay.sock"))
     out = cli("--print-config", *args)

@@ -8,7 +8,8 @@ import logging
 import grpc
 import pytest
 
-from resmgr.engine import Engine, NotReady, lifecycle, reconcile
+from resmgr.engine import Engine, NotReady, reconcile
+from resmgr.engine import start as starting
 from resmgr.engine.store import StateStore
 from resmgr.frontends.cri.lifecycle import CriLifecycle
 from resmgr.frontends.cri.runtime import CriRuntime
@@ -400,7 +401,7 @@ async def test_a_reconcile_does_not_drop_a_create_that_lands_while_it_lists(engi
 
 
 async def test_gated_engine_decides_nothing_before_reconciling(tmp_path, monkeypatch):
-    monkeypatch.setattr("resmgr.engine.lifecycle.READY_WAIT", 0.05)
+    monkeypatch.setattr("resmgr.engine.state.READY_WAIT", 0.05)
     eng = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(FakeRuntime()), gated=True)
     pod_id, cfg = await _run_pod(eng)
     with pytest.raises(NotReady):
@@ -729,7 +730,7 @@ async def test_a_runtime_that_never_takes_the_moves_does_not_keep_a_container_fr
 
     with pytest.raises(NotReady):
         await engine.start_container("c2", start)
-    monkeypatch.setattr(lifecycle, "HOLD_BACK_MAX", 0.0)  # refused for longer than that
+    monkeypatch.setattr(starting, "HOLD_BACK_MAX", 0.0)  # refused for longer than that
     await engine.start_container("c2", start)
     assert started == [True] and engine.containers["c1"].pending  # started all the same, logged
 

@@ -113,7 +113,7 @@ def test_the_nri_plugin_runs_from_the_image_and_places_containers(containerd, im
     try:
         config = cri.ContainerConfig(
             metadata=cri.ContainerMetadata(name="cri-resmgr"), image=cri.ImageSpec(image=image),
-            command=["cri-resmgr", "--nri", f"--nri-socket={nri_dir}/nri.sock", "--relay-dir=/var/lib/cri-resmgr",
+            command=["cri-resmgr", "--nri", f"--nri-socket={nri_dir}/nri.sock", "--state-dir=/var/lib/cri-resmgr",
                      "--config-socket=/var/run/cri-resmgr/cri-resmgr-config.sock", "--host-root=/host",
                      "--resctrl-path=/host/sys/fs/resctrl", "--force-config=/etc/cri-resmgr/config.yaml",
                      "--hook-dir=disabled"],

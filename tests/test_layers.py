@@ -17,6 +17,10 @@ PROTOCOLS = ("resmgr.generated", "grpc", "google.protobuf")
 IO = ("asyncio", "socket", "subprocess", "os", "pathlib", "shutil", "resmgr.topology.sysfs", "resmgr.topology.hints",
       "resmgr.topology.generate", "resmgr.engine", "resmgr.config", "resmgr.log")
 
+# Engine is made of its steps (engine.py); each works on the state (state.py).
+ENGINE_STEPS = ("resmgr.engine.engine", "resmgr.engine.create", "resmgr.engine.start", "resmgr.engine.update",
+                "resmgr.engine.stop")
+
 RULES = [
     # (modules under, must not import, why)
     ("resmgr/policies", FRONT_ENDS + PROTOCOLS + IO + ("resmgr.controllers", "resmgr.agent", "resmgr.metrics",
@@ -34,6 +38,13 @@ RULES = [
                                                  "resmgr.config", "resmgr.view", "resmgr.hooks", "resmgr.topology"),
      "the webhook runs in the cluster, apart from the node daemon: it shares only the annotation's format"),
     ("resmgr/engine", FRONT_ENDS + PROTOCOLS, "the engine speaks the model, not a protocol"),
+    ("resmgr/engine/state.py", ENGINE_STEPS + ("resmgr.engine.reconcile", "resmgr.engine.calls"),
+     "the engine's state is what its steps and reconciliation share; it needs none of them"),
+    ("resmgr/engine/reconcile.py", ENGINE_STEPS + ("resmgr.engine.calls",),
+     "reconciliation repairs the state alone, whatever lifecycle call is under way"),
+    *[(f"resmgr/engine/{step.rsplit('.', 1)[1]}.py", tuple(s for s in ENGINE_STEPS if s != step) + (
+        "resmgr.engine.calls",), "each lifecycle step stands on the state alone, not on another step")
+      for step in ENGINE_STEPS[1:]],
     ("resmgr/model.py", FRONT_ENDS + PROTOCOLS + ("resmgr.policies", "resmgr.engine"), "the model is plain data"),
     ("resmgr/requests.py", FRONT_ENDS + PROTOCOLS + ("resmgr.policies", "resmgr.engine", "resmgr.controllers"),
      "request parsing is shared by policies and controllers"),
@@ -83,6 +94,51 @@ def test_layering(under, banned, why):
             if _hits(name, banned):
                 broken.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not broken, f"{why}:\n" + "\n".join(broken)
+
+
+def test_the_toolkit_imports_nothing_of_the_policies_built_on_it():
+    broken = [f"{path.relative_to(ROOT)} imports {name}" for path in _modules("resmgr/policies/toolkit")
+              for name in sorted(_imports(path))
+              if _hits(name, ("resmgr.policies",)) and not _hits(name, ("resmgr.policies.toolkit",))]
+    assert not broken, "the toolkit is what policies are built from; it must not import them:\n" + "\n".join(broken)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_circles():
+    """No module of the package imports, through others, back into itself (imports only for type
+    checking included: a circle there is a circle in the design)."""
+    modules = {_module_name(p): p for p in _modules("resmgr")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # "from a.b import c": the module a.b.c if there is one, else a.b itself
+                targets.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                               for a in node.names)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    circles = []
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            circles.append(" -> ".join(trail[trail.index(name):] + [name]))
+            return
+        if name in done:
+            return
+        for target in sorted(graph[name]):
+            visit(target, trail + [name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    assert not circles, "import circles:\n" + "\n".join(circles)
 
 
 def test_the_rules_see_imports():

@@ -294,19 +294,23 @@ def test_cli_policy_config_the_machine_cannot_meet(tmp_path):
 def test_every_daemon_option_is_a_flag_and_the_defaults_hold():
     import dataclasses
 
-    from resmgr.app import options
     from resmgr.app.cli import build_parser
+    from resmgr.app.options import Options
+    from resmgr.options import from_args
 
     parser = build_parser()
-    parsed = options.from_args(parser.parse_args([]))
-    assert parsed == options.Options()  # the parser's defaults are the table's
-    for f in dataclasses.fields(options.Options):
+    parsed = from_args(Options, parser.parse_args([]))
+    assert parsed == Options()  # the parser's defaults are the table's
+    for f in dataclasses.fields(Options):
         assert f.metadata["flags"] and f.metadata["help"], f.name
     flags = build_parser().parse_args(["--runtime-events", "off", "--hook-timeout", "500ms", "--nri",
-                                       "--host-root", "/host"])
-    got = options.from_args(flags)
+                                       "--host-root", "/host", "--relay-dir", "/old/name", "--shutdown-grace", "2s"])
+    got = from_args(Options, flags)
     assert (got.runtime_events, got.hook_timeout, got.nri, got.cgroup_root) == (False, 0.5, True,
                                                                                 "/host/sys/fs/cgroup")
+    assert (got.state_dir, got.shutdown_grace) == ("/old/name", 2.0)  # older names are kept
+    with pytest.raises(SystemExit):  # two sources of configuration at once
+        build_parser().parse_args(["--force-config", "a.yaml", "--fallback-config", "b.yaml"])
 
 
 def test_classes_are_kept_by_controller_name_and_older_state_files_still_load():

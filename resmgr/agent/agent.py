@@ -29,6 +29,7 @@ from resmgr.agent import resources
 from resmgr.agent.kube import Backoff, Cluster, Watcher
 from resmgr.agent.topology import TopologyExporter
 from resmgr.generated.config import api_pb2, api_pb2_grpc
+from resmgr.options import duration, on_off, opt, positive_duration
 
 log = logging.getLogger("cri-resmgr-agent")
 
@@ -38,19 +39,40 @@ REJECTED_REASON = "ConfigRejected"
 
 @dataclass
 class Settings:
-    node_name: str
-    namespace: str = "kube-system"
-    configmap: str = "cri-resmgr-config"
-    label: str = "cri-resource-manager.intel.com/group"
-    custom_resources: bool = True  # also read ResourceManagerConfig resources
-    export_topology: bool = False  # publish cri-resmgr's NodeResourceTopology
-    topology_interval: float = 2.0  # seconds between two topology writes at least
-    relay_socket: str = "/var/run/cri-resmgr/cri-resmgr-config.sock"
-    debounce: float = 0.5  # seconds to let a burst of changes settle before pushing
-    resync: float = 60.0  # push the configuration in force again this often
-    push_timeout: float = 5.0
-    retry_first: float = 0.2
-    retry_most: float = 10.0
+    """What the agent does, as its command line sets it (resmgr/options.py makes the flags)."""
+
+    node_name: str = opt("", help="this node (from NODE_NAME)")
+    config_namespace: str = opt("kube-system", "--config-namespace", "--config-ns", metavar="NAMESPACE",
+                                help="namespace of the ConfigMaps and ResourceManagerConfigs (default: %(default)s)")
+    configmap_name: str = opt("cri-resmgr-config", "--configmap-name", metavar="NAME",
+                              help="ConfigMap name prefix: NAME.node.<node>, NAME.group.<group>, NAME.default "
+                                   "(default: %(default)s)")
+    group_label: str = opt("cri-resource-manager.intel.com/group", "--group-label", "--label-name", metavar="KEY",
+                           help="Node label that names the node's group (default: %(default)s)")
+    custom_resources: bool = opt(True, "--custom-resources", type=on_off, metavar="on|off",
+                                 help="also read ResourceManagerConfig resources named node.<node>, group.<group> "
+                                      "and default in the config namespace (default: on; without their CRD none "
+                                      "exist)")
+    export_topology: bool = opt(False, "--export-topology", type=on_off, metavar="on|off",
+                                help="publish this node's NodeResourceTopology (topology.node.k8s.io/v1alpha2) as "
+                                     "cri-resmgr reports it (default: off)")
+    topology_interval: float = opt(2.0, "--topology-interval", type=positive_duration, metavar="DURATION",
+                                   help="shortest time between two NodeResourceTopology updates "
+                                        "(default: %(default)ss)")
+    config_socket: str = opt("/var/run/cri-resmgr/cri-resmgr-config.sock", "--config-socket",
+                             "--cri-resmgr-socket", metavar="PATH",
+                             help="cri-resmgr's configuration socket, where configurations are pushed "
+                                  "(default: %(default)s)")
+    debounce: float = opt(0.5, "--debounce", type=duration, metavar="DURATION",
+                          help="let a burst of changes settle this long before pushing (default: %(default)ss)")
+    resync_interval: float = opt(60.0, "--resync-interval", type=positive_duration, metavar="DURATION",
+                                 help="push the configuration in force again this often, in case cri-resmgr "
+                                      "restarted without it (default: %(default)ss)")
+    push_timeout: float = opt(5.0, "--push-timeout", type=positive_duration, metavar="DURATION",
+                              help="how long one push may take (default: %(default)ss)")
+    retry_first: float = opt(0.2, help="first wait before retrying a failed watch or push")
+    retry_max: float = opt(10.0, "--retry-max", type=positive_duration, metavar="DURATION",
+                           help="longest wait between retries of a failed watch or push (default: %(default)ss)")
 
 
 @dataclass(frozen=True)
@@ -109,7 +131,7 @@ class ConfigAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.topology: TopologyExporter | None = None
         if settings.export_topology:
-            self.topology = TopologyExporter(self.cluster, settings.relay_socket, settings.topology_interval,
+            self.topology = TopologyExporter(self.cluster, settings.config_socket, settings.topology_interval,
                                              lambda: self.node, self._backoff)
 
     # -- watching ------------------------------------------------------------------------------
@@ -118,7 +140,7 @@ class ConfigAgent:
         (resources)."""
         level = slot.removeprefix("cr:")
         name = {"node": f"node.{self.settings.node_name}", "group": f"group.{self.group}", "default": "default"}[level]
-        return name if slot.startswith("cr:") else f"{self.settings.configmap}.{name}"
+        return name if slot.startswith("cr:") else f"{self.settings.configmap_name}.{name}"
 
     def _levels(self) -> list[str]:
         return ["node", "group", "default"] if self.group else ["node", "default"]
@@ -137,12 +159,12 @@ class ConfigAgent:
             watcher = Watcher(self.api, "node", self.settings.node_name, "", self._reporter(slot), backoff)
         else:
             watcher = Watcher(self.api, "custom" if slot.startswith("cr:") else "configmap", self.map_name(slot),
-                              self.settings.namespace, self._reporter(slot), backoff)
+                              self.settings.config_namespace, self._reporter(slot), backoff)
         self.watchers[slot] = watcher
         watcher.start()
 
     def _backoff(self) -> Backoff:
-        return Backoff(self.settings.retry_first, self.settings.retry_most)
+        return Backoff(self.settings.retry_first, self.settings.retry_max)
 
     def _reporter(self, slot: str) -> Any:
         def report(obj: dict[str, Any] | None) -> None:
@@ -157,7 +179,7 @@ class ConfigAgent:
         if slot == "nodeobj":
             self.node = obj
             labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
-            group = labels.get(self.settings.label) or None
+            group = labels.get(self.settings.group_label) or None
             if group != self.group:
                 log.info("node %s is in group %s", self.settings.node_name, group or "(none)")
                 self.group = group
@@ -212,11 +234,11 @@ class ConfigAgent:
                 watcher.stop()
 
     async def _push_loop(self) -> None:
-        async with grpc.aio.insecure_channel("unix://" + self.settings.relay_socket) as channel:
+        async with grpc.aio.insecure_channel("unix://" + self.settings.config_socket) as channel:
             stub = api_pb2_grpc.ConfigStub(channel)
             while True:
                 try:
-                    async with asyncio.timeout(self.settings.resync):
+                    async with asyncio.timeout(self.settings.resync_interval):
                         await self._changed.wait()
                     await asyncio.sleep(self.settings.debounce)
                     resync = False
@@ -259,7 +281,7 @@ class ConfigAgent:
         if (choice, error) == (self.pushed, self.push_error) and not self.unrecorded:
             return  # a resync with the same outcome: nothing new to report
         if (choice, error) != (self.pushed, self.push_error):
-            what = choice.describe(self.settings.namespace)
+            what = choice.describe(self.settings.config_namespace)
             if error:
                 log.error("cri-resmgr rejected %s: %s", what, error)
             else:
@@ -278,7 +300,7 @@ class ConfigAgent:
         """The outcome on the Node, in the resource's status, and as an Event if rejected; False
         if some of it could not be written (the next resync tries again)."""
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        where = f"{self.settings.namespace}/{choice.name}"
+        where = f"{self.settings.config_namespace}/{choice.name}"
         status: dict[str, Any] = {"kind": choice.kind, "name": where, "resourceVersion": choice.resource_version,
                                   "applied": not error, "time": now}
         if choice.custom:
@@ -298,22 +320,22 @@ class ConfigAgent:
             entry = {"generation": int(choice.version or 0), "status": outcome, "timestamp": now,
                      **({"error": error[:4096]} if error else {})}
             try:
-                if self.cluster.set_config_status(self.settings.namespace, choice.name, entry):
+                if self.cluster.set_config_status(self.settings.config_namespace, choice.name, entry):
                     self.recorded_on.add(choice.name)
             except Exception as err:
-                log.error("writing the status of %s failed: %s", choice.describe(self.settings.namespace), err)
+                log.error("writing the status of %s failed: %s", choice.describe(self.settings.config_namespace), err)
                 ok = False
         for name in others:
             try:
-                self.cluster.set_config_status(self.settings.namespace, name, None)
+                self.cluster.set_config_status(self.settings.config_namespace, name, None)
                 self.recorded_on.discard(name)
             except Exception as err:
                 log.warning("dropping node %s from the status of %s %s/%s failed: %s", self.settings.node_name,
-                            resources.KIND, self.settings.namespace, name, err)
+                            resources.KIND, self.settings.config_namespace, name, err)
                 ok = False
         if error:
             message = (f"cri-resmgr on node {self.settings.node_name} rejected "
-                       f"{choice.describe(self.settings.namespace)}: {error}")
+                       f"{choice.describe(self.settings.config_namespace)}: {error}")
             try:
                 if choice.custom and choice.obj is not None:
                     self.cluster.warn_config(REJECTED_REASON, message, choice.obj)
@@ -329,7 +351,7 @@ class ConfigAgent:
         """Why the agent is not healthy, or "" when it is."""
         problems = [w.error for w in self.watchers.values() if w.error]
         if not self.relay_reachable:
-            problems.append("cri-resmgr is not reachable on " + self.settings.relay_socket)
+            problems.append("cri-resmgr is not reachable on " + self.settings.config_socket)
         if self.push_error and self.pushed is not None:
             problems.append(f"cri-resmgr rejected {self.pushed.name}: {self.push_error}")
         if self.topology is not None and self.topology.error:

@@ -9,11 +9,12 @@ from collections.abc import Coroutine
 from typing import Any
 
 from resmgr import __version__, log, policies
-from resmgr.app import options
 from resmgr.app.daemon import Daemon, StartupError
+from resmgr.app.options import Options
 from resmgr.config import ConfigError
 from resmgr.config.manager import Sources
 from resmgr.engine.store import StateInUse, StateStore
+from resmgr.options import add_to, from_args
 from resmgr.sockets import SocketInUse, prepare
 from resmgr.view.server import Address
 
@@ -35,37 +36,16 @@ and hook plugins.
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cri-resmgr", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    options.add_to(p)
-    p.add_argument("--backend-runtime-mode", choices=["Containerd"], default="Containerd",
-                   help="accepted for koord-runtime-proxy compatibility; only a CRI runtime (Containerd, "
-                        "also CRI-O) is supported")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--force-config", metavar="FILE",
-                     help="YAML configuration that overrides any other source; reloaded on SIGHUP")
-    src.add_argument("--fallback-config", metavar="FILE",
-                     help="YAML configuration used when the node agent has not pushed one")
-    once = p.add_argument_group("do one thing and exit")
-    once.add_argument("--print-config", action="store_true",
-                      help="print the effective configuration and where it came from, then exit")
-    once.add_argument("--reset-config", action="store_true",
-                      help="forget the configuration the node agent pushed last, then exit")
-    once.add_argument("--reset-policy", action="store_true",
-                      help="drop the persisted policy allocations (containers are re-allocated at the next "
-                           "start), then exit")
-    once.add_argument("--list-policies", action="store_true", help="list the available policies and exit")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="log level (default: %(default)s)")
-    p.add_argument("--logger-debug", metavar="SOURCES", default="",
-                   help="comma-separated log sources to debug (engine, relay, store, dump), '*' for all")
+    add_to(p, Options)
     p.add_argument("--version", action="version", version=f"cri-resmgr {__version__}")
     return p
 
 
-def _reset(args: argparse.Namespace, sources: Sources) -> int:
+def _reset(args: Options, sources: Sources) -> int:
     """--reset-config / --reset-policy: only while no relay runs on this socket."""
     try:
         prepare(args.relay_socket)
-        store = StateStore(args.relay_dir)
+        store = StateStore(args.state_dir)
         store.prepare()
         store.claim()  # an NRI plugin on this state has no relay socket
     except (SocketInUse, StateInUse) as err:
@@ -104,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         from resmgr.app import status
 
         return status.main(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = from_args(Options, build_parser().parse_args(argv))
     if args.list_policies:
         print(policies.describe())
         return 0
@@ -114,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             print(f"cri-resmgr: --metrics-address {err}", file=sys.stderr)
             return 2
-    sources = Sources(args.force_config, args.fallback_config, args.relay_dir)
+    sources = Sources(args.force_config, args.fallback_config, args.state_dir)
     if args.reset_config or args.reset_policy:
         return _reset(args, sources)
     try:
@@ -132,9 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     if config.source == "built-in defaults":
         log.logging.getLogger("cri-resmgr").warning(
             "no configuration given; using built-in defaults (or the policy that allocated the running containers)")
-    opts = options.from_args(args)
     try:
-        return _run(Daemon(opts, sources, config).run())
+        return _run(Daemon(args, sources, config).run())
     except (SocketInUse, StartupError, ConfigError) as err:
         print(f"cri-resmgr: {err}", file=sys.stderr)
         return 1

@@ -18,14 +18,14 @@ import grpc
 
 from resmgr import metrics, policies, sockets, telemetry
 from resmgr.app.options import Options
-from resmgr.config import Config, ConfigError, cpus, validate
+from resmgr.config import Config, ConfigError, cgroupcpus, validate
 from resmgr.config import link as configlink
 from resmgr.config.manager import ConfigManager, DumpSink, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers
 from resmgr.controllers.blockio import BlockIOController
 from resmgr.controllers.rdt import RDTController
 from resmgr.engine import Engine, statefile
-from resmgr.engine.lifecycle import Runtime
+from resmgr.engine.state import Runtime
 from resmgr.engine.store import StateInUse, StateStore
 from resmgr.frontends import FrontEnd, StartupError
 from resmgr.frontends.nri.frontend import NriFrontEnd
@@ -187,7 +187,7 @@ class Daemon:
         self.config = kept
 
     def _load_state(self) -> tuple[StateStore, dict | None]:
-        store = StateStore(self.opts.relay_dir)
+        store = StateStore(self.opts.state_dir)
         store.prepare()
         try:
             store.claim()
@@ -207,7 +207,7 @@ class Daemon:
                     raise
                 log.warning("no topology (%s); the none policy does not need one", err)
                 self.topology = None
-            section = cpus.resolve(self.config.data["policy"], self.opts.cgroup_root)
+            section = cgroupcpus.resolve(self.config.data["policy"], self.opts.cgroup_root)
             policy = policies.create(self.config.policy_name, section, self.topology)
         except (TopologyError, PolicyError, ConfigError) as err:
             raise StartupError(f"{self.config.policy_name} policy ({self.config.source}): {err}") from None

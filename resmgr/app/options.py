@@ -1,61 +1,22 @@
-"""The daemon's options, declared once: each field is its flags, its default and its --help.
-
-`add_to(parser)` makes the command line from this table and `from_args(args)` the Options
-from what was parsed, so a new option is one field here. Options the configuration file
-also sets name its key (`config`); the flag wins over it.
+"""The daemon's options, declared once (resmgr/options.py): each field is its flags, its default
+and its --help. Options the configuration file also sets name its key (`config`); the flag wins
+over it.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import grp
 import os
-import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from resmgr.hooks import DEFAULT_DIR, SKIP_LABEL
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
-
-
-def duration(text: str) -> float:
-    """Seconds from '30', '30s', '500ms', '5m' or '1h'."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"bad duration {text!r} (use e.g. 30s, 500ms, 5m)")
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def group_id(text: str) -> int:
-    """A group's ID from its name or number."""
-    if text.isdigit():
-        return int(text)
-    try:
-        return grp.getgrnam(text).gr_gid
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"no group {text!r} on this host (give its name or GID)") from None
-
-
-def on_off(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"{text!r}: use on or off")
-    return text == "on"
-
+from resmgr.options import LOG_LEVELS, duration, group_id, on_off, opt
 
 RELAY = "CRI relay"
 NRI = "NRI front end (instead of the CRI relay)"
 HOOKS = "runtime hook plugins (koordinator RuntimeHookService)"
 VIEW = "what an operator sees (off unless an address is given)"
-STATE = "state, configuration and the node"
-
-
-def opt(default: Any, *flags: str, help: str, group: str = STATE, config: str = "", **argparse_kw: Any) -> Any:
-    """A field of Options: its default, its flags (the first names it), its help, where --help lists it,
-    the configuration file key it overrides, and anything else argparse takes (type, choices, metavar)."""
-    return field(default=default, metadata={"flags": flags, "help": help, "group": group, "config": config,
-                                            "argparse": argparse_kw})
+STATE = ""  # listed with the program's own options
+ONCE = "do one thing and exit"
 
 
 @dataclass
@@ -124,8 +85,19 @@ class Options:
                                help="how often metrics and batched traces are exported over OTLP "
                                     "(default: %(default)s seconds)")
     # -- state, configuration and the node -------------------------------------------------------
-    relay_dir: str = opt("/var/lib/cri-resmgr", "--relay-dir",
-                         help="directory for persisted state (default: %(default)s)")
+    state_dir: str = opt("/var/lib/cri-resmgr", "--state-dir", "--relay-dir", metavar="DIR",
+                         help="directory for persisted state: placements, the pushed configuration "
+                              "(default: %(default)s)")
+    force_config: str | None = opt(None, "--force-config", exclusive="config", metavar="FILE",
+                                   help="YAML configuration that overrides any other source; reloaded on SIGHUP")
+    fallback_config: str | None = opt(None, "--fallback-config", exclusive="config", metavar="FILE",
+                                      help="YAML configuration used when the node agent has not pushed one")
+    log_level: str = opt("INFO", "--log-level", choices=LOG_LEVELS, help="log level (default: %(default)s)")
+    logger_debug: str = opt("", "--logger-debug", metavar="SOURCES",
+                            help="comma-separated log sources to debug (engine, relay, store, dump), '*' for all")
+    backend_runtime_mode: str = opt("Containerd", "--backend-runtime-mode", choices=["Containerd"],
+                                    help="accepted for koord-runtime-proxy compatibility; only a CRI runtime "
+                                         "(Containerd, also CRI-O) is supported")
     pid_file: str = opt("", "--pid-file", help="write the daemon's PID here")
     host_root: str = opt("/", "--host-root", metavar="DIR",
                          help="root of the host filesystem; topology is read from DIR/sys (default: %(default)s)")
@@ -139,8 +111,8 @@ class Options:
     disable_policy_switch: bool = opt(False, "--disable-policy-switch",
                                       help="refuse any change of the active policy, at start-up and from pushed "
                                            "configuration")
-    shutdown_grace: float = opt(5.0, "--shutdown-grace", type=float, metavar="SECONDS",
-                                help="time in-flight calls get to finish on SIGTERM (default: %(default)s)")
+    shutdown_grace: float = opt(5.0, "--shutdown-grace", type=duration, metavar="DURATION",
+                                help="time in-flight calls get to finish on SIGTERM (default: %(default)ss)")
     resctrl_root: str = opt("/sys/fs/resctrl", "--resctrl-path", metavar="DIR",
                             help="where the resctrl filesystem is mounted, for RDT classes (default: %(default)s)")
     cgroup_root: str = opt("", "--cgroup-root", metavar="DIR",
@@ -155,6 +127,16 @@ class Options:
                                          "behind our back, update containers whose CPUs or memory nodes differ from "
                                          "their grant (0: only after a failed runtime call; default: %(default)ss)")
 
+    # -- do one thing and exit ------------------------------------------------------------------
+    print_config: bool = opt(False, "--print-config", group=ONCE,
+                             help="print the effective configuration and where it came from, then exit")
+    reset_config: bool = opt(False, "--reset-config", group=ONCE,
+                             help="forget the configuration the node agent pushed last, then exit")
+    reset_policy: bool = opt(False, "--reset-policy", group=ONCE,
+                             help="drop the persisted policy allocations (containers are re-allocated at the next "
+                                  "start), then exit")
+    list_policies: bool = opt(False, "--list-policies", group=ONCE, help="list the available policies and exit")
+
     def __post_init__(self) -> None:
         if not self.cgroup_root:
             self.cgroup_root = os.path.join(self.host_root, "sys/fs/cgroup")
@@ -163,18 +145,3 @@ class Options:
     def hook_skip_label(self) -> tuple[str, str]:
         return self.hook_skip_key, self.hook_skip_value
 
-
-def add_to(parser: argparse.ArgumentParser) -> None:
-    """Every option's flags, in their --help groups (the state group on the parser itself)."""
-    groups: dict[str, Any] = {STATE: parser}
-    for f in dataclasses.fields(Options):
-        meta = f.metadata
-        group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
-        kw = dict(meta["argparse"])
-        if f.type in ("bool", bool) and "type" not in kw:
-            kw["action"] = "store_true"
-        group.add_argument(*meta["flags"], dest=f.name, default=f.default, help=meta["help"], **kw)
-
-
-def from_args(args: argparse.Namespace) -> Options:
-    return Options(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Options)})

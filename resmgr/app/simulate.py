@@ -16,15 +16,17 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from resmgr import policies
 from resmgr.app.text import columns
-from resmgr.config import Config, ConfigError, cpus, load_file
+from resmgr.config import Config, ConfigError, cgroupcpus, load_file
 from resmgr.engine.ledger import Ledger
 from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
+from resmgr.options import add_to, from_args, opt
 from resmgr.policies import PolicyError
 from resmgr.policies.base import Policy
 from resmgr.requests import RequirementError, milli_to_shares, parse_cpu, parse_memory
@@ -116,7 +118,7 @@ def place(topology: Topology, config: Config, pods: list[tuple[Pod, list[Contain
           cgroup_root: str = "/sys/fs/cgroup") -> tuple[Policy, Ledger]:
     """The policy, and the ledger after every container of pods was placed in order."""
     try:
-        section = cpus.resolve(config.data["policy"], cgroup_root)
+        section = cgroupcpus.resolve(config.data["policy"], cgroup_root)
         policy = policies.create(config.policy_name, section, topology)
     except (PolicyError, ConfigError) as err:
         raise SimulationError(f"policy {config.policy_name}: {err}") from None
@@ -160,22 +162,30 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+MACHINE = "the machine (one of)"
+
+
+@dataclass
+class SimulateOptions:
+    host_root: str = opt("", "--host-root", group=MACHINE, exclusive="machine", metavar="DIR",
+                         help="read the topology from DIR/sys (default: /)")
+    machine: str = opt("", "--machine", group=MACHINE, exclusive="machine", metavar="SPEC",
+                       help="generate a machine: sockets=N,dies=N,nodes=N,cores=N,threads=N,mem=SIZE,"
+                            "pmem=NxSIZE,hbm=NxSIZE,isolated=LIST,offline=LIST (';' separates list items), "
+                            "numbering=linear, ecores=N,ecluster=N (hybrid), l3=N (cores per L3 domain)")
+    config: str = opt("", "--config", metavar="FILE", help="YAML configuration (policy section); default: none policy")
+    pods: str = opt("", "--pods", metavar="FILE", required=True, help="YAML list of pods to place, in order")
+    output: str = opt("table", "--output", choices=["table", "json"], help="(default: %(default)s)")
+    html: str = opt("", "--html", metavar="FILE",
+                    help="also write the placement as the node picture the daemon serves (one self-contained "
+                         "HTML file, opened in any browser)")
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="cri-resmgr simulate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    machine = ap.add_mutually_exclusive_group()
-    machine.add_argument("--host-root", metavar="DIR", help="read the topology from DIR/sys (default: /)")
-    machine.add_argument("--machine", metavar="SPEC",
-                         help="generate a machine: sockets=N,dies=N,nodes=N,cores=N,threads=N,mem=SIZE,"
-                              "pmem=NxSIZE,hbm=NxSIZE,isolated=LIST,offline=LIST (';' separates list items), "
-                              "numbering=linear, ecores=N,ecluster=N (hybrid), l3=N (cores per L3 domain)")
-    ap.add_argument("--config", metavar="FILE", help="YAML configuration (policy section); default: none policy")
-    ap.add_argument("--pods", metavar="FILE", required=True, help="YAML list of pods to place, in order")
-    ap.add_argument("--output", choices=["table", "json"], default="table")
-    ap.add_argument("--html", metavar="FILE",
-                    help="also write the placement as the node picture the daemon serves (one self-contained "
-                         "HTML file, opened in any browser)")
-    args = ap.parse_args(argv)
+    add_to(ap, SimulateOptions)
+    args = from_args(SimulateOptions, ap.parse_args(argv))
     try:
         if args.machine:
             root = tempfile.mkdtemp(prefix="crirm-machine-")

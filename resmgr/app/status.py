@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -22,6 +23,7 @@ from google.protobuf.json_format import MessageToDict
 from resmgr.app.daemon import Options
 from resmgr.app.text import columns
 from resmgr.generated.config import status_pb2, status_pb2_grpc
+from resmgr.options import add_to, from_args, opt, positive_duration
 from resmgr.view import client
 
 
@@ -51,17 +53,23 @@ def tables(doc: dict[str, Any]) -> str:
     return "\n".join([*lines, *notices, "", f"CPUs: {summary or 'none known'}", "", *columns(ctrs)])
 
 
+@dataclass
+class StatusOptions:
+    config_socket: str = opt(Options.config_socket, "--config-socket", metavar="PATH",
+                             help="the relay's config socket (default: %(default)s)")
+    output: str = opt("text", "--output", choices=["text", "json"], help="(default: %(default)s)")
+    timeout: float = opt(5.0, "--timeout", type=positive_duration, metavar="DURATION",
+                         help="how long to wait for the relay (default: %(default)ss)")
+    address: str = opt("", "--address", metavar="ADDR",
+                       help="the daemon's --metrics-address, to read pools and containers from (default: the "
+                            "address the daemon reports)")
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="cri-resmgr status", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config-socket", default=Options.config_socket,
-                    help="the relay's config socket (default: %(default)s)")
-    ap.add_argument("--output", choices=["text", "json"], default="text")
-    ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the relay")
-    ap.add_argument("--address", metavar="ADDR",
-                    help="the daemon's --metrics-address, to read pools and containers from (default: the "
-                         "address the daemon reports)")
-    args = ap.parse_args(argv)
+    add_to(ap, StatusOptions)
+    args = from_args(StatusOptions, ap.parse_args(argv))
     try:
         with grpc.insecure_channel("unix://" + args.config_socket) as channel:
             reply = status_pb2_grpc.StatusStub(channel).GetStatus(status_pb2.GetStatusRequest(),

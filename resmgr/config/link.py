@@ -16,7 +16,7 @@ import grpc
 
 from resmgr import sockets
 from resmgr.config.manager import ConfigManager, Rejected
-from resmgr.engine.lifecycle import Changes
+from resmgr.engine.state import Changes
 from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
 
 log = logging.getLogger("cri-resmgr.config")

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from resmgr import log as logsetup
 from resmgr import metrics, policies
-from resmgr.config import Config, ConfigError, cpus, dumprules, from_map, load_file
+from resmgr.config import Config, ConfigError, cgroupcpus, dumprules, from_map, load_file
 from resmgr.controllers import ControllerError
 from resmgr.engine import Engine
 from resmgr.engine.store import StateStore
@@ -45,10 +45,10 @@ def _check_pushed(data: Any) -> None:
 class Sources:
     forced: str | None = None
     fallback: str | None = None
-    relay_dir: str = "/var/lib/cri-resmgr"
+    state_dir: str = "/var/lib/cri-resmgr"
 
     def pushed_store(self) -> StateStore:
-        return StateStore(self.relay_dir, PUSHED, "starting without it until the node agent pushes again")
+        return StateStore(self.state_dir, PUSHED, "starting without it until the node agent pushes again")
 
     def load_pushed(self) -> Config | None:
         store = self.pushed_store()
@@ -194,11 +194,11 @@ class ConfigManager:
                 if section == self.config.data["policy"]:
                     return
                 try:
-                    await self.engine.reconfigure(cpus.resolve(section, self.cgroup_root))
+                    await self.engine.reconfigure(cgroupcpus.resolve(section, self.cgroup_root))
                     return
                 except NotImplementedError:
                     pass  # the policy cannot keep its grants: re-allocate under the new settings
-            await self.engine.switch_policy(policies.create(wanted, cpus.resolve(section, self.cgroup_root),
+            await self.engine.switch_policy(policies.create(wanted, cgroupcpus.resolve(section, self.cgroup_root),
                                                             self.topology))
         except (PolicyError, ConfigError) as err:
             raise Rejected(f"policy {wanted}: {err}") from None

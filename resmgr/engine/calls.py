@@ -21,7 +21,8 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol, TypeVar
 
-from resmgr.engine.lifecycle import CreatePlan, Engine
+from resmgr.engine.create import CreatePlan
+from resmgr.engine.engine import Engine
 from resmgr.model import Adjustment, Container, Pod, Resources
 from resmgr.telemetry import tracer
 

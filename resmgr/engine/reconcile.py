@@ -25,15 +25,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from resmgr.controllers.cgroups import read_cpuset
+from resmgr.engine.state import EngineState, brief
 from resmgr.model import Container, ContainerState, Decision, Pod, PodState, Resources
 from resmgr.policies.base import PolicyError
 from resmgr.topology.cpuset import CPUSet
-
-if TYPE_CHECKING:
-    from resmgr.engine.lifecycle import Engine
 
 log = logging.getLogger("cri-resmgr.engine")
 
@@ -90,18 +88,10 @@ def _same(actual: str, wanted: str) -> bool:
         return False
 
 
-def brief(err: BaseException) -> str:
-    """One line for a failure: a gRPC error's code and details, else the exception."""
-    details, code = getattr(err, "details", None), getattr(err, "code", None)
-    if callable(details) and callable(code):
-        return f"{code().name}: {details()}"
-    return str(err) or type(err).__name__
-
-
 class Reconciler:
-    """Repairs the engine's state against the runtime (see lifecycle.py for the state it repairs)."""
+    """Repairs the engine's state against the runtime (state.py; it needs none of the lifecycle steps)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineState) -> None:
         self.engine = engine
         self._wake = asyncio.Event()
         self._sweep_lock = asyncio.Lock()  # one round at a time

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from resmgr.config.manager import DumpSink
 from resmgr.engine import Engine
 from resmgr.engine.calls import HookPoints
-from resmgr.engine.lifecycle import Runtime
+from resmgr.engine.state import Runtime
 
 
 class StartupError(Exception):

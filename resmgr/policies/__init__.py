@@ -12,6 +12,7 @@ from resmgr.policies.none import NonePolicy
 from resmgr.policies.podpools import PodpoolsPolicy
 from resmgr.policies.static import StaticPolicy
 from resmgr.policies.static_plus import StaticPlusPolicy
+from resmgr.policies.toolkit.options import schema
 from resmgr.policies.topology_aware import TopologyAwarePolicy
 from resmgr.topology.model import Topology
 
@@ -70,3 +71,8 @@ def describe() -> str:
         alias = f" (alias: {', '.join(entry.aliases)})" if entry.aliases else ""
         lines.append(f"  * {name}: {entry.description}{alias}")
     return "\n".join(lines)
+
+
+def declared_sections() -> dict[str, Any]:
+    """The schema of every registered policy's section, by policy name."""
+    return {name: schema(entry.factory.options, entry.description) for name, entry in sorted(REGISTRY.items())}

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from resmgr.model import Container, Decision, Pod, Resources, View
-from resmgr.policies.errors import PolicyError
+from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.policies.toolkit.options import Option, read
 from resmgr.requests import RequirementError, Requirements, class_names, requirements
 from resmgr.topology.model import Topology

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resmgr.model import Container, Pod, Resources
-from resmgr.policies import annotations, cpuconfig
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
-from resmgr.policies.toolkit.cpus import take_cpus
+from resmgr.policies.toolkit import annotations, cpuvalues
+from resmgr.policies.toolkit.allocator import take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.options import Option, in_namespaces, read
 from resmgr.requests import milli_to_shares
@@ -98,7 +98,7 @@ class PodpoolsPolicy(Policy):
         raw = self.read_options()
         self.pin_cpu, self.pin_memory = raw["PinCPU"], raw["PinMemory"]
         self.reserved_namespaces = list(raw["ReservedPoolNamespaces"])
-        cpus = cpuconfig.resolve_cpus(self.config, topology)
+        cpus = cpuvalues.resolve_cpus(self.config, topology)
         self.reserved = cpus.reserved
         free = cpus.general - self.reserved
         unreserved = len(free)
@@ -111,7 +111,7 @@ class PodpoolsPolicy(Policy):
             cpu = t["CPU"] if t["CPU"] is not None else t["Resources"]
             if not name or cpu is None:
                 raise PolicyError(f"{where}: Name and CPU are required")
-            per = cpuconfig.parse(cpu, f"{where}.CPU")
+            per = cpuvalues.parse(cpu, f"{where}.CPU")
             if isinstance(per, CPUSet) or per <= 0 or per % 1000:
                 raise PolicyError(f"{where}.CPU: {cpu!r}: a whole number of CPUs")
             per //= 1000

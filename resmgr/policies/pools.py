@@ -13,9 +13,9 @@ from dataclasses import replace
 from typing import Any
 
 from resmgr.model import Container, Pod, Resources
-from resmgr.policies.annotations import hide_hyperthreads
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
-from resmgr.policies.toolkit.cpus import one_thread_per_core
+from resmgr.policies.toolkit.allocator import one_thread_per_core
+from resmgr.policies.toolkit.annotations import hide_hyperthreads
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.grants import Grant, Grants
 from resmgr.requests import Requirements, milli_to_shares

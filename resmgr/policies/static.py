@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from resmgr.model import Container, Pod, QOSClass
-from resmgr.policies import cpuconfig
-from resmgr.policies.annotations import prefer_isolated
 from resmgr.policies.base import PolicyError
 from resmgr.policies.pools import PoolPolicy, grant_in
-from resmgr.policies.toolkit.cpus import preferences, take_cpus
+from resmgr.policies.toolkit import cpuvalues
+from resmgr.policies.toolkit.allocator import preferences, take_cpus
+from resmgr.policies.toolkit.annotations import prefer_isolated
 from resmgr.policies.toolkit.grants import Grant
 from resmgr.policies.toolkit.options import Option
 from resmgr.requests import Requirements
@@ -37,7 +37,7 @@ class StaticPolicy(PoolPolicy):
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
         self.relaxed = self.read_options()["RelaxedIsolation"]
-        cpus = cpuconfig.resolve_cpus(self.config, topology)
+        cpus = cpuvalues.resolve_cpus(self.config, topology)
         self.available, self.isolated, self.reserved = cpus.general, cpus.isolated, cpus.reserved
 
     def pool_cpus(self) -> dict[str, CPUSet]:

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from resmgr.model import Container, Pod
-from resmgr.policies import cpuconfig
-from resmgr.policies.annotations import prefer_isolated
 from resmgr.policies.base import PolicyError
 from resmgr.policies.pools import PoolPolicy, grant_in
-from resmgr.policies.toolkit.cpus import preferences, take_cpus
+from resmgr.policies.toolkit import cpuvalues
+from resmgr.policies.toolkit.allocator import preferences, take_cpus
+from resmgr.policies.toolkit.annotations import prefer_isolated
 from resmgr.policies.toolkit.grants import Grant
 from resmgr.policies.toolkit.options import Option, in_namespaces, reserved_namespaces
 from resmgr.requests import Requirements
@@ -40,7 +40,7 @@ class StaticPlusPolicy(PoolPolicy):
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
         options = self.read_options()
-        cpus = cpuconfig.resolve_cpus(self.config, topology)
+        cpus = cpuvalues.resolve_cpus(self.config, topology)
         available, self.isolated, self.reserved = cpus.available, cpus.isolated, cpus.reserved
         self.shared_base = cpus.general - self.reserved
         if not self.shared_base:

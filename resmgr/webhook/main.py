@@ -17,11 +17,13 @@ import os
 import signal
 import ssl
 import sys
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from resmgr import __version__
 from resmgr import log as logsetup
+from resmgr.options import LOG_LEVELS, add_to, from_args, opt, positive_duration
 from resmgr.webhook.review import BadReview, answer
 
 log = logging.getLogger("cri-resmgr.webhook")
@@ -113,23 +115,30 @@ async def serve(host: str | None, port: int, certs: Certificates) -> None:
     await runner.cleanup()
 
 
+@dataclass
+class WebhookOptions:
+    listen: tuple[str | None, int] = opt((None, 8443), "--listen", type=_listen, metavar="[HOST]:PORT",
+                                         help="where to serve https (default: :8443, every interface)")
+    tls_cert_file: str = opt("", "--tls-cert-file", required=True, metavar="FILE",
+                             help="PEM certificate (chain) for the webhook's Service DNS name")
+    tls_private_key_file: str = opt("", "--tls-private-key-file", required=True, metavar="FILE",
+                                    help="its PEM private key")
+    cert_check_interval: float = opt(30.0, "--cert-check-interval", type=positive_duration, metavar="DURATION",
+                                     help="how often the certificate and key files are checked for changes "
+                                          "(default: %(default)ss)")
+    log_level: str = opt("INFO", "--log-level", choices=LOG_LEVELS, help="log level (default: %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cri-resmgr-webhook", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--listen", type=_listen, default=(None, 8443), metavar="[HOST]:PORT",
-                    help="where to serve https (default: :8443, every interface)")
-    ap.add_argument("--tls-cert-file", required=True, metavar="FILE",
-                    help="PEM certificate (chain) for the webhook's Service DNS name")
-    ap.add_argument("--tls-private-key-file", required=True, metavar="FILE", help="its PEM private key")
-    ap.add_argument("--cert-check-interval", type=float, default=30.0, metavar="SECONDS",
-                    help="how often the certificate and key files are checked for changes (default: %(default)s)")
-    ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_to(ap, WebhookOptions)
     ap.add_argument("--version", action="version", version=f"cri-resmgr-webhook {__version__}")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = from_args(WebhookOptions, build_parser().parse_args(argv))
     logsetup.setup(args.log_level, [])
     try:
         certs = Certificates(args.tls_cert_file, args.tls_private_key_file, max(args.cert_check_interval, 0.1))

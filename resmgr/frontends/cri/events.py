@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from resmgr.engine.reconcile import brief
+from resmgr.engine.state import brief
 from resmgr.frontends.cri.convert import EVENTS
 
 if TYPE_CHECKING:

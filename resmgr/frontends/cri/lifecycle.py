@@ -14,7 +14,7 @@ from typing import Any
 
 from resmgr.engine import Engine
 from resmgr.engine.calls import Calls, HookPoints
-from resmgr.engine.lifecycle import CreatePlan
+from resmgr.engine.create import CreatePlan
 from resmgr.frontends.cri import convert
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import Adjustment, Pod, Resources
@@ -38,9 +38,9 @@ def refused(err: BaseException) -> bool:
 
 class CriLifecycle:
     def __init__(self, engine: Engine, hooks: HookPoints | None = None) -> None:
-        self.lifecycle = Calls(engine, hooks)
+        self.calls = Calls(engine, hooks)
 
-    def calls(self) -> dict[str, Handler]:
+    def handlers(self) -> dict[str, Handler]:
         """The RuntimeService methods handled here, by gRPC path."""
         base = "/runtime.v1.RuntimeService/"
         return {
@@ -63,15 +63,15 @@ class CriLifecycle:
             return resp, convert.pod_from_config(resp.pod_sandbox_id, req.config, req.runtime_handler)
 
         asked = convert.pod_from_config("", req.config, req.runtime_handler)
-        return await self.lifecycle.run_pod(asked, call, deadline)
+        return await self.calls.run_pod(asked, call, deadline)
 
     async def stop_pod_sandbox(self, req: cri.StopPodSandboxRequest, send: Send,
                                deadline: float | None = None) -> cri.StopPodSandboxResponse:
-        return await self.lifecycle.stop_pod(req.pod_sandbox_id, lambda: send(req), deadline)
+        return await self.calls.stop_pod(req.pod_sandbox_id, lambda: send(req), deadline)
 
     async def remove_pod_sandbox(self, req: cri.RemovePodSandboxRequest, send: Send,
                                  deadline: float | None = None) -> cri.RemovePodSandboxResponse:
-        return await self.lifecycle.remove_pod(req.pod_sandbox_id, lambda: send(req))
+        return await self.calls.remove_pod(req.pod_sandbox_id, lambda: send(req))
 
     async def create_container(self, req: cri.CreateContainerRequest, send: Send,
                                deadline: float | None = None) -> cri.CreateContainerResponse:
@@ -85,13 +85,13 @@ class CriLifecycle:
 
         pod = convert.pod_from_config(req.pod_sandbox_id, req.sandbox_config)
         container = convert.container_from_config(req.pod_sandbox_id, req.config)
-        resp, _ = await self.lifecycle.create_container(pod, container, call, refused,
+        resp, _ = await self.calls.create_container(pod, container, call, refused,
                                                      [d.host_path for d in req.config.devices], deadline)
         return resp
 
     async def start_container(self, req: cri.StartContainerRequest, send: Send,
                               deadline: float | None = None) -> cri.StartContainerResponse:
-        return await self.lifecycle.start_container(req.container_id, lambda: send(req), deadline)
+        return await self.calls.start_container(req.container_id, lambda: send(req), deadline)
 
     async def update_container_resources(self, req: cri.UpdateContainerResourcesRequest, send: Send,
                                          deadline: float | None = None) -> cri.UpdateContainerResourcesResponse:
@@ -106,16 +106,16 @@ class CriLifecycle:
             return await send(req), convert.resources(req.linux)
 
         plain = not req.annotations and not req.HasField("windows") and convert.only_modelled(req.linux)
-        return await self.lifecycle.update_container(req.container_id, convert.resources(req.linux), plain, call,
+        return await self.calls.update_container(req.container_id, convert.resources(req.linux), plain, call,
                                                   lambda: send(req), cri.UpdateContainerResourcesResponse, deadline)
 
     async def stop_container(self, req: cri.StopContainerRequest, send: Send,
                              deadline: float | None = None) -> cri.StopContainerResponse:
-        return await self.lifecycle.stop_container(req.container_id, lambda: send(req), deadline)
+        return await self.calls.stop_container(req.container_id, lambda: send(req), deadline)
 
     async def remove_container(self, req: cri.RemoveContainerRequest, send: Send,
                                deadline: float | None = None) -> cri.RemoveContainerResponse:
-        return await self.lifecycle.remove_container(req.container_id, lambda: send(req))
+        return await self.calls.remove_container(req.container_id, lambda: send(req))
 
 
 def _apply_pod(config: cri.PodSandboxConfig, adj: Adjustment) -> None:

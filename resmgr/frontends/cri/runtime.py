@@ -101,7 +101,7 @@ def _lenient_event(raw: bytes) -> cri.ContainerEventResponse:
 
 
 class CriRuntime:
-    """The engine's Runtime (resmgr.engine.lifecycle) over a CRI client: answers in model terms."""
+    """The engine's Runtime (resmgr.engine.state) over a CRI client: answers in model terms."""
 
     def __init__(self, client: RuntimeClient) -> None:
         self.client = client

@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 from resmgr import metrics
 from resmgr.engine import Engine
 from resmgr.engine.calls import Calls, HookPoints
-from resmgr.engine.lifecycle import CreatePlan
+from resmgr.engine.create import CreatePlan
 from resmgr.frontends import errors
 from resmgr.frontends.nri import convert
 from resmgr.frontends.nri.runtime import Collector, NriRuntime, Send, collecting

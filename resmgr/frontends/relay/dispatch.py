@@ -65,7 +65,7 @@ class Dispatcher:
     def __init__(self, engine: Engine | None, runtime_channel: grpc.aio.Channel,
                  image_channel: grpc.aio.Channel, dumper: Dumper | None = None,
                  runtime_socket: str = "", image_socket: str = "", hooks: HookPoints | None = None) -> None:
-        self.engine_calls = CriLifecycle(engine, hooks).calls() if engine is not None else {}
+        self.engine_calls = CriLifecycle(engine, hooks).handlers() if engine is not None else {}
         self.channels = (runtime_channel, image_channel)
         self.sockets = (runtime_socket, image_socket or runtime_socket)
         self.dumper = dumper

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from resmgr.model import Container, Pod, QOSClass, Resources
-from resmgr.policies import annotations, cpuconfig
 from resmgr.policies.balloons.types import DEFAULT, POLICY_OPTIONS, RESERVED, BalloonType, parse
-from resmgr.policies.base import Decision, PolicyError, View, container_requirements
-from resmgr.policies.toolkit.cpus import Preferences, one_thread_per_core, take_cpus
+from resmgr.policies.base import Decision, Policy, PolicyError, View, container_requirements
+from resmgr.policies.toolkit import annotations, cpuvalues
+from resmgr.policies.toolkit.allocator import Preferences, one_thread_per_core, take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.expressions import substitute
 from resmgr.policies.toolkit.moves import SnapshotMoves
@@ -116,7 +116,7 @@ def _hint(container: Container, pod: Pod, name: str) -> str | None:
     return effective_annotation(annotations.merged(container, pod), f"{name}.{NRI}", container.name)
 
 
-class BalloonsPolicy(SnapshotMoves):
+class BalloonsPolicy(SnapshotMoves, Policy):
     name = "balloons"
     description = ("containers in typed balloons, CPU pools that grow and shrink with their requests, "
                    "matched by annotation, namespace or expressions")
@@ -130,7 +130,7 @@ class BalloonsPolicy(SnapshotMoves):
         for key in ("AvailableResources", "ReservedResources"):
             if resources.get(key) is None and raw[key] is not None:
                 resources[key] = raw[key]
-        cpus = cpuconfig.resolve_cpus(resources, topology)
+        cpus = cpuvalues.resolve_cpus(resources, topology)
         self.isolated = cpus.isolated
         self.reserved = cpus.reserved or take_cpus(topology, cpus.general, 1)
         self.allocatable = cpus.available - self.reserved

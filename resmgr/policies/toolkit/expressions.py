@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resmgr.model import Container, Pod
-from resmgr.policies.errors import PolicyError
+from resmgr.policies.toolkit.errors import PolicyError
 
 _OPERATORS: dict[str, Callable[[str | None, tuple[str, ...]], bool]] = {
     "Equals": lambda v, vals: v is not None and len(vals) == 1 and v == vals[0],

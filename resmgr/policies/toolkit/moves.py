@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from resmgr.model import Container, Decision, Resources, View
-from resmgr.policies.base import Policy
 
 
-class SnapshotMoves(Policy):
-    """A policy whose changes can move other containers, found by comparing snapshots: it gives
-    _snapshot (where shared containers run now), _remove (drop a container's grant; None if it held
-    none) and _updates (the containers whose CPUs differ from a snapshot)."""
+class SnapshotMoves:
+    """For a policy whose changes can move other containers, found by comparing snapshots (listed
+    before Policy among its bases: its release is the policy's): the policy gives _snapshot (where
+    shared containers run now), _remove (drop a container's grant; None if it held none) and _updates
+    (the containers whose CPUs differ from a snapshot)."""
 
     def _snapshot(self) -> Any:
         raise NotImplementedError

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resmgr.policies.errors import PolicyError
+from resmgr.policies.toolkit.errors import PolicyError
 
 Check = Callable[[Any, str], Any]
 
@@ -124,8 +124,3 @@ def schema(options: Sequence[Option], description: str = "") -> dict[str, Any]:
         out["description"] = description
     return out
 
-
-def declared_sections() -> dict[str, Any]:
-    """The schema of every registered policy's section, by policy name."""
-    from resmgr import policies
-    return {name: schema(entry.factory.options, entry.description) for name, entry in sorted(policies.REGISTRY.items())}

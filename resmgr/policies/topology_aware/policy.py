@@ -34,9 +34,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from resmgr.model import Container, Pod, QOSClass, Resources
-from resmgr.policies import annotations, cpuconfig
-from resmgr.policies.base import Decision, PolicyError, View, class_names, container_requirements
-from resmgr.policies.toolkit.cpus import ANY, Preferences, one_thread_per_core, preferences, take_cpus
+from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
+from resmgr.policies.toolkit import annotations, cpuvalues
+from resmgr.policies.toolkit.allocator import ANY, Preferences, one_thread_per_core, preferences, take_cpus
 from resmgr.policies.toolkit.grants import Grant, Grants
 from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.policies.toolkit.options import Option, in_namespaces, reserved_namespaces
@@ -91,7 +91,7 @@ class Request:
         return ", ".join(parts)
 
 
-class TopologyAwarePolicy(SnapshotMoves):
+class TopologyAwarePolicy(SnapshotMoves, Policy):
     name = "topology-aware"
     description = ("pools from the hardware tree (sockets, dies, NUMA nodes, L3): each container in the tightest "
                    "pool that fits, with CPUs and memory from the same place")
@@ -107,7 +107,7 @@ class TopologyAwarePolicy(SnapshotMoves):
         self.reserved_namespaces = reserved_namespaces(
             self.config.get("ReservedPoolNamespaces", options["ReservedPoolNamespaces"]))
 
-        cpus = cpuconfig.resolve_cpus(self.config, topology)
+        cpus = cpuvalues.resolve_cpus(self.config, topology)
         available, isolated, reserved = cpus.available, cpus.isolated, cpus.reserved
         if not available - isolated - reserved:
             raise PolicyError(f"{self.name}: no CPUs left to share (available {available}, isolated "

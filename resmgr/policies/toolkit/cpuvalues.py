@@ -2,7 +2,7 @@
 
 Accepted forms: `cpuset:0-3`, a bare list like `0-3` or `0,2`, a quantity (`4`, `750m`),
 or a YAML number (CPUs). `cgroup:<path>` is resolved to a cpuset when the configuration
-is loaded (resmgr.config.cpus); a policy never reads the node itself.
+is loaded (resmgr.config.cgroupcpus); a policy never reads the node itself.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from resmgr.policies.base import PolicyError
-from resmgr.policies.toolkit.cpus import AllocationError, take_cpus
+from resmgr.policies.toolkit.allocator import AllocationError, take_cpus
+from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.requests import RequirementError, parse_cpu
 from resmgr.topology.cpuset import CPUSet, CPUSetError
 from resmgr.topology.model import Topology

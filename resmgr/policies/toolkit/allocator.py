@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resmgr.model import Container, Pod, QOSClass
-from resmgr.policies.annotations import core_kind
+from resmgr.policies.toolkit.annotations import core_kind
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import CoreKind, Topology
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 import yaml
 
 from resmgr.model import Container, Pod
-from resmgr.policies.base import PolicyError
 from resmgr.policies.toolkit import grants
+from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.requests import DOMAIN, effective_annotation
 from resmgr.topology.model import CoreKind, MemoryType
 

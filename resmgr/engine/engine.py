@@ -1,0 +1,45 @@
+"""The engine: owns pod and container state, asks the policy, applies decisions.
+
+It speaks the model only (resmgr.model); each front end translates its protocol. A
+lifecycle call that needs a decision is planned under the engine lock, the front end
+makes the runtime call without it, then the plan is committed or aborted under it, so
+calls for different pods run in parallel. Calls that need no decision take the runtime
+call as a coroutine function and do the same around it.
+
+What a container holds is given back only once the runtime confirms it is gone: a stop,
+remove or create whose runtime call failed or was cancelled may or may not have happened,
+so its grant stays until reconciliation (reconcile.py) has asked the runtime.
+
+Engine is its parts, one module each, all on the state of state.py: create.py (pods and
+containers made), start.py (starts held back until moved containers are off the CPUs),
+update.py (updates and resizes), stop.py (stops, removals, runtime events).
+"""
+
+from __future__ import annotations
+
+from resmgr.controllers import Controllers
+from resmgr.engine.create import Creating
+from resmgr.engine.reconcile import Reconciler
+from resmgr.engine.start import Starting
+from resmgr.engine.state import Runtime
+from resmgr.engine.stop import Stopping
+from resmgr.engine.store import StateStore
+from resmgr.engine.update import Updating
+from resmgr.policies.base import Policy
+
+
+class Engine(Creating, Starting, Updating, Stopping):
+    def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
+                 controllers: Controllers | None = None, cgroup_root: str = "", gated: bool = False) -> None:
+        """gated: lifecycle decisions wait for the first reconciliation (the daemon's case)."""
+        super().__init__(policy, store, runtime, controllers, cgroup_root, gated)
+        self.reconciler = Reconciler(self)
+        self.on_wake = self.reconciler.wake
+
+    async def reconcile(self) -> None:
+        """One reconciliation round now."""
+        await self.reconciler.reconcile()
+
+    async def run_reconciler(self, interval: float) -> None:
+        """Reconcile every interval (0: only when woken), and retry a failed round with backoff."""
+        await self.reconciler.run(interval)

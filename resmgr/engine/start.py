@@ -1,0 +1,106 @@
+"""Starting a container: held back until the containers its grant moved are off its CPUs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from resmgr.engine.reconcile import Reconciler
+from resmgr.engine.state import Call, EngineState, NotReady, T
+from resmgr.model import Container, ContainerState
+from resmgr.topology.cpuset import CPUSet
+
+log = logging.getLogger("cri-resmgr.engine")
+
+START_WAIT = 10.0  # how long a start waits for the starts of containers moved off its CPUs
+HOLD_BACK_MAX = 60.0  # how long starts are refused while the runtime does not take such moves
+
+
+class Starting(EngineState):
+    reconciler: Reconciler
+
+    async def start_container(self, container_id: str, call: Call[T], before: bool = True) -> T:
+        """Start a container through call(), once the containers its grant moved are off its CPUs.
+
+        One we do not know was made behind our back (or by a create whose answer was lost): it is
+        adopted first, so it never runs on CPUs that are someone else's. If the runtime has not
+        taken the moves of the containers that must leave its CPUs (their updates failed, or were
+        lost with a restart), they are pushed again, and the start is refused (NotReady) while
+        any is still not confirmed. before=False: the runtime has started it already (NRI).
+        """
+        if before:
+            if container_id not in self.containers and self.reconciled.is_set():
+                await self.reconcile()
+            repin = self.pusher.repins.get(container_id)
+            if repin is not None:
+                await asyncio.shield(repin)
+            await self._clear_the_way(container_id)
+        starting = self.pusher.starting
+        started = starting.setdefault(container_id, asyncio.Event())
+        try:
+            resp = await call()
+        finally:
+            if container_id in self.pusher.raced:
+                # Updated while the runtime was starting it: the runtime may have started it with
+                # what it held before (its record says the new CPUs, its cgroup the old ones).
+                await self.pusher.again(container_id)
+            if starting.get(container_id) is started:
+                del starting[container_id]
+            started.set()
+        async with self.lock:
+            c = self.containers.get(container_id)
+            if c is not None and c.state != ContainerState.EXITED:
+                c.state = ContainerState.RUNNING
+        if c is not None:
+            await self.controllers_apply(c)
+            await self.save()
+        return resp
+
+    async def _clear_the_way(self, container_id: str) -> None:
+        c = self.containers.get(container_id)
+        if c is None:
+            return
+        others = self._elsewhere(c)
+        starting = [self.pusher.starting[k] for k in others if k in self.pusher.starting]
+        if starting:  # the runtime is starting them; one updated meanwhile is updated again after
+            waits = [asyncio.create_task(e.wait()) for e in starting]
+            await asyncio.wait(waits, timeout=START_WAIT)
+            for w in waits:
+                w.cancel()
+        blocking = self._unconfirmed(others)
+        if blocking:
+            await self.pusher.push_all(blocking)
+            blocking = self._unconfirmed(blocking)
+        if not blocking:
+            self.held_back.pop(container_id, None)
+            return
+        since = self.held_back.setdefault(container_id, time.monotonic())
+        names = ", ".join(k[:12] for k in blocking)
+        if time.monotonic() - since < HOLD_BACK_MAX:
+            raise NotReady(f"container {container_id} cannot start yet: the runtime has not taken the update "
+                           f"moving container(s) {names} off its CPUs; try again")
+        # A runtime that keeps refusing those updates must not keep the container from ever running.
+        log.error("starting container %s although the runtime has refused for %.0f s to move container(s) %s "
+                  "off its CPUs", container_id, time.monotonic() - since, names)
+        self.held_back.pop(container_id, None)
+
+    def _unconfirmed(self, keys: list[str]) -> list[str]:
+        """Those of keys whose last update the runtime has not taken (gone or exited ones aside)."""
+        return [k for k in keys if (o := self.containers.get(k)) is not None and o.pending
+                and o.state != ContainerState.EXITED]
+
+    def _elsewhere(self, c: Container) -> list[str]:
+        """Other live containers given CPUs apart from c's: the runtime may still run one on c's CPUs
+        while its update is not confirmed."""
+        mine = CPUSet.parse_or_empty(c.resources.cpuset_cpus)
+        if not mine:
+            return []
+        out = []
+        for key, o in self.containers.items():
+            if key == c.key or not o.id or o.state == ContainerState.EXITED:
+                continue
+            theirs = CPUSet.parse_or_empty(o.resources.cpuset_cpus)
+            if theirs and theirs.isdisjoint(mine):
+                out.append(key)
+        return out

@@ -1,0 +1,297 @@
+"""The engine's state and what every lifecycle step shares: the ledger under one lock, its
+persistence, the wait for the first reconciliation, the updates pushed to the runtime, and the
+policy's switch, reconfiguration and rebalancing.
+
+The steps of the lifecycle calls are in their own modules (create.py, start.py, update.py,
+stop.py), each a part of Engine (engine.py) working on this state; reconciliation
+(reconcile.py) works on this state alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from resmgr.controllers import Controllers
+from resmgr.engine.ledger import Ledger
+from resmgr.engine.pusher import Pusher
+from resmgr.engine.store import StateStore
+from resmgr.model import Container, ContainerState, Decision, Pod, Resources, View
+from resmgr.policies.base import Policy
+
+log = logging.getLogger("cri-resmgr.engine")
+
+T = TypeVar("T")
+Call = Callable[[], Awaitable[T]]
+
+READY_WAIT = 10.0  # how long a call waits for the first reconciliation before it is refused
+
+
+class NotReady(Exception):
+    """The engine cannot decide yet: its state is not reconciled with the runtime."""
+
+
+def brief(err: BaseException) -> str:
+    """One line for a failure: a gRPC error's code and details, else the exception."""
+    details, code = getattr(err, "details", None), getattr(err, "code", None)
+    if callable(details) and callable(code):
+        return f"{code().name}: {details()}"
+    return str(err) or type(err).__name__
+
+
+def failure(err: BaseException) -> str:
+    if isinstance(err, asyncio.CancelledError):
+        return "was cancelled by the caller"
+    return f"failed: {brief(err)}"
+
+
+class Runtime(Protocol):
+    """What the engine asks the runtime on its own behalf, in model terms (a front end adapts)."""
+
+    async def list_pods(self) -> list[Pod]:
+        """Pods as listed: ID, metadata, state (no cgroup parent yet)."""
+        ...
+
+    async def pod_details(self, pod: Pod) -> Pod:
+        """A listed pod completed for adoption (cgroup parent, QoS class)."""
+        ...
+
+    async def list_containers(self, pod_id: str = "") -> list[Container]:
+        """Containers as listed: ID, pod, metadata, state (no resources yet)."""
+        ...
+
+    async def container_details(self, c: Container) -> tuple[Container, list[str]]:
+        """A listed container completed for adoption, and the host paths of its devices."""
+        ...
+
+    async def running_resources(self, container_id: str) -> tuple[str, str] | None:
+        """The cpuset CPUs and memory nodes the runtime reports for a container."""
+        ...
+
+    async def update_resources(self, container_id: str, res: Resources) -> None: ...
+
+
+class Changes:
+    """Counts the engine's state changes, for those who follow them (the topology feed)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._event = asyncio.Event()
+
+    def bump(self) -> None:
+        self.count += 1
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def after(self, count: int) -> None:
+        """Return once the count has moved past count."""
+        while self.count == count:
+            await self._event.wait()
+
+
+class EngineState:
+    """The ledger and its lock, persistence, pushes, and the policy's own changes."""
+
+    def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
+                 controllers: Controllers | None = None, cgroup_root: str = "", gated: bool = False) -> None:
+        """gated: lifecycle decisions wait for the first reconciliation (the daemon's case)."""
+        self.ledger = Ledger(policy)
+        self.controllers = controllers or Controllers([])
+        # Device host paths -> {path: NUMA nodes}; the daemon reads sysfs, tests may stub it.
+        self.device_hints: Callable[[list[str]], dict[str, list[int]]] = lambda paths: {}
+        self.store = store
+        self.runtime = runtime
+        self.cgroup_root = cgroup_root  # where container cgroups are read back ("": not at all)
+        self.lock = asyncio.Lock()
+        self.reconciled = asyncio.Event()
+        if not gated:
+            self.reconciled.set()
+        self.on_wake: Callable[[], None] = lambda: None  # the reconciler's (engine.py)
+        self.pusher = Pusher(self.ledger, runtime, self.wake, brief)
+        # A front end whose answers need not wait for the disk: a crash between the answer and
+        # the write loses nothing, reconciliation finds the container where the answer put it.
+        self.write_behind = False
+        self._fallback: list[str] = []  # the policy's fallback conditions last logged
+        self.held_back: dict[str, float] = {}  # starts refused since, by container
+        self._saves: set[asyncio.Task[None]] = set()
+        self.changes = Changes()  # bumped with every state write
+
+    # -- state -------------------------------------------------------------
+    @property
+    def policy(self) -> Policy:
+        return self.ledger.policy
+
+    @property
+    def pods(self) -> dict[str, Pod]:
+        return self.ledger.pods
+
+    @property
+    def containers(self) -> dict[str, Container]:
+        return self.ledger.containers
+
+    def view(self) -> View:
+        return self.ledger.view()
+
+    def context(self, container_id: str) -> tuple[Pod, Container] | None:
+        """A known container and its pod, as recorded (for hook plugins; not to be changed)."""
+        c = self.containers.get(container_id)
+        pod = self.pods.get(c.pod_id) if c is not None else None
+        return None if c is None or pod is None else (pod, c)
+
+    def pins(self, c: Container) -> bool:
+        """Whether the container's CPUs and memory nodes are the policy's."""
+        return self.ledger.pins(c)
+
+    def snapshot(self) -> dict[str, Any]:
+        ids = {c.key for c in self.containers.values() if c.id}
+        return {
+            "pods": [p.to_dict() for p in self.pods.values()],
+            "containers": [c.to_dict() for c in self.containers.values() if c.id],
+            "policy": {"name": self.policy.name, "data": self.policy.export_state(), "config": self.policy.config},
+            "unallocated": sorted(self.ledger.unallocated & ids),
+            "degraded": sorted(self.ledger.degraded & ids),
+            "previous": dict(self.ledger.previous),
+        }
+
+    def restore(self, data: dict[str, Any] | None) -> None:
+        """Take a persisted state (validated by resmgr.engine.statefile) as the starting point."""
+        if not data:
+            return
+        self.ledger.load([Pod.from_dict(p) for p in data.get("pods", [])],
+                         [Container.from_dict(c) for c in data.get("containers", [])],
+                         data.get("unallocated", []), data.get("degraded", []), data.get("previous"))
+        pdata = data.get("policy") or {}
+        if pdata.get("name") == self.policy.name:
+            try:
+                self.policy.restore_state(pdata.get("data") or {})
+                return
+            except Exception as err:
+                log.error("persisted %s policy data is unusable (%s); re-allocating every container",
+                          self.policy.name, err)
+        elif pdata.get("name"):
+            log.warning("active policy changed from %s to %s; re-allocating every container",
+                        pdata.get("name"), self.policy.name)
+        self.ledger.unallocate_all()
+
+    async def save(self) -> None:
+        """Persist the state; with write_behind, soon, without waiting for the disk."""
+        self.changes.bump()
+        if not self.write_behind:
+            await self.store.save(self.snapshot)
+            return
+        task = asyncio.create_task(self.store.save(self.snapshot))
+        self._saves.add(task)
+        task.add_done_callback(self._saves.discard)
+
+    async def flush(self) -> None:
+        """Persist the state now, and wait for it (at shutdown)."""
+        if self._saves:
+            await asyncio.gather(*self._saves, return_exceptions=True)
+        await self.store.save(self.snapshot)
+
+    async def until_reconciled(self) -> None:
+        if self.reconciled.is_set():
+            return
+        try:
+            async with asyncio.timeout(READY_WAIT):
+                await self.reconciled.wait()
+        except TimeoutError:
+            raise NotReady("cri-resmgr has not yet reconciled its state with the runtime (is the runtime "
+                           "reachable?); try again") from None
+
+    def release(self, c: Container) -> Decision:
+        return self.ledger.release(c)
+
+    def forget(self, c: Container) -> Decision:
+        """Release c and drop it from the state (caller holds the lock)."""
+        decision = self.ledger.forget(c)
+        self.held_back.pop(c.key, None)
+        self.pusher.forget(c.key)
+        return decision
+
+    def drop_pod(self, pod: Pod) -> Decision:
+        """Forget a pod and its containers (caller holds the lock)."""
+        return self.ledger.drop_pod(pod)
+
+    def record(self, updates: dict[str, Resources]) -> None:
+        """Take a decision's updates as the containers' desired resources (caller holds the lock).
+
+        Recording under the lock, and pushing whatever is desired at push time, keeps an
+        older decision from overwriting a newer one in the runtime. A recorded update is
+        pending (and persisted as such) until the runtime has taken it.
+        """
+        self.ledger.record(updates)
+        self._note_fallback()
+
+    def _note_fallback(self) -> None:
+        """Log once when containers start or stop running elsewhere than they normally would."""
+        now = self.policy.fallback()
+        if now == self._fallback:
+            return
+        for line in now:
+            if line not in self._fallback:
+                log.warning("%s", line)
+        if self._fallback and not now:
+            log.info("shared containers run on their pools' own shared CPUs again")
+        self._fallback = now
+
+    # -- pushing updates to the runtime (pusher.py) ----------------------------------------
+    async def apply_updates(self, decision: Decision) -> None:
+        """Push the desired resources of the containers a decision moved (no engine lock held)."""
+        await self.pusher.push_all(decision.updates)
+
+    def apply_soon(self, decision: Decision, before_start: str = "") -> None:
+        """Push a decision's updates in the background, so the call that caused them returns now.
+
+        They are recorded (and saved) as pending, so a crash cannot lose them.
+        """
+        self.pusher.soon(decision.updates, before_start)
+
+    async def settle_updates(self) -> None:
+        """Wait for the updates pushed in the background (at shutdown, in tests)."""
+        await self.pusher.settle()
+
+    def wake(self) -> None:
+        """Reconcile soon: something happened whose outcome only the runtime knows."""
+        self.on_wake()
+
+    # -- policy, configuration and controllers --------------------------------------------
+    async def switch_policy(self, new: Policy) -> None:
+        """Re-allocate every container under another policy (PolicyError: nothing changed)."""
+        async with self.lock:
+            old = self.policy.name
+            updates = self.ledger.reallocate(new)
+            log.info("policy switched from %s to %s; %d container(s) move", old, new.name, len(updates))
+            self.record(updates)
+        await self.apply_updates(Decision(updates=updates))
+        await self.save()
+
+    async def reconfigure(self, policy_config: dict[str, Any]) -> None:
+        """Hand the policy a new configuration (PolicyError: rejected, nothing changed)."""
+        async with self.lock:
+            decision = self.policy.reconfigure(policy_config, self.view())
+            self.record(decision.updates)
+        await self.apply_updates(decision)
+        await self.save()
+
+    async def rebalance(self) -> int:
+        """Let the policy re-place containers; returns how many moved."""
+        async with self.lock:
+            decision = self.policy.rebalance(self.view())
+            self.record(decision.updates)
+        await self.apply_updates(decision)
+        if decision.updates:
+            await self.save()
+        return len(decision.updates)
+
+    async def controllers_apply(self, c: Container) -> None:
+        pod = self.pods.get(c.pod_id)
+        if pod is not None and c.id and c.state == ContainerState.RUNNING:
+            await self.controllers.apply(c, pod)
+
+    async def reapply(self) -> None:
+        """Put every running container into its classes again (after a configuration change)."""
+        for c in list(self.containers.values()):
+            await self.controllers_apply(c)

@@ -1,0 +1,124 @@
+"""Updating a container's resources: kubelet's updates and in-place resizes, and the hook
+plugins' changes to a created container."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+
+from resmgr.engine.state import EngineState, brief
+from resmgr.model import Container, ContainerState, Decision, Pod, Resources, overlay
+
+log = logging.getLogger("cri-resmgr.engine")
+
+
+@dataclass
+class UpdatePlan:
+    """An update of a container's resources decided by the engine, not yet taken by the runtime."""
+
+    container: Container
+    pod: Pod
+    before: Resources  # what was requested until now
+    requested: Resources
+    resize: bool
+    resources: Resources | None  # what to send; None: it changes nothing, answer without the runtime
+    moved: dict[str, Resources] = field(default_factory=dict)
+    pinned: bool = False  # the policy set its CPUs and memory nodes
+    adjusted: Resources | None = None  # hook plugins' earlier changes that still stand
+
+
+class Updating(EngineState):
+    async def adjust(self, container_id: str, res: Resources) -> None:
+        """Hook plugins changed a created container's resources: push them to the runtime now."""
+        async with self.lock:
+            c = self.containers.get(container_id)
+            if c is None or c.state == ContainerState.EXITED:
+                return
+            c.adjusted = overlay(c.adjusted, res)
+            self.record({c.key: c.resources})
+        await self.pusher.push(c.key)
+
+    async def plan_update(self, container_id: str, asked: Resources, plain: bool) -> UpdatePlan | None:
+        """kubelet's updates: an in-place resize re-allocates; the CPU manager's cpusets never win.
+
+        asked holds the fields the caller names (zero: keep the value; kubelet's CPU manager
+        sends a cpuset alone); plain: the call carries nothing the model does not hold, so
+        one that changes nothing can be answered without the runtime (plan.resources None).
+        None: not a container the engine manages; the call goes to the runtime as it is.
+        PolicyError: a resize that cannot be met; nothing changed.
+        """
+        await self.until_reconciled()
+        async with self.lock:
+            c = self.containers.get(container_id)
+            pod = self.pods.get(c.pod_id) if c is not None else None
+            if c is None or pod is None or c.state == ContainerState.EXITED:
+                return None
+            before = c.requested
+            requested = before.merged(asked)
+            resize = requested.cpu() != before.cpu() or \
+                requested.memory_limit_in_bytes != before.memory_limit_in_bytes
+            if resize:
+                decision = self.policy.resize(c, pod, requested, self.view())
+            else:
+                decision = self.policy.update(c, requested, self.view())
+            kept = c.adjusted.without(before.differing(requested)) if c.adjusted else None  # kubelet's word wins
+            wanted = (decision.resources or requested).overlaid(kept)
+            if not resize and plain and self._changes_nothing(asked, c, wanted):
+                log.debug("update of container %s changes nothing; answered without the runtime", c.id)
+                return UpdatePlan(c, pod, before, requested, resize, None, pinned=self.pins(c), adjusted=kept)
+            self.record(decision.updates)  # pushed to the runtime once it took this one
+            return UpdatePlan(c, pod, before, requested, resize, wanted, decision.updates,
+                              decision.resources is not None and self.pins(c), kept)
+
+    @staticmethod
+    def _changes_nothing(asked: Resources, c: Container, wanted: Resources) -> bool:
+        """Whether asking for asked would leave the container as the runtime already holds it:
+        what we recorded is confirmed (not pending) and every field asked names equals it."""
+        if c.pending or wanted != c.resources:
+            return False
+        asked = dataclasses.replace(asked, cpuset_cpus=c.resources.cpuset_cpus,
+                                    cpuset_mems=c.resources.cpuset_mems)
+        return c.resources.merged(asked) == c.resources
+
+    async def abort_update(self, plan: UpdatePlan) -> None:
+        """The runtime refused (or may not have taken) the update: a resize is undone."""
+        if plan.resize:
+            await self._undo_resize(plan.container, plan.pod, plan.before)
+
+    async def commit_update(self, plan: UpdatePlan, sent: Resources, adjusted: Resources | None = None) -> None:
+        """The runtime took sent for the container (adjusted: the fields hook plugins changed in it)."""
+        c = plan.container
+        async with self.lock:
+            c.requested = plan.requested
+            c.adjusted = overlay(plan.adjusted, adjusted)
+            # Ask again: another decision may have moved this container meanwhile.
+            now = self.policy.update(c, plan.requested, self.view())
+            c.resources = now.resources.overlaid(c.adjusted) if now.resources else sent
+            c.pending = c.resources != sent and c.state != ContainerState.EXITED
+            self.ledger.apply(c, Decision(classes=now.classes))
+            updates = dict(plan.moved)
+            if c.pending:
+                updates[c.key] = c.resources
+        if plan.resize:
+            log.info("container %s resized: cpu shares/quota/period %s, memory %d, cpus %s; %d other(s) moved",
+                     c.id, "/".join(map(str, plan.requested.cpu())), plan.requested.memory_limit_in_bytes,
+                     c.resources.cpuset_cpus or "any", len(plan.moved))
+        await self.apply_updates(Decision(updates=updates))
+        await self.controllers_apply(c)
+        await self.save()
+
+    async def _undo_resize(self, c: Container, pod: Pod, before: Resources) -> None:
+        """Place the container as it was asked before."""
+        async with self.lock:
+            try:
+                undo = self.policy.resize(c, pod, before, self.view())
+            except Exception as err:
+                log.error("undoing the resize of container %s failed: %s", c.id, brief(err))
+                return
+            if undo.resources is not None:
+                c.resources, c.pending = undo.resources.overlaid(c.adjusted), True
+                undo.updates[c.key] = c.resources
+            self.record(undo.updates)
+        self.wake()
+        await self.apply_updates(undo)
