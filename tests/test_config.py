@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resmgr.config import MODULES, ConfigError, from_map, validate
-from resmgr.config.manager import ConfigManager, Rejected, Sources
+from resmgr.control.manager import ConfigManager, Rejected, Sources
 from resmgr.engine import Engine
 from resmgr.engine.store import StateStore
 from resmgr.frontends.cri.runtime import CriRuntime
@@ -145,7 +145,7 @@ def test_shipped_samples_are_valid():
 
 @pytest.mark.parametrize("v2", [False, True])
 def test_cgroup_cpu_values_are_resolved_at_load_under_the_cgroup_root(tmp_path, v2):
-    from resmgr.config import cgroupcpus as cpus
+    from resmgr.control import cgroupcpus as cpus
 
     group = tmp_path / ("" if v2 else "cpuset") / "kube/reserved"
     group.mkdir(parents=True)

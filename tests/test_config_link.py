@@ -158,7 +158,7 @@ def test_forced_configuration_reloads_on_sighup_and_refuses_pushes(containerd, w
 
 
 def test_reset_config_and_print_config_use_the_persisted_push(tmp_path):
-    from resmgr.config.manager import Sources
+    from resmgr.control.manager import Sources
 
     Sources(state_dir=str(tmp_path)).pushed_store().write(
         {"node_name": "n1", "config": {"policy": "Active: static-plus\n"}})

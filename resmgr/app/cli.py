@@ -12,7 +12,7 @@ from resmgr import __version__, log, policies
 from resmgr.app.daemon import Daemon, StartupError
 from resmgr.app.options import Options
 from resmgr.config import ConfigError
-from resmgr.config.manager import Sources
+from resmgr.control.manager import Sources
 from resmgr.engine.store import StateInUse, StateStore
 from resmgr.options import add_to, from_args
 from resmgr.sockets import SocketInUse, prepare

@@ -18,16 +18,17 @@ import grpc
 
 from resmgr import metrics, policies, sockets, telemetry
 from resmgr.app.options import Options
-from resmgr.config import Config, ConfigError, cgroupcpus, validate
-from resmgr.config import link as configlink
-from resmgr.config.manager import ConfigManager, DumpSink, Rejected, Sources
+from resmgr.config import Config, ConfigError, validate
+from resmgr.control import cgroupcpus
+from resmgr.control import link as configlink
+from resmgr.control.manager import ConfigManager, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers
 from resmgr.controllers.blockio import BlockIOController
 from resmgr.controllers.rdt import RDTController
 from resmgr.engine import Engine, statefile
 from resmgr.engine.state import Runtime
 from resmgr.engine.store import StateInUse, StateStore
-from resmgr.frontends import FrontEnd, StartupError
+from resmgr.frontends import DumpSink, FrontEnd, StartupError
 from resmgr.frontends.nri.frontend import NriFrontEnd
 from resmgr.frontends.relay.frontend import RelayFrontEnd
 from resmgr.hooks import Hooks
@@ -37,6 +38,7 @@ from resmgr.topology.model import Topology
 from resmgr.topology.sysfs import TopologyError, discover
 from resmgr.view import nrt
 from resmgr.view import state as statedoc
+from resmgr.view.feed import TopologyFeed
 from resmgr.view.server import Address, ViewServer
 
 log = logging.getLogger("cri-resmgr")
@@ -291,7 +293,7 @@ class Daemon:
             feed = None
             if self.topology is not None:
                 snapshot = self._snapshot(core.engine, control)
-                feed = configlink.TopologyFeed(lambda: nrt.build(snapshot()), core.engine.changes)
+                feed = TopologyFeed(lambda: nrt.build(snapshot()), core.engine.changes)
             return await configlink.serve(control, sockets.path_of(self.opts.config_socket), feed,
                                           self.opts.config_socket_group)
         return None

@@ -23,7 +23,8 @@ import yaml
 
 from resmgr import policies
 from resmgr.app.text import columns
-from resmgr.config import Config, ConfigError, cgroupcpus, load_file
+from resmgr.config import Config, ConfigError, load_file
+from resmgr.control import cgroupcpus
 from resmgr.engine.ledger import Ledger
 from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
 from resmgr.options import add_to, from_args, opt

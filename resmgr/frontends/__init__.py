@@ -11,10 +11,21 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from resmgr.config.manager import DumpSink
 from resmgr.engine import Engine
 from resmgr.engine.calls import HookPoints
 from resmgr.engine.state import Runtime
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class DumpSink(Protocol):
+    """Where CRI message dumps go (the relay's): open a dumper for rules and a file, put it in use."""
+
+    def open(self, rules: str, path: str | None) -> Closable: ...
+
+    def use(self, dumper: Closable) -> None: ...
 
 
 class StartupError(Exception):

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any
 
-from resmgr.config.manager import DumpSink
 from resmgr.engine import Engine
 from resmgr.engine.calls import HookPoints
-from resmgr.frontends import StartupError
+from resmgr.frontends import DumpSink, StartupError
 from resmgr.frontends.nri import connect
 from resmgr.frontends.nri.connect import Endpoint
 from resmgr.frontends.nri.plugin import NriPlugin

@@ -2,7 +2,7 @@
 
 Accepted forms: `cpuset:0-3`, a bare list like `0-3` or `0,2`, a quantity (`4`, `750m`),
 or a YAML number (CPUs). `cgroup:<path>` is resolved to a cpuset when the configuration
-is loaded (resmgr.config.cgroupcpus); a policy never reads the node itself.
+is loaded (resmgr.control.cgroupcpus); a policy never reads the node itself.
 """
 
 from __future__ import annotations

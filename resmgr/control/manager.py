@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from resmgr import log as logsetup
 from resmgr import metrics, policies
-from resmgr.config import Config, ConfigError, cgroupcpus, dumprules, from_map, load_file
+from resmgr.config import Config, ConfigError, dumprules, from_map, load_file
+from resmgr.control import cgroupcpus
 from resmgr.controllers import ControllerError
 from resmgr.engine import Engine
 from resmgr.engine.store import StateStore
+from resmgr.frontends import Closable, DumpSink
 from resmgr.hooks import Hooks
 from resmgr.policies import PolicyError
 from resmgr.topology.model import Topology
@@ -85,18 +87,6 @@ class Sources:
         existed = store.path.exists()
         store.remove()
         return existed
-
-
-class Closable(Protocol):
-    def close(self) -> None: ...
-
-
-class DumpSink(Protocol):
-    """Where CRI message dumps go (the relay's): open a dumper for rules and a file, put it in use."""
-
-    def open(self, rules: str, path: str | None) -> Closable: ...
-
-    def use(self, dumper: Closable) -> None: ...
 
 
 class _NoDumps:

@@ -1,23 +1,20 @@
-"""The config link: the gRPC Config service the node agent pushes to, and Status.
+"""The config link: the gRPC Config service the node agent pushes to, and Status (the configuration in
+force, and the topology stream of resmgr/view/feed.py).
 
 Served on a root-only unix socket: the agent runs as root, nobody else may reconfigure.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from resmgr import sockets
-from resmgr.config.manager import ConfigManager, Rejected
-from resmgr.engine.state import Changes
+from resmgr.control.manager import ConfigManager, Rejected
 from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
+from resmgr.view.feed import TopologyFeed
 
 log = logging.getLogger("cri-resmgr.config")
 
@@ -41,17 +38,6 @@ class ConfigService(api_pb2_grpc.ConfigServicer):
         raise AssertionError("unreachable")
 
 
-MIN_TOPOLOGY_INTERVAL = 0.2  # seconds: the floor between two topology replies, whatever is asked
-
-
-@dataclass
-class TopologyFeed:
-    """What WatchTopology sends: the topology document now, and the engine's changes to wait on."""
-
-    document: Callable[[], dict[str, Any]]
-    changes: Changes
-
-
 class StatusService(status_pb2_grpc.StatusServicer):
     def __init__(self, control: ConfigManager, feed: TopologyFeed | None = None) -> None:
         self.control = control
@@ -66,17 +52,8 @@ class StatusService(status_pb2_grpc.StatusServicer):
         if self.feed is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "this daemon knows no topology")
             return
-        interval = max(MIN_TOPOLOGY_INTERVAL, request.min_interval)
-        sent = ""
-        while True:
-            seen = self.feed.changes.count
-            text = json.dumps(self.feed.document(), sort_keys=True)
-            if text != sent:
-                yield status_pb2.TopologyReply(topology=text)
-                sent = text
-                await asyncio.sleep(interval)  # the rate limit: changes meanwhile are sent as one
-            await self.feed.changes.after(seen)
-
+        async for text in self.feed.texts(request.min_interval):
+            yield status_pb2.TopologyReply(topology=text)
 
 async def serve(control: ConfigManager, path: str, feed: TopologyFeed | None = None,
                 group: int = -1) -> grpc.aio.Server:
