@@ -31,6 +31,7 @@ from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.expressions import substitute
 from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.policies.toolkit.options import in_namespaces
+from resmgr.policies.toolkit.undo import undone_on_failure
 from resmgr.requests import CLASS_ANNOTATIONS, class_names, effective_annotation, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import CoreKind, MemoryType, Topology
@@ -466,9 +467,9 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         self.where = {k: b for b in self.balloons for k in b.members}
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
-        before, saved = self._snapshot(), self._save()
-        self._remove(container.key)
-        try:
+        before = self._snapshot()
+        with undone_on_failure(self._save, self._load):
+            self._remove(container.key)
             if any(e(container, pod) for e in self.settings.preserve):
                 self.preserved.add(container.key)
                 return Decision(updates=self._updates(before, view, container.key))
@@ -483,9 +484,6 @@ class BalloonsPolicy(SnapshotMoves, Policy):
                     raise
                 # Nothing asked, nothing refused: the reserved CPUs.
                 b, size, m = next(x for x in self.balloons if x.type.name == RESERVED), 0, replace(m, wanted=t.name)
-        except PolicyError:
-            self._load(saved)
-            raise
         guaranteed = pod.qos_class == QOSClass.GUARANTEED
         if b is None:
             b = self._new_balloon(t, size, group, guaranteed, previous)
@@ -652,12 +650,8 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         for t in self.settings.types:
             if t.on_reserved and not any(b.type is t for b in balloons):
                 balloons.insert(0, Balloon(t, 0))
-        saved = self._save()
-        self.balloons = balloons
-        self.where = {k: b for b in balloons for k in b.members}
-        self.preserved = {k for k in data.get("preserved") or [] if not k.startswith("pending:")}
-        try:
+        with undone_on_failure(self._save, self._load):
+            self.balloons = balloons
+            self.where = {k: b for b in balloons for k in b.members}
+            self.preserved = {k for k in data.get("preserved") or [] if not k.startswith("pending:")}
             self._make_min_balloons()
-        except PolicyError:
-            self._load(saved)
-            raise

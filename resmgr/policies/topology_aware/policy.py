@@ -37,6 +37,7 @@ from resmgr.model import Container, Pod, QOSClass, Resources
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from resmgr.policies.toolkit import annotations, cpuvalues
 from resmgr.policies.toolkit.allocator import ANY, Preferences, one_thread_per_core, preferences, take_cpus
+from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.grants import Grant, Grants
 from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.policies.toolkit.options import Option, in_namespaces, reserved_namespaces
@@ -629,16 +630,15 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         for g in self.grants.values():
             if g.exclusive:
                 exclusive[self.by_name[g.pool].id] += 1
-        return [{"name": p.name, "cpus": str(p.cpus), "mems": str(p.all_mems),
-                 "parent": p.parent.name if p.parent else "", "shared": str(self._sharable[p.id]),
-                 # shared users running on an ancestor's or the reserved CPUs, none of the pool's own left
-                 "shared_elsewhere": len(self._users[p.id]) if not self._sharable[p.id] else 0,
-                 "isolated": str(p.isolated - self._taken), "reserved": str(p.reserved),
-                 "memory": {t.value: p.memory[t] for t in sorted(p.memory)},
-                 "exclusive_grants": exclusive[p.id], "containers": self._count[p.id],
-                 "shared_milli_requested": self._milli[p.id],
-                 # what the pool's own shared CPUs can still give, its children's requests counted
-                 "shared_milli_free": 1000 * len(self._sharable[p.id]) - self._subtree_milli(p)}
+        return [pool_entry(self.topology, p.name, p.cpus, self._sharable[p.id],
+                           parent=p.parent.name if p.parent else "", reserved=p.reserved,
+                           isolated=p.isolated - self._taken, exclusive_grants=exclusive[p.id],
+                           containers=self._count[p.id], requested=self._milli[p.id],
+                           # what the pool's own shared CPUs can still give, its children's requests counted
+                           free=1000 * len(self._sharable[p.id]) - self._subtree_milli(p),
+                           # shared users running on an ancestor's or the reserved CPUs, none of the pool's own left
+                           elsewhere=len(self._users[p.id]) if not self._sharable[p.id] else 0,
+                           mems=p.all_mems, memory={t.value: p.memory[t] for t in sorted(p.memory)})
                 for p in self.pools]
 
     def describe_grant(self, key: str) -> dict[str, Any] | None:
