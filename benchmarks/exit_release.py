@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test helpers
 from harness.containerd import PrivateContainerd  # noqa: E402
 from harness.relay import policy_relay  # noqa: E402
 from resmgr.generated.cri import api_pb2 as cri  # noqa: E402
-from tests.helpers import GUARANTEED_CPU, ONLINE, SHARED, Cri, Pods, cgroup_cpus, wait_until  # noqa: E402
+from tests.support.helpers import GUARANTEED_CPU, ONLINE, SHARED, Cri, Pods, cgroup_cpus, wait_until  # noqa: E402
 
 
 def trial(via: Cri, work: Path) -> float:

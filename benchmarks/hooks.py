@@ -7,7 +7,7 @@ Two back ends, measured in the same run:
   and the plugins' own cost without the runtime's noise;
 - `containerd`: the private containerd (real sandboxes and containers; --containerd-calls).
 
-The plugins are tests/hookserver.py processes (the example plugin: environment, annotation,
+The plugins are tests/support/hookserver.py processes (the example plugin: environment, annotation,
 quota cap). The relay's state directory is on tmpfs for the stub back end, so its fsync does not
 drown the figures. Prints p50/p99 per call; per plugin call: the added p50 latency
 ((p50 with k plugins - p50 with none) / k), the CPU time the plugin process spent (its own work,
@@ -39,7 +39,7 @@ from harness.containerd import PrivateContainerd  # noqa: E402
 from harness.relay import RelayProcess, wait_socket  # noqa: E402
 from resmgr.generated.cri import api_pb2 as cri  # noqa: E402
 from resmgr.generated.cri import api_pb2_grpc as cri_grpc  # noqa: E402
-from tests.helpers import container_config, pod_config  # noqa: E402
+from tests.support.helpers import container_config, pod_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "/runtime.v1.RuntimeService/"
@@ -89,7 +89,7 @@ def start_plugins(workdir: Path, hookdir: Path, count: int) -> list[subprocess.P
     procs = []
     for i in range(count):
         sock = str(workdir / f"plugin{i}.sock")
-        proc = subprocess.Popen([sys.executable, "-m", "tests.hookserver", "--socket", sock, "--name", f"p{i}"],
+        proc = subprocess.Popen([sys.executable, "-m", "tests.support.hookserver", "--socket", sock, "--name", f"p{i}"],
                                 cwd=ROOT)
         wait_socket(sock, proc=proc)
         (hookdir / f"{i:02d}-plugin.json").write_text(json.dumps({

@@ -149,7 +149,7 @@ def bench_containerd(creates: int) -> None:
     from harness.containerd import PrivateContainerd
     from harness.relay import NriProcess
     from resmgr.generated.cri import api_pb2 as cri
-    from tests.helpers import Cri, container_config, pod_config
+    from tests.support.helpers import Cri, container_config, pod_config
 
     work = Path(tempfile.mkdtemp(prefix="crirm-"))
     ctrd = PrivateContainerd().start()

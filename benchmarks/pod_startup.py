@@ -36,7 +36,7 @@ from harness.containerd import PrivateContainerd  # noqa: E402
 from harness.relay import policy_relay  # noqa: E402
 from resmgr.generated.cri import api_pb2 as cri  # noqa: E402
 from resmgr.generated.cri import api_pb2_grpc as cri_grpc  # noqa: E402
-from tests.helpers import GUARANTEED_CPU, ONLINE, SHARED, container_config, pod_config  # noqa: E402
+from tests.support.helpers import GUARANTEED_CPU, ONLINE, SHARED, container_config, pod_config  # noqa: E402
 
 CALLS = ("RunPodSandbox", "CreateContainer", "StartContainer")
 

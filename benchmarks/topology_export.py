@@ -28,8 +28,8 @@ from harness.containerd import PrivateContainerd  # noqa: E402
 from harness.kube import ControlPlane  # noqa: E402
 from resmgr.agent import resources as rs  # noqa: E402
 from resmgr.generated.cri import api_pb2 as cri  # noqa: E402
-from tests.agentenv import AGENT_USER, Env, RealCluster, wait_for  # noqa: E402
-from tests.helpers import Cri, Pods  # noqa: E402
+from tests.support.agentenv import AGENT_USER, Env, RealCluster, wait_for  # noqa: E402
+from tests.support.helpers import Cri, Pods  # noqa: E402
 
 BURSTABLE = cri.LinuxContainerResources(cpu_shares=102, memory_limit_in_bytes=64 << 20)
 

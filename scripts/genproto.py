@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the Python protobuf/gRPC modules from protos/.
 
-The generated modules are committed under resmgr/generated/; tests/test_units.py fails when
+The generated modules are committed under resmgr/generated/; tests/unit/app/test_units.py fails when
 they are stale. Run this after editing any .proto file:
 
     python scripts/genproto.py

@@ -5,7 +5,7 @@
 # conformance out.
 #
 # --vm runs the VM tier instead: the test node booted as a virtual machine shaped like production
-# (systemd, cgroup v2, the systemd cgroup driver, 2 sockets x 2 NUMA nodes; tests/test_vm.py).
+# (systemd, cgroup v2, the systemd cgroup driver, 2 sockets x 2 NUMA nodes; tests/vm/test_vm.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for arg in "$@"; do
@@ -13,7 +13,7 @@ for arg in "$@"; do
         scripts/setup.sh vm
         args=()
         for a in "$@"; do [ "$a" = --vm ] || args+=("$a"); done
-        exec .venv/bin/python -m pytest -m vm -p no:cacheprovider tests/test_vm.py "${args[@]}"
+        exec .venv/bin/python -m pytest -m vm -p no:cacheprovider tests/vm/test_vm.py "${args[@]}"
     fi
 done
 scripts/setup.sh test
@@ -27,7 +27,7 @@ for arg in "$@"; do
     esac
 done
 .venv/bin/ruff check .
-# The Helm chart: lint here, rendered and applied to a real API server by tests/test_chart.py.
+# The Helm chart: lint here, rendered and applied to a real API server by tests/cluster/test_chart.py.
 "${CRI_RESMGR_CACHE:-$HOME/.cache/cri-resmgr}/bin/helm" lint --strict deployment/helm/cri-resmgr
 .venv/bin/python -m pytest "${args[@]}"
 if [ "$critest" != 0 ]; then

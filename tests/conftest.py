@@ -11,7 +11,7 @@ import pytest
 from harness.containerd import PrivateContainerd, missing_tools
 from harness.kube import ControlPlane
 from harness.kube import missing_tools as kube_missing
-from tests.helpers import Cri, RelayProcess
+from tests.support.helpers import Cri, RelayProcess
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +37,8 @@ def kube():
 
 @pytest.fixture
 def env(workdir, kube):
-    """The node agent between the real API server (a Node of its own) and a cri-resmgr (tests/agentenv.py)."""
-    from tests.agentenv import Env, RealCluster
+    """The node agent between the real API server (a Node of its own) and a cri-resmgr (tests/support/agentenv.py)."""
+    from tests.support.agentenv import Env, RealCluster
 
     e = Env(workdir, RealCluster(kube, f"node-{uuid.uuid4().hex[:6]}"))
     yield e
@@ -89,13 +89,18 @@ def pytest_addoption(parser):
                      help="seed of the soak tests' choices (default: a new one each run, printed)")
 
 
+TESTS = Path(__file__).resolve().parent
+# The tier of a test is its directory's: unit/<layer>/ (no containerd, no daemon processes, in
+# seconds), integration/ (a private containerd, real daemons), cluster/ (a Kubernetes on loopback
+# too), vm/ (boots the test node VM).
+TIERS = {"unit": "unit", "integration": "integration", "cluster": "integration", "vm": "vm"}
 SPEEDS = ("unit", "integration", "vm")
 
 
 def _speed(item: pytest.Item) -> str | None:
-    """A test's speed class: its own unit or integration marker, else its module's SPEED."""
-    own = next((m.name for m in item.own_markers if m.name in SPEEDS), None)
-    return own or getattr(item.module, "SPEED", None)
+    """A test's speed class: the tier of its directory."""
+    parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
+    return TIERS.get(parts[0]) if len(parts) > 1 else None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -110,13 +115,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("soak") is not None:
             item.add_marker(pytest.mark.timeout(limit))
-        # Every module declares its speed class; `pytest -m unit` selects by it and runs in seconds.
+        # Every test is in a tier's directory; `pytest -m unit` (or `pytest tests/unit`) runs in seconds.
         speed = _speed(item)
         if speed not in SPEEDS:
-            raise pytest.UsageError(f"{item.module.__name__} declares no speed class: add SPEED = \"unit\" "
-                                    "(no containerd, no daemon processes), SPEED = \"integration\" "
-                                    "or SPEED = \"vm\" (boots the test node VM)")
+            raise pytest.UsageError(f"{item.nodeid} is in no tier: put it under tests/unit/<layer>/ (no containerd, "
+                                    "no daemon processes), tests/integration/, tests/cluster/ or tests/vm/")
         if speed == "unit" and ("containerd" in getattr(item, "fixturenames", ()) or item.get_closest_marker("soak")):
-            raise pytest.UsageError(f"{item.nodeid} is declared unit but needs the containerd harness")
+            raise pytest.UsageError(f"{item.nodeid} is a unit test but needs the containerd harness")
         if item.get_closest_marker(speed) is None:
             item.add_marker(getattr(pytest.mark, speed))

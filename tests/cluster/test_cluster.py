@@ -1,0 +1,117 @@
+"""Cluster-native operation against the real kube-apiserver: configuration as custom resources with
+per-node status and Events, and the node's NodeResourceTopology next to `cri-resmgr status`."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from harness.containerd import TOOLS_BIN
+from resmgr.agent import resources as rs
+from tests.support.agentenv import NS, Env, cpu, matches_status, milli, policy_map, status_doc, wait_for
+from tests.support.helpers import ONLINE, Cri, container_config, pod_config, resources
+
+
+def entry_is(env: Env, name: str, status: str) -> dict:
+    return wait_for(lambda: (e := env.cluster.node_entry(name)).get("status") == status and e,
+                    what=f"{name}: {status}")
+
+
+def test_resources_by_level_with_per_node_status_events_and_columns(env):
+    env.start_relay()
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.cluster.resource("default", {"policy": {"Active": "static-plus"}})
+    env.agent.start()
+    # At the same level the resource wins over the ConfigMap.
+    wait_for(lambda: env.active() == "static-plus", what="the default resource")
+    entry = entry_is(env, "default", rs.SUCCESS)
+    assert entry["generation"] == 1 and "error" not in entry and entry["timestamp"]
+    status = env.cluster.resource_object("default")["status"]
+    assert (status["success"], status["failure"]) == (1, 0)
+    assert env.node_status()["kind"] == rs.KIND and env.node_status()["name"] == f"{NS}/default"
+
+    # A group's resource applies once the node carries the group label; the node leaves the
+    # default's status as it goes.
+    env.cluster.resource("group.gold", {"policy": {"Active": "topology-aware",
+                                                   "topology-aware": {"PinMemory": False}}})
+    time.sleep(0.5)
+    assert env.active() == "static-plus"
+    env.label("gold")
+    wait_for(lambda: env.active() == "topology-aware", what="the group resource")
+    entry_is(env, "group.gold", rs.SUCCESS)
+    wait_for(lambda: env.cluster.node_entry("default") == {}, what="the node gone from the default's status")
+    assert env.cluster.resource_object("default")["status"]["success"] == 0
+    assert "PinMemory: false" in env.status().config
+
+    # A node's ConfigMap is more specific than a group's resource.
+    env.cluster.configmap(NS, f"cri-resmgr-config.node.{env.node}", policy_map("none"))
+    wait_for(lambda: env.active() == "none", what="the node ConfigMap")
+    wait_for(lambda: env.cluster.node_entry("group.gold") == {}, what="the node gone from the group's status")
+    env.cluster.delete_configmap(NS, f"cri-resmgr-config.node.{env.node}")
+    wait_for(lambda: env.active() == "topology-aware", what="back to the group resource")
+
+    # An unknown option passes the API server (it keeps unknown fields) and is rejected by the node,
+    # with its path in the resource, the generation it judged, an Event; the node keeps what it had.
+    env.cluster.resource("group.gold", {"policy": {"Active": "topology-aware",
+                                                   "topology-aware": {"PinMemory": False, "NoSuchOption": True}}})
+    entry = entry_is(env, "group.gold", rs.FAILURE)
+    assert entry["generation"] == 2
+    assert entry["error"].startswith("spec.policy.topology-aware.NoSuchOption: unknown key"), entry["error"]
+    assert env.active() == "topology-aware" and "NoSuchOption" not in env.status().config
+    assert env.cluster.resource_object("group.gold")["status"]["failure"] == 1
+    event = wait_for(lambda: env.cluster.resource_events("group.gold"), what="an Event")[0]
+    assert (event["type"], event["reason"]) == ("Warning", "ConfigRejected")
+    assert event["involvedObject"]["apiVersion"] == f"{rs.GROUP}/{rs.VERSION}"
+    assert env.node in event["message"] and "NoSuchOption" in event["message"]
+
+    # What the schema can say, the API server checks itself.
+    with pytest.raises(ApiException) as info:
+        env.cluster.resource("default", {"rdt": {"options": {"mode": "Sideways"}}})
+    assert info.value.status == 422 and "spec.rdt.options.mode" in info.value.body
+
+    # kubectl shows the policy and the counts in its columns.
+    out = subprocess.run([str(TOOLS_BIN / "kubectl"), "--kubeconfig", str(env.cluster.control.admin_kubeconfig),
+                          "-n", NS, "get", "rmconfig"], capture_output=True, text=True, timeout=30, check=True).stdout
+    rows = {line.split()[0]: line.split()[1:4] for line in out.splitlines()}
+    assert rows["NAME"] == ["POLICY", "SUCCESS", "FAILURE"]
+    assert rows["default"] == ["static-plus", "0", "0"] and rows["group.gold"] == ["topology-aware", "0", "1"]
+
+    # Fixed: judged again, and the error is gone.
+    env.cluster.resource("group.gold", {"policy": {"Active": "topology-aware"}})
+    entry = entry_is(env, "group.gold", rs.SUCCESS)
+    assert entry["generation"] == 3 and "error" not in entry
+
+
+@pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
+def test_node_resource_topology_follows_containers_and_matches_status(env, containerd):
+    env.cluster.resource("default", {"policy": {"Active": "static"}})
+    env.start_relay(containerd.socket, "state", "--metrics-address", f"unix:{env.workdir / 'view.sock'}")
+    env.agent.start("--export-topology", "on", "--topology-interval", "0.2")
+    wait_for(lambda: env.active() == "static", what="the static policy")
+    nrt = wait_for(lambda: (t := env.cluster.topology()) and matches_status(t, status_doc(env.config_socket)) and t,
+                   what="a NodeResourceTopology that matches cri-resmgr status")
+    node = env.cluster.node_object()
+    assert nrt["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+    before = sum(milli(cpu(z)["available"]) for z in nrt["zones"] if z["type"] == "Node")
+    capacity = sum(int(cpu(z)["capacity"]) for z in nrt["zones"] if z["type"] == "Node" and z["resources"])
+    assert capacity == len(ONLINE)
+
+    via = Cri(env.relay.socket)
+    try:
+        cfg = pod_config(qos="guaranteed", logdir=str(env.workdir / "logs"))
+        pod = via.run_pod(cfg)
+        via.run_container(pod, cfg, container_config(resources=resources(1000, True)))
+        # One exclusive CPU less available, in both views.
+        nrt = wait_for(lambda: (t := env.cluster.topology()) and matches_status(t, s := status_doc(env.config_socket))
+                       and any(p["stats"]["exclusive_grants"] for p in s["pools"]) and t,
+                       what="the exclusive CPU in the NodeResourceTopology")
+        assert sum(milli(cpu(z)["available"]) for z in nrt["zones"] if z["type"] == "Node") == before - 1000
+        via.remove_pod(pod)
+        wait_for(lambda: (t := env.cluster.topology()) and matches_status(t, s := status_doc(env.config_socket))
+                 and not any(p["stats"]["exclusive_grants"] for p in s["pools"]),
+                 what="the CPU given back in the NodeResourceTopology")
+    finally:
+        via.close()

@@ -1,0 +1,268 @@
+"""`helm install` on a cluster that runs pods: a control plane with its controller manager and
+scheduler, a kubelet on a real containerd with NRI, and the project's image. The chart's pods do
+the work: the NRI DaemonSet's plugin places pods the scheduler puts on the node, the agent
+DaemonSet pushes the chart's configuration and reports it, the webhook's replicas annotate pods.
+
+The one difference from a production cluster: there is no kube-proxy here and the API server
+listens on loopback only, so the agent uses the host's network and is told the API server's
+address (agent.hostNetwork, agent.env), as on clusters whose pods cannot reach the "kubernetes"
+Service."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from harness import helm, productimage
+from harness.kube import ControlPlane, container_ids, describe, pod_manifest
+from resmgr.agent import resources as rs
+from resmgr.requests import RESOURCES_ANNOTATION
+from resmgr.topology.cpuset import CPUSet
+from tests.support.helpers import ONLINE, cgroup_cpus, container_cgroup
+from tests.support.kubenode import KubeNode, done_with, scratch
+
+pytestmark = [pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs"), pytest.mark.timeout(900)]
+
+NS = "kube-system"
+NODE = "crirm-helm"
+LABEL = "cri-resource-manager.intel.com/node"
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.control = ControlPlane(controllers=True).start()
+        self.node = KubeNode(self.control, scratch(), front="direct", node=NODE)
+        self.node.start()
+        self.core = self.control.core()
+        self.apps = client.AppsV1Api(self.control.api_client())
+        self.custom = client.CustomObjectsApi(self.control.api_client())
+        started = time.monotonic()
+        archive = productimage.build()
+        self.image = productimage.load(archive, self.node.ctrd.socket)
+        self.image_seconds = time.monotonic() - started
+        self.image_mb = archive.stat().st_size / 1e6
+        self.core.patch_node(NODE, {"metadata": {"labels": {LABEL: "true"}}})
+        work = self.node.workdir
+        self.state_dir = work / "state"
+        self.values: dict[str, Any] = {
+            "mode": "nri", "webhook.enabled": True, "webhook.replicas": 2,
+            "image.tag": productimage.builder().version(),
+            "nri.socket": str(self.node.ctrd.dir / "nri.sock"), "nri.stateDir": str(self.state_dir),
+            "nri.hookDir": str(work / "hooks"), "socketDir": str(work / "sockets"),
+            "config": {"policy": {"Active": "static", "ReservedResources": {"cpu": "cpuset:0"}}},
+            "agent.hostNetwork": True,
+            "agent.env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                          {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.control.port)}],
+        }
+
+    def helm(self, *args: str) -> str:
+        out = helm.helm("--kubeconfig", str(self.control.admin_kubeconfig), *args)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def install(self, **values: Any) -> None:
+        self.helm("upgrade", "--install", "cri-resmgr", str(helm.CHART), "--namespace", NS,
+                  *helm._sets({**self.values, **values}))
+
+    def pods(self, app: str) -> list[Any]:
+        return self.core.list_namespaced_pod(NS, label_selector=f"app={app}").items
+
+    def ready(self, app: str, count: int = 1, timeout: float = 180) -> list[Any]:
+        """The app's pods once count of them run and are Ready."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = [p for p in self.pods(app) if p.metadata.deletion_timestamp is None]
+            ok = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+            if len(ok) >= count:
+                return ok
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{app}: {len(ok)} of {count} pods Ready after {timeout}s: "
+                                     + "; ".join(describe(p) for p in pods) + "\n" + self.logs(app))
+            time.sleep(1)
+
+    def logs(self, app: str) -> str:
+        out = []
+        for p in self.pods(app):
+            try:
+                out.append(self.core.read_namespaced_pod_log(p.metadata.name, NS, tail_lines=30))
+            except client.ApiException as err:
+                out.append(f"{p.metadata.name}: no log ({err.status})")
+        return "\n".join(out)
+
+    def run(self, name: str, cpu: str, guaranteed: bool) -> Any:
+        """A pod the scheduler places (no node named), running."""
+        manifest = pod_manifest(name, "", cpu, "32Mi", limits=guaranteed)
+        del manifest["spec"]["nodeName"]
+        self.core.create_namespaced_pod("default", manifest)
+        deadline = time.monotonic() + 120
+        while not container_ids(pod := self.core.read_namespaced_pod(name, "default")):
+            assert time.monotonic() < deadline, describe(pod)
+            time.sleep(0.5)
+        return pod
+
+    def cpus(self, pod: Any) -> CPUSet:
+        assert self.node.direct is not None
+        return cgroup_cpus(*container_cgroup(self.node.direct, container_ids(pod)["c0"]))
+
+    def stop(self) -> None:
+        try:
+            self.helm("uninstall", "cri-resmgr", "--namespace", NS, "--wait", "--timeout", "120s")
+        except AssertionError:
+            pass
+        self.node.stop()
+        self.control.stop()
+        done_with(self.node.workdir)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+def test_helm_install_in_nri_mode_runs_the_plugin_the_agent_and_the_webhook(cluster):
+    c = cluster
+    early = c.run("early", "1", guaranteed=True)  # running before the plugin: adopted at Synchronize
+    started = time.monotonic()
+    c.install()
+    plugin = c.ready("cri-resmgr-nri")[0]
+    agent = c.ready("cri-resmgr-agent")[0]
+    hooks = c.ready("cri-resmgr-webhook", 2)
+    ready_seconds = time.monotonic() - started
+    print(f"image {c.image}: {c.image_mb:.0f} MB, built and loaded in {c.image_seconds:.0f} s; "
+          f"every pod Ready {ready_seconds:.0f} s after helm install")
+    assert plugin.spec.node_name == agent.spec.node_name == NODE  # placed by the DaemonSet controller and scheduler
+    assert {p.spec.node_name for p in hooks} == {NODE}
+
+    # The agent pushed the chart's configuration and says so in the resource's status.
+    deadline = time.monotonic() + 60
+    while (entry := ((c.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, "default")
+                      .get("status") or {}).get("nodes") or {}).get(NODE, {})).get("status") != rs.SUCCESS:
+        assert time.monotonic() < deadline, (entry, c.logs("cri-resmgr-agent"))
+        time.sleep(1)
+
+    # The plugin registered with containerd and holds the pod that ran before it, under the pushed policy.
+    deadline = time.monotonic() + 30
+    while active_policy(c) != "static":  # written as the switch is, with or just after the answer
+        assert time.monotonic() < deadline, active_policy(c)
+        time.sleep(0.5)
+    state = json.loads((c.state_dir / "cache").read_text())
+    assert early.metadata.uid in {p["uid"] for p in state["pods"]}
+    c.core.delete_namespaced_pod("early", "default", grace_period_seconds=0)  # the node has 2 CPUs
+
+    # A Guaranteed pod the scheduler places gets an exclusive CPU outside the reserved one; the
+    # webhook's annotation says what it asked for.
+    g = c.run("placed", "1", guaranteed=True)
+    assert g.spec.node_name == NODE
+    assert RESOURCES_ANNOTATION in (g.metadata.annotations or {}), g.metadata.annotations
+    mine = c.cpus(g)
+    assert len(mine) == 1 and 0 not in mine, mine
+    b = c.run("shared", "100m", guaranteed=False)
+    assert not c.cpus(b) & mine
+
+    for name in ("placed", "shared"):
+        c.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    wait_gone_pods(c, "default")
+
+
+def plugin_pod(c: Cluster) -> Any:
+    return c.ready("cri-resmgr-nri")[0]
+
+
+def active_policy(c: Cluster) -> str:
+    return json.loads((c.state_dir / "cache").read_text())["policy"]["name"]
+
+
+def test_helm_upgrade_switches_the_policy_live_without_restarting_pods(cluster):
+    c = cluster
+    c.install()
+    before = plugin_pod(c)
+    g = c.run("kept-through-upgrade", "1", guaranteed=True)
+    held = c.cpus(g)
+    assert active_policy(c) == "static" and len(held) == 1
+    c.install(config={"policy": {"Active": "topology-aware", "ReservedResources": {"cpu": "cpuset:0"}}})
+    deadline = time.monotonic() + 90
+    while active_policy(c) != "topology-aware":
+        assert time.monotonic() < deadline, c.logs("cri-resmgr-agent")
+        time.sleep(1)
+    after = plugin_pod(c)
+    assert after.metadata.uid == before.metadata.uid  # the same pod, not a new one
+    assert sum(s.restart_count for s in after.status.container_statuses) == 0
+    pod = c.core.read_namespaced_pod("kept-through-upgrade", "default")
+    assert container_ids(pod) == container_ids(g) and len(c.cpus(pod)) == 1
+
+
+def test_a_killed_plugin_pod_comes_back_and_keeps_every_placement(cluster):
+    c = cluster
+    c.core.delete_namespaced_pod("kept-through-upgrade", "default", grace_period_seconds=0)
+    wait_gone_pods(c, "default")
+    c.install()  # back to static: on 2 CPUs topology-aware has no room for shared and exclusive pods at once
+    deadline = time.monotonic() + 90
+    while active_policy(c) != "static":
+        assert time.monotonic() < deadline, c.logs("cri-resmgr-agent")
+        time.sleep(1)
+    old = plugin_pod(c)
+    b = c.run("shared-through-kill", "100m", guaranteed=False)
+    g = c.run("exclusive-through-kill", "1", guaranteed=True)
+    deadline = time.monotonic() + 30
+    while (held := c.cpus(g)) & (shared := c.cpus(b)):
+        assert time.monotonic() < deadline, (held, shared)
+        time.sleep(0.5)
+    c.core.delete_namespaced_pod(old.metadata.name, NS, grace_period_seconds=0)
+    deadline = time.monotonic() + 120
+    while True:  # until the DaemonSet's new pod runs; the placements never change meanwhile
+        assert (c.cpus(g), c.cpus(b)) == (held, shared)
+        new = [p for p in c.pods("cri-resmgr-nri") if p.metadata.uid != old.metadata.uid and any(
+            x.type == "Ready" and x.status == "True" for x in p.status.conditions or [])]
+        if new and "NRI: synchronized" in c.core.read_namespaced_pod_log(new[0].metadata.name, NS):
+            break  # the new plugin has synchronized with containerd: what it restored stands
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert (c.cpus(g), c.cpus(b)) == (held, shared)
+    assert active_policy(c) == "static"
+    for name in ("exclusive-through-kill", "shared-through-kill"):
+        c.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    wait_gone_pods(c, "default")
+
+
+def wait_gone_pods(c: Cluster, namespace: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while c.core.list_namespaced_pod(namespace).items:
+        assert time.monotonic() < deadline, "pods still there"
+        time.sleep(1)
+
+
+def wait_gone(c: Cluster, app: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while c.pods(app):
+        assert time.monotonic() < deadline, f"{app} pods still there"
+        time.sleep(1)
+
+
+def test_helm_uninstall_leaves_pods_running_and_new_ones_start_without_the_plugin(cluster):
+    c = cluster
+    c.install()
+    c.ready("cri-resmgr-nri")
+    kept = c.run("kept", "1", guaranteed=True)
+    before = c.cpus(kept)
+    c.helm("uninstall", "cri-resmgr", "--namespace", NS, "--wait", "--timeout", "120s")
+    for app in ("cri-resmgr-nri", "cri-resmgr-agent", "cri-resmgr-webhook"):
+        wait_gone(c, app)
+    pod = c.core.read_namespaced_pod("kept", "default")
+    assert container_ids(pod) == container_ids(kept) and c.cpus(pod) == before  # still running, where it was
+    after = c.run("after", "1", guaranteed=True)  # containerd without the plugin: the whole machine
+    assert c.cpus(after) == ONLINE
+    # The CRD stays (Helm never deletes what crds/ installed); the state directory stays on the node.
+    assert (c.state_dir / "cache").exists()
+    assert c.custom.list_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL)["items"] == []
+    for name in ("kept", "after"):
+        c.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    # Nothing of ours on the node but the state: the sockets went with the plugin (the directories
+    # are the chart's hostPath volumes, made by kubelet).
+    assert [p.name for p in Path(c.values["socketDir"]).iterdir()] == []

@@ -1,0 +1,89 @@
+"""A real kubelet churning pods made and deleted through the API while cri-resmgr is SIGKILLed now and
+then; judged from containerd and the cgroups: a CPU held exclusively is never under another running
+container, and kubelet restarts no container. `--soak-seconds` sets the length."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from harness.kube import pod_manifest
+from resmgr.generated.cri import api_pb2 as cri
+from resmgr.topology.cpuset import CPUSet
+from tests.support.helpers import ONLINE, live_cgroups, watch_exclusive
+from tests.support.kubenode import NAMESPACE, KubeNode, done_with, scratch
+
+pytestmark = [pytest.mark.soak, pytest.mark.skipif(len(ONLINE) < 2, reason="needs two CPUs")]
+
+RESERVED = CPUSet([0])
+KINDS = {"g": {"cpu": "1", "memory": "32Mi", "limits": True}, "b": {"cpu": "200m"}, "e": {}}
+KILL_EVERY = 12.0  # seconds between SIGKILLs of cri-resmgr
+
+
+def pod_name(c: cri.Container) -> str:
+    return c.labels.get("io.kubernetes.pod.name", "?")
+
+
+def holds(c: cri.Container, cpus: CPUSet) -> bool:
+    """A Guaranteed container on a CPU of its own (one that found none free runs on the shared ones)."""
+    return pod_name(c).startswith("g-") and len(cpus) == 1 and not cpus & RESERVED
+
+
+def test_kubelet_soak_with_relay_kills(kube, request):
+    seconds = request.config.getoption("--soak-seconds")
+    seed = request.config.getoption("--soak-seed") or random.randrange(1 << 32)
+    rng = random.Random(seed)
+    where = scratch()
+    node = KubeNode(kube, where)
+    node.start()
+    violations: list[str] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_exclusive, args=(node.ctrd.socket, holds, pod_name, violations, stop))
+    watcher.start()
+    made = deleted = kills = 0
+    live: list[str] = []
+    try:
+        assert node.resmgr is not None
+        deadline = last_kill = time.monotonic()
+        deadline += seconds
+        while time.monotonic() < deadline:
+            if len(live) < 3 or (len(live) < 8 and rng.random() < 0.55):
+                kind = rng.choice(list(KINDS))
+                name = f"{kind}-{made}"
+                node.core.create_namespaced_pod(NAMESPACE, pod_manifest(name, node.node, **KINDS[kind]))
+                live.append(name)
+                made += 1
+            else:
+                name = live.pop(rng.randrange(len(live)))
+                node.core.delete_namespaced_pod(name, NAMESPACE)
+                deleted += 1
+            if time.monotonic() - last_kill > KILL_EVERY:
+                node.resmgr.stop(signal.SIGKILL)
+                time.sleep(rng.uniform(0, 2))  # kubelet's calls fail meanwhile, and it retries
+                node.resmgr.start()
+                kills += 1
+                last_kill = time.monotonic()
+            time.sleep(rng.uniform(0.3, 1.2))
+        # Settle: every pod kubelet admitted runs, then the node is checked once more at rest.
+        for name in live:
+            pod = node.core.read_namespaced_pod(name, NAMESPACE)
+            if pod.status.phase != "Failed":  # kubelet refuses a Guaranteed pod that does not fit
+                node.wait_running(name, timeout=90)
+        time.sleep(3)
+        assert node.direct is not None
+        running = [c for c, _ in live_cgroups(node.direct, (cri.CONTAINER_RUNNING,))]
+        restarts = node.last_ends()
+    finally:
+        stop.set()
+        watcher.join()
+        node.stop()
+        done_with(where)
+    print(f"\nkubelet soak (--soak-seed {seed}): {seconds:.0f}s, {made} pods made, {deleted} deleted, "
+          f"{kills} cri-resmgr kills, {len(running)} running at the end, {len(violations)} violations")
+    assert violations == [], "\n".join(violations[:20])
+    assert restarts == {}, f"containers kubelet restarted: {restarts}"
+

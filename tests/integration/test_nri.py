@@ -1,0 +1,250 @@
+"""cri-resmgr as an NRI plugin of the real containerd: kubelet's calls go straight to containerd,
+which asks the plugin at each event; the cgroups of real containers show the result."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from harness.relay import NriProcess, policy_relay
+from resmgr.generated.cri import api_pb2 as cri
+from tests.support.helpers import (
+    ONLINE,
+    ROOT,
+    Cri,
+    Link,
+    Pods,
+    cgroup_cpus,
+    container_config,
+    pod_config,
+    resources,
+    wait_until,
+)
+from tests.support.hookplugin import Plugin
+
+pytestmark = [pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")]
+
+
+def nri_plugin(workdir: Path, containerd, policy: str, *extra: str, relay_dir: Path | None = None) -> NriProcess:
+    config = workdir / f"{policy}.yaml"
+    config.write_text(f"policy:\n  Active: {policy}\n")
+    return NriProcess(workdir, str(containerd.dir / "nri.sock"), "--force-config", str(config),
+                      "--hook-dir", "disabled", *extra, relay_dir=relay_dir)
+
+
+@pytest.fixture
+def pods(containerd, workdir):
+    """Pods made straight in containerd, as kubelet does in NRI mode."""
+    client = Cri(containerd.socket)
+    p = Pods(client, workdir)
+    yield p
+    p.remove_all()
+    client.close()
+
+
+def run(pods: Pods, qos: str, milli: int, **kw: object) -> tuple[cri.PodSandboxConfig, str]:
+    cfg, _, cid = pods.run(qos, resources(milli, qos == "guaranteed"), **kw)
+    return cfg, cid
+
+
+def remove(pods: Pods, cid: str) -> None:
+    pods.client.rt.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=1), timeout=30)
+    pods.client.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid), timeout=30)
+
+
+def grants(relay_dir: Path) -> dict[str, str]:
+    state = json.loads((relay_dir / "cache").read_text())
+    return {c["id"]: c["resources"].get("cpuset_cpus", "") for c in state["containers"]}
+
+
+@pytest.mark.parametrize("policy", ["static", "topology-aware"])
+def test_nri_pins_containers_and_gives_cpus_back(containerd, workdir, pods, policy):
+    plugin = nri_plugin(workdir, containerd, policy).start()
+    try:
+        s_cfg, shared = run(pods, "burstable", 200)
+        assert cgroup_cpus(s_cfg, shared) == ONLINE
+        g_cfg, mine_id = run(pods, "guaranteed", 1000)
+        mine = cgroup_cpus(g_cfg, mine_id)
+        assert len(mine) == 1
+        # The shared container left the exclusive CPU within the same CreateContainer answer.
+        assert cgroup_cpus(s_cfg, shared) == ONLINE - mine
+        if policy == "topology-aware":
+            assert cgroup_cpus(g_cfg, mine_id) == mine
+        remove(pods, mine_id)
+        wait_until(lambda: cgroup_cpus(s_cfg, shared) == ONLINE, what="shared container back on every CPU")
+        assert "Traceback" not in plugin.log()
+    finally:
+        plugin.stop()
+
+
+def test_synchronize_adopts_what_runs_and_restarts_lose_nothing(containerd, workdir, pods):
+    # Made before the plugin connects: containerd runs them unpinned.
+    s_cfg, shared = run(pods, "burstable", 200)
+    g_cfg, mine_id = run(pods, "guaranteed", 1000)
+    assert cgroup_cpus(g_cfg, mine_id) == ONLINE == cgroup_cpus(s_cfg, shared)
+    plugin = nri_plugin(workdir, containerd, "static").start()
+    try:
+        # Synchronize's answer put every container where the policy wants it (the runtime applies
+        # it once the answer is in).
+        wait_until(lambda: len(cgroup_cpus(g_cfg, mine_id)) == 1, what="adopted exclusive container pinned")
+        mine = cgroup_cpus(g_cfg, mine_id)
+        wait_until(lambda: cgroup_cpus(s_cfg, shared) == ONLINE - mine, what="adopted shared container moved")
+        before = grants(plugin.relay_dir)
+
+        # containerd killed and started again under the plugin: it reconnects and synchronizes again.
+        containerd.restart()
+        plugin.wait_synchronized(timeout=60)
+        assert grants(plugin.relay_dir) == before
+        assert cgroup_cpus(g_cfg, mine_id) == mine and cgroup_cpus(s_cfg, shared) == ONLINE - mine
+
+        # The plugin killed with SIGKILL and started again: the same grants, nothing booked twice.
+        assert plugin.stop(signal.SIGKILL) == -signal.SIGKILL
+        plugin = nri_plugin(workdir, containerd, "static", relay_dir=plugin.relay_dir).start()
+        assert grants(plugin.relay_dir) == before
+        assert cgroup_cpus(g_cfg, mine_id) == mine
+        # No CPU is left for a second exclusive container: refused, never given the same CPU.
+        with pytest.raises(grpc.RpcError) as err:
+            run(pods, "guaranteed", 1000)
+        assert "needs 1 exclusive CPUs; only 0 can be given" in err.value.details()
+        remove(pods, mine_id)
+        wait_until(lambda: cgroup_cpus(s_cfg, shared) == ONLINE, what="shared container back on every CPU")
+        assert "Traceback" not in plugin.log()
+    finally:
+        plugin.stop()
+
+
+def test_a_node_moves_from_relay_to_nri_and_back_keeping_its_allocations(containerd, workdir):
+    relay = policy_relay(workdir, containerd.socket, "static").start()
+    via = Cri(relay.socket)
+    pod_ids = []
+    plugin = None
+    try:
+        g_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pod_ids.append(via.run_pod(g_cfg))
+        mine_id = via.run_container(pod_ids[-1], g_cfg, container_config(resources=resources(1000, True)))
+        mine = cgroup_cpus(g_cfg, mine_id)
+        before = grants(relay.relay_dir)
+        relay.stop()
+        via.close()
+
+        plugin = nri_plugin(workdir, containerd, "static", relay_dir=relay.relay_dir).start()
+        assert grants(plugin.relay_dir) == before and cgroup_cpus(g_cfg, mine_id) == mine
+        assert "runs with other CPUs" not in plugin.log()  # found as the relay left it: nothing to repair
+        # While the plugin runs, the state cannot be reset under it.
+        out = subprocess.run([sys.executable, "-m", "resmgr", "--relay-dir", str(plugin.relay_dir),
+                              "--relay-socket", str(workdir / "none.sock"), "--reset-policy"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert out.returncode == 1 and "another cri-resmgr uses the state" in out.stderr
+        plugin.stop()
+
+        relay = policy_relay(workdir, containerd.socket, "static", relay_dir=relay.relay_dir).start()
+        via = Cri(relay.socket)
+        assert grants(relay.relay_dir) == before and cgroup_cpus(g_cfg, mine_id) == mine
+        # Two front ends on one state at once would double-book: the second refuses to start.
+        second = nri_plugin(workdir, containerd, "static", relay_dir=relay.relay_dir).start(wait=False)
+        assert second.proc.wait(20) == 1 and "another cri-resmgr uses the state" in second.log()
+    finally:
+        for p in pod_ids:
+            via.remove_pod(p)
+        via.close()
+        relay.stop()
+        if plugin is not None and plugin.proc.poll() is None:
+            plugin.stop()
+
+
+def test_a_policy_switch_pushed_by_the_agent_repins_through_update_containers(containerd, workdir, pods):
+    plugin = NriProcess(workdir, str(containerd.dir / "nri.sock"), "--hook-dir", "disabled").start()
+    link = Link(str(workdir / "config.sock"))
+    try:
+        g_cfg, mine_id = run(pods, "guaranteed", 1000)
+        s_cfg, shared = run(pods, "besteffort", 0)
+        assert cgroup_cpus(g_cfg, mine_id) == ONLINE == cgroup_cpus(s_cfg, shared)
+        assert link.push({"policy": "Active: static\n"}) == ""
+        wait_until(lambda: len(cgroup_cpus(g_cfg, mine_id)) == 1, what="exclusive CPU after the switch")
+        mine = cgroup_cpus(g_cfg, mine_id)
+        wait_until(lambda: cgroup_cpus(s_cfg, shared) == ONLINE - mine, what="shared container moved")
+        assert "UpdateContainers for" not in plugin.log() and "refused the update" not in plugin.log()
+        assert link.push({"policy": "Active: none\n"}) == ""
+        assert link.status().policy == "none"
+    finally:
+        link.close()
+        plugin.stop()
+
+
+def test_hook_plugins_run_from_nri_events(containerd, workdir, pods, tmp_path):
+    hookdir = workdir / "hookserver.d"
+    hookdir.mkdir()
+    hook = Plugin(workdir, "h1").start()
+    hook.register(hookdir, ["PreRunPodSandbox", "PreCreateContainer", "PostStartContainer", "PostStopContainer"])
+    config = workdir / "static.yaml"
+    config.write_text("policy:\n  Active: static\n")
+    plugin = NriProcess(workdir, str(containerd.dir / "nri.sock"), "--force-config", str(config),
+                        "--hook-dir", str(hookdir)).start()
+    try:
+        cfg, cid = run(pods, "burstable", 200, command=["sh", "-c", "sleep 3600"])
+        env = pods.client.rt.ExecSync(cri.ExecSyncRequest(container_id=cid, cmd=["env"], timeout=10), timeout=20)
+        assert "HOOKED_BY=h1" in env.stdout.decode()
+        status = pods.client.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid, verbose=True), timeout=10)
+        spec = json.loads(status.info["info"])["runtimeSpec"]  # NRI adjusts the OCI spec, not CRI's record
+        assert spec["annotations"].get("example.com/hooked-by") == "h1"
+        wait_until(lambda: hook.calls("PostStartContainer"), what="PostStartContainer")
+        start = hook.calls("PostStartContainer")[0]["request"]
+        assert start["container_meta"]["id"] == cid and start["pod_meta"]["name"] == cfg.metadata.name
+        assert start["container_envs"]["HOOKED_BY"] == "h1"
+        remove(pods, cid)
+        wait_until(lambda: hook.calls("PostStopContainer"), what="PostStopContainer")
+        assert {c["hook"] for c in hook.calls()} >= {"PreRunPodSandbox", "PreCreateContainer"}
+
+        # A failing plugin under the Fail policy fails the create in containerd; nothing is kept.
+        hook.stop()
+        bad = Plugin(workdir, "h0").start("--mode", "error")
+        bad.register(hookdir, ["PreCreateContainer"], policy="Fail")
+        time.sleep(0.5)
+        with pytest.raises(grpc.RpcError) as err:
+            run(pods, "burstable", 200)
+        assert "h0" in err.value.details()
+        bad.stop()
+        assert not [c for c in grants(plugin.relay_dir) if c.startswith("pending")]
+    finally:
+        plugin.stop()
+        hook.stop()
+
+
+def test_containerd_launches_the_plugin_from_its_plugin_directory(containerd, workdir, pods):
+    """Placed in containerd's plugin directory, the plugin is started by containerd with an inherited socket,
+    and exits when that connection ends (containerd starts a new copy when it comes back)."""
+    config = workdir / "static.yaml"
+    config.write_text("policy:\n  Active: static\n")
+    log = workdir / "launched.log"
+    script = containerd.dir / "nri-plugins" / "45-resmgr-test"
+    script.parent.mkdir(exist_ok=True)
+    # containerd gives a launched plugin nothing but NRI_PLUGIN_{NAME,IDX,SOCKET}: absolute paths only.
+    script.write_text(f"#!/bin/sh\ncd {ROOT}\nexec {sys.executable} -m resmgr --nri --relay-dir {workdir / 'state'} "
+                      f"--force-config {config} --config-socket disabled --hook-dir disabled --log-level DEBUG "
+                      f"--pid-file {workdir / 'launched.pid'} >>{log} 2>&1\n")
+    script.chmod(0o755)
+    try:
+        containerd.restart()
+        wait_until(lambda: log.exists() and "NRI: synchronized" in log.read_text(), timeout=30,
+                   what="launched plugin synchronized")
+        text = log.read_text()
+        assert "registered as 45-resmgr-test" in text and "an inherited socket" in text
+        g_cfg, mine_id = run(pods, "guaranteed", 1000)
+        assert len(cgroup_cpus(g_cfg, mine_id)) == 1
+        pid = int((workdir / "launched.pid").read_text())
+        script.unlink()
+        containerd.kill()
+        wait_until(lambda: not Path(f"/proc/{pid}").exists() or
+                   Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", timeout=15, what="launched plugin exit")
+        assert "dropped its connection; exiting" in log.read_text()
+    finally:
+        script.unlink(missing_ok=True)
+        if containerd.proc is None or containerd.proc.poll() is not None:
+            containerd.start()

@@ -1,0 +1,149 @@
+"""Persisted state and reconciliation with the real containerd across relay restarts."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import grpc
+import pytest
+
+from resmgr.generated.cri import api_pb2 as cri
+from tests.support.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_config, pod_config, policy_relay
+
+
+def guaranteed_cpu() -> cri.LinuxContainerResources:
+    return cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000,
+                                       memory_limit_in_bytes=64 << 20)
+
+
+def state_of(relay: RelayProcess) -> dict:
+    return json.loads((relay.relay_dir / "cache").read_text())
+
+
+def test_kill9_loses_nothing_and_restart_reconciles(containerd, workdir, direct):
+    relay = RelayProcess(workdir, containerd.socket).start()
+    via = Cri(relay.socket)
+    cfgs = [pod_config(qos=q, logdir=str(workdir / "logs")) for q in ("guaranteed", "burstable", "besteffort")]
+    pods = [via.run_pod(c) for c in cfgs]
+    c1 = via.run_container(pods[0], cfgs[0], container_config("app"))
+    state = state_of(relay)
+    assert {p["id"]: p["qos_class"] for p in state["pods"]} == dict(
+        zip(pods, ["Guaranteed", "Burstable", "BestEffort"], strict=True))
+    assert [(c["id"], c["state"]) for c in state["containers"]] == [(c1, "running")]
+    assert relay.stop(signal.SIGKILL) == -signal.SIGKILL
+    via.close()
+
+    # While the relay is down: one pod goes away, another appears behind our back.
+    direct.remove_pod(pods[1])
+    extra_cfg = pod_config(qos="burstable", logdir=str(workdir / "logs"))
+    extra = direct.run_pod(extra_cfg)
+    c_extra = direct.run_container(extra, extra_cfg, container_config(
+        "side", resources=cri.LinuxContainerResources(cpu_shares=256, cpuset_cpus="0")))
+
+    relay2 = RelayProcess(workdir, containerd.socket, relay_dir=relay.relay_dir).start()
+    try:
+        state = state_of(relay2)
+        by_id = {p["id"]: p for p in state["pods"]}
+        assert set(by_id) == {pods[0], pods[2], extra}
+        assert by_id[extra]["qos_class"] == "Burstable"
+        assert by_id[extra]["cgroup_parent"] == extra_cfg.linux.cgroup_parent
+        assert by_id[extra]["namespace"] == "default" and by_id[extra]["uid"] == extra_cfg.metadata.uid
+        ctrs = {c["id"]: c for c in state["containers"]}
+        assert set(ctrs) == {c1, c_extra}
+        assert ctrs[c_extra]["name"] == "side" and ctrs[c_extra]["state"] == "running"
+        assert ctrs[c_extra]["requested"]["cpu_shares"] == 256
+        assert ctrs[c_extra]["requested"]["cpuset_cpus"] == "0"
+        assert "adopted 1 pods, 1 containers; dropped 1 pods" in relay2.log()
+    finally:
+        relay2.stop()
+        for p in (pods[0], pods[2], extra):
+            direct.remove_pod(p)
+
+
+@pytest.mark.parametrize("content", ["{ this is not json", '{"version":1,"policy":"static"}',
+                                     '{"version":1,"pods":' + "[" * 50000 + "]" * 50000 + "}"])
+def test_broken_state_file_is_moved_aside_and_rebuilt(containerd, workdir, direct, content):
+    cfg = pod_config(logdir=str(workdir / "logs"))
+    pod = direct.run_pod(cfg)
+    state_dir = workdir / "state"
+    state_dir.mkdir()
+    (state_dir / "cache").write_text(content)
+    (state_dir / "cache").chmod(0o600)
+    relay = RelayProcess(workdir, containerd.socket).start()
+    try:
+        assert any(p.name.startswith("cache.broken-") for p in state_dir.iterdir())
+        assert "unusable" in relay.log()
+        assert pod in {p["id"] for p in state_of(relay)["pods"]}
+    finally:
+        relay.stop()
+        direct.remove_pod(pod)
+
+
+def test_stop_and_remove_update_state(containerd, relay, via, workdir):
+    cfg = pod_config(logdir=str(workdir / "logs"))
+    pod = via.run_pod(cfg)
+    cid = via.run_container(pod, cfg, container_config())
+    via.rt.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=1), timeout=30)
+    assert [c["state"] for c in state_of(relay)["containers"]] == ["exited"]
+    via.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid), timeout=30)
+    assert state_of(relay)["containers"] == []
+    via.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod), timeout=30)
+    assert [p["state"] for p in state_of(relay)["pods"]] == ["notready"]
+    via.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=30)
+    assert state_of(relay)["pods"] == []
+
+
+@pytest.mark.skipif(len(ONLINE) != 2, reason="counts on 2 CPUs: one exclusive grant fills the machine")
+def test_without_configuration_the_persisted_policy_is_kept(containerd, workdir, direct):
+    relay = policy_relay(workdir, containerd.socket, "static").start()
+    via = Cri(relay.socket)
+    pods = []
+    try:
+        g_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(g_cfg))
+        g = via.run_container(pods[-1], g_cfg, container_config(resources=guaranteed_cpu()))
+        mine = cgroup_cpus(g_cfg, g)
+        assert relay.stop(signal.SIGKILL) == -signal.SIGKILL
+        via.close()
+        # Started again with no configuration at all: still static, so the CPU is not handed out twice.
+        relay = RelayProcess(workdir, containerd.socket, relay_dir=relay.relay_dir).start()
+        via = Cri(relay.socket)
+        assert "keeping the static policy" in relay.log()
+        other_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(other_cfg))
+        with pytest.raises(grpc.RpcError) as info:
+            via.create(pods[-1], other_cfg, container_config(resources=guaranteed_cpu()))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert cgroup_cpus(g_cfg, g) == mine
+    finally:
+        for p in pods:
+            via.remove_pod(p)
+        via.close()
+        relay.stop()
+
+
+def test_snapshots_are_plain_copies_that_round_trip():
+    """to_dict is hand-written for speed (a snapshot is taken at every lifecycle event): it must
+    say what dataclasses.asdict says, and share no mutable value with the live object."""
+    import dataclasses
+
+    from resmgr.model import Container, Pod, Resources
+
+    res = Resources(cpu_shares=2, cpuset_cpus="1", unified={"memory.high": "1"}, hugepage_limits={"2MB": 4})
+    c = Container(id="c", pod_id="p", name="n", command=["sh"], labels={"a": "b"}, hints={"/dev/x": [0, 1]},
+                  requested=res, resources=res, adjusted=Resources(cpu_quota=5), env={"K": "v"})
+    p = Pod(id="p", uid="u", name="n", namespace="ns", labels={"l": "v"}, resources=res)
+    for obj in (c, p):
+        d = obj.to_dict()
+        plain = dataclasses.asdict(obj)
+        for key in ("requested", "resources", "adjusted", "overhead"):
+            if key in plain and plain[key] is not None:
+                plain[key] = {k: v for k, v in plain[key].items() if v}
+        assert d == {k: getattr(v, "value", v) for k, v in plain.items()}
+        assert type(obj).from_dict(d) == obj
+    d = c.to_dict()
+    d["labels"]["x"] = "y"
+    d["hints"]["/dev/x"].append(9)
+    d["resources"]["unified"]["x"] = "y"
+    assert c.labels == {"a": "b"} and c.hints == {"/dev/x": [0, 1]} and "x" not in c.resources.unified

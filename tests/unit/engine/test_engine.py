@@ -1,0 +1,818 @@
+"""Engine behaviour with a scripted runtime: locking, rollback, policy decisions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import pytest
+
+from resmgr.engine import Engine, NotReady, reconcile
+from resmgr.engine import start as starting
+from resmgr.engine.store import StateStore
+from resmgr.frontends.cri.lifecycle import CriLifecycle
+from resmgr.frontends.cri.runtime import CriRuntime
+from resmgr.generated.cri import api_pb2 as cri
+from resmgr.model import ContainerEvent, ContainerState, Resources
+from resmgr.policies import Decision, Policy
+from tests.support.fakeruntime import FakeRuntime, RuntimeError_
+from tests.support.helpers import container_config, pod_config
+
+
+def front(engine: Engine) -> CriLifecycle:
+    """The engine as the relay drives it: CRI requests through the CRI front end."""
+    return CriLifecycle(engine)
+
+
+class PinningPolicy(Policy):
+    """Gives each new container CPU n (n = order of arrival) and re-pins everyone else."""
+
+    name = "test-pinning"
+
+    def allocate(self, container, pod, view):
+        n = len(view.containers) - 1
+        others = {k: Resources(cpuset_cpus=f"0-{n}") for k in view.containers if k != container.key}
+        return Decision(resources=Resources(cpuset_cpus=str(n), cpu_shares=1024), updates=others,
+                        classes={"rdt": "gold"})
+
+    def update(self, container, requested, view):
+        return Decision(resources=Resources(cpuset_cpus=container.resources.cpuset_cpus,
+                                            cpu_shares=requested.cpu_shares))
+
+
+@pytest.fixture
+def engine(tmp_path):
+    store = StateStore(tmp_path)
+    store.prepare()
+    return Engine(PinningPolicy(), store, CriRuntime(FakeRuntime()))
+
+
+async def _run_pod(engine, name="p"):
+    cfg = pod_config(name)
+
+    async def send(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id=f"pod-{name}")
+
+    await front(engine).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), send)
+    return f"pod-{name}", cfg
+
+
+async def _create(engine, pod_id, cfg, cid="c1", name="a"):
+    async def send(req):
+        return cri.CreateContainerResponse(container_id=cid)
+
+    await front(engine).create_container(cri.CreateContainerRequest(
+        pod_sandbox_id=pod_id, config=container_config(name), sandbox_config=cfg), send)
+
+
+async def test_lock_is_not_held_across_runtime_calls(engine):
+    pod_id, cfg = await _run_pod(engine)
+    both_inside = asyncio.Event()
+    inside = 0
+
+    async def send(req):
+        nonlocal inside
+        inside += 1
+        if inside == 2:
+            both_inside.set()
+        await asyncio.wait_for(both_inside.wait(), 2)  # deadlocks if calls are serialized
+        return cri.CreateContainerResponse(container_id=f"c-{req.config.metadata.name}")
+
+    reqs = [cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config(n), sandbox_config=cfg)
+            for n in ("a", "b")]
+    await asyncio.gather(*(front(engine).create_container(r, send) for r in reqs))
+    assert set(engine.containers) == {"c-a", "c-b"}
+
+
+async def test_create_rewrites_request_and_updates_others(engine):
+    pod_id, cfg = await _run_pod(engine)
+    sent = []
+
+    async def send(req):
+        sent.append(req)
+        return cri.CreateContainerResponse(container_id=f"c{len(sent)}")
+
+    for name in ("a", "b"):
+        req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config(
+            name, resources=cri.LinuxContainerResources(cpu_shares=2, memory_limit_in_bytes=1 << 20)),
+            sandbox_config=cfg)
+        await front(engine).create_container(req, send)
+    assert sent[1].config.linux.resources.cpuset_cpus == "1"
+    assert sent[1].config.linux.resources.cpu_shares == 1024
+    assert engine.containers["c2"].requested.cpu_shares == 2
+    assert engine.containers["c2"].classes["rdt"] == "gold"
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.client.updates] == [("c1", "0-1")]
+    assert engine.containers["c1"].resources.cpuset_cpus == "0-1"
+
+
+async def test_a_create_the_runtime_refused_rolls_back(engine):
+    pod_id, cfg = await _run_pod(engine)
+
+    async def send(req):
+        raise RuntimeError_(grpc.StatusCode.INVALID_ARGUMENT, "runtime says no")
+
+    with pytest.raises(RuntimeError_, match="runtime says no"):
+        await front(engine).create_container(cri.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), send)
+    assert engine.containers == {}
+
+
+async def test_kubelet_update_is_forwarded_with_pinning_kept(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg)
+    forwarded = []
+
+    async def update(req):
+        forwarded.append(req)
+        return cri.UpdateContainerResourcesResponse()
+
+    await front(engine).update_container_resources(cri.UpdateContainerResourcesRequest(
+        container_id="c1", linux=cri.LinuxContainerResources(cpu_shares=300, cpuset_cpus="0-63")), update)
+    assert len(forwarded) == 1
+    assert forwarded[0].linux.cpuset_cpus == "0" and forwarded[0].linux.cpu_shares == 300
+    assert engine.containers["c1"].requested.cpuset_cpus == "0-63"
+
+
+async def test_failed_or_cancelled_stop_keeps_resources_until_the_runtime_says_stopped(engine, caplog):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg)
+    engine.runtime.client.pod(pod_id)
+    engine.runtime.client.run("c1", pod_id)
+    released = []
+    engine.policy.release = lambda c, view: released.append(c.key) or Decision()
+
+    async def stop(req):
+        raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "runtime went away")
+
+    with pytest.raises(RuntimeError_):
+        await front(engine).stop_container(cri.StopContainerRequest(container_id="c1"), stop)
+
+    async def stuck(req):
+        await asyncio.sleep(3600)
+
+    caplog.set_level(logging.WARNING, "cri-resmgr.engine")
+    task = asyncio.create_task(front(engine).stop_container(cri.StopContainerRequest(container_id="c1"), stuck))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert "stopping container c1 was cancelled by the caller" in caplog.text
+    assert engine.containers["c1"].state != ContainerState.EXITED and released == []
+    await engine.reconcile()  # the runtime still runs it
+    assert released == []
+    engine.runtime.client.run("c1", pod_id, state=cri.CONTAINER_EXITED)
+    await engine.reconcile()
+    assert released == ["c1"] and engine.containers["c1"].state == ContainerState.EXITED
+
+
+async def test_failed_remove_keeps_the_container(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg)
+
+    async def remove(req):
+        raise RuntimeError_(grpc.StatusCode.DEADLINE_EXCEEDED, "too slow")
+
+    with pytest.raises(RuntimeError_):
+        await front(engine).remove_container(cri.RemoveContainerRequest(container_id="c1"), remove)
+    assert engine.containers["c1"].state == ContainerState.CREATED
+    await engine.reconcile()  # the runtime has no such container (and no such pod)
+    assert "c1" not in engine.containers
+
+
+async def test_unsettled_create_keeps_its_grant_and_is_adopted_or_released(engine, monkeypatch):
+    pod_id, cfg = await _run_pod(engine)
+    engine.runtime.client.pod(pod_id)
+    released = []
+    release = engine.policy.release
+    engine.policy.release = lambda c, view: released.append(c.key) or release(c, view)
+
+    async def lost(req):
+        raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "connection lost")
+
+    for name in ("made", "never"):
+        with pytest.raises(RuntimeError_):
+            await front(engine).create_container(cri.CreateContainerRequest(
+                pod_sandbox_id=pod_id, config=container_config(name), sandbox_config=cfg), lost)
+    assert set(engine.containers) == {f"pending:{pod_id}:made:0", f"pending:{pod_id}:never:0"}
+    assert released == []
+    engine.runtime.client.run("c-made", pod_id, name="made")
+    engine.runtime.client.cpusets["c-made"] = "0"  # what its create request said
+    allocations = []
+    allocate = engine.policy.allocate
+    engine.policy.allocate = lambda c, pod, view: allocations.append(c.key) or allocate(c, pod, view)
+    await engine.reconcile()
+    # Listed too soon after its call failed: the runtime may still be making it.
+    assert released == [] and f"pending:{pod_id}:never:0" in engine.containers
+    monkeypatch.setattr(reconcile, "SETTLE_GRACE", 0.0)
+    await engine.reconcile()
+    assert released == [f"pending:{pod_id}:never:0"]
+    made = engine.containers["c-made"]
+    assert allocations == [] and made.state == ContainerState.RUNNING  # adopted with its grant
+    # "never"'s create had moved it to 0-1 meanwhile: that decision reaches the runtime now.
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.client.updates] == [("c-made", "0-1")]
+
+
+async def test_a_retried_create_settles_the_unknown_one_first(engine):
+    pod_id, cfg = await _run_pod(engine)
+    engine.runtime.client.pod(pod_id)
+
+    async def lost(req):
+        engine.runtime.client.run("c-first", pod_id)  # it did get created
+        raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "connection lost")
+
+    async def reserved(req):
+        raise RuntimeError_(grpc.StatusCode.ALREADY_EXISTS, "name is reserved")
+
+    req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg)
+    with pytest.raises(RuntimeError_):
+        await front(engine).create_container(req, lost)
+    with pytest.raises(RuntimeError_, match="reserved"):
+        await front(engine).create_container(req, reserved)
+    assert set(engine.containers) == {"c-first"}
+    first = engine.containers["c-first"]
+    assert first.state == ContainerState.RUNNING and first.resources.cpuset_cpus == "0"  # its grant stands
+
+
+def _holding(engine, pod_id, cid="c1", cpus="0"):
+    """The engine holds container cid (name "a", attempt 0) as created, and the runtime lists it."""
+    engine.runtime.client.pod(pod_id)
+    engine.runtime.client.run(cid, pod_id, state=cri.CONTAINER_CREATED)
+    engine.runtime.client.cpusets[cid] = cpus
+
+
+async def test_a_create_refused_for_a_held_name_leaves_the_holder_as_it_was(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    _holding(engine, pod_id)
+    holder = engine.containers["c1"]
+    granted = holder.resources
+    asked = []
+    allocate = engine.policy.allocate
+    engine.policy.allocate = lambda c, pod, view: asked.append(c.key) or allocate(c, pod, view)
+    sent = []
+
+    async def reserved(req):
+        sent.append(req.config.linux.resources.cpuset_cpus)
+        raise RuntimeError_(grpc.StatusCode.FAILED_PRECONDITION,
+                            'failed to reserve container name "a_p": name "a_p" is reserved for "c1"')
+
+    req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg)
+    with pytest.raises(RuntimeError_, match="reserved"):
+        await front(engine).create_container(req, reserved)
+    assert asked == [] and sent == ["0"]  # nothing granted to it; it carried the holder's grant
+    assert set(engine.containers) == {"c1"} and holder.state == ContainerState.CREATED
+    assert holder.resources == granted and not holder.pending
+    await engine.start_container("c1", _ok)
+    assert holder.state == ContainerState.RUNNING and holder.resources == granted
+
+
+async def _ok():
+    return None
+
+
+async def test_a_create_the_runtime_takes_for_a_held_name_takes_over_the_grant(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    granted = engine.containers["c1"].resources
+    engine.runtime.client.pod(pod_id)
+    engine.runtime.client.run("c1", pod_id, state=cri.CONTAINER_CREATED)
+    asked = []
+    allocate = engine.policy.allocate
+    engine.policy.allocate = lambda c, pod, view: asked.append(c.key) or allocate(c, pod, view)
+    engine.runtime.client.containers = []  # c1 was removed behind our back, after we last asked
+
+    async def made(req):
+        return cri.CreateContainerResponse(container_id="c2")
+
+    engine._confirm_older = _no_check  # the removal comes after the engine asked about c1
+    await front(engine).create_container(cri.CreateContainerRequest(
+        pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), made)
+    assert asked == [] and set(engine.containers) == {"c2"}
+    assert engine.containers["c2"].resources == granted and engine.containers["c2"].state == ContainerState.CREATED
+
+
+async def _no_check(c):
+    return None
+
+
+async def test_a_create_in_flight_holds_its_name_against_a_second_one(engine):
+    pod_id, cfg = await _run_pod(engine)
+    req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg)
+    first_sent, release_first = asyncio.Event(), asyncio.Event()
+
+    async def slow(req):
+        first_sent.set()
+        await release_first.wait()
+        return cri.CreateContainerResponse(container_id="c1")
+
+    async def reserved(req):
+        raise RuntimeError_(grpc.StatusCode.FAILED_PRECONDITION, 'name "a" is reserved for "c1"')
+
+    first = asyncio.create_task(front(engine).create_container(req, slow))
+    await first_sent.wait()
+    with pytest.raises(RuntimeError_, match="reserved"):
+        await front(engine).create_container(req, reserved)
+    release_first.set()
+    await first
+    assert set(engine.containers) == {"c1"} and engine.containers["c1"].resources.cpuset_cpus == "0"
+
+
+async def test_a_new_sandbox_of_a_pod_does_not_release_the_old_ones_containers(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+
+    async def again(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod-again")
+
+    await front(engine).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), again)  # same pod UID
+    assert {pod_id, "pod-again"} <= set(engine.pods)
+    assert engine.containers["c1"].state == ContainerState.CREATED
+
+
+async def test_failed_updates_stay_pending_across_restarts_until_pushed(engine, tmp_path):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    engine.runtime.client.fail_updates = True
+    await _create(engine, pod_id, cfg, cid="c2", name="b")  # moves c1 to 0-1; the push fails
+    assert engine.containers["c1"].pending
+    assert engine.store.load()["containers"][0]["pending"] is True
+    # A restart: the pending update is pushed once the runtime is back.
+    runtime = FakeRuntime()
+    runtime.pod(pod_id)
+    runtime.run("c1", pod_id, name="a")
+    runtime.run("c2", pod_id, name="b")
+    again = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(runtime))
+    again.restore(StateStore(tmp_path).load())
+    await again.reconcile()
+    assert ("c1", "0-1") in [(cid, r.cpuset_cpus) for cid, r in runtime.updates]
+    assert not again.containers["c1"].pending
+
+
+async def test_reconcile_pushes_again_where_the_runtime_differs(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    engine.runtime.client.pod(pod_id)
+    engine.runtime.client.run("c1", pod_id)
+    engine.runtime.client.cpusets["c1"] = "0"
+    await engine.reconcile()
+    assert engine.runtime.client.updates == []
+    engine.runtime.client.cpusets["c1"] = "1"  # changed behind our back
+    await engine.reconcile()
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.client.updates] == [("c1", "0")]
+
+
+async def test_pods_removed_behind_our_back_release_their_containers(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg)
+    released = []
+    engine.policy.release = lambda c, view: released.append(c.key) or Decision()
+    await engine.reconcile()  # the runtime has neither the pod nor its container
+    assert engine.pods == {} and engine.containers == {} and released == ["c1"]
+
+
+async def test_a_reconcile_does_not_drop_a_create_that_lands_while_it_lists(engine):
+    pod_id, cfg = await _run_pod(engine)
+    engine.runtime.client.pod(pod_id)
+    listing = asyncio.Event()
+    landed = asyncio.Event()
+    original = engine.runtime.client.list_containers
+
+    async def slow_list(pod_id=""):
+        listing.set()
+        result = await original(pod_id)
+        await landed.wait()
+        return result
+
+    async def send(req):
+        await listing.wait()  # decided before the round, created in the runtime after its listing
+        engine.runtime.client.run("c-late", pod_id)
+        return cri.CreateContainerResponse(container_id="c-late")
+
+    engine.runtime.client.list_containers = slow_list
+    round_ = asyncio.create_task(engine.reconcile())
+    await front(engine).create_container(cri.CreateContainerRequest(
+        pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), send)
+    landed.set()
+    await round_
+    assert "c-late" in engine.containers
+
+
+async def test_gated_engine_decides_nothing_before_reconciling(tmp_path, monkeypatch):
+    monkeypatch.setattr("resmgr.engine.state.READY_WAIT", 0.05)
+    eng = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(FakeRuntime()), gated=True)
+    pod_id, cfg = await _run_pod(eng)
+    with pytest.raises(NotReady):
+        await _create(eng, pod_id, cfg)
+    eng.runtime.client.pod(pod_id)
+    await eng.reconcile()
+    await _create(eng, pod_id, cfg)
+    assert "c1" in eng.containers
+
+
+async def test_reconcile_tolerates_odd_runtime_data(engine):
+    rt = engine.runtime.client
+    rt.pods = [cri.PodSandbox(id="p1"), cri.PodSandbox(id="")]  # no metadata at all; no ID
+    rt.containers = [cri.Container(id="x1", pod_sandbox_id="p1", state=cri.CONTAINER_RUNNING),
+                     cri.Container(id="x2", pod_sandbox_id="no-such-pod", state=cri.CONTAINER_RUNNING),
+                     cri.Container(id="x3", pod_sandbox_id="p1", state=cri.CONTAINER_UNKNOWN)]
+
+    async def odd_status(cid, verbose=True):
+        return cri.ContainerStatusResponse(info={"info": '["not", "an", "object"]'})
+
+    async def odd_pod_status(pid):
+        return cri.PodSandboxStatusResponse(info={"info": "{broken"})
+
+    rt.container_status, rt.pod_status = odd_status, odd_pod_status
+    await engine.reconcile()
+    assert set(engine.pods) == {"p1"} and set(engine.containers) == {"x1"}
+
+
+async def test_a_new_attempt_releases_the_old_one_only_once_the_runtime_shows_it_ended(engine):
+    pod_id, cfg = await _run_pod(engine)
+    rt = engine.runtime.client
+    ids = iter(["c1", "c2", "c3"])
+
+    async def create(req):
+        cid = next(ids)
+        rt.run(cid, pod_id, attempt=req.config.metadata.attempt, state=cri.CONTAINER_CREATED)
+        return cri.CreateContainerResponse(container_id=cid)
+
+    async def attempt(n):
+        cc = container_config("a")
+        cc.metadata.attempt = n
+        await front(engine).create_container(cri.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=cc, sandbox_config=cfg), create)
+
+    released = []
+    release = engine.policy.release
+    engine.policy.release = lambda c, view: released.append(c.key) or release(c, view)
+    await attempt(0)
+    rt.run("c1", pod_id, attempt=0, state=cri.CONTAINER_RUNNING)
+    await attempt(1)  # the runtime still runs attempt 0: it keeps what it holds
+    assert engine.containers["c1"].state == ContainerState.CREATED and released == []
+    assert engine.containers["c2"].state == ContainerState.CREATED
+    rt.run("c1", pod_id, attempt=0, state=cri.CONTAINER_EXITED)
+    rt.containers = [c for c in rt.containers if c.id != "c2"]  # removed behind our back
+    await attempt(2)
+    assert engine.containers["c1"].state == ContainerState.EXITED  # exited: released, still known
+    assert "c2" not in engine.containers  # removed: forgotten
+    assert engine.containers["c3"].state == ContainerState.CREATED
+
+
+async def test_reconcile_drops_vanished_adopts_new_and_keeps_fresh(engine):
+    gone_pod, _ = await _run_pod(engine, "gone")
+    rt = engine.runtime.client
+    rt.pods = [cri.PodSandbox(id="pod-new", metadata=cri.PodSandboxMetadata(name="new", uid="u", namespace="ns"))]
+    rt.containers = [cri.Container(id="c-new", pod_sandbox_id="pod-new", state=cri.CONTAINER_RUNNING,
+                                   metadata=cri.ContainerMetadata(name="x"))]
+    original_list = rt.list_containers
+
+    async def list_and_race(pod_id=""):
+        # A pod created through the relay while reconciliation is listing.
+        await _run_pod(engine, "fresh")
+        return await original_list(pod_id)
+
+    rt.list_containers = list_and_race
+    await engine.reconcile()
+    assert set(engine.pods) == {"pod-new", "pod-fresh"}
+    assert engine.pods["pod-new"].qos_class.value == "Burstable"
+    assert engine.containers["c-new"].state == ContainerState.RUNNING
+    # Adopted containers are allocated by the policy and pushed to the runtime.
+    assert ("c-new", "0") in [(cid, r.cpuset_cpus) for cid, r in rt.updates]
+    assert gone_pod not in engine.pods
+
+
+async def test_state_round_trips_through_the_store(engine, tmp_path):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg)
+    again = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(FakeRuntime()))
+    again.restore(StateStore(tmp_path).load())
+    assert again.pods == engine.pods
+    assert again.containers == engine.containers
+
+
+async def test_runtime_ends_with_the_latest_decision(engine):
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="shared")
+    release_a = asyncio.Event()
+
+    async def send(req):
+        name = req.config.metadata.name
+        if name == "a":
+            await release_a.wait()  # A's create lands after B's
+        return cri.CreateContainerResponse(container_id=f"c-{name}")
+
+    def req(name):
+        return cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config(name), sandbox_config=cfg)
+
+    task_a = asyncio.create_task(front(engine).create_container(req("a"), send))
+    await asyncio.sleep(0)  # A has decided and is inside the runtime
+    await front(engine).create_container(req("b"), send)
+    release_a.set()
+    await task_a
+    pushed = [r.cpuset_cpus for cid, r in engine.runtime.client.updates if cid == "c1"]
+    assert pushed[-1] == "0-2"  # B decided last: everyone else on 0-2
+    assert engine.containers["c1"].resources.cpuset_cpus == "0-2"
+
+
+
+async def test_reconfigure_and_rebalance_push_what_moved(tmp_path):
+    from resmgr.policies import PolicyError, create
+    from tests.support.world import machine
+
+    topo = machine("sockets=1,nodes=2,cores=2,threads=1")  # node 0 = CPUs 0-1, node 1 = 2-3
+    store = StateStore(tmp_path)
+    store.prepare()
+    runtime = FakeRuntime()
+    eng = Engine(create("topology-aware", {"Active": "topology-aware"}, topo), store, CriRuntime(runtime))
+    cfg = pod_config("p", qos="guaranteed")
+
+    async def run(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod")
+
+    await front(eng).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
+
+    async def create_as(cid, name, resources):
+        async def send(req):
+            return cri.CreateContainerResponse(container_id=cid)
+
+        await front(eng).create_container(cri.CreateContainerRequest(
+            pod_sandbox_id="pod", config=container_config(name, resources=resources), sandbox_config=cfg), send)
+
+    await create_as("g", "big", cri.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000))
+    await create_as("s", "small", cri.LinuxContainerResources(cpu_shares=512))
+    assert eng.containers["g"].resources.cpuset_cpus == "0-1"
+    assert eng.containers["s"].resources.cpuset_cpus == "2-3"
+    # A reserved CPU under the exclusive grant is refused and nothing changes.
+    with pytest.raises(PolicyError, match="grant of g"):
+        await eng.reconfigure({"Active": "topology-aware", "ReservedResources": {"cpu": "cpuset:0"}})
+    assert runtime.updates == []
+    await eng.reconfigure({"Active": "topology-aware", "ReservedResources": {"cpu": "cpuset:3"}})
+    assert [(cid, r.cpuset_cpus) for cid, r in runtime.updates] == [("s", "2")]
+    assert eng.store.load()["policy"]["data"]["grants"]["g"]["exclusive"] == "0-1"
+
+    async def removed(req):
+        return cri.RemoveContainerResponse()
+
+    await front(eng).remove_container(cri.RemoveContainerRequest(container_id="g"), removed)
+    assert await eng.rebalance() == 1  # node 0 is free now and has more room
+    assert runtime.updates[-1][0] == "s" and runtime.updates[-1][1].cpuset_cpus == "0-1"
+    assert await eng.rebalance() == 0
+
+
+async def test_create_records_device_topology_hints(engine):
+    engine.device_hints = lambda paths: {p: [1] for p in paths if p.startswith("/dev/")}
+    pod_id, cfg = await _run_pod(engine)
+
+    async def send(req):
+        return cri.CreateContainerResponse(container_id="c-dev")
+
+    config = container_config("gpu")
+    config.devices.add(container_path="/dev/nvidia0", host_path="/dev/nvidia0", permissions="rw")
+    await front(engine).create_container(cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=config,
+                                                             sandbox_config=cfg), send)
+    assert engine.containers["c-dev"].hints == {"/dev/nvidia0": [1]}
+    assert engine.snapshot()["containers"][0]["hints"] == {"/dev/nvidia0": [1]}
+
+
+async def test_a_container_made_while_down_is_accounted_before_anything_new_is_decided(tmp_path):
+    from resmgr.policies import PolicyError, create
+    from tests.support.world import machine
+
+    topo = machine("sockets=1,cores=2,threads=1")  # CPUs 0-1: one exclusive grant fills it
+    runtime = FakeRuntime()
+    runtime.pods = [cri.PodSandbox(id="pod-g", state=cri.SANDBOX_READY, metadata=cri.PodSandboxMetadata(
+        name="g", uid="g", namespace="default"))]
+    runtime.run("made-while-down", "pod-g")
+
+    async def guaranteed_status(cid, verbose=True):  # it runs with the exclusive CPU its create asked for
+        return cri.ContainerStatusResponse(status=cri.ContainerStatus(id=cid, resources=cri.ContainerResources(
+            linux=cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000,
+                                              cpuset_cpus="0"))))
+
+    async def guaranteed_pod(pid):
+        return cri.PodSandboxStatusResponse(info={"info": '{"config": {"linux": {"cgroup_parent": "/kubepods/podg"}}}'})
+
+    runtime.container_status, runtime.pod_status = guaranteed_status, guaranteed_pod
+    eng = Engine(create("static", {"Active": "static"}, topo), StateStore(tmp_path), CriRuntime(runtime), gated=True)
+    cfg = pod_config("next", qos="guaranteed")
+
+    async def run(r):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod-next")
+
+    await front(eng).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
+    pod_id = "pod-next"
+    runtime.pod(pod_id)
+    req = cri.CreateContainerRequest(pod_sandbox_id=pod_id, sandbox_config=cfg, config=container_config(
+        "g2", resources=cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000)))
+
+    async def send(r):
+        return cri.CreateContainerResponse(container_id="next")
+
+    waiting = asyncio.create_task(front(eng).create_container(req, send))  # arrives before the first round
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await eng.reconcile()
+    with pytest.raises(PolicyError, match="needs 1 exclusive"):
+        await waiting
+    assert str(eng.policy.cpus_of("made-while-down")) == "0"  # kept where it runs, accounted
+
+
+@pytest.mark.parametrize("how", ["StopContainer", "event"])
+async def test_a_release_while_a_round_observes_is_not_undone_by_it(engine, how):
+    # A round that listed the container as running before it stopped must not "revive" it:
+    # that would hand its CPUs out again while the container is gone.
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, "c1")
+    rt = engine.runtime.client
+    rt.pod(pod_id)
+    rt.run("c1", pod_id)
+    original_list = rt.list_containers
+
+    async def list_then_stop(pod_id=""):
+        listed = await original_list(pod_id)  # still running here ...
+        if how == "StopContainer":             # ... and stopped before the round commits
+            async def send(req):
+                return cri.StopContainerResponse()
+            await front(engine).stop_container(cri.StopContainerRequest(container_id="c1"), send)
+        else:
+            await engine.container_event(ContainerEvent.STOPPED, "c1", pod_id)
+        rt.list_containers = original_list
+        return listed
+
+    rt.list_containers = list_then_stop
+    await engine.reconcile()
+    assert engine.containers["c1"].state == ContainerState.EXITED
+    assert "c1" not in engine.snapshot()["unallocated"]
+
+
+async def test_hook_adjustments_outlive_moves_and_updates_that_change_nothing(engine):
+    from resmgr.model import Adjustment
+
+    pod_id, cfg = await _run_pod(engine)
+    pod = engine.pods[pod_id]
+    plan = await engine.plan_create(pod, engine_container(pod_id, "a"))
+    engine.amend_create(plan, Adjustment(env={"X": "1"}, resources=Resources(cpu_quota=25000)))
+    await engine.commit_create(plan, "c1")
+    await _create(engine, pod_id, cfg, cid="c2", name="b")  # the policy moves c1
+    await engine.settle_updates()
+    c1 = engine.containers["c1"]
+    assert c1.resources.cpuset_cpus == "0-1" and c1.resources.cpu_quota == 25000 and c1.env == {"X": "1"}
+    pushed = [res for cid, res in engine.runtime.client.updates if cid == "c1"]
+    assert pushed and pushed[-1].cpu_quota == 25000
+    # An update that changes nothing keeps what the plugins set.
+    plan = await engine.plan_update("c1", Resources(cpu_shares=c1.requested.cpu_shares), plain=True)
+    assert plan.resources is None and plan.adjusted == Resources(cpu_quota=25000)
+    await engine.commit_update(plan, c1.resources)
+    assert engine.containers["c1"].adjusted == Resources(cpu_quota=25000)
+
+
+def engine_container(pod_id, name):
+    from resmgr.frontends.cri import convert
+
+    return convert.container_from_config(pod_id, container_config(name))
+
+
+class TakingPolicy(Policy):
+    """Gives each new container CPU n+1 of its own (n: containers before it) and moves every other to CPU 0."""
+
+    name = "test-taking"
+
+    def allocate(self, container, pod, view):
+        n = len(view.containers)
+        others = {k: Resources(cpuset_cpus="0") for k in view.containers if k != container.key}
+        return Decision(resources=Resources(cpuset_cpus=str(n)), updates=others)
+
+
+def taking_engine(tmp_path) -> Engine:
+    store = StateStore(tmp_path)
+    store.prepare()
+    return Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+
+
+async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_path):
+    engine = taking_engine(tmp_path)
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    started = []
+
+    async def start():
+        started.append(True)
+
+    await engine.start_container("c1", start)
+    rt.fail_updates = True  # the runtime goes away while c2's create moves c1 off CPU 2
+    await _create(engine, pod_id, cfg, cid="c2", name="b")
+    await engine.settle_updates()
+    assert engine.containers["c1"].pending and rt.cpusets.get("c1") != "0"
+    with pytest.raises(NotReady, match="c1"):
+        await engine.start_container("c2", start)
+    assert started == [True]  # c2 was not started while c1 may still run on its CPU
+    rt.fail_updates = False
+    await engine.start_container("c2", start)
+    assert started == [True, True] and rt.cpusets["c1"] == "0" and not engine.containers["c1"].pending
+
+
+async def test_a_runtime_that_never_takes_the_moves_does_not_keep_a_container_from_running(tmp_path, monkeypatch):
+    engine = taking_engine(tmp_path)
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    rt.fail_updates = True
+    await _create(engine, pod_id, cfg, cid="c2", name="b")
+    started = []
+
+    async def start():
+        started.append(True)
+
+    with pytest.raises(NotReady):
+        await engine.start_container("c2", start)
+    monkeypatch.setattr(starting, "HOLD_BACK_MAX", 0.0)  # refused for longer than that
+    await engine.start_container("c2", start)
+    assert started == [True] and engine.containers["c1"].pending  # started all the same, logged
+
+
+async def test_a_container_updated_while_the_runtime_starts_it_is_updated_again(tmp_path):
+    """The runtime may start a container from what it held before an update that came meanwhile;
+    whoever gets the CPUs it was moved off waits until it is started and updated again."""
+    engine = taking_engine(tmp_path)
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    events = []
+    in_runtime, finish = asyncio.Event(), asyncio.Event()
+
+    async def slow_start():
+        in_runtime.set()
+        await finish.wait()
+        events.append("c1 started")
+
+    async def start():
+        events.append("c2 started")
+
+    first = asyncio.create_task(engine.start_container("c1", slow_start))
+    await in_runtime.wait()
+    await _create(engine, pod_id, cfg, cid="c2", name="b")  # moves c1 off CPU 2 while it starts
+    second = asyncio.create_task(engine.start_container("c2", start))
+    await asyncio.sleep(0.05)
+    assert events == []  # c2 waits for c1's start
+    finish.set()
+    await asyncio.gather(first, second)
+    assert events == ["c1 started", "c2 started"]
+    assert [cid for cid, _ in rt.updates].count("c1") == 2  # once while starting, once after
+
+
+async def test_balloons_are_reconfigured_live_and_persisted(tmp_path):
+    from resmgr.policies import create
+    from tests.support.world import machine
+
+    topo = machine("sockets=1,cores=4,threads=1")  # CPUs 0-3
+    store = StateStore(tmp_path)
+    store.prepare()
+    runtime = FakeRuntime()
+    types = {"BalloonTypes": [{"Name": "pair", "MinCPUs": 2, "Namespaces": ["*"]}]}
+    config = {"Active": "balloons", "ReservedResources": {"cpu": "cpuset:0"}, "balloons": types}
+    eng = Engine(create("balloons", config, topo), store, CriRuntime(runtime))
+    cfg = pod_config("p", qos="burstable")
+
+    async def run(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod")
+
+    async def send(req):
+        return cri.CreateContainerResponse(container_id="a")
+
+    await front(eng).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
+    await front(eng).create_container(cri.CreateContainerRequest(
+        pod_sandbox_id="pod", config=container_config("a", resources=cri.LinuxContainerResources(cpu_shares=512)),
+        sandbox_config=cfg), send)
+    assert eng.containers["a"].resources.cpuset_cpus == "1-2"
+    again = Engine(create("balloons", config, topo), StateStore(tmp_path), CriRuntime(FakeRuntime()))
+    again.restore(StateStore(tmp_path).load())
+    assert again.policy.export_state() == eng.policy.export_state()
+    # A new configuration keeps the balloon and resizes it, pushing what moved.
+    types["BalloonTypes"][0]["MinCPUs"] = 3
+    await eng.reconfigure(config)
+    assert [(cid, r.cpuset_cpus) for cid, r in runtime.updates] == [("a", "1-3")]
+    # One that puts the container in another type re-places everyone (as the config manager does:
+    # the policy says it cannot keep its balloons, and a new instance re-allocates every container).
+    types["BalloonTypes"] = [{"Name": "solo", "MinCPUs": 1, "Namespaces": ["*"]}]
+    with pytest.raises(NotImplementedError):
+        await eng.reconfigure(config)
+    await eng.switch_policy(create("balloons", config, topo))
+    assert runtime.updates[-1][0] == "a" and eng.policy.describe_grant("a")["pool"] == "solo[0]"
+
+
+async def test_the_reconciler_stops_when_cancelled_as_it_is_woken(engine):
+    """A cancellation that lands as the reconciler is woken must end it (asyncio.wait_for in 3.11
+    returns the woken result and drops the cancellation, so a daemon could hang on SIGTERM)."""
+    for i in range(20):
+        task = asyncio.create_task(engine.run_reconciler(10))
+        for _ in range(i % 5):
+            await asyncio.sleep(0)
+        engine.wake()
+        for _ in range(i % 3):
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=2)
+        assert done, f"the reconciler went on after its cancellation (round {i})"

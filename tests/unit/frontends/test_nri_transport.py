@@ -1,0 +1,272 @@
+"""The NRI transport over a real socket pair: the test plays the runtime, byte by byte.
+
+The runtime side here is written from the wire format alone (trunk frames, ttrpc
+messages), not with resmgr.frontends.nri.transport, so the two cannot share a mistake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+
+import pytest
+
+from resmgr import policies
+from resmgr.controllers import ControllerError
+from resmgr.engine import Engine, NotReady
+from resmgr.engine.store import StateStore
+from resmgr.frontends.nri.plugin import NriPlugin
+from resmgr.frontends.nri.runtime import NriRuntime
+from resmgr.frontends.nri.transport import Call, Trunk
+from resmgr.generated.nri import api_pb2 as nri
+from resmgr.generated.ttrpc import request_pb2 as ttrpc
+from resmgr.policies import PolicyError
+
+PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
+MIB4 = 4 << 20
+
+
+def message(sid: int, kind: int, data: bytes) -> bytes:
+    return struct.pack(">IIBB", len(data), sid, kind, 0) + data
+
+
+def frame(conn: int, payload: bytes) -> bytes:
+    return struct.pack(">II", conn, len(payload)) + payload
+
+
+def request(sid: int, method: str, payload: bytes = b"", service: str = PLUGIN) -> bytes:
+    return message(sid, 1, ttrpc.Request(service=service, method=method, payload=payload,
+                                         timeout_nano=2_000_000_000).SerializeToString())
+
+
+class Runtime:
+    """The runtime's end of the socket: frames in, frames out, messages reassembled per connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.buffers: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
+        self.frame_sizes: list[int] = []
+
+    async def send(self, data: bytes, pieces: list[int] | None = None) -> None:
+        """Write raw bytes, cut at the given offsets with a pause between the pieces."""
+        cuts = [0, *(pieces or []), len(data)]
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            self.writer.write(data[a:b])
+            await self.writer.drain()
+            await asyncio.sleep(0)
+
+    async def message(self, conn: int, timeout: float = 5.0) -> tuple[int, int, bytes]:
+        """The next whole ttrpc message on conn: (stream ID, type, data)."""
+        async def read() -> tuple[int, int, bytes]:
+            buf = self.buffers[conn]
+            while True:
+                if len(buf) >= 10:
+                    length, sid, kind, _ = struct.unpack(">IIBB", buf[:10])
+                    if len(buf) >= 10 + length:
+                        data = bytes(buf[10:10 + length])
+                        del buf[:10 + length]
+                        return sid, kind, data
+                head = await self.reader.readexactly(8)
+                cid, size = struct.unpack(">II", head)
+                self.frame_sizes.append(size)
+                self.buffers.setdefault(cid, bytearray()).extend(await self.reader.readexactly(size))
+        return await asyncio.wait_for(read(), timeout)
+
+    async def response(self, sid: int) -> ttrpc.Response:
+        got_sid, kind, data = await self.message(1)
+        assert (got_sid, kind) == (sid, 2)
+        return ttrpc.Response.FromString(data)
+
+
+@pytest.fixture
+async def pair(tmp_path):
+    """(Trunk serving an echo handler, Runtime) over a real unix socket pair."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    calls: list[Call] = []
+
+    async def echo(call: Call) -> bytes:
+        calls.append(call)
+        if call.method == "Slow":
+            await asyncio.sleep(0.2)
+        return call.method.encode() + b":" + call.payload
+
+    r1, w1 = await asyncio.open_unix_connection(sock=a)
+    r2, w2 = await asyncio.open_unix_connection(sock=b)
+    trunk = Trunk(r1, w1, echo)
+    task = asyncio.create_task(trunk.run())
+    peer = Runtime(r2, w2)
+    peer.calls = calls
+    yield trunk, peer
+    trunk.close()
+    w2.close()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_request_split_at_every_byte_boundary_is_answered(pair):
+    trunk, peer = pair
+    data = frame(1, request(1, "Configure", b"xyz"))
+    for cut in range(1, len(data)):
+        await peer.send(data, [cut])
+        resp = await peer.response(1)
+        assert resp.payload == b"Configure:xyz" and not resp.status.code
+
+
+async def test_a_message_spread_over_frames_cut_at_every_byte_is_answered(pair):
+    trunk, peer = pair
+    msg = request(3, "Synchronize", b"p" * 40)
+    for cut in range(1, len(msg)):
+        await peer.send(frame(1, msg[:cut]) + frame(1, msg[cut:]))
+        assert (await peer.response(3)).payload == b"Synchronize:" + b"p" * 40
+    # Two messages in one frame, and one frame holding the end of one and the start of the next.
+    two = request(5, "A") + request(7, "B")
+    await peer.send(frame(1, two[:7]) + frame(1, two[7:30]) + frame(1, two[30:]))
+    assert (await peer.response(5)).payload == b"A:"
+    assert (await peer.response(7)).payload == b"B:"
+
+
+async def test_interleaved_connections_and_concurrent_streams(pair):
+    trunk, peer = pair
+    call = asyncio.create_task(trunk.call("nri.pkg.api.v1alpha1.Runtime", "RegisterPlugin", b"reg", 5.0))
+    sid, kind, data = await peer.message(2)
+    req = ttrpc.Request.FromString(data)
+    assert (sid, kind, req.method, req.payload) == (1, 1, "RegisterPlugin", b"reg")
+    assert 4.9e9 < req.timeout_nano <= 5e9
+    answer = message(sid, 2, ttrpc.Response(payload=b"ok").SerializeToString())
+    slow, fast = request(9, "Slow", b"s"), request(11, "Fast", b"f")
+    # Frames of the three messages on two connections, shuffled together.
+    await peer.send(frame(1, slow[:5]) + frame(2, answer[:3]) + frame(1, slow[5:]) + frame(1, fast[:12])
+                    + frame(2, answer[3:]) + frame(1, fast[12:]))
+    assert await call == b"ok"
+    first = await peer.message(1)
+    second = await peer.message(1)
+    assert [first[0], second[0]] == [11, 9]  # the fast one did not wait for the slow one
+
+
+async def test_messages_at_the_4mib_limit(pair):
+    trunk, peer = pair
+    # The largest request ttrpc allows: data of exactly 4 MiB.
+    env = ttrpc.Request(service=PLUGIN, method="Big", payload=b"")
+    room = MIB4 - len(env.SerializeToString()) - 5  # tag and 4-byte length of the payload field
+    body = ttrpc.Request(service=PLUGIN, method="Big", payload=b"b" * room).SerializeToString()
+    assert len(body) == MIB4
+    msg = message(13, 1, body)
+    await peer.send(b"".join(frame(1, msg[i:i + 65536]) for i in range(0, len(msg), 65536)))
+    resp = await peer.response(13)
+    assert not resp.status.code and len(resp.payload) == room + 4
+    # One byte more is refused with RESOURCE_EXHAUSTED and the connection goes on.
+    over = message(15, 1, b"x" * (MIB4 + 1))
+    await peer.send(b"".join(frame(1, over[i:i + 65536]) for i in range(0, len(over), 65536)))
+    assert (await peer.response(15)).status.code == 8
+    await peer.send(frame(1, request(17, "After")))
+    assert (await peer.response(17)).payload == b"After:"
+    # Our answer of 4 MiB went out in frames the Go reader can take.
+    assert max(peer.frame_sizes) <= 4096
+
+
+async def test_garbage_is_answered_or_dropped_and_the_connection_goes_on(pair, caplog):
+    trunk, peer = pair
+    caplog.set_level(logging.WARNING, "cri-resmgr.nri")
+    await peer.send(frame(7, b"who is connection 7?"))
+    await peer.send(frame(1, message(19, 1, b"\xff\xff\xff garbage")))
+    assert (await peer.response(19)).status.code == 3  # INVALID_ARGUMENT
+    await peer.send(frame(1, request(21, "Fine")))
+    assert (await peer.response(21)).payload == b"Fine:"
+    assert "unknown connection 7" in caplog.text
+    # An answer for a call nobody made is dropped.
+    await peer.send(frame(2, message(99, 2, ttrpc.Response(payload=b"?").SerializeToString())))
+    await peer.send(frame(1, request(23, "StillFine")))
+    assert (await peer.response(23)).payload == b"StillFine:"
+    assert not trunk.closed
+
+
+@pytest.mark.parametrize("bad", [message(25, 2, b""), message(26, 1, b""), message(27, 3, b"")],
+                         ids=["response-to-the-server", "even-stream", "stream-data"])
+async def test_a_broken_protocol_closes_the_connection(pair, bad):
+    trunk, peer = pair
+    pending = asyncio.create_task(trunk.call("nri.pkg.api.v1alpha1.Runtime", "UpdateContainers", b"", 5.0))
+    await asyncio.sleep(0.01)
+    await peer.send(frame(1, bad))
+    await asyncio.wait_for(trunk.wait_closed(), 2)
+    with pytest.raises(ConnectionError):
+        await pending
+
+
+async def test_a_peer_that_goes_away_fails_pending_calls(pair):
+    trunk, peer = pair
+    pending = asyncio.create_task(trunk.call("nri.pkg.api.v1alpha1.Runtime", "UpdateContainers", b"", 5.0))
+    await asyncio.sleep(0.01)
+    peer.writer.write(frame(1, b"\x00\x00"))  # half a header, then gone
+    peer.writer.close()
+    with pytest.raises(ConnectionError):
+        await pending
+    assert trunk.closed
+
+
+@pytest.fixture
+async def plugin_pair(tmp_path):
+    """The NRI plugin (none policy) behind the transport, and the runtime's end."""
+    engine = Engine(policies.create("none", {"Active": "none"}, None), StateStore(tmp_path), NriRuntime())
+    plugin = NriPlugin(engine, engine.runtime)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    r1, w1 = await asyncio.open_unix_connection(sock=a)
+    r2, w2 = await asyncio.open_unix_connection(sock=b)
+    trunk = Trunk(r1, w1, plugin.handle)
+    task = asyncio.create_task(trunk.run())
+    yield plugin, Runtime(r2, w2)
+    trunk.close()
+    w2.close()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_plugin_refuses_bad_calls_with_ttrpc_errors(plugin_pair, caplog):
+    plugin, peer = plugin_pair
+    caplog.set_level(logging.WARNING, "cri-resmgr.nri")
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version="v1.7.20").SerializeToString())))
+    events = nri.ConfigureResponse.FromString((await peer.response(1)).payload).events
+    assert events and events <= 0x7FF  # an older runtime: nothing above REMOVE_CONTAINER
+    await peer.send(frame(1, request(3, "Frobnicate")))
+    assert (await peer.response(3)).status.code == 12  # UNIMPLEMENTED
+    await peer.send(frame(1, request(5, "Configure", service="some.Other")))
+    assert (await peer.response(5)).status.code == 12
+    await peer.send(frame(1, request(7, "CreateContainer", b"\x0a\xff\xff\xff\xff")))  # broken protobuf
+    assert (await peer.response(7)).status.code == 3
+    unsubscribed = nri.StateChangeEvent(event=nri.POST_CREATE_CONTAINER).SerializeToString()
+    await peer.send(frame(1, request(9, "StateChange", unsubscribed)))
+    resp = await peer.response(9)
+    assert resp.status.code == 9 and "POST_CREATE_CONTAINER" in resp.status.message
+    assert "did not subscribe" in caplog.text and "unknown method" in caplog.text
+
+
+async def test_a_new_runtime_gets_the_pod_update_event_too(plugin_pair):
+    plugin, peer = plugin_pair
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version="v2.2.9").SerializeToString())))
+    events = nri.ConfigureResponse.FromString((await peer.response(1)).payload).events
+    assert events & (1 << (nri.UPDATE_POD_SANDBOX - 1))
+    assert not events & (1 << (nri.POST_CREATE_CONTAINER - 1))
+
+
+@pytest.mark.parametrize("error, code", [
+    (lambda: PolicyError("no room"), 8),  # RESOURCE_EXHAUSTED, as the relay answers it
+    (lambda: NotReady("not yet"), 14),  # UNAVAILABLE
+    (lambda: ControllerError("no such class"), 3),  # INVALID_ARGUMENT
+])
+async def test_a_refused_create_is_answered_with_the_status_the_relay_gives(plugin_pair, error, code):
+    plugin, peer = plugin_pair
+
+    def refuse(*args):
+        raise error()
+
+    plugin.engine.policy.allocate = refuse
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version="v2.2.0").SerializeToString())))
+    await peer.response(1)
+    create = nri.CreateContainerRequest(pod=nri.PodSandbox(id="p1", name="pod", namespace="default", uid="u1"),
+                                        container=nri.Container(id="c1", pod_sandbox_id="p1", name="ctr"))
+    await peer.send(frame(1, request(3, "CreateContainer", create.SerializeToString())))
+    resp = await peer.response(3)
+    assert resp.status.code == code
+    assert "c1" not in plugin.engine.containers and not plugin.engine.containers  # nothing granted

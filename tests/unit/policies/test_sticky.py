@@ -1,0 +1,125 @@
+"""Placements that outlive containers: a pod's container gets the CPUs it ran on again, after a
+restart of the container or a node reboot (new sandboxes and containers, same pod UID), as
+kubelet's CPU manager keeps them by pod UID and container name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from resmgr.engine import statefile
+from resmgr.model import Container, Pod, QOSClass
+from resmgr.topology.cpuset import CPUSet
+from tests.support.world import World, machine
+
+G, B = QOSClass.GUARANTEED, QOSClass.BURSTABLE
+N4C16 = machine("sockets=2,nodes=2,cores=2,threads=2,numbering=linear")  # node n: CPUs 4n..4n+3
+POOL = "pool.podpools.cri-resource-manager.intel.com"
+
+CONFIGS = {
+    "static": {},
+    "static-plus": {},
+    "topology-aware": {},
+    "balloons": {"ReservedResources": {"cpu": 1},
+                 "balloons": {"BalloonTypes": [{"Name": "app", "Namespaces": ["*"], "MaxCPUs": 2}]}},
+}
+
+
+def reboot(w: World, pods: list[Pod]) -> list[Pod]:
+    """Every container exits; kubelet makes each pod a new sandbox (same UID, next attempt)."""
+    for c in list(w.containers.values()):
+        w.record(w.release(c).updates)
+    return [w.add_pod(dataclasses.replace(p, id=f"{p.id}-after", attempt=p.attempt + 1, seq=0)) for p in pods]
+
+
+def placed(w: World, pods: list[Pod], order: list[int], qos: QOSClass, milli: int) -> dict[int, Container]:
+    return {i: w.add(qos, milli, pod=pods[i]) for i in order}
+
+
+@pytest.mark.parametrize("policy", sorted(CONFIGS))
+def test_a_reboot_gives_every_guaranteed_container_its_cpus_again(policy):
+    w = World(policy, N4C16, **CONFIGS[policy])
+    pods = [w.pod(G) for _ in range(3)]
+    before = placed(w, pods, [0, 1, 2], G, 2000)
+    cpus = {i: w.cpus(c) for i, c in before.items()}
+    assert len(set(map(str, cpus.values()))) == 3
+    new = reboot(w, pods)
+    after = placed(w, new, [2, 0, 1], G, 2000)  # kubelet brings them back in any order
+    assert {i: w.cpus(c) for i, c in after.items()} == cpus
+    assert {i: w.mems(c) for i, c in after.items()} == {i: w.mems(c) for i, c in before.items()}
+
+
+def test_a_restarted_container_keeps_its_cpus_when_others_came_and_went():
+    w = World("topology-aware", N4C16)
+    first, second = w.add(G, 2000), w.add(G, 2000)
+    held = w.cpus(second)
+    w.record(w.release(first).updates)
+    w.record(w.release(second).updates)
+    again = w.add(G, 2000, pod=w.pods[second.pod_id])  # the next attempt, with the first's CPUs free
+    assert w.cpus(again) == held
+
+
+def test_shared_containers_go_back_to_their_pool():
+    w = World("topology-aware", N4C16)
+    pods = [w.pod(B) for _ in range(4)]
+    before = placed(w, pods, [0, 1, 2, 3], B, 500)
+    new = reboot(w, pods)
+    after = placed(w, new, [3, 2, 1, 0], B, 500)
+    pool = w.policy.describe_grant
+    pools = [pool(after[i].key)["pool"] for i in range(4)]
+    assert len(set(pools)) == 4  # spread over the nodes, and each one back where it was
+    assert [CPUSet.parse(w.containers[after[i].key].resources.cpuset_cpus) for i in range(4)] == \
+        [CPUSet.parse(before[i].resources.cpuset_cpus) for i in range(4)]
+
+
+def test_podpools_instances_follow_the_pod():
+    w = World("podpools", machine("cores=8,threads=2"), AvailableResources={"cpu": "cpuset:2-15"},
+              ReservedResources={"cpu": "cpuset:15"},
+              podpools={"Pools": [{"Name": "dual", "Instances": "3", "CPU": 2, "MaxPods": 1}]})
+    pods = [w.pod(B, annotations={POOL: "dual"}) for _ in range(3)]
+    before = placed(w, pods, [0, 1, 2], B, 500)
+    new = reboot(w, pods)
+    after = placed(w, new, [2, 1, 0], B, 500)
+    assert {i: w.cpus(c) for i, c in after.items()} == {i: w.cpus(c) for i, c in before.items()}
+
+
+def test_taken_cpus_are_not_given_twice():
+    w = World("static", N4C16)
+    pod = w.pod(G)
+    old = w.add(G, 2000, pod=pod)
+    held = w.cpus(old)
+    w.record(w.release(old).updates)
+    intruder = w.add(G, 2000)  # took them meanwhile (the same first choice)
+    assert w.cpus(intruder) == held
+    again = w.add(G, 2000, pod=pod)
+    assert w.cpus(again).isdisjoint(held) and len(w.cpus(again)) == 2
+
+
+def test_the_memory_goes_with_the_pods_last_sandbox_and_is_persisted():
+    w = World("static", N4C16)
+    pods = [w.pod(G)]
+    c = w.add(G, 2000, pod=pods[0])
+    new = reboot(w, pods)
+    identity, held = f"{pods[0].uid}/{c.name}", w.cpus(c)
+    assert w.previous == {identity: str(held)}
+    w.drop_pod(pods[0])  # kubelet removes the old sandbox: the pod lives on in the new one
+    assert identity in w.previous
+    state = {"version": 1, "pods": [p.to_dict() for p in w.pods.values()],
+             "containers": [x.to_dict() for x in w.containers.values()], "previous": dict(w.previous)}
+    statefile.check(state)
+    restored = World("static", N4C16)
+    restored.load([Pod.from_dict(p) for p in state["pods"]], [], previous=state["previous"])
+    assert restored.previous == w.previous
+    again = restored.add(G, 2000, pod=restored.pods[new[0].id])
+    assert again.previous == str(held) and restored.cpus(again) == held
+    w.drop_pod(new[0])
+    assert w.previous == {}
+
+
+def test_the_none_policy_and_unpinned_containers_get_no_hint():
+    w = World("none", N4C16)
+    pod = w.pod(G)
+    c = w.add(G, 2000, pod=pod)
+    w.record(w.release(c).updates)
+    assert w.previous == {} and w.add(G, 2000, pod=pod).previous == ""

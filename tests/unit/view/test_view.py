@@ -1,0 +1,66 @@
+"""The view's pure parts: metrics and state addresses, the relay's tally of pass-through outcomes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from resmgr.view.server import Address
+from tests.support.helpers import ROOT
+
+
+def test_addresses_are_loopback_or_unix_unless_allowed():
+    assert Address.parse("127.0.0.1:8891") == Address(host="127.0.0.1", port=8891)
+    assert Address.parse("[::1]:8891") == Address(host="::1", port=8891)
+    assert Address.parse("localhost:1") == Address(host="localhost", port=1)
+    assert Address.parse("unix:/run/x.sock") == Address(path="/run/x.sock")
+    assert Address.parse("/run/x.sock") == Address(path="/run/x.sock")
+    for remote in ("0.0.0.0:8891", ":8891", "10.0.0.1:8891", "node1:8891"):
+        with pytest.raises(ValueError, match="--metrics-allow-remote"):
+            Address.parse(remote)
+        assert Address.parse(remote, allow_remote=True).port == 8891
+    for bad in ("8891", "127.0.0.1:", "127.0.0.1:99999", "unix:relative.sock", "127.0.0.1:x"):
+        with pytest.raises(ValueError):
+            Address.parse(bad)
+
+
+def test_cli_refuses_a_remote_address_without_the_flag(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "resmgr", "--metrics-address", "0.0.0.0:8891",
+                          "--relay-dir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 2
+    assert "not a loopback address" in out.stderr and "--metrics-allow-remote" in out.stderr
+
+
+def test_pass_through_outcomes_follow_the_runtime_header_table():
+    """The tally decodes every header block the runtime sends; cached blocks never go stale."""
+    import hpack
+
+    from resmgr import metrics
+    from resmgr.frontends.relay import frames as h2
+    from resmgr.frontends.relay.tally import Tally
+
+    metrics.enable()
+    enc = hpack.Encoder()
+    tally = Tally()
+    path = "/runtime.v1.RuntimeService/ContainerStatus"
+    before = {code: metrics.CRI_CALLS.labels("ContainerStatus", "passthrough", code)._value.get()
+              for code in ("OK", "NOT_FOUND", "UNKNOWN")}
+    # grpc-status 0 twice (literal, then indexed), 5 (literal: the table changes), 0 and 5 indexed.
+    sequence = ["0", "0", "5", "0", "5", "5", "0"]
+    for sid, status in zip(range(1, 30, 2), sequence, strict=False):
+        tally.started(sid, path)
+        tally.header_frame(h2.HEADERS, h2.END_HEADERS, sid, enc.encode([(":status", "200"),
+                                                                        ("content-type", "application/grpc")]))
+        block = enc.encode([("grpc-status", status), ("grpc-message", "" if status == "0" else "not found")])
+        # trailers split over a HEADERS and a CONTINUATION frame
+        tally.header_frame(h2.HEADERS, h2.END_STREAM, sid, block[:1])
+        tally.header_frame(h2.CONTINUATION, h2.END_HEADERS, sid, block[1:])
+    after = {code: metrics.CRI_CALLS.labels("ContainerStatus", "passthrough", code)._value.get() for code in before}
+    assert after["OK"] - before["OK"] == 4 and after["NOT_FOUND"] - before["NOT_FOUND"] == 3
+    assert after["UNKNOWN"] == before["UNKNOWN"] and not tally.calls
+    # An undecodable block stops reading outcomes on that connection instead of guessing.
+    tally.started(99, "/made/up")
+    tally.header_frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 99, b"\xff\xff\xff\xff\xff\xff")
+    assert tally.broken and metrics.CRI_CALLS.labels("unknown", "passthrough", "UNKNOWN")._value.get() >= 1

@@ -1,0 +1,491 @@
+"""The test node as a virtual machine shaped like production: systemd as init, cgroup v2 only,
+containerd with the systemd cgroup driver, 2 packages x 2 NUMA nodes x 2 cores x 2 threads
+(nri-plugins' n4c16 machine) with memory on every node. Everything is judged inside the guest,
+from its cgroup v2 files and from what cri-resmgr reports.
+
+Run with `scripts/test.sh --vm` (the image is built on first use and cached; see harness/vm.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from kubernetes.client import ApiException
+
+from harness import vmimage
+from harness.kube import KUBELET_CONFIG, ControlPlane, container_ids, describe, pod_manifest
+from harness.vm import HOST_ADDRESS, Shape, Vm
+from resmgr.topology.cpuset import CPUSet
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(1800)
+
+SHAPE = Shape()
+RELAY_SOCKET = "/var/run/cri-resmgr/cri-resmgr.sock"
+CONTAINERD_SOCKET = "/var/run/containerd/containerd.sock"
+BUSYBOX = "localhost/cri-resmgr/busybox:test"
+API_PORT = 6443
+NODE_NAME = "crirm-node"
+
+TOPOLOGY_AWARE = "policy:\n  Active: topology-aware\n  ReservedResources:\n    cpu: 1\n"
+BALLOONS = """policy:
+  Active: balloons
+  ReservedResources:
+    cpu: 1
+  balloons:
+    BalloonTypes:
+      - Name: quad
+        MaxCPUs: 4
+        Namespaces: ["*"]
+"""
+PODS = [  # for simulate, in the order the tests make them
+    {"name": "g2", "qos": "guaranteed", "cpu": "2", "memory": "128Mi"},
+    {"name": "g3", "qos": "guaranteed", "cpu": "3", "memory": "128Mi"},
+    {"name": "b1", "qos": "burstable", "cpu": "500m", "memory": "64Mi"},
+]
+
+
+class Node:
+    """The guest as a node: cri-resmgr as a systemd service, pods made with crictl."""
+
+    def __init__(self, vm: Vm) -> None:
+        self.vm = vm
+
+    def sh(self, command: str, timeout: float = 120.0) -> str:
+        return self.vm.sh(command, timeout)
+
+    def crictl(self, args: str, socket: str = RELAY_SOCKET, timeout: float = 120.0) -> str:
+        return self.sh(f"crictl --runtime-endpoint unix://{socket} {args}", timeout).strip()
+
+    def install_service(self) -> None:
+        """The project's own unit file, as the package installs it."""
+        self.sh("cp /opt/cri-resmgr/src/config/cri-resmgr.service /etc/systemd/system/ && systemctl daemon-reload")
+
+    def fresh(self, config: str, mode: str = "relay") -> None:
+        """No pods, no state, cri-resmgr started with this configuration."""
+        self.sh("systemctl stop cri-resmgr.service cri-resmgr-nri.service 2>/dev/null; "
+                f"crictl --runtime-endpoint unix://{CONTAINERD_SOCKET} rmp -af >/dev/null 2>&1; "
+                "rm -rf /var/lib/cri-resmgr; true")
+        self.vm.write("/etc/cri-resmgr/fallback.yaml", config)
+        self.sh(f"systemctl start {'cri-resmgr' if mode == 'relay' else 'cri-resmgr-nri'}.service")
+        if mode == "relay":
+            self.sh(f"for i in $(seq 600); do [ -S {RELAY_SOCKET} ] && exit 0; sleep 0.1; done; "
+                    "journalctl -u cri-resmgr --no-pager | tail -20; exit 1")
+        else:
+            self.sh("for i in $(seq 600); do journalctl -u cri-resmgr-nri --no-pager | grep -q 'NRI: synchronized' "
+                    "&& exit 0; sleep 0.1; done; journalctl -u cri-resmgr-nri --no-pager | tail -20; exit 1")
+
+    def pod(self, name: str, qos: str, cpu: str = "", memory: str = "", command: str = "sleep 3600",
+            socket: str = RELAY_SOCKET) -> tuple[str, str]:
+        """A pod of one container, as kubelet with the systemd cgroup driver makes it; (pod, container)."""
+        uid = str(uuid.uuid4())
+        slice_uid = uid.replace("-", "_")
+        parent = {"guaranteed": f"kubepods-pod{slice_uid}.slice",
+                  "burstable": f"kubepods-burstable-pod{slice_uid}.slice",
+                  "besteffort": f"kubepods-besteffort-pod{slice_uid}.slice"}[qos]
+        pod = {"metadata": {"name": name, "namespace": "default", "uid": uid},
+               "log_directory": f"/var/log/pods/{name}", "linux": {"cgroup_parent": parent}}
+        res: dict[str, int] = {}
+        if cpu:
+            milli = int(cpu[:-1]) if cpu.endswith("m") else int(cpu) * 1000
+            res["cpu_shares"] = max(2, milli * 1024 // 1000)
+            if qos == "guaranteed":
+                res["cpu_period"], res["cpu_quota"] = 100000, milli * 100
+        if memory and qos == "guaranteed":
+            res["memory_limit_in_bytes"] = _bytes(memory)
+        ctr = {"metadata": {"name": "main"}, "image": {"image": BUSYBOX}, "command": ["sh", "-c", command],
+               "log_path": "main.log", "linux": {"resources": res}}
+        self.vm.write(f"/tmp/{name}-pod.json", json.dumps(pod))
+        self.vm.write(f"/tmp/{name}-ctr.json", json.dumps(ctr))
+        pid = self.crictl(f"runp /tmp/{name}-pod.json", socket)
+        cid = self.crictl(f"create {pid} /tmp/{name}-ctr.json /tmp/{name}-pod.json", socket)
+        self.crictl(f"start {cid}", socket)
+        return pid, cid
+
+    def scope(self, cid: str) -> str:
+        """The container's cgroup (a systemd scope under its pod's slice)."""
+        found = self.sh(f"find /sys/fs/cgroup/kubepods.slice -type d -name 'cri-containerd-{cid}.scope'").split()
+        assert len(found) == 1, f"container {cid}: cgroups {found}"
+        return found[0]
+
+    def cpuset(self, cid: str) -> tuple[CPUSet, CPUSet]:
+        scope = self.scope(cid)
+        cpus, mems = self.sh(f"cat {scope}/cpuset.cpus.effective {scope}/cpuset.mems.effective").split("\n")[:2]
+        return CPUSet.parse(cpus), CPUSet.parse(mems)
+
+    def memory_by_node(self, cid: str) -> dict[int, int]:
+        """Bytes of the container's memory on each NUMA node, from memory.numa_stat (anon and shmem)."""
+        by_node: dict[int, int] = {}
+        for line in self.sh(f"cat {self.scope(cid)}/memory.numa_stat").splitlines():
+            key, *fields = line.split()
+            if key in ("anon", "shmem"):
+                for f in fields:
+                    node, value = f.lstrip("N").split("=")
+                    by_node[int(node)] = by_node.get(int(node), 0) + int(value)
+        return by_node
+
+    def status(self) -> dict:
+        """The daemon's state document (pools, pods and their containers)."""
+        return json.loads(self.sh("cri-resmgr status --output json"))["state"]
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    for suffix, mult in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity[:-2]) * mult
+    return int(quantity)
+
+
+def node_of(cpus: CPUSet) -> set[int]:
+    per = SHAPE.cores_per_node * SHAPE.threads
+    return {c // per for c in cpus}
+
+
+@pytest.fixture(scope="module")
+def node(kube, tmp_path_factory):
+    """The guest; its kubelet reaches the host's etcd and kube-apiserver (tests/conftest.py) through a forward."""
+    missing = vmimage.missing_tools()
+    if missing:
+        pytest.fail("the VM tests need: " + ", ".join(missing) + " (run scripts/setup.sh vm)")
+    image = vmimage.build()
+    deb = subprocess.run(["scripts/build-deb.sh", str(tmp_path_factory.mktemp("deb"))], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    vm = Vm(image, SHAPE, forwards={API_PORT: kube.port}, files={"cri-resmgr.deb": Path(deb)})
+    vm.start()
+    print(f"the test node booted in {vm.boot_seconds:.0f} s ({vm.dir})")
+    n = Node(vm)
+    n.install_service()
+    yield n
+    vm.stop()
+
+
+def test_the_node_is_shaped_like_production(node):
+    assert node.sh("stat -fc %T /sys/fs/cgroup").strip() == "cgroup2fs"
+    assert node.sh("cat /proc/1/comm").strip() == "systemd"
+    controllers = set(node.sh("cat /sys/fs/cgroup/cgroup.controllers").split())
+    assert {"cpuset", "cpu", "io", "memory"} <= controllers
+    assert "SystemdCgroup = true" in node.sh("cat /etc/containerd/config.toml")
+    assert node.sh("ls -d /sys/devices/system/node/node*").split() == [
+        f"/sys/devices/system/node/node{n}" for n in range(SHAPE.nodes)]
+    assert CPUSet.parse(node.sh("cat /sys/devices/system/cpu/online").strip()) == CPUSet(range(SHAPE.cpus))
+    for n in range(SHAPE.nodes):
+        assert node.sh(f"cat /sys/devices/system/node/node{n}/cpulist").strip() == SHAPE.node_cpus(n)
+
+
+def simulate_host(config: str) -> dict:
+    """What `cri-resmgr simulate --machine` predicts on the host for the same shape."""
+    with tempfile.TemporaryDirectory() as d:
+        cfg, pods = Path(d) / "config.yaml", Path(d) / "pods.yaml"
+        cfg.write_text(config)
+        pods.write_text(json.dumps(_sim_pods()))
+        out = subprocess.run([sys.executable, "-m", "resmgr", "simulate", "--machine", SHAPE.machine(),
+                              "--config", str(cfg), "--pods", str(pods), "--output", "json"],
+                             check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def _sim_pods() -> list[dict]:
+    return [{"name": p["name"],
+             "containers": [{"name": "main", "requests": {"cpu": p["cpu"], "memory": p["memory"]},
+                             **({"limits": {"cpu": p["cpu"], "memory": p["memory"]}}
+                                if p["qos"] == "guaranteed" else {})}]} for p in PODS]
+
+
+def simulate_guest(node: Node, config: str) -> dict:
+    node.vm.write("/tmp/sim-config.yaml", config)
+    node.vm.write("/tmp/sim-pods.yaml", json.dumps(_sim_pods()))
+    return json.loads(node.sh("cri-resmgr simulate --config /tmp/sim-config.yaml --pods /tmp/sim-pods.yaml "
+                              "--output json"))
+
+
+@pytest.mark.parametrize("config", [TOPOLOGY_AWARE, BALLOONS], ids=["topology-aware", "balloons"])
+def test_the_guest_topology_gives_the_pools_simulate_predicts(node, config):
+    guest, host = simulate_guest(node, config), simulate_host(config)
+    # The same pools, CPUs and memory nodes; the memory sizes are the guest's own.
+    assert all(p.pop("memory", {}).get("dram", 0) > 0 for p in guest["pools"] if p.get("mems")), guest["pools"]
+    for p in host["pools"]:
+        p.pop("memory", None)
+    assert guest["pools"] == host["pools"]
+    assert [(c["pod"], c["pool"], c["cpus"], c["mems"]) for c in guest["containers"]] == \
+        [(c["pod"], c["pool"], c["cpus"], c["mems"]) for c in host["containers"]]
+
+
+@pytest.mark.parametrize("config", [TOPOLOGY_AWARE, BALLOONS], ids=["topology-aware", "balloons"])
+def test_guaranteed_containers_sit_in_one_numa_node_and_their_memory_too(node, config):
+    node.fresh(config)
+    # Each writes 48 MiB into its pod's /dev/shm (tmpfs: charged to it, placed by its cpuset.mems).
+    fill = "dd if=/dev/zero of=/dev/shm/fill bs=1M count=48 2>/dev/null; sleep 3600"
+    made = {p["name"]: node.pod(p["name"], p["qos"], p["cpu"], p["memory"], command=fill) for p in PODS}
+    reported = {c["id"]: c for p in node.status()["pods"] for c in p["containers"]}
+    predicted = {c["pod"].split("/")[-1]: (CPUSet.parse(c["cpus"]), CPUSet.parse(c["mems"]))
+                 for c in simulate_host(config)["containers"]}
+    # The kernel enforces what simulate predicts for a machine of this shape.
+    assert {name: node.cpuset(cid) for name, (_, cid) in made.items()} == predicted
+    for name in ("g2", "g3"):
+        _, cid = made[name]
+        cpus, mems = node.cpuset(cid)
+        assert len(cpus) >= int(next(p["cpu"] for p in PODS if p["name"] == name))  # a balloon may hold more
+        assert len(node_of(cpus)) == 1, f"{name} got CPUs {cpus} across NUMA nodes"
+        assert set(mems) == node_of(cpus), f"{name}: CPUs {cpus} but memory nodes {mems}"
+        # What cri-resmgr reports is what the kernel enforces.
+        assert (CPUSet.parse(reported[cid]["cpus"]), CPUSet.parse(reported[cid]["mems"])) == (cpus, mems)
+        deadline = time.monotonic() + 60
+        while sum((used := node.memory_by_node(cid)).values()) < 48 << 20 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert sum(used.values()) >= 48 << 20, used
+        assert used.get(min(mems), 0) >= 0.95 * sum(used.values()), f"{name}: memory by node {used}"
+    node.sh(f"crictl --runtime-endpoint unix://{RELAY_SOCKET} rmp -af")
+
+
+def test_qos_classes_are_read_from_systemd_slice_names(node):
+    node.fresh(TOPOLOGY_AWARE)
+    for name, qos in (("q-g", "guaranteed"), ("q-b", "burstable"), ("q-be", "besteffort")):
+        node.pod(name, qos, "1" if qos == "guaranteed" else ("250m" if qos == "burstable" else ""),
+                 "64Mi" if qos == "guaranteed" else "")
+    pods = {p["name"]: p for p in node.status()["pods"]}
+    assert {n: pods[n]["qos_class"] for n in ("q-g", "q-b", "q-be")} == {
+        "q-g": "Guaranteed", "q-b": "Burstable", "q-be": "BestEffort"}
+    node.sh(f"crictl --runtime-endpoint unix://{RELAY_SOCKET} rmp -af")
+
+
+def test_guest_commands_report_failures(node):
+    result = node.vm.run("echo out; echo err >&2; exit 3")
+    assert (result.code, result.out, result.err) == (3, "out\n", "err\n")
+    assert node.vm.run(f"cat {shlex.quote('/no such file')}").code != 0
+
+
+class Kubelet:
+    """The guest's kubelet as kubeadm sets one up on cgroup v2: the systemd cgroup driver, and
+    failCgroupV1 left at its default (true)."""
+
+    def __init__(self, node: Node, control: ControlPlane) -> None:
+        self.node, self.control = node, control
+        crt, key = control.pki.issue(f"kubelet-{NODE_NAME}", f"system:node:{NODE_NAME}", ("system:nodes",))
+        for path in (crt, key, control.pki.ca):
+            node.vm.write(f"/etc/kubernetes/pki/{path.name}", path.read_bytes())
+        kubeconfig = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "node",
+            "clusters": [{"name": "test", "cluster": {
+                "server": f"https://{HOST_ADDRESS}:{API_PORT}", "tls-server-name": "localhost",
+                "certificate-authority": f"/etc/kubernetes/pki/{control.pki.ca.name}"}}],
+            "users": [{"name": "node", "user": {"client-certificate": f"/etc/kubernetes/pki/{crt.name}",
+                                                "client-key": f"/etc/kubernetes/pki/{key.name}"}}],
+            "contexts": [{"name": "node", "context": {"cluster": "test", "user": "node"}}]}
+        node.vm.write("/etc/kubernetes/kubelet.kubeconfig", json.dumps(kubeconfig))
+        control.ensure_namespace("default")
+
+    def start(self, runtime_socket: str) -> None:
+        """kubelet on this CRI socket, enabled so that it comes back after a reboot."""
+        settings = {k: v for k, v in KUBELET_CONFIG.items() if k != "failCgroupV1"}
+        settings.update({"cgroupDriver": "systemd", "containerRuntimeEndpoint": "unix://" + runtime_socket,
+                         "resolvConf": "", "nodeStatusUpdateFrequency": "10s"})
+        self.node.vm.write("/etc/kubernetes/kubelet.yaml", json.dumps(settings))
+        self.node.sh("systemctl enable kubelet.service && systemctl restart kubelet.service")
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                got = self.control.core().read_node(NODE_NAME, _request_timeout=5)
+                if any(c.type == "Ready" and c.status == "True" for c in got.status.conditions or []):
+                    return
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+            if time.monotonic() > deadline:
+                raise TimeoutError("kubelet: node not Ready:\n" + self.node.sh(
+                    "journalctl -u kubelet --no-pager | tail -30"))
+            time.sleep(2)
+
+    def stop(self) -> None:
+        core = self.control.core()
+        for pod in core.list_namespaced_pod("default").items:
+            core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+        deadline = time.monotonic() + 180
+        while core.list_namespaced_pod("default").items and time.monotonic() < deadline:
+            time.sleep(2)
+        self.node.sh("systemctl disable --now kubelet.service")
+
+    def run(self, name: str, cpu: str = "", memory: str = "", limits: bool = False) -> str:
+        """A pod on the node; its container's runtime ID once it runs."""
+        core = self.control.core()
+        core.create_namespaced_pod("default", pod_manifest(name, NODE_NAME, cpu, memory, limits))
+        deadline = time.monotonic() + 240
+        while True:
+            pod = core.read_namespaced_pod(name, "default")
+            ids = container_ids(pod)
+            if ids:
+                return ids["c0"]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pod {name} did not run: {describe(pod)}")
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def kubelet(node, kube):
+    k = Kubelet(node, kube)
+    yield k
+    k.stop()
+
+
+@pytest.mark.parametrize("mode", ["relay", "nri"])
+def test_kubelet_with_the_systemd_driver_runs_pods_of_each_qos_class(node, kubelet, mode):
+    node.fresh(TOPOLOGY_AWARE, mode)
+    kubelet.start(RELAY_SOCKET if mode == "relay" else CONTAINERD_SOCKET)
+    try:
+        ids = {"g": kubelet.run(f"{mode}-g", "2", "128Mi", limits=True),
+               "b": kubelet.run(f"{mode}-b", "500m", "64Mi"),
+               "be": kubelet.run(f"{mode}-be")}
+        # kubelet's own slices, named by the systemd driver, hold each pod's scope.
+        for key, slice_name in (("g", "kubepods-pod"), ("b", "kubepods-burstable-pod"),
+                                ("be", "kubepods-besteffort-pod")):
+            assert f"/{slice_name}" in node.scope(ids[key]), (key, node.scope(ids[key]))
+        cpus, mems = node.cpuset(ids["g"])
+        assert len(cpus) == 2 and len(node_of(cpus)) == 1 and set(mems) == node_of(cpus), (cpus, mems)
+        shared, _ = node.cpuset(ids["b"])
+        assert not shared & cpus, f"the Burstable container shares the Guaranteed one's CPUs {cpus}"
+        pods = {p["name"]: p["qos_class"] for p in node.status()["pods"]}
+        assert {pods[f"{mode}-{k}"] for k in ids} == {"Guaranteed", "Burstable", "BestEffort"}, pods
+    finally:
+        kubelet.stop()
+
+
+def test_block_io_classes_land_in_io_max_and_the_weights_of_the_container_scope(node):
+    # Weights per device need the device's scheduler to weigh them: bfq, as an operator sets it.
+    node.sh("modprobe bfq && echo bfq > /sys/block/vda/queue/scheduler")
+    node.fresh(TOPOLOGY_AWARE + """blockio:
+  Classes:
+    BestEffort:
+      - Devices: [/dev/vda]
+        ThrottleWriteBps: 20M
+        ThrottleReadIOPS: 500
+        Weight: 50
+    Burstable:
+      - Weight: 200
+""")
+    _, slow = node.pod("io-be", "besteffort")
+    _, free = node.pod("io-b", "burstable", "250m")
+    dev = node.sh("cat /sys/block/vda/dev").strip()
+    deadline = time.monotonic() + 30
+    while f"{dev} " not in (limits := node.sh(f"cat {node.scope(slow)}/io.max")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert f"{dev} rbps=max wbps=20000000 riops=500 wiops=max" in limits, limits
+    assert node.sh(f"cat {node.scope(free)}/io.max").strip() == "", "a class without throttles got some"
+    weights = {c: node.sh(f"cat {node.scope(c)}/io.bfq.weight").splitlines() for c in (slow, free)}
+    assert weights == {slow: ["default 100", f"{dev} 50"], free: ["default 200"]}, weights
+    assert "weights cannot be set" not in node.sh("journalctl -u cri-resmgr --no-pager")
+    node.sh(f"crictl --runtime-endpoint unix://{RELAY_SOCKET} rmp -af; "
+            "echo mq-deadline > /sys/block/vda/queue/scheduler")
+
+
+def test_an_in_place_resize_reaches_the_container_scope(node):
+    node.fresh(TOPOLOGY_AWARE)
+    _, g = node.pod("r-g", "guaranteed", "2", "128Mi")
+    assert len(node.cpuset(g)[0]) == 2
+    # What kubelet sends for a resize to 3 CPUs (UpdateContainerResources), through the relay.
+    node.crictl(f"update --cpu-period 100000 --cpu-quota 300000 --cpu-share 3072 --memory 134217728 {g}")
+    deadline = time.monotonic() + 30
+    while len((placed := node.cpuset(g))[0]) != 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    cpus, mems = placed
+    assert len(cpus) == 3 and len(node_of(cpus)) == 1 and set(mems) == node_of(cpus), placed
+    assert node.sh(f"cat {node.scope(g)}/cpu.max").split() == ["300000", "100000"]
+    node.crictl("rmp -af")
+
+def test_sigkill_of_cri_resmgr_and_a_containerd_restart_keep_placements_and_leak_nothing(node):
+    node.fresh(TOPOLOGY_AWARE)
+    _, g = node.pod("k-g", "guaranteed", "2", "64Mi")
+    _, b = node.pod("k-b", "burstable", "500m")
+    before = {c: node.cpuset(c) for c in (g, b)}
+    assert not before[g][0] & before[b][0]
+
+    node.sh("systemctl kill -s KILL cri-resmgr.service")
+    node.sh(f"sleep 1; for i in $(seq 600); do systemctl is-active -q cri-resmgr && [ -S {RELAY_SOCKET} ] "
+            "&& exit 0; sleep 0.1; done; exit 1")
+    restarts = node.sh("systemctl show -p NRestarts --value cri-resmgr").strip()
+    assert restarts != "0"
+    assert {c: node.cpuset(c) for c in (g, b)} == before
+
+    node.sh("systemctl restart containerd.service")
+    assert node.sh("systemctl is-active cri-resmgr.service; systemctl show -p NRestarts --value cri-resmgr").split() \
+        == ["active", restarts], "restarting containerd restarted the relay"
+    # Through the relay, which reconnects by itself (retried, as kubelet does).
+    node.sh(f"for i in $(seq 60); do crictl --runtime-endpoint unix://{RELAY_SOCKET} ps -q >/dev/null 2>&1 "
+            "&& exit 0; sleep 0.5; done; exit 1")
+    assert {c: node.cpuset(c) for c in (g, b)} == before
+    _, g2 = node.pod("k-g2", "guaranteed", "2", "64Mi")
+    cpus2, _ = node.cpuset(g2)
+    assert not cpus2 & before[g][0] and not cpus2 & node.cpuset(b)[0]
+
+    node.crictl("rmp -af")
+    assert node.status()["pods"] == []
+    assert node.sh("find /sys/fs/cgroup/kubepods.slice -name 'cri-containerd-*.scope' | wc -l").strip() == "0"
+
+
+def test_the_host_package_runs_the_relay_for_kubelet_and_leaves_containerd_to_it_when_removed(node, kubelet):
+    """Installed as an operator installs it: dpkg -i, a systemd service, kubelet moved to the relay
+    by the package's drop-in; a restart keeps placements, a reboot brings every pod back placed;
+    dpkg -r gives kubelet back to containerd with every pod still running."""
+    # The unit and command of the checkout give way to the package's.
+    node.sh("systemctl stop cri-resmgr.service cri-resmgr-nri.service; "
+            f"crictl --runtime-endpoint unix://{CONTAINERD_SOCKET} rmp -af >/dev/null 2>&1; "
+            "rm -rf /var/lib/cri-resmgr /etc/systemd/system/cri-resmgr.service /usr/local/bin/cri-resmgr; "
+            "systemctl daemon-reload")
+    kubelet.start(CONTAINERD_SOCKET)
+    try:
+        before = kubelet.run("pkg-early", "250m", "64Mi")
+        node.vm.write("/etc/cri-resmgr/fallback.yaml", TOPOLOGY_AWARE)  # as configuration management would
+        node.sh("dpkg -i --force-confold /opt/cri-resmgr/src/cri-resmgr.deb", timeout=300)
+        assert node.sh("systemctl is-enabled cri-resmgr.service; systemctl is-active cri-resmgr.service").split() \
+            == ["enabled", "active"]
+        assert "cri-resmgr.sock" in node.sh("cat /etc/kubernetes/kubelet.conf.d/50-cri-resmgr.conf")
+        kubelet.wait_ready()
+        g = kubelet.run("pkg-g", "2", "128Mi", limits=True)
+        placed = node.cpuset(g)
+        assert len(placed[0]) == 2 and len(node_of(placed[0])) == 1 and set(placed[1]) == node_of(placed[0])
+        names = {p["name"] for p in node.status()["pods"]}
+        assert {"pkg-early", "pkg-g"} <= names, names  # the early pod was taken over from containerd
+        assert not node.cpuset(before)[0] & placed[0]
+
+        node.sh("systemctl restart cri-resmgr.service")
+        node.sh(f"for i in $(seq 600); do [ -S {RELAY_SOCKET} ] && exit 0; sleep 0.1; done; exit 1")
+        assert node.cpuset(g) == placed
+
+        node.vm.reboot()
+        kubelet.wait_ready()
+        deadline = time.monotonic() + 300
+        while True:  # the pods' containers are made anew after the reboot
+            pods = {p.metadata.name: container_ids(p) for p in kubelet.control.core().list_namespaced_pod(
+                "default").items}
+            if all(pods.get(n) for n in ("pkg-early", "pkg-g")) and pods["pkg-g"]["c0"] != g:
+                break
+            assert time.monotonic() < deadline, pods
+            time.sleep(2)
+        # New containers of the same pods, given the CPUs and memory nodes they had (as kubelet's CPU
+        # manager keeps them by pod UID and container name); the old ones hold nothing.
+        g_after, early_after = pods["pkg-g"]["c0"], pods["pkg-early"]["c0"]
+        assert node.cpuset(g_after) == placed
+        assert not node.cpuset(early_after)[0] & placed[0]
+        known = {c["id"]: c for p in node.status()["pods"] for c in p["containers"]}
+        assert known[g_after]["state"] == "running"
+        assert g not in known or (known[g]["state"] == "exited" and not known[g]["exclusive"]), known.get(g)
+
+        node.sh("dpkg -r cri-resmgr", timeout=300)
+        assert node.vm.run("test -e /etc/kubernetes/kubelet.conf.d/50-cri-resmgr.conf").code != 0
+        assert node.vm.run("systemctl is-active -q cri-resmgr.service").code != 0
+        kubelet.wait_ready()
+        after = kubelet.run("pkg-after", "250m", "64Mi")  # kubelet talks to containerd again
+        running = node.crictl("ps -q", CONTAINERD_SOCKET).split()
+        assert {g_after, after} <= set(running)
+    finally:
+        kubelet.stop()
