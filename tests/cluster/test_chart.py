@@ -49,10 +49,10 @@ def test_rendered_commands_are_ones_the_daemons_accept():
     agent = objs[("DaemonSet", "cri-resmgr-agent")]["spec"]["template"]["spec"]
     (container,) = agent["containers"]
     args = agent_parser().parse_args(container["command"][1:])
-    assert args.config_ns == NS and args.export_topology == "on" and args.custom_resources == "on"
+    assert args.config_namespace == NS and args.export_topology is True and args.custom_resources is True
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert args.cri_resmgr_socket.startswith(mounts["sockets"] + "/")
+    assert args.config_socket.startswith(mounts["sockets"] + "/")
     assert args.agent_socket.startswith(mounts["own"] + "/")
     # The agent is unprivileged; the plugin lets its group onto the configuration socket.
     assert container["securityContext"]["runAsUser"] == 65532 and container["securityContext"]["runAsNonRoot"]
