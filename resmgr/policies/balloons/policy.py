@@ -163,7 +163,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
                 kind = {0: CoreKind.PERFORMANCE, 2: CoreKind.EFFICIENT}.get(t.priority, CoreKind.UNKNOWN)
             elif guaranteed:
                 kind = CoreKind.PERFORMANCE
-        return Preferences(kind=kind, spread_cores=t.spread_cores, balance=self.settings.balance)
+        return Preferences(kind=kind, spread_cores=t.spread_cores, balance=t.balance)
 
     def _take(self, t: BalloonType, count: int, near: CPUSet = EMPTY, guaranteed: bool = False,
               owner: Balloon | None = None) -> CPUSet:

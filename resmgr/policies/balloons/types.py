@@ -102,6 +102,8 @@ TYPE_OPTIONS = (
     Option("PreferCloseToDevices", "strings", [], "devices to be near: NUMA nodes (/sys/devices/system/node/nodeN) "
            "are used, other devices accepted"),
     Option("ShowContainersInNrt", "boolean", False, "accepted, no effect"),
+    Option("AllocatorTopologyBalancing", "any", None, "new balloons of this type where most CPUs are free "
+           "(default: the policy's)"),
     Option("RdtClass", "string", "", "RDT class of its containers (an annotation wins)"),
     Option("BlockioClass", "string", "", "block-I/O class of its containers (an annotation wins)"),
     Option("Loads", "strings", [], "load classes (LoadClasses) its containers put on cores or L2 caches"),
@@ -161,6 +163,7 @@ class BalloonType:
     classes: dict[str, str] = field(default_factory=dict)  # by controller name
     loads: tuple[Load, ...] = ()
     near_nodes: tuple[int, ...] = ()  # PreferCloseToDevices naming NUMA nodes, first preferred first
+    balance: bool = False  # new balloons where most CPUs are free (AllocatorTopologyBalancing)
     components: tuple[str, ...] = ()  # a composite type: the types of its parts
     on_reserved: bool = False  # the built-in default type: runs on the reserved CPUs, owns none
     order: int = 0  # position in the configuration
@@ -229,6 +232,8 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
             spread_cores=_bool_or(t["PreferSpreadOnPhysicalCores"], raw["PreferSpreadOnPhysicalCores"],
                                   f"{at}.PreferSpreadOnPhysicalCores"),
             share_idle=t["ShareIdleCPUsInSame"], core_kind=CoreKind(t["PreferCoreType"]),
+            balance=_bool_or(t["AllocatorTopologyBalancing"], raw["AllocatorTopologyBalancing"],
+                             f"{at}.AllocatorTopologyBalancing"),
             pin_memory=_bool_or(t["PinMemory"], raw["PinMemory"], f"{at}.PinMemory"),
             memory_types=t["MemoryTypes"] or frozenset(), hide_ht=t["HideHyperthreads"],
             isolated=t["PreferIsolCpus"], classes={"rdt": t["RdtClass"], "blockio": t["BlockioClass"]}, order=i,
@@ -241,7 +246,9 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
             on_reserved=name == RESERVED or (name == DEFAULT and not t["MinCPUs"] and not t["MaxCPUs"])))
     _check_components(s.types)
     if RESERVED not in seen:
-        s.types.insert(0, BalloonType(RESERVED, on_reserved=True, pin_memory=raw["PinMemory"], order=-1))
+        s.types.insert(0, BalloonType(RESERVED, on_reserved=True, pin_memory=raw["PinMemory"], order=-1,
+                                      balance=raw["AllocatorTopologyBalancing"]))
     if DEFAULT not in seen:
-        s.types.append(BalloonType(DEFAULT, on_reserved=True, pin_memory=raw["PinMemory"], order=len(s.types)))
+        s.types.append(BalloonType(DEFAULT, on_reserved=True, pin_memory=raw["PinMemory"], order=len(s.types),
+                                   balance=raw["AllocatorTopologyBalancing"]))
     return s, raw

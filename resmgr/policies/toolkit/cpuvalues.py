@@ -1,8 +1,9 @@
 """CPU values in the policy configuration: a cpuset or a quantity.
 
-Accepted forms: `cpuset:0-3`, a bare list like `0-3` or `0,2`, a quantity (`4`, `750m`),
-or a YAML number (CPUs). `cgroup:<path>` is resolved to a cpuset when the configuration
-is loaded (resmgr.control.cgroupcpus); a policy never reads the node itself.
+Accepted forms: `cpuset:0-3`, a bare list like `0-3` or `0,2`, `exclude-cpuset:0-1` (every CPU
+there is but those, as nri-plugins writes it), a quantity (`4`, `750m`), or a YAML number
+(CPUs). `cgroup:<path>` is resolved to a cpuset when the configuration is loaded
+(resmgr.control.cgroupcpus); a policy never reads the node itself.
 """
 
 from __future__ import annotations
@@ -38,7 +39,14 @@ def parse(value: object, what: str) -> CPUSet | int:
 
 
 def resolve(value: object, what: str, topology: Topology, within: CPUSet) -> CPUSet:
-    """A cpuset within `within`; a quantity is rounded up and taken topology-compactly."""
+    """A cpuset within `within`; a quantity is rounded up and taken topology-compactly;
+    `exclude-cpuset:LIST` is `within` without LIST."""
+    text = value.strip() if isinstance(value, str) else ""
+    if text.startswith("exclude-cpuset:"):
+        try:
+            return within - CPUSet.parse(text[len("exclude-cpuset:"):])
+        except CPUSetError as err:
+            raise PolicyError(f"{what}: {err}") from None
     parsed = parse(value, what)
     if isinstance(parsed, CPUSet):
         outside = parsed - within

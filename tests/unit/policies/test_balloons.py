@@ -312,3 +312,19 @@ def test_composite_balloons_take_even_shares_of_each_component_node():
     assert again.export_state() == state
     w.remove(grown)
     assert [len(w.cpus(c) & topo.node_cpus(n)) for n in range(4)] == [2, 2, 2, 2]
+
+
+def test_topology_balancing_per_balloon_type():
+    """nri-plugins' allocatorTopologyBalancing of one type: its new balloons go where most CPUs are
+    free, while the policy's other types pack theirs into the tightest domain."""
+    w = world([{"Name": "spread", "MaxCPUs": 2, "AllocatorTopologyBalancing": True},
+               {"Name": "packed", "MaxCPUs": 2}])
+    socket0 = CPUSet.parse("0-3,8-11")
+    spread = [w.add(G, 2000, annotations={TYPE: "spread"}) for _ in range(2)]
+    assert sorted(w.cpus(c) <= socket0 for c in spread) == [False, True]  # one on each socket
+    w.remove(spread[0])
+    w.remove(spread[1])
+    packed = [w.add(G, 2000, annotations={TYPE: "packed"}) for _ in range(2)]
+    assert (w.cpus(packed[0]) <= socket0) == (w.cpus(packed[1]) <= socket0)  # both on one socket
+    with pytest.raises(PolicyError, match="AllocatorTopologyBalancing"):
+        world([{"Name": "x", "AllocatorTopologyBalancing": "yes"}])

@@ -65,3 +65,15 @@ def test_expressions_and_group_texts():
     assert substitute("${pod/namespace}-${pod/labels/team}-${pod/labels/none}", c, pod) == "prod-red-"
     with pytest.raises(PolicyError, match="unknown operator"):
         parse_expression({"key": "name", "operator": "Near"}, "x")
+
+
+def test_cpu_values_exclude_cpusets_as_nri_plugins_writes_them():
+    from resmgr.policies.toolkit.cpuvalues import resolve_cpus
+    from tests.support.world import machine
+
+    topo = machine("sockets=1,cores=4,threads=2")  # CPUs 0-7
+    cpus = resolve_cpus({"AvailableResources": {"cpu": "exclude-cpuset:0-1"},
+                         "ReservedResources": {"cpu": "exclude-cpuset:3-7"}}, topo)
+    assert (cpus.available, cpus.reserved) == (CPUSet.parse("2-7"), CPUSet.parse("2"))
+    with pytest.raises(PolicyError, match="AvailableResources.cpu"):
+        resolve_cpus({"AvailableResources": {"cpu": "exclude-cpuset:x"}}, topo)
