@@ -121,9 +121,36 @@ def _check(module: str, section: dict[str, Any], origin: str) -> None:
         raise ConfigError(f"{origin}: {_describe(errors[0], module)}")
 
 
+# What cri-resource-manager's own files define and cri-resmgr does not act on: left out with a
+# warning that names it, so those files load as they are (a typo anywhere else is still an error).
+LEFT_OUT = {
+    ("cpu",): "cri-resource-manager's CPU classes (frequencies, energy preference), not applied here",
+    ("logger", "Klog"): "klog's own settings; cri-resmgr logs through Python's logging",
+}
+
+
+def _leave_out(doc: dict[str, Any], origin: str) -> dict[str, Any]:
+    """doc without the LEFT_OUT sections and keys, each named in a warning."""
+    out = dict(doc)
+    for path, why in LEFT_OUT.items():
+        *parents, key = path
+        node = out
+        for parent in parents:
+            child = node.get(parent)
+            if not isinstance(child, dict):
+                break
+            node[parent] = child = dict(child)
+            node = child
+        else:
+            if key in node:
+                del node[key]
+                log.warning("%s: %s left out (%s)", origin, ".".join(path), why)
+    return out
+
+
 def validate(data: Any, origin: str = "config") -> Config:
     """Check the document against the module schemas and merge it over the defaults."""
-    doc = _mapping(data, origin)
+    doc = _leave_out(_mapping(data, origin), origin)
     for key in doc:
         if key not in MODULES:
             raise ConfigError(f"{origin}: unknown section {key!r} (known: {', '.join(sorted(MODULES))})")

@@ -158,3 +158,15 @@ def test_cgroup_cpu_values_are_resolved_at_load_under_the_cgroup_root(tmp_path, 
     assert str(policies.create("static", resolved, topo).reserved) == "1-2"
     with pytest.raises(ConfigError, match=r"policy.ReservedResources.cpu: cgroup:/missing: no cpuset"):
         cpus.resolve({"ReservedResources": {"cpu": "cgroup:/missing"}}, str(tmp_path))
+
+
+def test_cri_resource_managers_own_sections_are_left_out_with_a_warning(caplog):
+    """Its test configurations carry CPU classes and klog settings: they load, and say what was left out."""
+    doc = {"policy": {"Active": "balloons"}, "logger": {"Debug": "policy", "Klog": {"skip_headers": True}},
+           "cpu": {"classes": {"default": {"minFreq": 800, "maxFreq": 2800}}}}
+    config = validate(doc, "cri-resmgr.cfg")
+    assert config.policy_name == "balloons" and config.debug_sources == ["policy"]
+    assert "cri-resmgr.cfg: cpu left out" in caplog.text and "cri-resmgr.cfg: logger.Klog left out" in caplog.text
+    assert doc["logger"]["Klog"] == {"skip_headers": True}  # the caller's document is not changed
+    with pytest.raises(ConfigError, match="unknown section 'cpus'"):  # a typo is still one
+        validate({"cpus": {}})
