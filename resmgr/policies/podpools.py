@@ -2,7 +2,8 @@
 
 Pool types are configured with the CPUs of each instance (`CPU`), how many pods an instance
 holds (`MaxPods`) and how many CPUs the type gets in all (`Instances`: a number of
-instances, `N CPUs`, or `N %` of the CPUs that are not reserved). Instances are made at
+instances, `N CPUs`, or `N %` of the CPUs that are not reserved, less a `default` type's,
+which are set aside first). Instances are made at
 start, types in their order, each instance's CPUs chosen as every policy chooses them. A pod
 annotated `pool.podpools.cri-resource-manager.intel.com: <type>` (or `pooltype.`) goes, all
 its containers, to the instance of that type with the most free room (`FillOrder:
@@ -101,22 +102,29 @@ class PodpoolsPolicy(Policy):
         cpus = cpuvalues.resolve_cpus(self.config, topology)
         self.reserved = cpus.reserved
         free = cpus.general - self.reserved
-        unreserved = len(free)
         self.instances: list[Instance] = []
         self.fill: dict[str, str] = {}
-        default_cpus: int | None = None
+        types = []
         for i, doc in enumerate(raw["Pools"] + raw["PoolTypes"]):
             t = read(doc, TYPE_OPTIONS, f"policy.podpools.Pools[{i}]")
-            name, where = t["Name"], f"policy.podpools.Pools[{i}] ({t['Name'] or 'no name'})"
+            where = f"policy.podpools.Pools[{i}] ({t['Name'] or 'no name'})"
             cpu = t["CPU"] if t["CPU"] is not None else t["Resources"]
-            if not name or cpu is None:
+            if not t["Name"] or cpu is None:
                 raise PolicyError(f"{where}: Name and CPU are required")
             per = cpuvalues.parse(cpu, f"{where}.CPU")
             if isinstance(per, CPUSet) or per <= 0 or per % 1000:
                 raise PolicyError(f"{where}.CPU: {cpu!r}: a whole number of CPUs")
-            per //= 1000
+            types.append((t, where, per // 1000))
+        # The default pool's CPUs are set aside first, as cri-resmgr does: a type's `N %` is of the rest.
+        default_cpus = next((per for t, _, per in types if t["Name"] == DEFAULT), None)
+        if default_cpus is not None and default_cpus > len(free):
+            raise PolicyError(f"policy.podpools: the default pool's {default_cpus} CPUs do not fit in "
+                              f"{free or 'none'}")
+        aside = default_cpus or 0
+        unreserved = len(free) - aside
+        for t, where, per in types:
+            name = t["Name"]
             if name == DEFAULT:
-                default_cpus = per
                 continue
             if name == RESERVED or name in self.fill:
                 raise PolicyError(f"{where}: the name {name} is taken")
@@ -124,9 +132,10 @@ class PodpoolsPolicy(Policy):
             number, unit = _count(instances if instances is not None else 1, f"{where}.Instances")
             total = {"": number * per, "cpus": number, "%": number * unreserved / 100}[unit]
             count = int(total // per)
-            if count * per > len(free):
+            if count * per > len(free) - aside:
                 raise PolicyError(f"{where}: {count} instances of {per} CPUs need {count * per} CPUs; "
-                                  f"{len(free)} are left ({free or 'none'})")
+                                  f"{len(free) - aside} are left ({free or 'none'}"
+                                  f"{f', {aside} of them set aside for the default pool' if aside else ''})")
             max_pods = t["MaxPods"] if t["MaxPods"] else (t["Capacity"] or 0)
             if not isinstance(max_pods, int) or max_pods < 0:
                 raise PolicyError(f"{where}.MaxPods: {max_pods!r} is not a number of pods")
@@ -136,9 +145,6 @@ class PodpoolsPolicy(Policy):
                 free -= got
                 self.instances.append(Instance(name, n, got, max_pods))
         if default_cpus is not None:
-            if default_cpus > len(free):
-                raise PolicyError(f"policy.podpools: the default pool's {default_cpus} CPUs do not fit in "
-                                  f"{free or 'none'}")
             free = take_cpus(topology, free, default_cpus)
         self.default = free or self.reserved or cpus.general
         self.where: dict[str, str] = {}  # container key -> pool name

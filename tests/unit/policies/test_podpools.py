@@ -64,3 +64,17 @@ def test_the_documented_nested_spelling():
         {"name": "dualcpu", "typeResources": {"cpu": "95 %"}, "resources": {"cpu": 2}, "capacity": {"pod": 1}}]}},
         DESKTOP)
     assert sum(1 for i in p.instances if i.type == "dualcpu") == 7 and p.instances[0].max_pods == 1
+
+
+def test_the_default_pools_cpus_are_set_aside_before_a_percentage_is_taken():
+    """As cri-resmgr: with a default pool of 3 CPUs, 100 % of the instances is of the other CPUs."""
+    p = policies.create("podpools", {"AvailableResources": {"cpu": "cpuset:2-15"}, "ReservedResources": {"cpu": 1},
+                                     "podpools": {"Pools": [{"Name": "default", "CPU": 3},
+                                                            {"Name": "pair", "CPU": 2, "Instances": "100 %"}]}},
+                        DESKTOP)
+    pools = {d["name"]: CPUSet.parse(d["cpus"]) for d in p.describe_pools()}
+    assert len(pools["default"]) == 3 and sum(1 for i in p.instances if i.type == "pair") == 5  # (13 - 3) / 2
+    with pytest.raises(PolicyError, match="set aside for the default pool"):
+        policies.create("podpools", {"podpools": {"Pools": [{"Name": "default", "CPU": 3},
+                                                            {"Name": "x", "CPU": 1, "Instances": "15 CPUs"}]}},
+                        DESKTOP)
