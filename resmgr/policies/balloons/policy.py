@@ -36,7 +36,6 @@ from resmgr.requests import CLASS_ANNOTATIONS, class_names, effective_annotation
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import CoreKind, MemoryType, Topology
 
-NRI = "resource-policy.nri.io"
 BALLOON = "balloon.balloons"
 
 
@@ -112,9 +111,7 @@ def _union(sets: Iterable[CPUSet]) -> CPUSet:
 def _hint(container: Container, pod: Pod, name: str) -> str | None:
     """A hint in our annotation domain, else in nri-plugins' (`<name>.resource-policy.nri.io`)."""
     found = annotations.hint(container, pod, name)
-    if found is not None:
-        return str(found[1])
-    return effective_annotation(annotations.merged(container, pod), f"{name}.{NRI}", container.name)
+    return None if found is None else str(found[1])
 
 
 class BalloonsPolicy(SnapshotMoves, Policy):
@@ -418,11 +415,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
     # -- the policy interface ---------------------------------------------------------------------
     def _member(self, container: Container, pod: Pod) -> Member:
         req = container_requirements(container, pod)
-        hide = annotations.hide_hyperthreads(container, pod)
-        if hide is None:
-            nri = effective_annotation(annotations.merged(container, pod),
-                                       f"{annotations.HIDE_HYPERTHREADS}.{NRI}", container.name)
-            hide = annotations.to_bool("hide-hyperthreads", container.name, nri) if nri is not None else False
+        hide = bool(annotations.hide_hyperthreads(container, pod))
         return Member(req.cpu_request, pod.id, pod.namespace, hide,
                       pin_cpu=not self._preserve(container, pod, "cpu"),
                       pin_memory=not self._preserve(container, pod, "memory"),
@@ -430,18 +423,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
 
     def _memory_types(self, container: Container, pod: Pod) -> frozenset[MemoryType]:
         """The memory-type annotation, ours or nri-plugins' (`memory-type.resource-policy.nri.io`)."""
-        ours = annotations.memory_types(container, pod)
-        if ours is not None:
-            return ours
-        nri = effective_annotation(annotations.merged(container, pod), f"{annotations.MEMORY_TYPE}.{NRI}",
-                                   container.name)
-        if nri is None:
-            return frozenset()
-        try:
-            return frozenset(MemoryType(w.strip().lower()) for w in nri.split(",") if w.strip())
-        except ValueError:
-            raise PolicyError(f"annotation {annotations.MEMORY_TYPE}.{NRI} of container {container.name}: "
-                              f"{nri!r}: memory types are dram, pmem and hbm") from None
+        return annotations.memory_types(container, pod) or frozenset()
 
     def _preserve(self, container: Container, pod: Pod, what: str) -> bool:
         value = _hint(container, pod, f"{what}.preserve")

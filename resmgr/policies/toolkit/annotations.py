@@ -19,6 +19,7 @@ from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.requests import DOMAIN, effective_annotation
 from resmgr.topology.model import CoreKind, MemoryType
 
+NRI_DOMAIN = "resource-policy.nri.io"  # nri-plugins' hints: the same names in its own domain
 PREFER_ISOLATED = "prefer-isolated-cpus"
 PREFER_SHARED = "prefer-shared-cpus"
 PREFER_RESERVED = "prefer-reserved-cpus"
@@ -35,12 +36,14 @@ def merged(container: Container, pod: Pod) -> dict[str, str]:
 
 
 def hint(container: Container, pod: Pod, name: str) -> tuple[str, object] | None:
-    """(annotation key, raw value) of a hint for this container, or None when absent."""
+    """(annotation key, raw value) of a hint for this container, or None when absent: ours first,
+    then nri-plugins' (`<name>.resource-policy.nri.io`, scoped alike), then the legacy form."""
     annotations = merged(container, pod)
-    key = f"{name}.{DOMAIN}"
-    value = effective_annotation(annotations, key, container.name)
-    if value is not None:
-        return key, value
+    for domain in (DOMAIN, NRI_DOMAIN):
+        key = f"{name}.{domain}"
+        value = effective_annotation(annotations, key, container.name)
+        if value is not None:
+            return key, value
     legacy = f"{DOMAIN}/{name}"
     if legacy not in annotations:
         return None

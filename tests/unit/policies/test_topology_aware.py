@@ -176,6 +176,18 @@ def test_mixed_and_fractional_requests():
     assert w.policy.grants[burstable.key].kind == "shared"
 
 
+def test_nri_plugins_annotation_domain_is_read_ours_first():
+    """nri-plugins users annotate `<hint>.resource-policy.nri.io`: topology-aware reads those too."""
+    w = World(TA, SNC)
+    nri = w.add(G, 2000, annotations={"prefer-shared-cpus.resource-policy.nri.io/container.app": "true"})
+    assert w.policy.grants[nri.key].kind == "shared"
+    ours_first = w.add(G, 2000, annotations={"prefer-shared-cpus.resource-policy.nri.io": "true",
+                                             "prefer-shared-cpus.cri-resource-manager.intel.com": "false"})
+    assert w.policy.grants[ours_first.key].kind == "exclusive"
+    with pytest.raises(PolicyError, match="memory-type.resource-policy.nri.io"):
+        w.add(G, 1000, annotations={"memory-type.resource-policy.nri.io": "flash"})
+
+
 def test_prefer_shared_negative_number_places_higher():
     w = World(TA, SNC)
     up = w.add(G, 1000, annotations={"cri-resource-manager.intel.com/prefer-shared-cpus": '{"app": -1}'})
