@@ -24,7 +24,7 @@ from resmgr.policies.base import Decision, Policy, PolicyError, View, class_name
 from resmgr.policies.toolkit import annotations, cpuvalues
 from resmgr.policies.toolkit.allocator import take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
-from resmgr.policies.toolkit.options import Option, in_namespaces, read
+from resmgr.policies.toolkit.options import Option, in_namespaces, read, reserved_namespaces
 from resmgr.requests import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.model import Topology
@@ -98,7 +98,7 @@ class PodpoolsPolicy(Policy):
         self.topo = self.require_topology()
         raw = self.read_options()
         self.pin_cpu, self.pin_memory = raw["PinCPU"], raw["PinMemory"]
-        self.reserved_namespaces = list(raw["ReservedPoolNamespaces"])
+        self.reserved_namespaces = reserved_namespaces(raw["ReservedPoolNamespaces"])
         cpus = cpuvalues.resolve_cpus(self.config, topology)
         self.reserved = cpus.reserved
         free = cpus.general - self.reserved

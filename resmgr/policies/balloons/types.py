@@ -13,7 +13,7 @@ from typing import Any
 
 from resmgr.policies.base import PolicyError
 from resmgr.policies.toolkit.expressions import Expression, parse_expression
-from resmgr.policies.toolkit.options import Option, read
+from resmgr.policies.toolkit.options import Option, read, reserved_namespaces
 from resmgr.topology.model import CoreKind, MemoryType
 
 RESERVED, DEFAULT = "reserved", "default"
@@ -194,7 +194,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
     raw = read(section, POLICY_OPTIONS, where)
     s = Settings(pin_cpu=raw["PinCPU"], pin_memory=raw["PinMemory"], balance=raw["AllocatorTopologyBalancing"],
                  idle_class=raw["IdleCPUClass"])
-    s.reserved_namespaces = tuple(dict.fromkeys(["kube-system", *raw["ReservedPoolNamespaces"]]))
+    s.reserved_namespaces = tuple(reserved_namespaces(raw["ReservedPoolNamespaces"]))
     preserve = read(raw["Preserve"], (Option("MatchExpressions", "objects", []),), f"{where}.Preserve")
     s.preserve = tuple(parse_expression(e, f"{where}.Preserve.MatchExpressions[{i}]")
                        for i, e in enumerate(preserve["MatchExpressions"]))

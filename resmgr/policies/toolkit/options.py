@@ -88,13 +88,14 @@ def read(section: Mapping[str, Any] | None, options: Sequence[Option], where: st
     return out
 
 
-def reserved_namespaces(value: Any, default: Sequence[str] = ("kube-system",)) -> list[str]:
-    """ReservedPoolNamespaces (globs), one rule for every policy; the default when not given."""
+def reserved_namespaces(value: Any) -> list[str]:
+    """ReservedPoolNamespaces (globs), one rule for every policy: kube-system always, as nri-plugins
+    and cri-resmgr have it, and the namespaces given."""
     if value is None:
-        return list(default)
+        value = []
     if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
         raise PolicyError("policy.ReservedPoolNamespaces: expected a list of namespaces (globs allowed)")
-    return list(value)
+    return list(dict.fromkeys(["kube-system", *value]))
 
 
 def in_namespaces(namespace: str, patterns: Sequence[str]) -> bool:

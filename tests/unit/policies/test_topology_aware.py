@@ -221,6 +221,10 @@ def test_reserved_class():
     assert w.cpus(huge) == CPUSet.parse("0,16")
     glob = World(TA, SNC, ReservedResources={"cpu": 1}, ReservedPoolNamespaces=["kube-*"])
     assert len(glob.cpus(glob.add(BE, 0, namespace="kube-public"))) == 1
+    # kube-system stays on the reserved CPUs when the list leaves it out, as in nri-plugins.
+    other = World(TA, SNC, ReservedResources={"cpu": 1}, ReservedPoolNamespaces=["monitoring"])
+    system = other.cpus(other.add(B, 100, namespace="kube-system"))
+    assert system == other.cpus(other.add(B, 100, namespace="monitoring")) and len(system) == 1
 
 
 def test_pin_options():
