@@ -446,8 +446,18 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
 
     def mems_of_grant(self, g: Grant) -> CPUSet:
         pool = self.by_name[g.memory_pool]
-        mems = pool.mems_of(g.mem_types)
-        return mems or pool.all_mems
+        mems = pool.mems_of(g.mem_types) or pool.all_mems
+        if g.mem_pool:  # moved up for room: the wider pool's memory on purpose
+            return mems
+        # Memory follows the CPUs the container really has: a NUMA node with CPUs, none of them its
+        # own (out of AvailableResources, or all taken), is left out, as nri-plugins does, unless
+        # the container's memory needs it (a pool chosen for its memory keeps all of it).
+        cpus = self.cpus_of_grant(g)
+        foreign = CPUSet(n.id for n in self.topology.nodes.values() if n.cpus and not n.cpus & cpus)
+        near = mems - foreign
+        if not near or sum(self.topology.nodes[n].memory for n in near) < g.memory:
+            return mems
+        return near
 
     def _resources(self, base: Resources, g: Grant) -> Resources:
         out = base.with_cpus(str(self.cpus_of_grant(g))) if self.pin_cpu else base.with_cpus(base.cpuset_cpus)

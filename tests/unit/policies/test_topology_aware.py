@@ -259,6 +259,16 @@ def test_memory_that_does_not_fit_a_leaf_goes_up():
         w.add(G, 1000, memory=30 * GiB)
 
 
+def test_memory_follows_the_cpus_a_container_really_has():
+    """With AvailableResources narrowed to NUMA node 1 (and a reserved CPU on node 0), a container
+    placed in the socket's pool runs on node 1's CPUs: its memory is node 1's, as in nri-plugins."""
+    n4c16 = machine("sockets=2,nodes=2,cores=2,threads=2,numbering=linear")  # node n: CPUs 4n..4n+3
+    w = World(TA, n4c16, AvailableResources={"cpu": "cpuset:1,4-6"}, ReservedResources={"cpu": "cpuset:1"})
+    up = w.add(G, 1000, annotations={"prefer-shared-cpus.cri-resource-manager.intel.com": "-1"})
+    assert pool_of(w, up) == "socket #0" and w.cpus(up) == CPUSet.parse("4-6")
+    assert w.mems(up) == CPUSet.parse("1")
+
+
 def test_memory_types():
     topo = machine("sockets=2,nodes=2,cores=4,threads=2,pmem=2x64G,hbm=2x4G")
     kinds = {n.id: n.kind.value for n in topo.nodes.values()}
