@@ -29,6 +29,8 @@ from resmgr.policies.base import Policy
 
 
 class Engine(Creating, Starting, Updating, Stopping):
+    """The engine the front ends call: every lifecycle step, and reconciliation, on one state."""
+
     def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
                  controllers: Controllers | None = None, cgroup_root: str = "", gated: bool = False) -> None:
         """gated: lifecycle decisions wait for the first reconciliation (the daemon's case)."""
