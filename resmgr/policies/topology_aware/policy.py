@@ -444,7 +444,8 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
             cpus |= self.shared_cpus(pool)
         return one_thread_per_core(self.topology, cpus) if g.hide_ht else cpus
 
-    def mems_of_grant(self, g: Grant) -> CPUSet:
+    def mems_of_grant(self, g: Grant, cpus: CPUSet | None = None) -> CPUSet:
+        """Its memory nodes; cpus: the grant's CPUs when the caller has them already."""
         pool = self.by_name[g.memory_pool]
         mems = pool.mems_of(g.mem_types) or pool.all_mems
         if g.mem_pool:  # moved up for room: the wider pool's memory on purpose
@@ -452,17 +453,22 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         # Memory follows the CPUs the container really has: a NUMA node with CPUs, none of them its
         # own (out of AvailableResources, or all taken), is left out, as nri-plugins does, unless
         # the container's memory needs it (a pool chosen for its memory keeps all of it).
-        cpus = self.cpus_of_grant(g)
+        cpus = self.cpus_of_grant(g) if cpus is None else cpus
         foreign = CPUSet(n.id for n in self.topology.nodes.values() if n.cpus and not n.cpus & cpus)
         near = mems - foreign
         if not near or sum(self.topology.nodes[n].memory for n in near) < g.memory:
             return mems
         return near
 
+    def _placed(self, g: Grant) -> tuple[CPUSet, CPUSet]:
+        """The grant's CPUs and memory nodes (the CPUs read once: the memory follows them)."""
+        cpus = self.cpus_of_grant(g)
+        return cpus, self.mems_of_grant(g, cpus)
+
     def _resources(self, base: Resources, g: Grant) -> Resources:
-        out = base.with_cpus(str(self.cpus_of_grant(g))) if self.pin_cpu else base.with_cpus(base.cpuset_cpus)
+        cpus, mems = self._placed(g)
+        out = base.with_cpus(str(cpus)) if self.pin_cpu else base.with_cpus(base.cpuset_cpus)
         if self.pin_memory:
-            mems = self.mems_of_grant(g)
             if mems:
                 out.cpuset_mems = str(mems)
         return out
@@ -549,7 +555,7 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         """Place every shared-only container anew, biggest first; exclusive grants stay."""
         movable = [k for k, g in self.grants.items() if g.kind == "shared" and k in view.containers
                    and view.containers[k].pod_id in view.pods]
-        before = {k: (self.cpus_of_grant(g), self.mems_of_grant(g)) for k, g in self.grants.items()}
+        before = {k: self._placed(g) for k, g in self.grants.items()}
         try:
             with self.grants.transaction():
                 old = {k: self._remove(k) for k in movable}
@@ -566,7 +572,7 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         updates = {}
         for key, g in self.grants.items():
             c = view.containers.get(key)
-            if c is not None and before.get(key) != (self.cpus_of_grant(g), self.mems_of_grant(g)):
+            if c is not None and before.get(key) != self._placed(g):
                 updates[key] = self._resources(c.resources, g)
         return Decision(updates=updates)
 
