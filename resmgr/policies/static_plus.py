@@ -35,7 +35,7 @@ class StaticPlusPolicy(PoolPolicy):
     description = ("reserved, isolated and shared pools: exclusive CPUs for any whole-CPU request, "
                    "isolated CPUs first, kube-system on reserved CPUs")
     options = (Option("ReservedPoolNamespaces", "strings", None, "namespaces (globs) on the reserved CPUs "
-                      "(default kube-system; policy.ReservedPoolNamespaces wins)"),)
+                      "besides kube-system, which always is (policy.ReservedPoolNamespaces wins)"),)
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)

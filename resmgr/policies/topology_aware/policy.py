@@ -52,8 +52,8 @@ OPTIONS = (
     Option("PinMemory", "boolean", True, "write the containers' memory nodes"),
     Option("PreferIsolatedCPUs", "boolean", True, "1-CPU exclusive requests on kernel-isolated CPUs"),
     Option("PreferSharedCPUs", "boolean", False, "every container on shared CPUs"),
-    Option("ReservedPoolNamespaces", "strings", None, "namespaces (globs) on the reserved CPUs (default "
-           "kube-system; policy.ReservedPoolNamespaces wins)"),
+    Option("ReservedPoolNamespaces", "strings", None, "namespaces (globs) on the reserved CPUs besides "
+           "kube-system, which always is (policy.ReservedPoolNamespaces wins)"),
     Option("ColocatePods", "boolean", False, "a pod's containers in the same pool"),
     Option("ColocateNamespaces", "boolean", False, "a namespace's containers in the same pool"),
 )
