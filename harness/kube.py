@@ -254,11 +254,7 @@ class ControlPlane:
     def _controllers(self) -> list[Process]:
         """kube-controller-manager (its root CA is what pods' kube-root-ca.crt holds) and
         kube-scheduler, both as admin, without leader election or a serving port."""
-        scheduler_config = self.dir / "scheduler.yaml"
-        scheduler_config.write_text(yaml.safe_dump({
-            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(self.admin_kubeconfig)},
-            "leaderElection": {"leaderElect": False}}))
+        scheduler_config = self.scheduler_config("scheduler")
         sa_key = self.dir / "pki" / "service-accounts.key"
         return [
             Process("kube-controller-manager", [
@@ -272,6 +268,15 @@ class ControlPlane:
                 str(TOOLS_BIN / "kube-scheduler"), f"--config={scheduler_config}", "--secure-port=0", "--v=1"],
                 self.dir / "scheduler.log"),
         ]
+
+    def scheduler_config(self, name: str, **settings: Any) -> Path:
+        """A kube-scheduler configuration file: as admin, without leader election, and settings."""
+        path = self.dir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.admin_kubeconfig)},
+            "leaderElection": {"leaderElect": False}, **settings}))
+        return path
 
     def start(self, timeout: float = 90) -> ControlPlane:
         if not self.etcd.alive():
@@ -375,16 +380,12 @@ def start_topology_scheduler(control: ControlPlane, name: str = TOPOLOGY_SCHEDUL
     NodeResourceTopology objects, set up as the plugin's own manifests set it up (its reserve step
     off, no cache: each decision reads the objects as they are). It is of an older Kubernetes
     release than the API server (see tools/go/schedulerplugins/go.mod)."""
-    config = control.dir / f"{name}.yaml"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(control.admin_kubeconfig)},
-        "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": name,
-                      "plugins": {"multiPoint": {"enabled": [{"name": "NodeResourceTopologyMatch"}]},
-                                  "reserve": {"disabled": [{"name": "NodeResourceTopologyMatch"}]}},
-                      "pluginConfig": [{"name": "NodeResourceTopologyMatch",
-                                        "args": {"scoringStrategy": {"type": "LeastAllocated"}}}]}]}))
+    config = control.scheduler_config(name, profiles=[{
+        "schedulerName": name,
+        "plugins": {"multiPoint": {"enabled": [{"name": "NodeResourceTopologyMatch"}]},
+                    "reserve": {"disabled": [{"name": "NodeResourceTopologyMatch"}]}},
+        "pluginConfig": [{"name": "NodeResourceTopologyMatch",
+                          "args": {"scoringStrategy": {"type": "LeastAllocated"}}}]}])
     proc = Process(name, [str(TOOLS_BIN / "kube-scheduler-plugins"), f"--config={config}", "--secure-port=0",
                           "--v=4"], control.dir / f"{name}.log")
     proc.start()
