@@ -29,6 +29,7 @@ from tests.support.agentenv import (
     install_agent_rbac,
     install_crds,
     matches_status,
+    node_topology,
     status_doc,
     wait_for,
     zones,
@@ -79,12 +80,7 @@ class Cluster:
         return str(self.nodes[node].workdir / "config.sock")
 
     def topology(self, node: str) -> dict[str, Any] | None:
-        try:
-            return self.custom.get_cluster_custom_object(rs.NRT_GROUP, rs.NRT_VERSION, rs.NRT_PLURAL, node)
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        return node_topology(self.custom, node)
 
     def agreed(self, node: str) -> dict[str, Any] | None:
         """The node's NodeResourceTopology once it says what its cri-resmgr says."""

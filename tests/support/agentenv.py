@@ -151,12 +151,7 @@ class RealCluster:
             _preload_content=False).data)["items"]
 
     def topology(self) -> dict | None:
-        try:
-            return self.custom.get_cluster_custom_object(rs.NRT_GROUP, rs.NRT_VERSION, rs.NRT_PLURAL, self.node)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        return node_topology(self.custom, self.node)
 
     def close(self) -> None:
         for namespace, name in list(self.maps):
@@ -166,6 +161,16 @@ class RealCluster:
         if self.topology() is not None:
             self.custom.delete_cluster_custom_object(rs.NRT_GROUP, rs.NRT_VERSION, rs.NRT_PLURAL, self.node)
         self.core.delete_node(self.node)
+
+
+def node_topology(custom: client.CustomObjectsApi, node: str) -> dict | None:
+    """The node's NodeResourceTopology as the API server has it (None: there is none)."""
+    try:
+        return custom.get_cluster_custom_object(rs.NRT_GROUP, rs.NRT_VERSION, rs.NRT_PLURAL, node)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
 
 
 def install_agent_rbac(control: ControlPlane) -> None:
