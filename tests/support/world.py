@@ -32,13 +32,15 @@ class World(Ledger):
                                 qos_class=qos, annotations=annotations or {}))
 
     def add(self, qos: QOSClass, milli: int, namespace: str = "default", annotations=None, memory: int = 0,
-            pod: Pod | None = None, name: str = "app", running_on: str | None = None) -> Container:
+            pod: Pod | None = None, name: str = "app", running_on: str | None = None,
+            limit: int | None = None) -> Container:
         """A container (in a new pod unless one is given) allocated by the policy; running_on: one found
-        running on those CPUs, adopted."""
+        running on those CPUs, adopted; limit: its CPU limit in milli-CPU (default: the request, 0: none)."""
         new_pod = pod is None
         pod = pod or self.pod(qos, namespace, annotations)
         self.n += 1
-        res = Resources(cpu_shares=milli_to_shares(milli), cpu_quota=milli * 100 if milli else 0,
+        limit = milli if limit is None else limit
+        res = Resources(cpu_shares=milli_to_shares(milli), cpu_quota=limit * 100,
                         cpu_period=100000, memory_limit_in_bytes=memory)
         c = Container(id=f"c{self.n}", pod_id=pod.id, name=name, state=ContainerState.RUNNING,
                       requested=res, resources=res if running_on is None else res.with_cpus(running_on))

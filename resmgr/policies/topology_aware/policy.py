@@ -20,9 +20,12 @@ longer fits where it is has its memory widened to the nearest pool up the tree w
 does.
 
 The pool is chosen by filtering the pools that can take the request and ranking them:
-affinity, has all requested memory types, holds the NUMA nodes of the container's devices,
-gets the preferred kind of CPU, whole cores free for an exclusive slice, depth (the tightest
-fit), capacity left, fewest colocated containers, lowest pool ID. When exclusive CPUs fit
+affinity, wide enough for what a Burstable container may burst to (free capacity for its CPU
+limit; without one, no deeper than UnlimitedBurstable), has all requested memory types, holds
+the NUMA nodes of the container's devices, gets the preferred kind of CPU, whole cores free
+for an exclusive slice, depth (the tightest fit), then as nri-plugins ranks them: for
+exclusive CPUs the most capacity left, for shared ones the fewest colocated containers and
+then the most capacity left; lowest pool ID last. When exclusive CPUs fit
 no leaf only because the free shared capacity is spread thin, they are placed by the
 machine's capacity (see _place).
 """
@@ -47,6 +50,10 @@ from resmgr.requests import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import MemoryType, Topology
 
+# nri-plugins' CPU topology levels, widest first (a pool's level: tree.Pool.level).
+LEVELS = ("system", "package", "die", "numa")
+UNLIMITED_BURSTABLE = "unlimited-burstable"
+
 OPTIONS = (
     Option("PinCPU", "boolean", True, "write the containers' cpusets"),
     Option("PinMemory", "boolean", True, "write the containers' memory nodes"),
@@ -56,6 +63,9 @@ OPTIONS = (
            "kube-system, which always is (policy.ReservedPoolNamespaces wins)"),
     Option("ColocatePods", "boolean", False, "a pod's containers in the same pool"),
     Option("ColocateNamespaces", "boolean", False, "a namespace's containers in the same pool"),
+    Option("UnlimitedBurstable", "string", "package", "the widest pool a Burstable container without a CPU "
+           "limit may go to (system, package, die or numa; the unlimited-burstable annotation overrides it)",
+           choices=LEVELS),
 )
 
 
@@ -78,6 +88,14 @@ class Request:
     prefer: Preferences = ANY  # what kind of exclusive CPUs
     hide_ht: bool = False
     previous: CPUSet = EMPTY  # where the pod's container of this name ran before: its pool first
+    burst_limit: int = 0  # a Burstable container's CPU limit (milli): pools with that much free first
+    burst_level: int | None = None  # a Burstable container without one: pools this wide or wider first
+
+    def bursts_in(self, pool: Pool, free: int) -> bool:
+        """Whether the pool is wide enough for what the container may burst to (free: its shared milli)."""
+        if self.burst_level is not None:
+            return pool.level <= self.burst_level or pool.parent is None
+        return free >= self.burst_limit
 
     def describe(self) -> str:
         parts = []
@@ -105,6 +123,7 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         self.pin_cpu, self.pin_memory = options["PinCPU"], options["PinMemory"]
         self.prefer_isolated, self.prefer_shared = options["PreferIsolatedCPUs"], options["PreferSharedCPUs"]
         self.colocate_pods, self.colocate_namespaces = options["ColocatePods"], options["ColocateNamespaces"]
+        self.unlimited_burstable = LEVELS.index(options["UnlimitedBurstable"])
         self.reserved_namespaces = reserved_namespaces(
             self.config.get("ReservedPoolNamespaces", options["ReservedPoolNamespaces"]))
 
@@ -126,6 +145,8 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         self._milli = [0] * n  # shared milli-CPU granted at each pool
         self._users: list[set[str]] = [set() for _ in range(n)]  # grants on each pool's shared CPUs
         self._count = [0] * n  # grants at each pool
+        self._colocated = [0] * n  # of them, those not on the reserved CPUs
+        self._idle = [0] * n  # of them, shared users asking for no CPU time
         self._mem: list[dict[frozenset[MemoryType], int]] = [{} for _ in range(n)]
         self._sharable = [p.general for p in self.pools]
         self._relaxed = False  # placing by the machine's capacity only (see _place)
@@ -141,6 +162,10 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         pool = self.by_name[g.pool]
         self._milli[pool.id] += sign * g.shared
         self._count[pool.id] += sign
+        if not g.reserved:
+            self._colocated[pool.id] += sign
+            if g.on_shared and not g.shared and not g.exclusive:
+                self._idle[pool.id] += sign
         if g.on_shared:
             (self._users[pool.id].add if sign > 0 else self._users[pool.id].discard)(key)
         if g.memory:
@@ -251,12 +276,30 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         if (req.qos != QOSClass.GUARANTEED or whole == 0 or all_shared
                 or (whole >= 2 and fraction and shared_hint is not False)):
             r.shared = req.cpu_request
+            if req.qos == QOSClass.BURSTABLE:
+                if not req.cpu_limit:
+                    r.burst_level = self._unlimited_level(container, pod)
+                elif req.cpu_limit > req.cpu_request:
+                    r.burst_limit = req.cpu_limit
             return r
         r.exclusive, r.shared, r.on_shared = whole, fraction, bool(fraction)
         r.prefer = preferences(container, pod, self.topology)
         iso_hint = annotations.prefer_isolated(container, pod)
         r.isolated = iso_hint if iso_hint is not None else (self.prefer_isolated and whole == 1)
         return r
+
+    def _unlimited_level(self, container: Container, pod: Pod) -> int:
+        """The widest pool level for a Burstable container without a CPU limit: its annotation, or
+        UnlimitedBurstable."""
+        found = annotations.hint(container, pod, UNLIMITED_BURSTABLE)
+        if found is None:
+            return self.unlimited_burstable
+        key, value = found
+        word = str(value).strip().lower()
+        if word not in LEVELS:
+            raise PolicyError(f"annotation {key} of container {container.name}: {value!r} is not one of "
+                              f"{', '.join(LEVELS)}")
+        return LEVELS.index(word)
 
     def _reserved_namespace(self, namespace: str) -> bool:
         return in_namespaces(namespace, self.reserved_namespaces)
@@ -358,8 +401,16 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
             split = self._split(pool, r) if r.exclusive and not isolated else 0
             # The deepest pool holding where it ran before, as kubelet keeps a container's CPUs.
             sticky = -pool.depth if r.previous and r.previous <= pool.cpus else 1
-            ranked.append(((elsewhere, sticky, -affinity, not all_types, -hinted, not preferred_cpu, split, -pool.depth,
-                            -left, self._count[pool.id], pool.id), pool))
+            # A Burstable container goes no deeper than what it may burst to allows.
+            narrow = not r.bursts_in(pool, left + r.shared)
+            # As nri-plugins ranks them: exclusive CPUs where most shared capacity is left; shared ones
+            # where fewest containers are, then most capacity, so they spread over the pools.
+            # A pool running containers that ask for no CPU time counts 1m less, as nri-plugins has it.
+            if any(self._idle[q.id] for q in pool.subtree):
+                left -= 1
+            spread = (-left, 0) if r.exclusive else (self._colocated[pool.id], -left)
+            ranked.append(((elsewhere, sticky, -affinity, narrow, not all_types, -hinted, not preferred_cpu, split,
+                            -pool.depth, *spread, pool.id), pool))
         if not ranked:
             raise PolicyError(f"container {r.who}: no pool can take {r.describe() or 'it'}; free: {self._free()}")
         best = min(ranked, key=lambda x: x[0])[1]

@@ -34,6 +34,13 @@ class Pool:
     ancestors: tuple[Pool, ...] = ()  # self first, then up to the root
     subtree: tuple[Pool, ...] = ()  # self and every descendant
 
+    @property
+    def level(self) -> int:
+        """How wide the pool is, as nri-plugins' CPU topology levels count: 0 the whole system,
+        1 a package (socket), 2 a die, 3 a NUMA node, 4 an L3 cache domain."""
+        kind = self.name.split(" ", 1)[0]
+        return {"root": 0, "socket": 1, "die": 2, "NUMA": 3, "L3": 4}[kind]
+
     def mems_of(self, types: Iterable[MemoryType]) -> CPUSet:
         out = EMPTY
         for t in types:

@@ -81,7 +81,8 @@ def test_simulate_topology_aware_json(tmp_path):
     assert by_name["dns"]["cpus"] == "0"  # kube-system on the reserved CPU
     postgres = by_name["postgres"]
     assert postgres["pool"].startswith("NUMA node #") and len(postgres["cpus"].split(",")) == 2
-    assert by_name["nginx"]["pool"].startswith("NUMA node #")
+    # Burstable without a CPU limit: no deeper than a socket (UnlimitedBurstable's default).
+    assert by_name["nginx"]["pool"].startswith("socket #")
     assert "topology-aware" in out.stdout
 
 

@@ -712,3 +712,50 @@ def test_exclusive_cpus_stay_in_one_node_rather_than_split_for_spread_thin_capac
     g = w.add(G, 2000)
     assert len({topo.cpus[c].node for c in w.cpus(g)}) == 1 and pool_of(w, g).startswith("NUMA node #")
     assert [n for n in w.policy.fallback() if "request 2500m on 2 shared CPUs" in n]
+
+
+# nri-plugins' n4c16 machine: 2 sockets x 2 NUMA nodes of 4 CPUs (node n: 4n..4n+3, linear numbering).
+N4C16 = machine("sockets=2,nodes=2,cores=2,threads=2,numbering=linear")
+
+
+def test_a_burstable_container_goes_to_the_deepest_pool_with_free_capacity_for_its_limit():
+    # nri-plugins' test14: 2 CPUs requested, 5 allowed: no 4-CPU node holds that, a socket does.
+    w = World(TA, N4C16, ReservedResources={"cpu": "cpuset:0"})
+    first, second = (w.add(B, 2000, limit=5000) for _ in range(2))
+    assert (pool_of(w, first), pool_of(w, second)) == ("socket #1", "socket #0")
+    assert w.mems(first) == CPUSet.parse("2-3") and w.mems(second) == CPUSet.parse("0-1")
+    # Within a node's capacity it stays in a node.
+    assert pool_of(w, w.add(B, 1000, limit=3000)).startswith("NUMA node #")
+
+
+def test_a_burstable_container_without_a_limit_goes_no_deeper_than_unlimited_burstable():
+    w = World(TA, N4C16)
+    assert pool_of(w, w.add(B, 2000, limit=0)).startswith("socket #")  # the default: package
+    numa = World(TA, N4C16, **{"topology-aware": {"unlimitedBurstable": "numa"}})
+    assert pool_of(numa, numa.add(B, 2000, limit=0)).startswith("NUMA node #")
+    hinted = w.add(B, 2000, limit=0, annotations={"unlimited-burstable.resource-policy.nri.io": "system"})
+    assert pool_of(w, hinted) == "root"
+    # A level the machine lacks means the next wider one: no dies here, so a socket.
+    die = w.add(B, 500, limit=0, annotations={"unlimited-burstable.resource-policy.nri.io/pod": "die"})
+    assert pool_of(w, die).startswith("socket #")
+    with pytest.raises(PolicyError, match="'rack' is not one of system, package, die, numa"):
+        w.add(B, 500, limit=0, annotations={"unlimited-burstable.resource-policy.nri.io": "rack"})
+    with pytest.raises(PolicyError, match="UnlimitedBurstable"):
+        World(TA, N4C16, **{"topology-aware": {"UnlimitedBurstable": "rack"}})
+
+
+def test_shared_containers_go_where_fewest_containers_are_before_most_capacity():
+    w = World(TA, N4C16)
+    big = w.add(B, 1000)  # node 0
+    small = [w.add(B, 100) for _ in range(6)]  # nodes 1-3, then again 1-3: each has one container
+    assert pool_of(w, big) == "NUMA node #0"
+    assert [pool_of(w, c)[-1] for c in small] == list("123123")
+    # Node 0 has the least capacity left but the fewest containers: nri-plugins puts the next one there.
+    assert pool_of(w, w.add(B, 100)) == "NUMA node #0"
+
+
+def test_exclusive_cpus_go_where_most_shared_capacity_is_left_and_idle_containers_count_1m():
+    w = World(TA, N4C16)
+    idle = w.add(BE, 0)  # node 0
+    taker = w.add(G, 2000)
+    assert pool_of(w, idle) == "NUMA node #0" and pool_of(w, taker) == "NUMA node #1"
