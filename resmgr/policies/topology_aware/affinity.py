@@ -5,7 +5,8 @@ map a container name to a list of affinities, each `{scope, match, weight}` wher
 and match are expressions `{key, operator, values}`. The scope (default: the same pod)
 bounds which containers are considered, the match picks those the weight applies to.
 Weights default to 1; anti-affinities always push (negative weight). The shorthand
-`name: [other, ...]` means a match on container names within the pod.
+`name: [other, ...]` means a match on container names within the pod, both ways (as
+cri-resource-manager and nri-plugins read it): `other` is drawn to `name` as well.
 
 Expressions: policies/toolkit/expressions.py.
 """
@@ -29,6 +30,7 @@ class Affinity:
     match: Expression
     weight: int
     scope: Expression | None = None  # None: containers of the same pod
+    shorthand: bool = False  # written as a bare container name
 
     def in_scope(self, me: Container, other: Container, other_pod: Pod | None) -> bool:
         return other.pod_id == me.pod_id if self.scope is None else self.scope(other, other_pod)
@@ -51,7 +53,7 @@ def _parse(text: str, annotation: str, sign: int) -> dict[str, list[Affinity]]:
         parsed = []
         for i, item in enumerate(items):
             if isinstance(item, str | int) and not isinstance(item, bool):  # shorthand: a container name
-                parsed.append(Affinity(Expression("name", "In", (str(item),)), sign))
+                parsed.append(Affinity(Expression("name", "In", (str(item),)), sign, shorthand=True))
                 continue
             if not isinstance(item, Mapping):
                 raise PolicyError(f"{where}, item {i}: expected a container name or {{scope, match, weight}}")
@@ -76,6 +78,15 @@ def affinities(container: Container, pod: Pod) -> list[Affinity]:
     out: list[Affinity] = []
     for annotation, sign in ((AFFINITY, 1), (ANTI_AFFINITY, -1)):
         text = annotations.get(annotation)
-        if text:
-            out.extend(_parse(text, annotation, sign).get(container.name, []))
+        if not text:
+            continue
+        parsed = _parse(text, annotation, sign)
+        own = parsed.get(container.name, [])
+        out.extend(own)
+        named = {a.match.values for a in own if a.shorthand}
+        for name, items in parsed.items():
+            if name == container.name or (name,) in named:
+                continue
+            if any(a.shorthand and container.name in a.match.values for a in items):
+                out.append(Affinity(Expression("name", "In", (name,)), sign, shorthand=True))
     return out

@@ -759,3 +759,15 @@ def test_exclusive_cpus_go_where_most_shared_capacity_is_left_and_idle_container
     idle = w.add(BE, 0)  # node 0
     taker = w.add(G, 2000)
     assert pool_of(w, idle) == "NUMA node #0" and pool_of(w, taker) == "NUMA node #1"
+
+
+def test_shorthand_affinity_draws_both_ways():
+    w = World(TA, N4C16)
+    pod = w.pod(B, annotations={"cri-resource-manager.intel.com/affinity": "b: [a]"})
+    b = w.add(B, 500, pod=pod, name="b")
+    a = w.add(B, 500, pod=pod, name="a")  # placed after b, drawn to it though only b names a
+    assert pool_of(w, a) == pool_of(w, b)
+    lone = w.pod(B, annotations={"cri-resource-manager.intel.com/anti-affinity": "d: [c]"})
+    d = w.add(B, 500, pod=lone, name="d")
+    c = w.add(B, 500, pod=lone, name="c")
+    assert w.policy.by_name[pool_of(w, c)].cpus.isdisjoint(w.policy.by_name[pool_of(w, d)].cpus)
