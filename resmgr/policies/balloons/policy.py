@@ -265,12 +265,19 @@ class BalloonsPolicy(SnapshotMoves, Policy):
             else:
                 b.cpus = self._take(b.type, size, guaranteed=guaranteed)
             return
-        for name, share in zip(b.type.components, _shares(size, len(b.type.components)), strict=True):
+        names = b.type.components
+        if b.type.balance_components:  # one part, of the first component type in fewest balloons
+            names = (min(names, key=lambda n: (self._in_use(self.types[n]), names.index(n))),)
+        for name, share in zip(names, _shares(size, len(names)), strict=True):
             t = self.types[name]
             part = Balloon(t, len(b.parts))
             b.parts.append(part)
             self._fill(part, max(share, t.min_cpus), guaranteed)
             b.cpus = _union(p.cpus for p in b.parts)
+
+    def _in_use(self, t: BalloonType) -> int:
+        """Balloons of type t, composites' parts included."""
+        return sum((b.type is t) + sum(p.type is t for p in b.parts) for b in self.balloons)
 
     def _make_min_balloons(self) -> None:
         for t in sorted(self.settings.types, key=lambda t: (t.priority or 0, t.order)):
@@ -615,7 +622,8 @@ class BalloonsPolicy(SnapshotMoves, Policy):
             if t is None:
                 raise PolicyError(f"persisted balloon of type {d['type']!r}, which does not exist now")
             parts = [restored(p) for p in d.get("parts") or []]
-            if tuple(p.type.name for p in parts) != t.components:
+            kinds = tuple(p.type.name for p in parts)
+            if kinds != t.components and not (t.balance_components and len(kinds) == 1 and kinds[0] in t.components):
                 raise PolicyError(f"persisted balloon {t.name}[{d['index']}] has other components than its type now")
             cpus = EMPTY if t.on_reserved else CPUSet.parse(str(d.get("cpus", "")))
             if parts:

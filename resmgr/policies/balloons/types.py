@@ -109,6 +109,9 @@ TYPE_OPTIONS = (
     Option("Loads", "strings", [], "load classes (LoadClasses) its containers put on cores or L2 caches"),
     Option("Components", "objects", [], "a composite balloon: its CPUs are those of a hidden balloon of each "
            "listed type, sized evenly", items=(Option("BalloonType", "string", ""),)),
+    Option("ComponentCreation", "string", "all", "which component balloons a composite balloon is made of: all "
+           "(one of each type), or balance-balloons (one, of the first type in fewest balloons)",
+           choices=("", "all", "balance-balloons")),
 )
 
 POLICY_OPTIONS = (
@@ -165,6 +168,7 @@ class BalloonType:
     near_nodes: tuple[int, ...] = ()  # PreferCloseToDevices naming NUMA nodes, first preferred first
     balance: bool = False  # new balloons where most CPUs are free (AllocatorTopologyBalancing)
     components: tuple[str, ...] = ()  # a composite type: the types of its parts
+    balance_components: bool = False  # a part of one type only, the first in fewest balloons
     on_reserved: bool = False  # the built-in default type: runs on the reserved CPUs, owns none
     order: int = 0  # position in the configuration
 
@@ -241,6 +245,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
             near_nodes=tuple(int(m.group(1)) for d in t["PreferCloseToDevices"]
                              for m in [_NODE.fullmatch(d.rstrip("/"))] if m),
             components=tuple(_component(c, f"{at}.Components[{j}]") for j, c in enumerate(t["Components"])),
+            balance_components=t["ComponentCreation"] == "balance-balloons",
             # The reserved balloon is the reserved CPUs; so is the default one without MinCPUs or
             # MaxCPUs of its own (cri-resmgr's rule).
             on_reserved=name == RESERVED or (name == DEFAULT and not t["MinCPUs"] and not t["MaxCPUs"])))

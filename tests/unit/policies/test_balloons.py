@@ -314,6 +314,26 @@ def test_composite_balloons_take_even_shares_of_each_component_node():
     assert [len(w.cpus(c) & topo.node_cpus(n)) for n in range(4)] == [2, 2, 2, 2]
 
 
+def test_component_creation_balance_balloons_makes_one_part_of_the_least_used_type():
+    """nri-plugins' componentCreation: balance-balloons: each composite balloon is one balloon of the
+    first component type in fewest balloons, so a node's worth of pods spreads over the nodes."""
+    node_types = [{"name": f"node{n}", "preferCloseToDevices": [f"/sys/devices/system/node/node{n}"]}
+                  for n in range(4)]
+    w = world([{"name": "any-node", "componentCreation": "balance-balloons", "preferNewBalloons": True,
+                "components": [{"balloonType": f"node{n}"} for n in range(4)]}, *node_types],
+              topology=machine("sockets=2,nodes=2,cores=4,threads=2"))
+    topo = w.policy.topo
+    placed = [w.add(G, 2000, annotations={TYPE: "any-node"}) for _ in range(4)]
+    homes = [[n for n in range(4) if w.cpus(c) <= topo.node_cpus(n)] for c in placed]
+    assert homes == [[0], [1], [2], [3]]
+    state = w.policy.export_state()
+    again = policies.create("balloons", w.policy.config, topo)
+    again.restore_state(state)
+    assert again.export_state() == state
+    with pytest.raises(PolicyError, match="not one of"):
+        world([{"name": "x", "componentCreation": "some"}])
+
+
 def test_topology_balancing_per_balloon_type():
     """nri-plugins' allocatorTopologyBalancing of one type: its new balloons go where most CPUs are
     free, while the policy's other types pack theirs into the tightest domain."""
