@@ -308,13 +308,26 @@ class Kubelet:
             time.sleep(2)
 
     def stop(self) -> None:
+        """Every pod deleted as a user deletes it (kubelet stops its containers before the pod is
+        gone), forced only if kubelet cannot; then kubelet stopped."""
         core = self.control.core()
-        for pod in core.list_namespaced_pod("default").items:
-            core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
-        deadline = time.monotonic() + 180
-        while core.list_namespaced_pod("default").items and time.monotonic() < deadline:
-            time.sleep(2)
+        for force in (False, True):
+            for pod in core.list_namespaced_pod("default").items:
+                core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0 if force else None)
+            deadline = time.monotonic() + 120
+            while core.list_namespaced_pod("default").items and time.monotonic() < deadline:
+                time.sleep(2)
         self.node.sh("systemctl disable --now kubelet.service")
+
+    def running(self) -> dict[str, str]:
+        """pod name -> its running container's runtime ID."""
+        pods = self.control.core().list_namespaced_pod("default").items
+        return {p.metadata.name: ids["c0"] for p in pods if (ids := container_ids(p))}
+
+    def restarts(self) -> dict[str, int]:
+        """pod name -> its container's restart count."""
+        pods = self.control.core().list_namespaced_pod("default").items
+        return {p.metadata.name: sum(s.restart_count for s in p.status.container_statuses or []) for p in pods}
 
     def run(self, name: str, cpu: str = "", memory: str = "", limits: bool = False) -> str:
         """A pod on the node; its container's runtime ID once it runs."""
@@ -388,47 +401,62 @@ def test_block_io_classes_land_in_io_max_and_the_weights_of_the_container_scope(
             "echo mq-deadline > /sys/block/vda/queue/scheduler")
 
 
-def test_an_in_place_resize_reaches_the_container_scope(node):
+def test_an_in_place_resize_through_kubelet_reaches_the_container_scope(node, kubelet):
     node.fresh(TOPOLOGY_AWARE)
-    _, g = node.pod("r-g", "guaranteed", "2", "128Mi")
-    assert len(node.cpuset(g)[0]) == 2
-    # What kubelet sends for a resize to 3 CPUs (UpdateContainerResources), through the relay.
-    node.crictl(f"update --cpu-period 100000 --cpu-quota 300000 --cpu-share 3072 --memory 134217728 {g}")
-    deadline = time.monotonic() + 30
-    while len((placed := node.cpuset(g))[0]) != 3 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    cpus, mems = placed
-    assert len(cpus) == 3 and len(node_of(cpus)) == 1 and set(mems) == node_of(cpus), placed
-    assert node.sh(f"cat {node.scope(g)}/cpu.max").split() == ["300000", "100000"]
-    node.crictl("rmp -af")
+    kubelet.start(RELAY_SOCKET)
+    try:
+        g = kubelet.run("r-g", "2", "128Mi", limits=True)
+        assert len(node.cpuset(g)[0]) == 2
+        # Through the API's resize subresource: kubelet resizes the pod's slice, then sends
+        # UpdateContainerResources for 3 CPUs through the relay.
+        kubelet.control.core().patch_namespaced_pod_resize("r-g", "default", {"spec": {"containers": [
+            {"name": "c0", "resources": {"requests": {"cpu": "3", "memory": "128Mi"},
+                                         "limits": {"cpu": "3", "memory": "128Mi"}}}]}})
+        deadline = time.monotonic() + 90
+        while len((placed := node.cpuset(g))[0]) != 3 and time.monotonic() < deadline:
+            time.sleep(1)
+        cpus, mems = placed
+        assert len(cpus) == 3 and len(node_of(cpus)) == 1 and set(mems) == node_of(cpus), placed
+        assert node.sh(f"cat {node.scope(g)}/cpu.max").split() == ["300000", "100000"]
+        assert kubelet.restarts() == {"r-g": 0}
+    finally:
+        kubelet.stop()
 
-def test_sigkill_of_cri_resmgr_and_a_containerd_restart_keep_placements_and_leak_nothing(node):
+
+def test_sigkill_of_cri_resmgr_and_restarts_of_containerd_and_kubelet_keep_placements_and_leak_nothing(
+        node, kubelet):
     node.fresh(TOPOLOGY_AWARE)
-    _, g = node.pod("k-g", "guaranteed", "2", "64Mi")
-    _, b = node.pod("k-b", "burstable", "500m")
-    before = {c: node.cpuset(c) for c in (g, b)}
-    assert not before[g][0] & before[b][0]
+    kubelet.start(RELAY_SOCKET)
+    try:
+        g = kubelet.run("k-g", "2", "64Mi", limits=True)
+        b = kubelet.run("k-b", "500m")
+        before = {c: node.cpuset(c) for c in (g, b)}
+        assert not before[g][0] & before[b][0]
 
-    node.sh("systemctl kill -s KILL cri-resmgr.service")
-    node.sh(f"sleep 1; for i in $(seq 600); do systemctl is-active -q cri-resmgr && [ -S {RELAY_SOCKET} ] "
-            "&& exit 0; sleep 0.1; done; exit 1")
-    restarts = node.sh("systemctl show -p NRestarts --value cri-resmgr").strip()
-    assert restarts != "0"
-    assert {c: node.cpuset(c) for c in (g, b)} == before
+        node.sh("systemctl kill -s KILL cri-resmgr.service")
+        node.sh(f"sleep 1; for i in $(seq 600); do systemctl is-active -q cri-resmgr && [ -S {RELAY_SOCKET} ] "
+                "&& exit 0; sleep 0.1; done; exit 1")
+        restarts = node.sh("systemctl show -p NRestarts --value cri-resmgr").strip()
+        assert restarts != "0"
+        assert {c: node.cpuset(c) for c in (g, b)} == before
 
-    node.sh("systemctl restart containerd.service")
-    assert node.sh("systemctl is-active cri-resmgr.service; systemctl show -p NRestarts --value cri-resmgr").split() \
-        == ["active", restarts], "restarting containerd restarted the relay"
-    # Through the relay, which reconnects by itself (retried, as kubelet does).
-    node.sh(f"for i in $(seq 60); do crictl --runtime-endpoint unix://{RELAY_SOCKET} ps -q >/dev/null 2>&1 "
-            "&& exit 0; sleep 0.5; done; exit 1")
-    assert {c: node.cpuset(c) for c in (g, b)} == before
-    _, g2 = node.pod("k-g2", "guaranteed", "2", "64Mi")
-    cpus2, _ = node.cpuset(g2)
-    assert not cpus2 & before[g][0] and not cpus2 & node.cpuset(b)[0]
-
-    node.crictl("rmp -af")
-    assert node.status()["pods"] == []
+        node.sh("systemctl restart containerd.service")
+        assert node.sh("systemctl is-active cri-resmgr.service; systemctl show -p NRestarts --value cri-resmgr"
+                       ).split() == ["active", restarts], "restarting containerd restarted the relay"
+        node.sh("systemctl restart kubelet.service")
+        kubelet.wait_ready()
+        time.sleep(10)  # kubelet's sync loop and PLEG look at every pod again, through the reconnected relay
+        assert kubelet.running() == {"k-g": g, "k-b": b}
+        assert {c: node.cpuset(c) for c in (g, b)} == before
+        g2 = kubelet.run("k-g2", "2", "64Mi", limits=True)
+        cpus2, _ = node.cpuset(g2)
+        assert not cpus2 & before[g][0] and not cpus2 & node.cpuset(b)[0]
+        assert kubelet.restarts() == {"k-g": 0, "k-b": 0, "k-g2": 0}
+    finally:
+        kubelet.stop()
+    # Every container stopped: none holds CPUs, and none of their scopes is left.
+    assert [c for p in node.status()["pods"] for c in p["containers"]
+            if c["state"] == "running" or c["exclusive"]] == []
     assert node.sh("find /sys/fs/cgroup/kubepods.slice -name 'cri-containerd-*.scope' | wc -l").strip() == "0"
 
 
