@@ -233,7 +233,11 @@ class BalloonsPolicy(SnapshotMoves, Policy):
     def _resize(self, b: Balloon, size: int, guaranteed: bool = False) -> None:
         """Grow (for a Guaranteed container: performance cores on a hybrid part) or shrink b; a
         composite's parts share the size evenly."""
-        if b.type.on_reserved or size == len(b.cpus):
+        if b.type.on_reserved:
+            if b.type.name == RESERVED:
+                self._fit_reserved(b)
+            return
+        if size == len(b.cpus):
             return
         if b.parts:
             for part, share in zip(b.parts, _shares(size, len(b.parts)), strict=True):
@@ -244,6 +248,21 @@ class BalloonsPolicy(SnapshotMoves, Policy):
             b.cpus |= self._take(b.type, size - len(b.cpus), b.cpus, guaranteed, owner=b)
         else:  # keep its most compact part
             b.cpus = take_cpus(self.topo, b.cpus, size, self._prefer(b.type))
+
+    def _fit_reserved(self, b: Balloon) -> None:
+        """The reserved balloon is the reserved CPUs, and as nri-plugins has it, grows past them with
+        free CPUs near them while its containers request more (up to its type's MaxCPUs), and gives
+        them back as they go. What it cannot get is overcommitted, with a notice (fallback)."""
+        want = -(-b.milli // 1000) - len(self.reserved)
+        if b.type.max_cpus:
+            want = min(want, b.type.max_cpus - len(self.reserved))
+        want = max(want, 0)
+        if want > len(b.cpus):
+            more = min(want - len(b.cpus), len(self.free(b.type)))
+            if more:
+                b.cpus |= self._take(b.type, more, self.reserved | b.cpus)
+        elif want < len(b.cpus):
+            b.cpus = take_cpus(self.topo, b.cpus, want, self._prefer(b.type)) if want else EMPTY
 
     def _new_balloon(self, t: BalloonType, size: int, group: str = "", guaranteed: bool = False,
                      previous: CPUSet = EMPTY) -> Balloon:
@@ -291,7 +310,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
 
     # -- where a container runs ---------------------------------------------------------------
     def _runs_on(self, b: Balloon, m: Member) -> CPUSet:
-        base = self.reserved if b.type.on_reserved or not b.cpus else b.cpus
+        base = self.reserved | b.cpus if b.type.on_reserved or not b.cpus else b.cpus
         scope = b.type.share_idle
         if scope and b.cpus:
             idle = self.free()
@@ -479,6 +498,8 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         else:
             self._resize(b, size, guaranteed)
         self._put(container.key, b, m)
+        if b.type.name == RESERVED:
+            self._fit_reserved(b)
         classes = self._classes(container, pod, b.type)
         resources = self._resources(container.requested, b, m)
         resources.cpu_shares = milli_to_shares(m.milli)
@@ -551,13 +572,21 @@ class BalloonsPolicy(SnapshotMoves, Policy):
 
     def fallback(self) -> list[str]:
         wanted = sorted({m.wanted for b in self.balloons for m in b.members.values() if m.wanted})
-        return [f"no balloon of type {t} could be had: its containers asking for no CPU time run on the reserved "
-                f"CPUs {self.reserved}" for t in wanted]
+        out = [f"no balloon of type {t} could be had: its containers asking for no CPU time run on the reserved "
+               f"CPUs {self.reserved}" for t in wanted]
+        for b in self.balloons:
+            cpus = self.reserved | b.cpus
+            if b.type.name == RESERVED and b.milli > 1000 * len(cpus):
+                why = f"MaxCPUs {b.type.max_cpus}" if b.type.max_cpus and len(cpus) >= b.type.max_cpus else \
+                    "no free CPUs"
+                out.append(f"balloon {b.name}: its containers request {b.milli}m on {len(cpus)} CPUs {cpus} "
+                           f"({why} to grow by)")
+        return out
 
     def describe_pools(self) -> list[dict[str, Any]]:
         out = []
         for b in sorted(self.balloons, key=lambda b: (b.type.order, b.index)):
-            cpus = self.reserved if b.type.on_reserved else b.cpus
+            cpus = self.reserved | b.cpus if b.type.on_reserved else b.cpus
             runs = self._runs_on(b, Member(0, "", ""))
             out.append(pool_entry(self.topo, b.name, cpus, runs, reserved=cpus & self.reserved,
                                   isolated=cpus & self.isolated, containers=len(b.members), requested=b.milli,
@@ -598,7 +627,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
                     raise PolicyError(f"container {key} now belongs to balloon type {t.name}")
             for b in fresh.balloons:
                 size = fresh._size(b.type, b.milli, bool(b.members))
-                if size is None or size - len(b.cpus) > len(fresh.free(b.type)):
+                if not b.type.on_reserved and (size is None or size - len(b.cpus) > len(fresh.free(b.type))):
                     raise PolicyError(f"balloon {b.name} cannot hold its containers under the new limits")
                 fresh._resize(b, size)
         except PolicyError:
@@ -625,7 +654,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
             kinds = tuple(p.type.name for p in parts)
             if kinds != t.components and not (t.balance_components and len(kinds) == 1 and kinds[0] in t.components):
                 raise PolicyError(f"persisted balloon {t.name}[{d['index']}] has other components than its type now")
-            cpus = EMPTY if t.on_reserved else CPUSet.parse(str(d.get("cpus", "")))
+            cpus = EMPTY if t.on_reserved and t.name != RESERVED else CPUSet.parse(str(d.get("cpus", "")))
             if parts:
                 cpus = _union(p.cpus for p in parts)
             elif not cpus <= self.allocatable or not cpus.isdisjoint(taken):

@@ -247,8 +247,10 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
             components=tuple(_component(c, f"{at}.Components[{j}]") for j, c in enumerate(t["Components"])),
             balance_components=t["ComponentCreation"] == "balance-balloons",
             # The reserved balloon is the reserved CPUs; so is the default one without MinCPUs or
-            # MaxCPUs of its own (cri-resmgr's rule).
-            on_reserved=name == RESERVED or (name == DEFAULT and not t["MinCPUs"] and not t["MaxCPUs"])))
+            # MaxCPUs of its own (cri-resmgr's rule) unless it groups its containers: its groups need
+            # balloons of their own.
+            on_reserved=name == RESERVED or (name == DEFAULT and not t["MinCPUs"] and not t["MaxCPUs"]
+                                             and not t["GroupBy"])))
     _check_components(s.types)
     if RESERVED not in seen:
         s.types.insert(0, BalloonType(RESERVED, on_reserved=True, pin_memory=raw["PinMemory"], order=-1,

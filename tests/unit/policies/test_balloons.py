@@ -97,6 +97,15 @@ def test_group_by_label_keeps_groups_apart():
         p.labels["team"] = team
         pods.append(w.add(B, 200, pod=p))
     assert balloon(w, pods[0]) == balloon(w, pods[2]) != balloon(w, pods[1])
+    # The default type groups too, though it sets no MinCPUs or MaxCPUs: each group its own balloon.
+    d = world([{"Name": "default", "GroupBy": "${pod/labels/team}"}])
+    grouped = []
+    for team in ("red", "blue", "red"):
+        p = d.pod(B)
+        p.labels["team"] = team
+        grouped.append(d.add(B, 200, pod=p))
+    assert balloon(d, grouped[0]) == balloon(d, grouped[2]) != balloon(d, grouped[1])
+    assert d.cpus(grouped[0]).isdisjoint(d.cpus(grouped[1]) | d.policy.reserved)
 
 
 def test_idle_cpus_are_shared_within_the_scope():
@@ -332,6 +341,28 @@ def test_component_creation_balance_balloons_makes_one_part_of_the_least_used_ty
     assert again.export_state() == state
     with pytest.raises(PolicyError, match="not one of"):
         world([{"name": "x", "componentCreation": "some"}])
+
+
+def test_the_reserved_balloon_grows_past_the_reserved_cpus_as_nri_plugins_lets_it():
+    w = world([])  # reserved: CPU 0
+    system = [w.add(B, 1500, namespace="kube-system") for _ in range(3)]  # 4500m: 5 CPUs
+    cpus = w.cpus(system[0])
+    assert len(cpus) == 5 and CPUSet.parse("0") <= cpus and all(w.cpus(c) == cpus for c in system)
+    assert w.policy.free().isdisjoint(cpus)  # the CPUs it grew by are no other balloon's
+    assert w.policy.fallback() == []
+    w.remove(system[0])
+    w.remove(system[1])
+    assert len(w.cpus(system[2])) == 2  # 1500m: 2 CPUs, CPU 0 and one near it
+    # MaxCPUs of the reserved type caps it: the rest is overcommitted, and said so.
+    capped = world([{"Name": "reserved", "MaxCPUs": 2}])
+    held = [capped.add(B, 1500, namespace="kube-system") for _ in range(3)]
+    assert len(capped.cpus(held[0])) == 2
+    assert capped.policy.fallback() == [f"balloon reserved[0]: its containers request 4500m on 2 CPUs "
+                                        f"{capped.cpus(held[0])} (MaxCPUs 2 to grow by)"]
+    state = w.policy.export_state()
+    again = policies.create("balloons", w.policy.config, w.policy.topo)
+    again.restore_state(state)
+    assert again.export_state() == state
 
 
 def test_topology_balancing_per_balloon_type():
