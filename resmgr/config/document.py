@@ -126,26 +126,40 @@ def _check(module: str, section: dict[str, Any], origin: str) -> None:
 LEFT_OUT = {
     ("cpu",): "cri-resource-manager's CPU classes (frequencies, energy preference), not applied here",
     ("logger", "Klog"): "klog's own settings; cri-resmgr logs through Python's logging",
+    # A misspelling in cri-resource-manager's own balloons samples, which its loader ignores.
+    ("policy", "balloons", "BalloonTypes", "*", "PreferNewBalloon"): "not an option (PreferNewBalloons is); "
+    "cri-resource-manager ignores it",
 }
 
 
 def _leave_out(doc: dict[str, Any], origin: str) -> dict[str, Any]:
-    """doc without the LEFT_OUT sections and keys, each named in a warning."""
+    """doc without the LEFT_OUT sections and keys, each named in a warning (keys below a section
+    match case-insensitively, as option names do; "*" is every item of a list)."""
     out = dict(doc)
     for path, why in LEFT_OUT.items():
-        *parents, key = path
-        node = out
-        for parent in parents:
-            child = node.get(parent)
-            if not isinstance(child, dict):
-                break
-            node[parent] = child = dict(child)
-            node = child
-        else:
-            if key in node:
-                del node[key]
-                log.warning("%s: %s left out (%s)", origin, ".".join(path), why)
+        out = _without(out, path, (), why, origin)
     return out
+
+
+def _without(node: Any, path: tuple[str, ...], at: tuple[str, ...], why: str, origin: str) -> Any:
+    key, rest = path[0], path[1:]
+    if key == "*":
+        if not isinstance(node, list):
+            return node
+        return [_without(item, rest, (*at, str(i)), why, origin) for i, item in enumerate(node)]
+    if not isinstance(node, dict):
+        return node
+    fold = bool(at)  # section names are exact, option names are not
+    name = next((k for k in node if k == key or (fold and isinstance(k, str) and k.lower() == key.lower())), None)
+    if name is None:
+        return node
+    node = dict(node)
+    if rest:
+        node[name] = _without(node[name], rest, (*at, name), why, origin)
+    else:
+        del node[name]
+        log.warning("%s: %s left out (%s)", origin, ".".join((*at, name)), why)
+    return node
 
 
 def validate(data: Any, origin: str = "config") -> Config:

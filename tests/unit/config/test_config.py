@@ -170,3 +170,16 @@ def test_cri_resource_managers_own_sections_are_left_out_with_a_warning(caplog):
     assert doc["logger"]["Klog"] == {"skip_headers": True}  # the caller's document is not changed
     with pytest.raises(ConfigError, match="unknown section 'cpus'"):  # a typo is still one
         validate({"cpus": {}})
+
+
+def test_a_misspelling_cri_resource_manager_ignores_is_left_out_and_others_still_refused(caplog):
+    """Its balloons samples write PreferNewBalloon, which its loader ignores: it loads with a warning;
+    another misspelt option is still an error."""
+    types = [{"Name": "a", "preferNewBalloon": True}, {"Name": "b", "MinCPUs": 1}]
+    config = validate({"policy": {"Active": "balloons", "balloons": {"BalloonTypes": types}}}, "sample.cfg")
+    assert config.policy_name == "balloons"
+    assert "sample.cfg: policy.balloons.BalloonTypes.0.preferNewBalloon left out" in caplog.text
+    assert types[0] == {"Name": "a", "preferNewBalloon": True}
+    with pytest.raises(ConfigError, match="PreferNewBalloonz"):
+        validate({"policy": {"Active": "balloons", "balloons": {"BalloonTypes": [
+            {"Name": "a", "PreferNewBalloonz": True}]}}})
