@@ -240,3 +240,58 @@ spec:
     assert all(not c["mems"] for c in result["containers"])  # pinMemory: false
     bad = simulate(tmp_path, "--machine", "cores=4", config="apiVersion: config.nri/v1alpha1\nkind: MemtierdPolicy\n")
     assert bad.returncode == 1 and "kind MemtierdPolicy of config.nri/v1alpha1 is not a policy" in bad.stderr
+
+
+STORY = """\
+- name: red1
+  labels: {team: red}
+  containers: [{name: c0, requests: {cpu: 1}, limits: {cpu: 1}}]
+- name: blue1
+  labels: {team: blue}
+  containers: [{name: c0, requests: {cpu: 1}, limits: {cpu: 1}}]
+- name: red2
+  labels: {team: red}
+  containers: [{name: c0, requests: {cpu: 1}, limits: {cpu: 1}}]
+- delete: red1
+- config:
+    policy:
+      Active: balloons
+      ReservedResources: {cpu: 1}
+      balloons:
+        BalloonTypes: [{Name: team, Namespaces: ["*"], MinCPUs: 2}]
+- name: late
+  containers: [{name: c0, requests: {cpu: 1}, limits: {cpu: 1}}]
+"""
+GROUPED = ("policy:\n  Active: balloons\n  ReservedResources: {cpu: 1}\n  balloons:\n    BalloonTypes:\n"
+           "      - {Name: team, Namespaces: ['*'], GroupBy: '${pod/labels/team}'}\n")
+
+
+def test_simulate_steps_tell_a_placement_story(tmp_path):
+    """Pod labels (groupBy), a deletion and a new configuration in the middle, as nri-plugins' end-to-end
+    scenarios need them; with --output json the placement after each step."""
+    out = simulate(tmp_path, "--machine", "sockets=1,cores=8,threads=1", "--output", "json", pods=STORY,
+                   config=GROUPED)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    steps = result["steps"]
+    assert [s["step"] for s in steps] == ["create default/red1", "create default/blue1", "create default/red2",
+                                          "delete red1", "config (balloons)", "create default/late"]
+    pool = {c["pod"]: c["pool"] for c in steps[2]["containers"]}
+    assert pool["default/red1"] == pool["default/red2"] != pool["default/blue1"]  # grouped by label
+    assert [c["pod"] for c in steps[3]["containers"]] == ["default/blue1", "default/red2"]
+    after = {c["pod"]: c for c in steps[4]["containers"]}
+    assert all(len(CPUSet.parse(c["cpus"])) == 2 for c in after.values())  # MinCPUs 2 under the new one
+    assert [c["pod"] for c in result["containers"]] == ["default/blue1", "default/red2", "default/late"]
+    assert "steps" not in json.loads(simulate(tmp_path, "--machine", "sockets=1,cores=8,threads=1",
+                                              "--output", "json").stdout)  # only where there are steps
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("- delete: nobody\n", "delete nobody: no such pod"),
+    ("- delete: []\n", "delete: expected a pod name or a list of them"),
+    ("- config: {policy: {Active: nosuch}}\n", "config"),
+    ("- {color: blue}\n", "entry 0 needs at least a name"),
+])
+def test_simulate_refuses_a_bad_step_naming_it(tmp_path, entry, message):
+    out = simulate(tmp_path, "--machine", "sockets=1,cores=4,threads=1", pods=entry)
+    assert out.returncode == 1 and message in out.stderr, out.stderr
