@@ -36,7 +36,7 @@ from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
 from resmgr.options import add_to, from_args, opt
 from resmgr.policies import PolicyError
 from resmgr.policies.base import Policy
-from resmgr.requests import RequirementError, milli_to_shares, parse_cpu, parse_memory
+from resmgr.requests import RESOURCES_ANNOTATION, RequirementError, milli_to_shares, parse_cpu, parse_memory
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.model import Topology
 from resmgr.topology.sysfs import TopologyError, discover
@@ -140,6 +140,11 @@ def _pod(p: Any, i: int) -> Placed:
     pod = Pod(id=f"pod-{i}", uid=uid, name=name, namespace=ns, qos_class=qos, cgroup_parent=parent,
               labels={str(k): str(v) for k, v in (p.get("labels") or {}).items()},
               annotations={str(k): str(v) for k, v in (p.get("annotations") or {}).items()})
+    # What the webhook annotates: each container's requests and limits, memory requests included,
+    # which CRI does not carry.
+    pod.annotations.setdefault(RESOURCES_ANNOTATION, json.dumps(
+        {str(c.get("name", f"c{j}")): {"requests": c.get("requests") or {}, "limits": c.get("limits") or {}}
+         for j, c in enumerate(ctrs) if isinstance(c, dict)}))
     containers = []
     for j, c in enumerate(ctrs):
         cname = str(c.get("name", f"c{j}"))

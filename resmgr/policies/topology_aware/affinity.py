@@ -24,6 +24,8 @@ from resmgr.policies.toolkit.expressions import Expression, parse_expression
 
 AFFINITY = "cri-resource-manager.intel.com/affinity"
 ANTI_AFFINITY = "cri-resource-manager.intel.com/anti-affinity"
+# The same annotations in nri-plugins' domains (its current one, and the one its tests still use).
+DOMAINS = ("cri-resource-manager.intel.com", "resource-policy.nri.io", "nri-resmgr.intel.com")
 
 @dataclass(frozen=True)
 class Affinity:
@@ -76,7 +78,8 @@ def affinities(container: Container, pod: Pod) -> list[Affinity]:
     """The container's affinities and anti-affinities from its pod's annotations."""
     annotations = {**container.annotations, **pod.annotations}
     out: list[Affinity] = []
-    for annotation, sign in ((AFFINITY, 1), (ANTI_AFFINITY, -1)):
+    for name, sign in (("affinity", 1), ("anti-affinity", -1)):
+        annotation = next((f"{d}/{name}" for d in DOMAINS if annotations.get(f"{d}/{name}")), "")
         text = annotations.get(annotation)
         if not text:
             continue

@@ -79,7 +79,8 @@ class Request:
     on_shared: bool = True
     reserved: bool = False
     isolated: bool = False  # exclusive CPUs preferably from the isolated ones
-    memory: int = 0
+    memory: int = 0  # accounted
+    memory_span: int = 0  # a Burstable container's memory limit, above what is accounted: pools that wide
     mem_types: frozenset[MemoryType] = annotations.DEFAULT_MEMORY
     explicit_types: bool = False  # asked for by annotation: pools having them all rank higher
     lift: int = 0  # pools above the best fit (prefer-shared-cpus: -N)
@@ -88,14 +89,15 @@ class Request:
     prefer: Preferences = ANY  # what kind of exclusive CPUs
     hide_ht: bool = False
     previous: CPUSet = EMPTY  # where the pod's container of this name ran before: its pool first
-    burst_limit: int = 0  # a Burstable container's CPU limit (milli): pools with that much free first
+    burst_limit: int = 0  # a Burstable container's CPU limit (milli): pools with that many CPUs first
     burst_level: int | None = None  # a Burstable container without one: pools this wide or wider first
 
-    def bursts_in(self, pool: Pool, free: int) -> bool:
-        """Whether the pool is wide enough for what the container may burst to (free: its shared milli)."""
+    def bursts_in(self, pool: Pool) -> bool:
+        """Whether the pool is wide enough for what the container may burst to: CPUs enough for its
+        limit (reserved ones counted, as nri-plugins counts them), or the level it may go to."""
         if self.burst_level is not None:
             return pool.level <= self.burst_level or pool.parent is None
-        return free >= self.burst_limit
+        return 1000 * len(pool.cpus) >= self.burst_limit
 
     def describe(self) -> str:
         parts = []
@@ -257,7 +259,11 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         if types is not None and self.memory_types_present and not types & self.memory_types_present:
             raise PolicyError(f"container {who}: asks for {'/'.join(sorted(types))} memory; this machine has "
                               f"{'/'.join(sorted(self.memory_types_present))}")
-        r = Request(who, memory=req.memory_limit or req.memory_request,
+        # A Burstable container's memory is accounted by its request, where known (the webhook's
+        # annotation), and its pool must be wide enough for its limit, as nri-plugins has it.
+        by_request = req.qos == QOSClass.BURSTABLE and req.memory_request > 0
+        r = Request(who, memory=req.memory_request if by_request else req.memory_limit or req.memory_request,
+                    memory_span=req.memory_limit if by_request and req.memory_limit > req.memory_request else 0,
                     mem_types=types if types is not None else annotations.DEFAULT_MEMORY,
                     explicit_types=types is not None, hints=container.hints,
                     hide_ht=bool(annotations.hide_hyperthreads(container, pod)),
@@ -334,6 +340,8 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         if self.memory_types_present:  # without NUMA information memory is not placed at all
             if r.memory and self._memory_free(pool, r.mem_types) < r.memory:
                 return None
+            if r.memory_span and pool.memory_of(r.mem_types) < r.memory_span <= self.pools[0].memory_of(r.mem_types):
+                return None
             if not pool.mems_of(r.mem_types):
                 return None
         isolated = False
@@ -402,7 +410,7 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
             # The deepest pool holding where it ran before, as kubelet keeps a container's CPUs.
             sticky = -pool.depth if r.previous and r.previous <= pool.cpus else 1
             # A Burstable container goes no deeper than what it may burst to allows.
-            narrow = not r.bursts_in(pool, left + r.shared)
+            narrow = not r.bursts_in(pool)
             # As nri-plugins ranks them: exclusive CPUs where most shared capacity is left; shared ones
             # where fewest containers are, then most capacity, so they spread over the pools.
             # A pool running containers that ask for no CPU time counts 1m less, as nri-plugins has it.
