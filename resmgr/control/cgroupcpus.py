@@ -54,4 +54,23 @@ def resolve(section: dict[str, Any], cgroup_root: str) -> dict[str, Any]:
                     res[key] = f"cpuset:{read_cgroup_cpus(cgroup_root, path)}"
                 except ConfigError as err:
                     raise ConfigError(f"policy.{name}.{key}: {err}") from None
+            elif isinstance(value, str) and value.strip().startswith("/"):
+                # nri-plugins' form: the cgroup's directory itself (its mount point included).
+                res[key] = f"cpuset:{read_cgroup_dir(value.strip(), f'policy.{name}.{key}')}"
     return out
+
+
+def read_cgroup_dir(path: str, what: str) -> CPUSet:
+    """The CPUs of the cgroup directory at path (v2's effective set first, then v1's files)."""
+    for file in ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus"):
+        try:
+            with open(os.path.join(path, file)) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text:
+            try:
+                return CPUSet.parse(text)
+            except CPUSetError as err:
+                raise ConfigError(f"{what}: {path}/{file}: {err}") from None
+    raise ConfigError(f"{what}: {path}: not a cgroup directory with a cpuset")

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from resmgr.app.simulate import Simulation, SimulationError, _pod
-from resmgr.config import validate
+from resmgr.config import ConfigError, validate
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.model import Topology
@@ -120,11 +120,25 @@ class Replay:
     def reconfigure(self, config: str) -> None:
         self.sim.reconfigure(validate(yaml.safe_load(config), self.scenario))
 
+    def refuses(self, config: str) -> None:
+        """A check: the policy does not start with this configuration."""
+        try:
+            Simulation(self.topology, validate(yaml.safe_load(config), self.scenario))
+        except (SimulationError, ConfigError) as err:
+            self.checks.append(Check(self.scenario, "a configuration is refused", True, str(err)))
+            return
+        self.checks.append(Check(self.scenario, "a configuration is refused", False, "it was taken"))
+
+    def restart(self, config: str) -> None:
+        """The policy started afresh with a configuration, every pod gone (a new test's start)."""
+        self.sim = Simulation(self.topology, validate(yaml.safe_load(config), self.scenario))
+
     def verify(self, *expressions: str) -> None:
         names = self._placement()
         for expr in expressions:
             try:
-                held = bool(eval(expr, {"apart": apart, "len": len, "set": set}, names))  # noqa: S307
+                # One namespace: comprehensions in a check see the placement too.
+                held = bool(eval(expr, {"apart": apart, **names}))  # noqa: S307
                 self.checks.append(Check(self.scenario, expr, held))
             except Exception as err:  # a check about a container that is not there is a miss
                 self.checks.append(Check(self.scenario, expr, False, f"{type(err).__name__}: {err}"))

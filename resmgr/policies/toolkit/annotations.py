@@ -20,6 +20,7 @@ from resmgr.requests import DOMAIN, effective_annotation
 from resmgr.topology.model import CoreKind, MemoryType
 
 NRI_DOMAIN = "resource-policy.nri.io"  # nri-plugins' hints: the same names in its own domain
+NRI_LEGACY_DOMAIN = "nri-resmgr.intel.com"  # and in the one before it, which its tests still use
 PREFER_ISOLATED = "prefer-isolated-cpus"
 PREFER_SHARED = "prefer-shared-cpus"
 PREFER_RESERVED = "prefer-reserved-cpus"
@@ -37,9 +38,10 @@ def merged(container: Container, pod: Pod) -> dict[str, str]:
 
 def hint(container: Container, pod: Pod, name: str) -> tuple[str, object] | None:
     """(annotation key, raw value) of a hint for this container, or None when absent: ours first,
-    then nri-plugins' (`<name>.resource-policy.nri.io`, scoped alike), then the legacy form."""
+    then nri-plugins' (`<name>.resource-policy.nri.io`, then `<name>.nri-resmgr.intel.com`, scoped
+    alike), then the legacy form."""
     annotations = merged(container, pod)
-    for domain in (DOMAIN, NRI_DOMAIN):
+    for domain in (DOMAIN, NRI_DOMAIN, NRI_LEGACY_DOMAIN):
         key = f"{name}.{domain}"
         value = effective_annotation(annotations, key, container.name)
         if value is not None:

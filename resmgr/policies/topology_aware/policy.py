@@ -271,7 +271,13 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         reserved_hint = annotations.bool_hint(container, pod, annotations.PREFER_RESERVED)
         if self.reserved_pool is not None and (
                 reserved_hint or (reserved_hint is None and self._reserved_namespace(pod.namespace))):
-            r.reserved, r.on_shared = True, False
+            used = sum(self.grants[k].milli for k in self.grants if self.grants[k].reserved and k != container.key)
+            if used + req.cpu_request <= 1000 * len(self.reserved):
+                r.reserved, r.on_shared, r.shared = True, False, req.cpu_request
+                return r
+            # More than the reserved CPUs have left: the whole machine's shared CPUs, as nri-plugins
+            # places it, rather than overcommitting the reserved ones.
+            r.shared, r.lift = req.cpu_request, len(self.pools)
             return r
         r.affinity = self._affinity(container, pod, view)
         shared_hint, r.lift = annotations.prefer_shared(container, pod)

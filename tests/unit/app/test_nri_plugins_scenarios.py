@@ -11,6 +11,8 @@ lists, with its reason.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.support.replay import Replay, outcome
 
 TA_DEFAULTS = {"ReservedResources": "{cpu: 750m}", "ColocatePods": "false", "ColocateNamespaces": "false",
@@ -157,7 +159,118 @@ def ta_burstable() -> Replay:
     return r
 
 
-SCENARIOS = (ta_basic_placement, ta_always_fits, ta_shrink_and_grow_shared, ta_simple_affinity, ta_burstable)
+def ta_config(available: str, reserved: str, extra: str = "") -> str:
+    return (f"policy:\n  Active: topology-aware\n  AvailableResources: {{cpu: '{available}'}}\n"
+            f"  ReservedResources: {{cpu: '{reserved}'}}\n{extra}")
+
+
+def ta_available_resources(tmp: Path) -> Replay:
+    """topology-aware test04-available-resources (cgroup directories made under tmp)."""
+    r = Replay("topology-aware/test04", ta_config("cpuset:4-7,8-11", "cpuset:11"))
+    r.create("guaranteed", cpu="3")
+    r.verify("cpus['pod0c0'] == {4, 5, 6}", "mems['pod0c0'] == {1}")
+    r.create("guaranteed", contcount=2, cpu="980m")
+    r.verify("cpus['pod1c0'] == {8, 9, 10}", "cpus['pod1c1'] == {8, 9, 10}", "mems['pod1c0'] == {2}",
+             "mems['pod1c1'] == {2}")
+    for first, cpus in ((1, "1-4,11"), (5, "5-8,11")):
+        group = tmp / f"group-{first}"
+        group.mkdir()
+        (group / "cpuset.cpus").write_text(cpus + "\n")
+        r.restart(ta_config(str(group), "cpuset:11"))
+        r.reset()
+        r.create("guaranteed", contcount=2, cpu="980m")
+        r.verify(f"cpus['pod0c0'] == {{{first}, {first + 1}, {first + 2}}}", f"cpus['pod0c1'] == {{{first + 3}}}")
+        r.create("guaranteed", cpu="1")
+        r.verify("apart(cpus['pod1c0'], cpus['pod0c0'])", "apart(cpus['pod1c0'], cpus['pod0c1'])")
+    return r
+
+
+def ta_reserved_resources() -> Replay:
+    """topology-aware test05-reserved-resources."""
+    r = Replay("topology-aware/test05", ta_config("cpuset:4-7,8-13", "cpuset:10-11"))
+    r.refuses(ta_config("cpuset:4-7,8-13", "cpuset:3,7,11,15"))  # reserved outside the available
+    r.refuses(ta_config("cpuset:4-7,8-13", "11"))  # more reserved than available
+    r.create("besteffort", contcount=3, namespace="kube-system")
+    r.verify("cpus['pod0c0'] == cpus['pod0c1'] == cpus['pod0c2'] == {10, 11}")
+    r.restart(ta_config("cpuset:4-7,8-13", "cpuset:7,11"))
+    r.create("besteffort", contcount=4, namespace="kube-system")
+    r.verify("cpus['pod1c0'] == cpus['pod1c1'] == cpus['pod1c2'] == cpus['pod1c3']", "cpus['pod1c0'] == {7, 11}")
+    r.create("guaranteed", contcount=4, cpu="200m", namespace="kube-system")
+    r.verify("cpus['pod2c0'] == cpus['pod2c1'] == cpus['pod2c2'] == cpus['pod2c3']", "cpus['pod2c0'] == {7, 11}")
+    for pod in ("pod3", "pod4"):  # what the reserved CPUs have left, given back each time
+        r.create("guaranteed", cpu="100m", namespace="kube-system")
+        r.verify(f"cpus['{pod}c0'] == {{7, 11}}")
+        r.delete(f"kube-system/{pod}")
+    r.create("guaranteed", cpu="2", namespace="kube-system")  # more than the reserved CPUs have left
+    r.verify("cpus['pod5c0'] == {4, 5, 6, 8, 9, 10, 12, 13}")
+    r.restart(ta_config("cpuset:4-7,8-13", "2250m"))
+    r.reset()
+    r.create("besteffort", namespace="kube-system")
+    r.verify("cpus['pod0c0'] == {4, 5, 6}")
+    return r
+
+
+def ta_mixed_allocations() -> Replay:
+    """topology-aware test07-mixed-allocations."""
+    r = Replay("topology-aware/test07", "policy:\n  Active: topology-aware\n  ReservedResources: {cpu: 750m}\n")
+    one_node = "[len(mems[c]) for c in mems] == [1] * len(mems)"
+
+    def own(c: str) -> str:  # the CPUs no other container may use
+        return f"len(cpus['{c}'] - set.union(*[cpus[x] for x in cpus if x != '{c}']))"
+
+    r.create("guaranteed", contcount=2, cpu="500m")
+    r.verify("len(mems['pod0c0']) == 1", "len(mems['pod0c1']) == 1", "apart(mems['pod0c0'], mems['pod0c1'])",
+             "len(cpus['pod0c0']) == 4", "len(cpus['pod0c1']) == 4", "apart(cpus['pod0c0'], cpus['pod0c1'])")
+    r.create("guaranteed", contcount=2, cpu="1500m")
+    r.verify(one_node, "apart(mems['pod1c0'], mems['pod1c1'])",
+             "len(cpus['pod0c0']) == 3 or len(cpus['pod0c1']) == 3",
+             "len(cpus['pod0c0']) == 4 or len(cpus['pod0c1']) == 4", "len(cpus['pod1c0']) == 4",
+             "len(cpus['pod1c1']) == 4", "len(cpus['pod1c1'] - cpus['pod0c0'] - cpus['pod0c1']) == 1")
+    r.create("guaranteed", contcount=2, cpu="2400m")
+    r.verify(one_node, f"{own('pod1c1')} == 1", "len(cpus['pod2c0']) == 3", f"{own('pod2c0')} == 3",
+             "len(cpus['pod2c1']) == 4", f"{own('pod2c1')} == 0",
+             "mems['pod2c1'] == mems['pod0c0'] or mems['pod2c1'] == mems['pod0c1']")
+    exclusive = {"prefer-shared-cpus.nri-resmgr.intel.com/pod": "false"}
+    isolated = "prefer-isolated-cpus.nri-resmgr.intel.com/pod"
+    r.create("guaranteed", cpu="2400m", annotations={**exclusive, isolated: "true"})
+    r.verify(one_node, "mems['pod3c0'] == mems['pod1c0']", f"{own('pod1c0')} == 1", f"{own('pod3c0')} == 2")
+    r.delete("pod3")
+    r.create("guaranteed", cpu="2400m", annotations={**exclusive, isolated: "false"})
+    r.verify(one_node, "mems['pod4c0'] == mems['pod1c0']", f"{own('pod1c0')} == 1", f"{own('pod4c0')} == 2")
+    r.delete("pod1")
+    r.verify("len(cpus['pod0c0']) == 4", "len(cpus['pod0c1']) == 4")
+    r.create("guaranteed", contcount=2, cpu="1500m",
+             annotations={"prefer-shared-cpus.nri-resmgr.intel.com/pod": "true"})
+    r.verify(one_node, "mems['pod5c0'] == mems['pod0c0'] or mems['pod5c0'] == mems['pod0c1']",
+             "len(cpus['pod5c0']) == 4", "len(cpus['pod0c0']) == 4", "len(cpus['pod0c1']) == 4",
+             "mems['pod5c1'] == mems['pod4c0']", "len(cpus['pod5c1']) == 2", f"{own('pod5c0')} == 0",
+             f"{own('pod5c1')} == 0")
+    return r
+
+
+def ta_reserved_namespaces_and_annotations() -> Replay:
+    """topology-aware test10-additional-reserved-namespaces and test11-reserved-cpu-annotations."""
+    namespaces = "  topology-aware:\n    ReservedPoolNamespaces: [reserved-pool, 'reserved-*', foobar]\n"
+    r = Replay("topology-aware/test10", ta_config("cpuset:8-11", "cpuset:10-11", namespaces))
+    r.create("besteffort", namespace="kube-system")
+    r.create("besteffort")
+    r.verify("cpus['pod0c0'] == {10, 11}", "cpus['pod1c0'] == {8, 9}")
+    r.delete_all()
+    r.create("besteffort", namespace="foobar")
+    r.create("besteffort", namespace="foobar", annotations={"prefer-reserved-cpus.nri-resmgr.intel.com/pod": "false"})
+    r.create("besteffort", namespace="foobar", annotations={"prefer-reserved-cpus.nri-resmgr.intel.com/pod": "true"})
+    r.verify("cpus['pod2c0'] == {10, 11}", "cpus['pod3c0'] == {8, 9}", "cpus['pod4c0'] == {10, 11}")
+    r.restart(ta_config("cpuset:8-11", "cpuset:10-11"))
+    r.reset()
+    r.create("guaranteed", cpu="1", annotations={"prefer-reserved-cpus.nri-resmgr.intel.com/pod": "true"})
+    r.create("guaranteed", cpu="1",
+             annotations={"prefer-reserved-cpus.nri-resmgr.intel.com/container.special": "false"})
+    r.verify("cpus['pod0c0'] == {10, 11}", "cpus['pod1c0'] == {8}")
+    return r
+
+
+SCENARIOS = (ta_basic_placement, ta_always_fits, ta_shrink_and_grow_shared, ta_simple_affinity, ta_burstable,
+             ta_reserved_resources, ta_mixed_allocations, ta_reserved_namespaces_and_annotations)
 
 # Checks that miss, each with the reason docs/limitations.md gives.
 KNOWN: dict[str, str] = {
@@ -166,8 +279,8 @@ KNOWN: dict[str, str] = {
 }
 
 
-def test_replayed_scenarios_hold():
-    replays = [make() for make in SCENARIOS]
+def test_replayed_scenarios_hold(tmp_path):
+    replays = [make() for make in SCENARIOS] + [ta_available_resources(tmp_path)]
     held, total, misses = outcome(replays)
     report = "\n".join(f"  {c.scenario}: {c.expression} {c.error}" for c in misses)
     print(f"nri-plugins' e2e checks replayed: {held} of {total} hold ({100 * held / total:.1f}%)\n{report}")

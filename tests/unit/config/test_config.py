@@ -158,6 +158,11 @@ def test_cgroup_cpu_values_are_resolved_at_load_under_the_cgroup_root(tmp_path, 
     assert str(policies.create("static", resolved, topo).reserved) == "1-2"
     with pytest.raises(ConfigError, match=r"policy.ReservedResources.cpu: cgroup:/missing: no cpuset"):
         cpus.resolve({"ReservedResources": {"cpu": "cgroup:/missing"}}, str(tmp_path))
+    # nri-plugins' form: the cgroup's own directory, mount point included.
+    assert cpus.resolve({"AvailableResources": {"cpu": str(group)}}, "/nowhere")["AvailableResources"] == \
+        {"cpu": "cpuset:1-2"}
+    with pytest.raises(ConfigError, match=r"policy.AvailableResources.cpu: .*/missing: not a cgroup directory"):
+        cpus.resolve({"AvailableResources": {"cpu": str(tmp_path / "missing")}}, str(tmp_path))
 
 
 def test_cri_resource_managers_own_sections_are_left_out_with_a_warning(caplog):

@@ -186,6 +186,9 @@ def test_nri_plugins_annotation_domain_is_read_ours_first():
     assert w.policy.grants[ours_first.key].kind == "exclusive"
     with pytest.raises(PolicyError, match="memory-type.resource-policy.nri.io"):
         w.add(G, 1000, annotations={"memory-type.resource-policy.nri.io": "flash"})
+    # The domain before it, which nri-plugins' own end-to-end tests still write.
+    legacy = w.add(G, 2000, annotations={"prefer-shared-cpus.nri-resmgr.intel.com/pod": "true"})
+    assert w.policy.grants[legacy.key].kind == "shared"
 
 
 def test_prefer_shared_negative_number_places_higher():
@@ -771,3 +774,15 @@ def test_shorthand_affinity_draws_both_ways():
     d = w.add(B, 500, pod=lone, name="d")
     c = w.add(B, 500, pod=lone, name="c")
     assert w.policy.by_name[pool_of(w, c)].cpus.isdisjoint(w.policy.by_name[pool_of(w, d)].cpus)
+
+
+def test_a_reserved_request_the_reserved_cpus_cannot_hold_runs_on_the_shared_cpus():
+    """nri-plugins' rule: kube-system asking for more than the reserved CPUs have left goes to the
+    machine's shared CPUs instead of overcommitting the reserved ones."""
+    w = World(TA, N4C16, ReservedResources={"cpu": "cpuset:7,11"})
+    small = [w.add(G, 200, namespace="kube-system") for _ in range(4)]
+    assert all(w.cpus(c) == CPUSet.parse("7,11") for c in small)
+    big = w.add(G, 2000, namespace="kube-system")
+    assert pool_of(w, big) == "root" and w.cpus(big) == CPUSet(range(16)) - CPUSet.parse("7,11")
+    w.remove(big)
+    assert pool_of(w, w.add(G, 1000, namespace="kube-system")) == pool_of(w, small[0])  # 1800m of 2000m: fits
