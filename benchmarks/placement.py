@@ -54,7 +54,9 @@ BALLOONS = {"BalloonTypes": [
      "MatchExpressions": [{"key": "pod/qosclass", "operator": "In", "values": ["Guaranteed"]}]},
     {"Name": "shared", "Namespaces": ["*"]}]}
 POLICIES: dict[str, dict[str, Any]] = {
-    "static": {}, "static-plus": {}, "topology-aware": {}, "balloons": {"balloons": BALLOONS}}
+    "static": {}, "static-plus": {}, "topology-aware": {},
+    "topology-aware ExclusiveInOneLeaf: false": {"topology-aware": {"ExclusiveInOneLeaf": False}},
+    "balloons": {"balloons": BALLOONS}}
 KUBELET = [Options(), Options(full_pcpus_only=True),
            Options(full_pcpus_only=True, align_by_uncore_cache=True),
            Options(full_pcpus_only=True, distribute_across_numa=True)]
@@ -166,7 +168,8 @@ class Admission:
         self.memory_used -= memory
 
 
-def run_policy(name: str, extra: dict[str, Any], topo: Topology, events: list[tuple[str, Any]]) -> Score:
+def run_policy(label: str, extra: dict[str, Any], topo: Topology, events: list[tuple[str, Any]]) -> Score:
+    name = label.split()[0]  # a label may name an option after the policy
     try:
         policy = policies.create(name, {"Active": name, "ReservedResources": {"cpu": reserved(topo)}, **extra}, topo)
     except PolicyError as err:

@@ -63,6 +63,9 @@ OPTIONS = (
            "kube-system, which always is (policy.ReservedPoolNamespaces wins)"),
     Option("ColocatePods", "boolean", False, "a pod's containers in the same pool"),
     Option("ColocateNamespaces", "boolean", False, "a namespace's containers in the same pool"),
+    Option("ExclusiveInOneLeaf", "boolean", True, "exclusive CPUs no leaf can give by its own accounting come "
+           "from one leaf by the machine's capacity (its shared containers run on the parent's shared CPUs "
+           "meanwhile); false: sliced over several leaves of a parent, as nri-plugins does"),
     Option("UnlimitedBurstable", "string", "package", "the widest pool a Burstable container without a CPU "
            "limit may go to (system, package, die or numa; the unlimited-burstable annotation overrides it)",
            choices=LEVELS),
@@ -126,6 +129,7 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         self.prefer_isolated, self.prefer_shared = options["PreferIsolatedCPUs"], options["PreferSharedCPUs"]
         self.colocate_pods, self.colocate_namespaces = options["ColocatePods"], options["ColocateNamespaces"]
         self.unlimited_burstable = LEVELS.index(options["UnlimitedBurstable"])
+        self.one_leaf = options["ExclusiveInOneLeaf"]
         self.reserved_namespaces = reserved_namespaces(
             self.config.get("ReservedPoolNamespaces", options["ReservedPoolNamespaces"]))
 
@@ -194,11 +198,14 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
     def _spare_own(self, pool: Pool, milli: int = 0, user: bool = False) -> int:
         """CPUs the pool's shared set can lose and still serve the shared users below it (users asking
         for no CPU time need none of their own where reserved CPUs can take them)."""
-        keep_one = not self.reserved and (user or self._has_users(pool))
+        users = user or self._has_users(pool)
         m = self._subtree_milli(pool) + milli
         if self._relaxed:  # only the machine's capacity counts (see _place); users asking for CPU time keep one
-            return len(self._sharable[pool.id]) - (1 if keep_one or m > 0 else 0)
-        need = max(-(-m // 1000), 1 if keep_one else 0)
+            keep_one = m > 0 or (users and not self.reserved)
+            return len(self._sharable[pool.id]) - (1 if keep_one else 0)
+        # A pool with shared users keeps a CPU of its own, as nri-plugins has it: an idle pool may be
+        # sliced empty, a busy one only when nothing else fits (relaxed).
+        need = max(-(-m // 1000), 1 if users else 0)
         return len(self._sharable[pool.id]) - need
 
     def _lender(self, pool: Pool) -> Pool | None:
@@ -381,7 +388,7 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         except PolicyError:
             if not r.exclusive or r.isolated and len(self.isolated - self._taken) >= r.exclusive:
                 raise
-        if strict is not None and (not r.exclusive or not strict.children):
+        if strict is not None and (not r.exclusive or not strict.children or not self.one_leaf):
             return self._grant(strict, r)
         # Exclusive CPUs that would be sliced over several children: one child by the machine's
         # capacity keeps them in one node or L3 domain (the container asked for whole CPUs; the

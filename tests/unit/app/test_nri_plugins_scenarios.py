@@ -269,13 +269,65 @@ def ta_reserved_namespaces_and_annotations() -> Replay:
     return r
 
 
+def ta_global_shared_preference() -> Replay:
+    """topology-aware test14-global-shared-preference."""
+    r = Replay("topology-aware/test14-shared", topology_aware(extra="    PreferSharedCPUs: true\n"))
+    r.create("guaranteed", cpu="1")
+    r.create("guaranteed", cpu="2")
+    r.verify("len(cpus['pod0c0']) > 1", "len(cpus['pod1c0']) > 1")  # shared, though whole CPUs
+    r.delete_all()
+    opt_out = {"prefer-shared-cpus.resource-policy.nri.io/pod": "false"}
+    r.create("guaranteed", cpu="1", annotations=opt_out)
+    r.create("guaranteed", cpu="2", annotations=opt_out)
+    r.verify("len(cpus['pod2c0']) == 1", "len(cpus['pod3c0']) == 2")
+    return r
+
+
+def ta_busy_shared_pools() -> Replay:
+    """topology-aware test15-busy-shared-pools: a node's worth of exclusive CPUs next to a shared
+    container in every node."""
+    r = Replay("topology-aware/test15", topology_aware())
+    for pod, shared in ((0, {}), (2, {"cpureq": "1m", "cpulim": "750m"}), (4, {"cpureq": "250m", "cpulim": "750m"})):
+        r.create("burstable" if shared else "besteffort", contcount=4, **shared)
+        r.create("guaranteed", cpu="4", mem="100M")
+        r.verify(f"apart(cpus['pod{pod}c0'], cpus['pod{pod}c1'], cpus['pod{pod}c2'], cpus['pod{pod}c3'], "
+                 f"cpus['pod{pod + 1}c0'])")
+        r.delete_all()
+    return r
+
+
+def ta_idle_shared_pools() -> Replay:
+    """topology-aware test16-idle-shared-pools: idle nodes may be sliced empty."""
+    r = Replay("topology-aware/test16", topology_aware())
+    r.create("guaranteed", contcount=3, cpu="4", mem="100M")
+    r.verify("apart(cpus['pod0c0'], cpus['pod0c1'], cpus['pod0c2'])",
+             *(f"len(cpus['pod0c{i}']) == 4" for i in range(3)),
+             "apart(nodes['pod0c0'], nodes['pod0c1'], nodes['pod0c2'])",
+             *(f"len(nodes['pod0c{i}']) == 1" for i in range(3)))
+    r.create("besteffort", contcount=4)  # only one pool has free CPUs
+    r.verify(*(f"cpus['pod1c0'] == cpus['pod1c{i}']" for i in (1, 2, 3)))
+    r.create("burstable", contcount=4, cpureq="100m", cpulim="150m")
+    r.verify(*(f"cpus['pod2c0'] == cpus['pod2c{i}']" for i in (1, 2, 3)), "cpus['pod2c0'] == cpus['pod1c0']",
+             "apart(nodes['pod0c0'], nodes['pod0c1'], nodes['pod0c2'], nodes['pod1c0'])")
+    r.delete_all()
+    r.create("besteffort", contcount=2)
+    r.verify("apart(cpus['pod3c0'], cpus['pod3c1'])")
+    r.create("guaranteed", cpu="4", mem="100M")
+    r.verify("apart(cpus['pod4c0'], cpus['pod3c0'], cpus['pod3c1'])", "len(cpus['pod4c0']) == 4",
+             "len(nodes['pod4c0']) == 1", "apart(nodes['pod3c0'], nodes['pod3c1'], nodes['pod4c0'])")
+    return r
+
+
 SCENARIOS = (ta_basic_placement, ta_always_fits, ta_shrink_and_grow_shared, ta_simple_affinity, ta_burstable,
-             ta_reserved_resources, ta_mixed_allocations, ta_reserved_namespaces_and_annotations)
+             ta_reserved_resources, ta_mixed_allocations, ta_reserved_namespaces_and_annotations,
+             ta_global_shared_preference, ta_busy_shared_pools, ta_idle_shared_pools)
 
 # Checks that miss, each with the reason docs/limitations.md gives.
 KNOWN: dict[str, str] = {
     "topology-aware/test14: len(nodes['pod3c0']) == 4":
         "a Burstable container without a memory limit is not widened to the whole machine",
+    "topology-aware/test15: apart(cpus['pod0c0'], cpus['pod0c1'], cpus['pod0c2'], cpus['pod0c3'], cpus['pod1c0'])":
+        "ExclusiveInOneLeaf (default true) keeps exclusive CPUs in one NUMA node where nri-plugins slices a socket",
 }
 
 

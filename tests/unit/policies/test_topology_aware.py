@@ -786,3 +786,16 @@ def test_a_reserved_request_the_reserved_cpus_cannot_hold_runs_on_the_shared_cpu
     assert pool_of(w, big) == "root" and w.cpus(big) == CPUSet(range(16)) - CPUSet.parse("7,11")
     w.remove(big)
     assert pool_of(w, w.add(G, 1000, namespace="kube-system")) == pool_of(w, small[0])  # 1800m of 2000m: fits
+
+
+@pytest.mark.parametrize("one_leaf", [True, False])
+def test_exclusive_cpus_next_to_busy_pools_stay_in_one_leaf_unless_told(one_leaf):
+    """A best-effort container in every NUMA node: 4 exclusive CPUs come from one node (its
+    best-effort container moves to the socket's shared CPUs), or with ExclusiveInOneLeaf false
+    from a socket's two nodes, each keeping a shared CPU, as nri-plugins does."""
+    w = World(TA, N4C16, ReservedResources={"cpu": "750m"}, **{"topology-aware": {"ExclusiveInOneLeaf": one_leaf}})
+    idle = [w.add(BE, 0) for _ in range(4)]
+    big = w.add(G, 4000)
+    nodes = {w.policy.topology.cpus[c].node for c in w.cpus(big)}
+    assert len(w.cpus(big)) == 4 and len(nodes) == (1 if one_leaf else 2)
+    assert all(w.cpus(c) and w.cpus(c).isdisjoint(w.cpus(big)) for c in idle)
