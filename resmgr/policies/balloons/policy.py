@@ -250,9 +250,12 @@ class BalloonsPolicy(SnapshotMoves, Policy):
             b.cpus = take_cpus(self.topo, b.cpus, size, self._prefer(b.type))
 
     def _fit_reserved(self, b: Balloon) -> None:
-        """The reserved balloon is the reserved CPUs, and as nri-plugins has it, grows past them with
-        free CPUs near them while its containers request more (up to its type's MaxCPUs), and gives
-        them back as they go. What it cannot get is overcommitted, with a notice (fallback)."""
+        """The reserved balloon is the reserved CPUs. As nri-plugins has it, when a `reserved` type
+        sets MinCPUs or MaxCPUs it grows past them with free CPUs near them while its containers
+        request more (up to MaxCPUs), and gives them back as they go. What it cannot get is
+        overcommitted, with a notice (fallback)."""
+        if not b.type.grows:
+            return
         want = -(-b.milli // 1000) - len(self.reserved)
         if b.type.max_cpus:
             want = min(want, b.type.max_cpus - len(self.reserved))
@@ -577,8 +580,8 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         for b in self.balloons:
             cpus = self.reserved | b.cpus
             if b.type.name == RESERVED and b.milli > 1000 * len(cpus):
-                why = f"MaxCPUs {b.type.max_cpus}" if b.type.max_cpus and len(cpus) >= b.type.max_cpus else \
-                    "no free CPUs"
+                why = "no MinCPUs or MaxCPUs of a reserved type" if not b.type.grows else \
+                    f"MaxCPUs {b.type.max_cpus}" if b.type.max_cpus and len(cpus) >= b.type.max_cpus else "no free CPUs"
                 out.append(f"balloon {b.name}: its containers request {b.milli}m on {len(cpus)} CPUs {cpus} "
                            f"({why} to grow by)")
         return out

@@ -169,6 +169,7 @@ class BalloonType:
     balance: bool = False  # new balloons where most CPUs are free (AllocatorTopologyBalancing)
     components: tuple[str, ...] = ()  # a composite type: the types of its parts
     balance_components: bool = False  # a part of one type only, the first in fewest balloons
+    grows: bool = False  # the reserved type sets MinCPUs or MaxCPUs: it may grow past the reserved CPUs
     on_reserved: bool = False  # the built-in default type: runs on the reserved CPUs, owns none
     order: int = 0  # position in the configuration
 
@@ -246,6 +247,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
                              for m in [_NODE.fullmatch(d.rstrip("/"))] if m),
             components=tuple(_component(c, f"{at}.Components[{j}]") for j, c in enumerate(t["Components"])),
             balance_components=t["ComponentCreation"] == "balance-balloons",
+            grows=name == RESERVED and bool(t["MinCPUs"] or t["MaxCPUs"]),
             # The reserved balloon is the reserved CPUs; so is the default one without MinCPUs or
             # MaxCPUs of its own (cri-resmgr's rule) unless it groups its containers: its groups need
             # balloons of their own.

@@ -344,7 +344,12 @@ def test_component_creation_balance_balloons_makes_one_part_of_the_least_used_ty
 
 
 def test_the_reserved_balloon_grows_past_the_reserved_cpus_as_nri_plugins_lets_it():
-    w = world([])  # reserved: CPU 0
+    still = world([])  # without a reserved type of its own it stays on the reserved CPU, and says so
+    held = [still.add(B, 1500, namespace="kube-system") for _ in range(2)]
+    assert still.cpus(held[0]) == CPUSet.parse("0")
+    assert still.policy.fallback() == ["balloon reserved[0]: its containers request 3000m on 1 CPUs 0 "
+                                       "(no MinCPUs or MaxCPUs of a reserved type to grow by)"]
+    w = world([{"Name": "reserved", "MinCPUs": 1}])  # reserved: CPU 0
     system = [w.add(B, 1500, namespace="kube-system") for _ in range(3)]  # 4500m: 5 CPUs
     cpus = w.cpus(system[0])
     assert len(cpus) == 5 and CPUSet.parse("0") <= cpus and all(w.cpus(c) == cpus for c in system)
