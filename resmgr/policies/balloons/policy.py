@@ -414,19 +414,22 @@ class BalloonsPolicy(SnapshotMoves, Policy):
             namespaces = {x.namespace for x in b.members.values()}
             pod_rank = (2 if m.pod in pods else 1) if t.spread_pods else (0 if m.pod in pods else 1)
             ns_rank = (0 if namespaces == {m.namespace} else 1 if not namespaces else 2) if t.per_namespace else 0
-            if t.prefer_new:
+            # As nri-plugins has it: spreading a pod never makes a new balloon while one holds the
+            # container as it is, and a group's balloon takes its group's containers before a new one.
+            as_is = 0 if not t.spread_pods or size <= len(b.cpus) else 1
+            if t.prefer_new and not group:
                 kind = 0 if not b.members else 2
             else:
                 kind = 0 if size <= len(b.cpus) else 1
             left = 1000 * max(size, len(b.cpus)) - b.milli - m.milli
             sticky = 0 if previous & b.cpus else 1
-            options.append(((sticky, pod_rank, ns_rank, kind, -left, b.index), b, size))
+            options.append(((sticky, as_is, pod_rank, ns_rank, kind, -left, b.index), b, size))
         count = sum(1 for b in self.balloons if b.type is t)
         size = self._size(t, m.milli, True)
         if size is not None and (not t.max_balloons or count < t.max_balloons) and size <= free:
             sticky = 0 if previous and again >= size else 1
-            options.append(((sticky, 1, 1 if t.per_namespace else 0, 1 if t.prefer_new else 2,
-                             -(1000 * size - m.milli), 1 << 30), None, size))
+            options.append(((sticky, 1 if t.spread_pods else 0, 1, 1 if t.per_namespace else 0,
+                             1 if t.prefer_new and not group else 2, -(1000 * size - m.milli), 1 << 30), None, size))
         if not options:
             raise PolicyError(self._no_room(t, group, m))
         _, b, size = min(options, key=lambda o: o[0])

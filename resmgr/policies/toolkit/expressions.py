@@ -95,9 +95,12 @@ def parse_expression(raw: Any, where: str) -> Expression:
 
 
 
-_REFERENCE = re.compile(r"\$\{([^}]*)\}")
+# `${key}`, or `$key` where the key runs on over letters, digits, `_` and `/` (nri-plugins takes
+# both: `ns=$pod/namespace`).
+_REFERENCE = re.compile(r"\$\{([^}]*)\}|\$([A-Za-z0-9_/]+)")
 
 
 def substitute(text: str, container: Container, pod: Pod | None) -> str:
-    """text with each `${key}` replaced by the key's value for the container ("" when it has none)."""
-    return _REFERENCE.sub(lambda m: resolve(m.group(1).strip(), container, pod) or "", text)
+    """text with each `${key}` or `$key` replaced by the key's value for the container ("" when it
+    has none)."""
+    return _REFERENCE.sub(lambda m: resolve((m.group(1) or m.group(2)).strip(), container, pod) or "", text)

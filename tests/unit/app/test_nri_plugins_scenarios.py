@@ -318,9 +318,148 @@ def ta_idle_shared_pools() -> Replay:
     return r
 
 
+# nri-plugins' balloons test configuration (its cri-resource-manager form, CPU classes and all).
+BALLOONS_DEFAULT = """
+policy:
+  Active: balloons
+  AvailableResources: {CPU: 'cpuset:1-15'}
+  ReservedResources: {CPU: 1}
+  balloons:
+    PinCPU: true
+    PinMemory: true
+    BalloonTypes:
+      - {Name: two-cpu, MinCPUs: 2, MaxCPUs: 2, AllocationPriority: 0, CPUClass: class2, PreferNewBalloons: true}
+      - {Name: three-cpu, Namespaces: [three], MinCPUs: 3, AllocatorPriority: 1, CPUClass: class3,
+         PreferSpreadingPods: true}
+      - {Name: four-cpu, MinCPUs: 4, MaxCPUs: 8, MinBalloons: 1, AllocatorPriority: 2, CPUClass: class4}
+      - {Name: five-cpu, MaxCPUs: 5, AllocatorPriority: 3, PreferSpreadingPods: true, PreferNewBalloons: true,
+         CPUClass: class5}
+cpu:
+  classes:
+    class2: {minFreq: 900, maxFreq: 2900}
+"""
+TYPE = "balloon.balloons.nri-resmgr.intel.com"
+
+
+def guaranteed(cpu: str, mem: str = "100M") -> dict[str, str]:
+    return {"cpureq": cpu, "cpulim": cpu, "memreq": mem, "memlim": mem}
+
+
+def balloons_basic_placement() -> Replay:
+    """balloons test01-basic-placement."""
+    r = Replay("balloons/test01", BALLOONS_DEFAULT)
+    r.create("besteffort", contcount=2, namespace="kube-system")
+    r.verify("cpus['pod0c0'] == cpus['pod0c1']", "len(cpus['pod0c0']) == 1")
+    r.create("burstable", contcount=2, annotations={TYPE: "two-cpu"}, **guaranteed("100m"))
+    r.verify("cpus['pod1c0'] == cpus['pod1c1']", "len(cpus['pod1c0']) == 2")
+    r.create("burstable", annotations={TYPE: "two-cpu"}, **guaranteed("100m"))
+    r.verify("len(cpus['pod2c0']) == 2", "apart(cpus['pod2c0'], cpus['pod1c0'])")
+    r.create("burstable", contcount=2, namespace="three", **guaranteed("1500m"))
+    r.verify("cpus['pod3c0'] == cpus['pod3c1']", "len(cpus['pod3c0']) == 3")
+    r.delete_all()
+    r.create("burstable", contcount=3, annotations={TYPE: "four-cpu"}, cpureq="3", cpulim="3")
+    r.verify("cpus['pod4c0'] == cpus['pod4c1']", "apart(cpus['pod4c2'], cpus['pod4c0'])",
+             "len(cpus['pod4c0']) == 6", "len(cpus['pod4c2']) == 4")
+    r.delete_all()
+    r.create("burstable", contcount=3, annotations={TYPE: "five-cpu"}, cpureq="1250m")
+    r.verify("apart(cpus['pod5c0'], cpus['pod5c1'], cpus['pod5c2'])",
+             *(f"len(cpus['pod5c{i}']) == 2" for i in range(3)))
+    return r
+
+
+def balloons_reserved() -> Replay:
+    """balloons test03-reserved."""
+    r = Replay("balloons/test03", """
+policy:
+  Active: balloons
+  ReservedResources: {CPU: 'cpuset:0-2'}
+  balloons:
+    IdleCPUClass: idle-class
+    ReservedPoolNamespaces: ['monitor-*', '*-log*']
+    BalloonTypes:
+      - {Name: reserved, Namespaces: [my-exact-name], CPUClass: reserved-class}
+      - {Name: default, MinCPUs: 1}
+      - {Name: full-core, MinCPUs: 2, MaxCPUs: 2, CPUClass: turbo, MinBalloons: 2}
+""")
+    r.create("burstable", namespace="kube-system", **guaranteed("100m"))
+    r.verify("cpus['pod0c0'] == {0, 1, 2}")
+    r.create("burstable", contcount=2, namespace="monitor-mypods", cpureq="1", cpulim="1")
+    r.verify("cpus['pod1c0'] == cpus['pod0c0']", "cpus['pod1c1'] == cpus['pod0c0']")
+    r.create("burstable", namespace="system-logs", cpureq="1", cpulim="1")  # the reserved CPUs overbooked
+    r.verify("cpus['pod2c0'] == cpus['pod0c0']")
+    r.create("burstable", namespace="kube-system", annotations={TYPE: "full-core"}, cpureq="2", cpulim="2")
+    r.verify("len(cpus['pod3c0']) == 2", "apart(cpus['pod0c0'], cpus['pod3c0'])")
+    r.create("burstable", cpureq="2500m", cpulim="2500m")  # the default balloon inflates
+    r.verify("len(cpus['pod4c0']) == 3", "apart(cpus['pod0c0'], cpus['pod3c0'], cpus['pod4c0'])")
+    r.create("burstable", annotations={TYPE: "reserved"}, cpureq="2500m", cpulim="2500m")
+    r.verify("cpus['pod5c0'] == {0, 1, 2}", "apart(cpus['pod5c0'], cpus['pod3c0'], cpus['pod4c0'])")
+    r.delete_all()
+    r.create("burstable", cpureq="999m", cpulim="999m")  # emptied balloons kept their CPUs
+    r.verify("len(cpus['pod6c0']) == 1")
+    r.create("burstable", namespace="kube-system", **guaranteed("100m"))
+    r.verify("cpus['pod7c0'] == {0, 1, 2}")
+    return r
+
+
+def balloons_group_by() -> Replay:
+    """balloons test04-groupby (nri-plugins' BalloonsPolicy resource form)."""
+    r = Replay("balloons/test04", """
+apiVersion: config.nri/v1alpha1
+kind: BalloonsPolicy
+metadata: {name: default}
+spec:
+  reservedResources: {cpu: 750m}
+  balloonTypes:
+    - {name: grouped-by-label, groupBy: '${pod/namespace}-${pod/labels/balloon-instance}', minCPUs: 2,
+       minBalloons: 2, preferNewBalloons: true}
+    - {name: default, groupBy: 'ns=$pod/namespace', preferNewBalloons: true}
+""")
+    grouped = {"balloon.balloons.resource-policy.nri.io": "grouped-by-label"}
+    for instance, namespace in (("g1", "default"), ("g2", "default"), ("g1", "default"), ("g1", "test04")):
+        r.create("besteffort", annotations=grouped, labels={"balloon-instance": instance}, namespace=namespace)
+    r.verify("cpus['pod0c0'] == cpus['pod2c0']", "apart(cpus['pod0c0'], cpus['pod1c0'], cpus['pod3c0'])")
+    for namespace in ("test04", "default", "default", "test04"):
+        r.create("besteffort", namespace=namespace)
+    r.verify("cpus['pod4c0'] == cpus['pod7c0']", "cpus['pod5c0'] == cpus['pod6c0']",
+             "apart(cpus['pod4c0'], cpus['pod5c0'])")
+    return r
+
+
+def balloons_namespace() -> Replay:
+    """balloons test05-namespace."""
+    r = Replay("balloons/test05", """
+policy:
+  Active: balloons
+  ReservedResources: {CPU: 1}
+  balloons:
+    BalloonTypes:
+      - {Name: nsballoon, Namespaces: ['*'], MinCPUs: 2, MaxCPUs: 4, PreferPerNamespaceBalloon: true}
+""")
+    r.create("besteffort", contcount=2)
+    r.verify("cpus['pod0c0'] == cpus['pod0c1']", "len(cpus['pod0c0']) == 2")
+    r.create("besteffort", contcount=2, namespace="e2e-a")
+    r.verify("cpus['pod1c0'] == cpus['pod1c1']", "len(cpus['pod0c0']) == 2", "apart(cpus['pod0c0'], cpus['pod1c0'])")
+    r.create("burstable", contcount=2, **guaranteed("2"))
+    r.verify("cpus['pod2c0'] == cpus['pod2c1']", "len(cpus['pod2c0']) == 4", "cpus['pod2c0'] == cpus['pod0c0']",
+             "cpus['pod2c0'] == cpus['pod0c1']", "apart(cpus['pod2c0'], cpus['pod1c0'])")
+    r.create("burstable", contcount=2, **guaranteed("100m"))
+    r.verify("cpus['pod3c0'] == cpus['pod3c1']", "len(cpus['pod3c0']) == 2",
+             "apart(cpus['pod3c0'], cpus['pod2c0'], cpus['pod1c0'])")
+    r.create("burstable", contcount=2, namespace="e2e-b", **guaranteed("2"))
+    r.verify("cpus['pod4c0'] == cpus['pod4c1']", "len(cpus['pod4c0']) == 4",
+             "apart(cpus['pod4c0'], cpus['pod3c0'], cpus['pod2c0'], cpus['pod1c0'])")
+    r.create("burstable", contcount=2, namespace="e2e-c", **guaranteed("100m"))
+    r.verify("cpus['pod5c0'] == cpus['pod5c1']", "len(cpus['pod5c0']) == 2",
+             "apart(cpus['pod5c0'], cpus['pod4c0'], cpus['pod3c0'], cpus['pod2c0'], cpus['pod1c0'])")
+    r.create("burstable", contcount=2, namespace="e2e-d", **guaranteed("100m"))  # no CPUs left for a balloon
+    r.verify("cpus['pod6c0'] == cpus['pod6c1']")
+    return r
+
+
 SCENARIOS = (ta_basic_placement, ta_always_fits, ta_shrink_and_grow_shared, ta_simple_affinity, ta_burstable,
              ta_reserved_resources, ta_mixed_allocations, ta_reserved_namespaces_and_annotations,
-             ta_global_shared_preference, ta_busy_shared_pools, ta_idle_shared_pools)
+             ta_global_shared_preference, ta_busy_shared_pools, ta_idle_shared_pools,
+             balloons_basic_placement, balloons_reserved, balloons_group_by, balloons_namespace)
 
 # Checks that miss, each with the reason docs/limitations.md gives.
 KNOWN: dict[str, str] = {

@@ -188,3 +188,19 @@ def test_a_misspelling_cri_resource_manager_ignores_is_left_out_and_others_still
     with pytest.raises(ConfigError, match="PreferNewBalloonz"):
         validate({"policy": {"Active": "balloons", "balloons": {"BalloonTypes": [
             {"Name": "a", "PreferNewBalloonz": True}]}}})
+
+
+def test_an_nri_plugins_policy_resource_is_a_configuration_wherever_one_is_taken(caplog):
+    """validate() itself reads a BalloonsPolicy resource (files, pushes, simulate's config steps), and
+    leaves nri-plugins' AllocationPriority misspelling out as its loader does."""
+    doc = {"apiVersion": "config.nri/v1alpha1", "kind": "BalloonsPolicy", "metadata": {"name": "default"},
+           "spec": {"reservedResources": {"cpu": "750m"}, "log": {"debug": ["policy"]},
+                    "balloonTypes": [{"name": "t", "minCPUs": 2}]}}
+    config = validate(doc, "pushed")
+    assert config.policy_name == "balloons"
+    assert "pushed: log left out" in caplog.text
+    with pytest.raises(ConfigError, match="pushed: kind Nope"):
+        validate({**doc, "kind": "Nope"}, "pushed")
+    cfg = validate({"policy": {"Active": "balloons", "balloons": {"BalloonTypes": [
+        {"Name": "two", "AllocationPriority": 0}]}}}, "e2e.cfg")
+    assert cfg.policy_name == "balloons" and "BalloonTypes.0.AllocationPriority left out" in caplog.text

@@ -370,6 +370,20 @@ def test_the_reserved_balloon_grows_past_the_reserved_cpus_as_nri_plugins_lets_i
     assert again.export_state() == state
 
 
+def test_a_pod_stays_together_where_a_balloon_holds_it_and_a_group_before_new_balloons():
+    """nri-plugins: spreading a pod's containers never makes a new balloon while one holds the
+    container as it is; a group's balloon takes its containers even when new balloons are preferred."""
+    w = world([{"Name": "three", "Namespaces": ["*"], "MinCPUs": 3, "PreferSpreadingPods": True}])
+    p = w.pod(B)
+    a, b = w.add(B, 1500, pod=p, name="a"), w.add(B, 1500, pod=p, name="b")
+    assert balloon(w, a) == balloon(w, b)  # 3000m in its 3 CPUs
+    c = w.add(B, 1500, pod=p, name="c")  # would grow it: spread
+    assert balloon(w, c) != balloon(w, a)
+    g = world([{"Name": "g", "Namespaces": ["*"], "GroupBy": "ns=$pod/namespace", "PreferNewBalloons": True}])
+    x, y, z = g.add(B, 100, namespace="x"), g.add(B, 100, namespace="x"), g.add(B, 100, namespace="y")
+    assert balloon(g, x) == balloon(g, y) != balloon(g, z)
+
+
 def test_topology_balancing_per_balloon_type():
     """nri-plugins' allocatorTopologyBalancing of one type: its new balloons go where most CPUs are
     free, while the policy's other types pack theirs into the tightest domain."""
