@@ -60,6 +60,7 @@ class Replay:
     spec: str = N4C16
     checks: list[Check] = field(default_factory=list)
     count: int = 0
+    serial: int = 0
 
     def __post_init__(self) -> None:
         self.topology = machine(self.spec)
@@ -90,7 +91,8 @@ class Replay:
             containers.append({"name": f"{name}c{i}", "requests": requests, "limits": limits})
         doc = {"name": name, "namespace": namespace, "containers": containers, "annotations": annotations or {},
                "labels": labels or {}}
-        pod = _pod(doc, 1000 + self.count)
+        self.serial += 1  # pod UIDs never repeat, though names do after a reset
+        pod = _pod(doc, 1000 + self.serial)
         try:
             self.sim.create(*pod)
         except SimulationError as err:  # a refusal is a check: expected, or a miss

@@ -97,8 +97,9 @@ _Saved = tuple[list[Balloon], list[tuple[Balloon, CPUSet, dict[str, Member], lis
 
 
 def _shares(size: int, parts: int) -> list[int]:
-    """size split as evenly as parts allow, the first parts taking the rest."""
-    return [size // parts + (1 if i < size % parts else 0) for i in range(parts)]
+    """Each part of a composite balloon of size CPUs: the same share, rounded up, as nri-plugins
+    balances them (10 CPUs over 4 nodes: 3 on each)."""
+    return [-(-size // parts)] * parts
 
 
 def _union(sets: Iterable[CPUSet]) -> CPUSet:
@@ -298,8 +299,15 @@ class BalloonsPolicy(SnapshotMoves, Policy):
             b.cpus = _union(p.cpus for p in b.parts)
 
     def _in_use(self, t: BalloonType) -> int:
-        """Balloons of type t, composites' parts included."""
-        return sum((b.type is t) + sum(p.type is t for p in b.parts) for b in self.balloons)
+        """Balloons of type t, composites' parts at any depth included; for a composite type, those of
+        its component types (nri-plugins' measure for balance-balloons)."""
+        if t.components:
+            return sum(self._in_use(self.types[c]) for c in t.components)
+
+        def count(b: Balloon) -> int:
+            return (b.type is t) + sum(count(p) for p in b.parts)
+
+        return sum(count(b) for b in self.balloons)
 
     def _make_min_balloons(self) -> None:
         for t in sorted(self.settings.types, key=lambda t: (t.priority or 0, t.order)):

@@ -456,10 +456,153 @@ policy:
     return r
 
 
+def balloons_max_balloons() -> Replay:
+    """balloons test07-maxballoons (its PreferNewBalloon misspelling included)."""
+    r = Replay("balloons/test07", """
+policy:
+  Active: balloons
+  ReservedResources: {CPU: 1}
+  balloons:
+    BalloonTypes:
+      - {Name: singleton, MinCPUs: 2, MaxCPUs: 2, MinBalloons: 1, MaxBalloons: 1}
+      - {Name: dynamictwo, MaxCPUs: 1, MaxBalloons: 2, PreferNewBalloon: true}
+""")
+    singleton, two = {TYPE: "singleton"}, {TYPE: "dynamictwo"}
+    r.create("burstable", annotations=singleton, cpureq="1500m", cpulim="1500m")
+    r.verify("len(cpus['pod0c0']) == 2")
+    r.create("burstable", annotations=singleton, cpureq="500m", cpulim="500m")
+    r.verify("cpus['pod0c0'] == cpus['pod1c0']")
+    r.create("burstable", annotations=singleton, cpureq="100m", cpulim="100m", fail=True)  # full
+    r.reset()
+    r.count = 2
+    r.create("burstable", annotations=two, cpureq="800m", cpulim="800m")
+    r.verify("len(cpus['pod2c0']) == 1")
+    r.create("burstable", annotations=two, cpureq="600m", cpulim="600m")
+    r.verify("apart(cpus['pod2c0'], cpus['pod3c0'])")
+    r.create("burstable", annotations=two, cpureq="300m", cpulim="300m")
+    r.verify("cpus['pod4c0'] == cpus['pod3c0']")
+    r.create("burstable", annotations=two, cpureq="300m", cpulim="300m", fail=True)
+    r.refuses("""
+policy:
+  Active: balloons
+  ReservedResources: {CPU: 1}
+  balloons:
+    BalloonTypes:
+      - {Name: singleton, MinCPUs: 2, MaxCPUs: 2, MinBalloons: 1, MaxBalloons: 1}
+      - {Name: impossible, MinBalloons: 2, MaxBalloons: 1}
+""")
+    return r
+
+
+def balloons_numa() -> Replay:
+    """balloons test08-numa."""
+    r = Replay("balloons/test08", """
+policy:
+  Active: balloons
+  AvailableResources: {CPU: 'cpuset:0-15'}
+  ReservedResources: {CPU: 1}
+  balloons:
+    BalloonTypes:
+      - {Name: fit-in-numa, Namespaces: ['*'], MinCPUs: 0, MaxCPUs: 4, AllocationPriority: 0,
+         PreferNewBalloons: false}
+""")
+    one = {"cpureq": "1", "cpulim": "1", "memreq": "50M", "memlim": "50M"}
+    r.create("besteffort")
+    r.verify("len(cpus['pod0c0']) == 1")
+    for n in range(1, 5):  # one CPU more each, in the same balloon
+        r.create("burstable", **one)
+        r.verify(*(f"len(cpus['pod{i}c0']) == {n}" for i in range(n + 1)),
+                 " == ".join(f"cpus['pod{i}c0']" for i in range(n + 1)))
+    r.create("besteffort")  # fits the full balloon
+    r.verify(*(f"len(cpus['pod{i}c0']) == 4" for i in range(6)), " == ".join(f"cpus['pod{i}c0']" for i in range(6)))
+    r.create("burstable", **one)  # a new balloon
+    r.verify("len(cpus['pod6c0']) == 1", "cpus['pod0c0'] == cpus['pod4c0']", "apart(cpus['pod0c0'], cpus['pod6c0'])")
+    r.delete("pod1", "pod2", "pod3")
+    r.verify(*(f"len(cpus['pod{i}c0']) == 1" for i in (0, 4, 5, 6)),
+             "cpus['pod0c0'] == cpus['pod4c0'] == cpus['pod5c0']", "apart(cpus['pod0c0'], cpus['pod6c0'])")
+    r.delete("pod4")
+    r.verify(*(f"len(cpus['pod{i}c0']) == 1" for i in (0, 5, 6)), "cpus['pod0c0'] == cpus['pod5c0']",
+             "apart(cpus['pod0c0'], cpus['pod6c0'])")
+    return r
+
+
+def balloons_composite() -> Replay:
+    """balloons test16-composite-balloons."""
+    node_types = "".join(f"    - {{name: node{n}, preferCloseToDevices: [/sys/devices/system/node/node{n}]}}\n"
+                         for n in range(4))
+    r = Replay("balloons/test16", f"""
+apiVersion: config.nri/v1alpha1
+kind: BalloonsPolicy
+metadata: {{name: default}}
+spec:
+  agent: {{nodeResourceTopology: true}}
+  allocatorTopologyBalancing: false
+  reservedResources: {{cpu: 750m}}
+  pinCPU: true
+  pinMemory: true
+  balloonTypes:
+{node_types}    - {{name: balance-all-nodes, minCPUs: 4, minBalloons: 1, showContainersInNrt: true,
+       components: [{{balloonType: balance-pkg0-nodes}}, {{balloonType: balance-pkg1-nodes}}]}}
+    - {{name: balance-pkg0-nodes, components: [{{balloonType: node0}}, {{balloonType: node1}}]}}
+    - {{name: balance-pkg1-nodes, componentCreation: all, components: [{{balloonType: node2}}, {{balloonType: node3}}],
+       preferNewBalloons: true}}
+    - {{name: nodes2301, componentCreation: balance-balloons, preferNewBalloons: true,
+       components: [{{balloonType: node2}}, {{balloonType: node3}}, {{balloonType: node0}}, {{balloonType: node1}}]}}
+    - {{name: balance-both-nodes-on-either-pkg, componentCreation: balance-balloons, preferNewBalloons: true,
+       components: [{{balloonType: balance-pkg0-nodes}}, {{balloonType: balance-pkg1-nodes}}]}}
+    - {{name: new-on-node-1, components: [{{balloonType: node1}}], preferNewBalloons: true}}
+    - {{name: kube-system-cpu-core, preferCloseToDevices: [/sys/devices/system/cpu/cpu6/cache/index0]}}
+    - {{name: reserved, components: [{{balloonType: kube-system-cpu-core}}]}}
+""")
+    def of(t: str) -> dict[str, str]:
+        return {"balloon.balloons.resource-policy.nri.io": t}
+
+    def per_node(c: str, n: int) -> tuple[str, ...]:
+        return tuple(f"len(cpus['{c}'] & {{{4 * i}, {4 * i + 1}, {4 * i + 2}, {4 * i + 3}}}) == {n}" for i in range(4))
+
+    r.create("burstable", contcount=2, annotations=of("balance-all-nodes"), cpureq="500m", cpulim="500m",
+             memreq="100M")
+    r.verify("len(cpus['pod0c0']) == 4", "len(cpus['pod0c1']) == 4",
+             "nodes['pod0c0'] == nodes['pod0c1'] == {0, 1, 2, 3}")
+    r.create("burstable", annotations=of("balance-all-nodes"), cpureq="9", memreq="100M")
+    r.verify("len(cpus['pod1c0']) == 12", "cpus['pod0c0'] == cpus['pod0c1'] == cpus['pod1c0']", *per_node("pod1c0", 3),
+             "len(cpus['pod1c0'] & {6, 7}) == 1")
+    r.create("burstable", namespace="kube-system", cpureq="100m", cpulim="100m")
+    r.verify("cpus['pod2c0'] <= {6, 7}")
+    r.delete("pod1")
+    r.verify("len(cpus['pod0c0']) == 4", "cpus['pod0c0'] == cpus['pod0c1']", *per_node("pod0c0", 1))
+    r.delete_all()
+    r.create("burstable", annotations=of("balance-pkg1-nodes"), cpureq="1", memreq="100M")
+    r.verify("len(cpus['pod3c0']) == 2", "len(cpus['pod3c0'] & {8, 9, 10, 11}) == 1",
+             "len(cpus['pod3c0'] & {12, 13, 14, 15}) == 1")
+    r.create("burstable", annotations=of("balance-pkg1-nodes"), cpureq="4", memreq="100M")
+    r.verify("len(cpus['pod4c0']) == 4", "len(cpus['pod4c0'] & {8, 9, 10, 11}) == 2",
+             "len(cpus['pod4c0'] & {12, 13, 14, 15}) == 2", "apart(cpus['pod4c0'], cpus['pod3c0'])")
+    r.delete_all()
+    r.create("burstable", annotations=of("balance-all-nodes"), cpureq="12", memreq="100M")
+    r.verify("len(cpus['pod5c0']) == 12", *per_node("pod5c0", 3))
+    r.delete_all()
+    r.reset()
+    for pod, node in enumerate((2, 3, 0, 1)):  # balance-balloons: the nodes in turn
+        r.create("burstable", annotations=of("nodes2301"), cpureq="1", memreq="100M")
+        r.verify(f"nodes['pod{pod}c0'] == {{{node}}}")
+    r.delete("pod1")
+    r.create("burstable", annotations=of("nodes2301"), cpureq="1", memreq="100M")
+    r.verify("nodes['pod4c0'] == {3}")
+    r.delete_all()
+    r.create("burstable", annotations=of("new-on-node-1"), cpureq="1", memreq="100M")
+    r.verify("nodes['pod5c0'] == {1}")
+    for pod, nodes in ((6, "{2, 3}"), (7, "{0, 1}"), (8, "{2, 3}")):
+        r.create("burstable", annotations=of("balance-both-nodes-on-either-pkg"), cpureq="1", memreq="100M")
+        r.verify(f"nodes['pod{pod}c0'] == {nodes}")
+    return r
+
+
 SCENARIOS = (ta_basic_placement, ta_always_fits, ta_shrink_and_grow_shared, ta_simple_affinity, ta_burstable,
              ta_reserved_resources, ta_mixed_allocations, ta_reserved_namespaces_and_annotations,
              ta_global_shared_preference, ta_busy_shared_pools, ta_idle_shared_pools,
-             balloons_basic_placement, balloons_reserved, balloons_group_by, balloons_namespace)
+             balloons_basic_placement, balloons_reserved, balloons_group_by, balloons_namespace,
+             balloons_max_balloons, balloons_numa, balloons_composite)
 
 # Checks that miss, each with the reason docs/limitations.md gives.
 KNOWN: dict[str, str] = {
@@ -467,6 +610,10 @@ KNOWN: dict[str, str] = {
         "a Burstable container without a memory limit is not widened to the whole machine",
     "topology-aware/test15: apart(cpus['pod0c0'], cpus['pod0c1'], cpus['pod0c2'], cpus['pod0c3'], cpus['pod1c0'])":
         "ExclusiveInOneLeaf (default true) keeps exclusive CPUs in one NUMA node where nri-plugins slices a socket",
+    "balloons/test16: len(cpus['pod1c0'] & {6, 7}) == 1":
+        "the reserved CPUs are taken by quantity; a reserved type's components and CPU cache devices are not used",
+    "balloons/test16: cpus['pod2c0'] <= {6, 7}":
+        "the reserved CPUs are taken by quantity; a reserved type's components and CPU cache devices are not used",
 }
 
 
