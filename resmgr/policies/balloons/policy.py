@@ -194,6 +194,12 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         """count of free for a balloon of type t: isolated ones first if it prefers them, else the
         nearest to near (its own CPUs) that hold them, else the best anywhere."""
         prefer = self._prefer(t, guaranteed)
+        # Another type's PreferCloseToDevices keeps this one away from those devices' nodes while
+        # there is room elsewhere (nri-plugins' implied anti-affinity).
+        away = _union(self.topo.node_cpus(n) for o in self.settings.types if o is not t
+                      for n in o.near_nodes if n not in t.near_nodes)
+        if away and len(free - away) >= count:
+            free = free - away
         near_nodes = CPUSet()
         for n in t.near_nodes:  # PreferCloseToDevices: the first device's node that holds it
             if len(free & self.topo.node_cpus(n)) >= count:

@@ -598,11 +598,105 @@ spec:
     return r
 
 
+def balloons_allocator_options() -> Replay:
+    """balloons test10-allocator-opts. The device-node2 type its later steps use is not in the
+    configuration published with it; it is written here as a type close to NUMA node 2."""
+    r = Replay("balloons/test10", """
+apiVersion: config.nri/v1alpha1
+kind: BalloonsPolicy
+metadata: {name: default}
+spec:
+  reservedResources: {cpu: '1'}
+  allocatorTopologyBalancing: true
+  preferSpreadOnPhysicalCores: true
+  balloonTypes:
+    - {name: policydefaults, minCPUs: 2, minBalloons: 2}
+    - {name: topo1cores0, minCPUs: 2, minBalloons: 2, preferSpreadOnPhysicalCores: false}
+    - {name: topo0cores1, allocatorTopologyBalancing: false, preferSpreadOnPhysicalCores: true}
+    - {name: topo0cores0, allocatorTopologyBalancing: false, preferSpreadOnPhysicalCores: false}
+    - {name: topo1cores1, allocatorTopologyBalancing: true, preferSpreadOnPhysicalCores: true}
+    - {name: device-node2, preferCloseToDevices: [/sys/devices/system/node/node2]}
+""")
+    def of(t: str) -> dict[str, str]:
+        return {"balloon.balloons.resource-policy.nri.io": t}
+
+    r.create("burstable", annotations=of("policydefaults"), **guaranteed("100m"))
+    r.verify("len(cores['pod0c0']) == 2", "len(cpus['pod0c0']) == 2", "2 not in nodes['pod0c0']")
+    r.create("burstable", annotations=of("topo1cores0"), **guaranteed("100m"))
+    r.verify("len(cores['pod1c0']) == 1", "len(cpus['pod1c0']) == 2", "2 not in nodes['pod1c0']")
+    r.create("burstable", contcount=2, annotations=of("topo1cores1"), **guaranteed("1"))
+    r.verify("len(cores['pod2c0']) == 2", "len(cpus['pod2c0']) == 2", "cpus['pod2c0'] == cpus['pod2c1']",
+             "2 not in nodes['pod2c0']")
+    r.delete("pod0", "pod1", "pod2")
+    r.create("burstable", contcount=2, annotations=of("topo0cores0"), **guaranteed("1"))
+    r.verify("len(cores['pod3c0']) == 1", "len(cpus['pod3c0']) == 2", "cpus['pod3c0'] == cpus['pod3c1']",
+             "2 not in nodes['pod3c0']")
+    r.create("burstable", annotations=of("device-node2"), cpureq="3", cpulim="6", memreq="100M", memlim="100M")
+    r.verify("nodes['pod4c0'] == {2}", "len(cores['pod4c0']) == 2", "len(cpus['pod4c0']) == 3")
+    return r
+
+
+def balloons_match_expressions() -> Replay:
+    """balloons test11-match-expression."""
+    r = Replay("balloons/test11", """
+apiVersion: config.nri/v1alpha1
+kind: BalloonsPolicy
+metadata: {name: default}
+spec:
+  reservedResources: {cpu: 750m}
+  pinCPU: true
+  pinMemory: true
+  idleCPUClass: normal
+  allocatorTopologyBalancing: true
+  preserve:
+    matchExpressions:
+      - {key: name, operator: In, values: [pod1cX, pod2c1, pod2c2, pod3cX]}
+  balloonTypes:
+    - name: special
+      matchExpressions:
+        - {key: pod/labels/app.kubernetes.io/component, operator: Equals, values: [precious]}
+      minCPUs: 2
+      maxCPUs: 2
+    - {name: default, namespaces: [default], minCPUs: 1, maxCPUs: 1, allocatorPriority: normal}
+  reservedPoolNamespaces: [kube-system]
+""")
+    r.create("besteffort", labels={"app.kubernetes.io/component": "precious"})
+    r.verify("len(cpus['pod0c0']) == 2")
+    r.create("besteffort")
+    r.verify("len(cpus['pod1c0']) == 1")
+    r.create("besteffort", contcount=4)  # c1 and c2 are preserved: left on every CPU
+    r.verify("len(cpus['pod2c0']) == 1", "len(cpus['pod2c1']) == 16", "len(cpus['pod2c2']) == 16",
+             "len(cpus['pod2c3']) == 1")
+    return r
+
+
+def balloons_available_cpus() -> Replay:
+    """balloons test23-available-cpus (exclude-cpuset)."""
+    r = Replay("balloons/test23", """
+apiVersion: config.nri/v1alpha1
+kind: BalloonsPolicy
+metadata: {name: default}
+spec:
+  availableResources: {cpu: 'exclude-cpuset:0-1,4-5,8-9,12-13'}
+  reservedResources: {cpu: 'exclude-cpuset:4-15'}
+  idleCPUClass: idle-class
+  reservedPoolNamespaces: [reserved]
+  balloonTypes:
+    - {name: reserved, cpuClass: reserved-class, minCPUs: 1, maxCPUs: 2}
+""")
+    r.create("burstable", namespace="kube-system", cpureq="50m")
+    r.verify("cpus['pod0c0'] <= {2, 3}")
+    r.create("burstable", namespace="reserved", cpureq="50m")
+    r.verify("cpus['pod1c0'] <= {2, 3}")
+    return r
+
+
 SCENARIOS = (ta_basic_placement, ta_always_fits, ta_shrink_and_grow_shared, ta_simple_affinity, ta_burstable,
              ta_reserved_resources, ta_mixed_allocations, ta_reserved_namespaces_and_annotations,
              ta_global_shared_preference, ta_busy_shared_pools, ta_idle_shared_pools,
              balloons_basic_placement, balloons_reserved, balloons_group_by, balloons_namespace,
-             balloons_max_balloons, balloons_numa, balloons_composite)
+             balloons_max_balloons, balloons_numa, balloons_composite, balloons_allocator_options,
+             balloons_match_expressions, balloons_available_cpus)
 
 # Checks that miss, each with the reason docs/limitations.md gives.
 KNOWN: dict[str, str] = {
@@ -614,6 +708,8 @@ KNOWN: dict[str, str] = {
         "the reserved CPUs are taken by quantity; a reserved type's components and CPU cache devices are not used",
     "balloons/test16: cpus['pod2c0'] <= {6, 7}":
         "the reserved CPUs are taken by quantity; a reserved type's components and CPU cache devices are not used",
+    "balloons/test10: len(cores['pod3c0']) == 1":
+        "earlier balloons took other CPUs than nri-plugins' allocator would, leaving no whole free core",
 }
 
 

@@ -384,6 +384,18 @@ def test_a_pod_stays_together_where_a_balloon_holds_it_and_a_group_before_new_ba
     assert balloon(g, x) == balloon(g, y) != balloon(g, z)
 
 
+def test_a_type_near_a_node_keeps_the_other_types_off_it():
+    """nri-plugins: PreferCloseToDevices on one type is an anti-affinity for the others."""
+    topo = machine("sockets=2,nodes=2,cores=2,threads=2,numbering=linear")  # node n: 4n..4n+3
+    w = world([{"Name": "near2", "PreferCloseToDevices": ["/sys/devices/system/node/node2"]},
+               {"Name": "other", "Namespaces": ["*"], "MinCPUs": 2, "AllocatorTopologyBalancing": True}],
+              topology=topo)
+    others = [w.add(B, 1500) for _ in range(3)]  # spread where most CPUs are free, node 2 aside
+    assert all(topo.node_cpus(2).isdisjoint(w.cpus(c)) for c in others)
+    near = w.add(B, 3000, annotations={TYPE: "near2"})
+    assert w.cpus(near) <= topo.node_cpus(2)
+
+
 def test_topology_balancing_per_balloon_type():
     """nri-plugins' allocatorTopologyBalancing of one type: its new balloons go where most CPUs are
     free, while the policy's other types pack theirs into the tightest domain."""
