@@ -204,3 +204,20 @@ def test_an_nri_plugins_policy_resource_is_a_configuration_wherever_one_is_taken
     cfg = validate({"policy": {"Active": "balloons", "balloons": {"BalloonTypes": [
         {"Name": "two", "AllocationPriority": 0}]}}}, "e2e.cfg")
     assert cfg.policy_name == "balloons" and "BalloonTypes.0.AllocationPriority left out" in caplog.text
+
+
+def test_nri_plugins_options_that_cannot_move_a_placement_are_left_out_with_a_warning(caplog):
+    """A TopologyAwarePolicy or BalloonsPolicy nri-plugins accepts is never refused for its scheduling
+    classes, CPU priority or CPU classes: each is named in a warning."""
+    ta = {"apiVersion": "config.nri/v1alpha1", "kind": "TopologyAwarePolicy",
+          "spec": {"reservedResources": {"cpu": "750m"}, "defaultCPUPriority": "high", "sharedPoolCPUClass": "slow",
+                   "schedulingClasses": [{"name": "rt", "policy": "fifo"}]}}
+    assert validate(ta, "ta").policy_name == "topology-aware"
+    for key in ("defaultCPUPriority", "sharedPoolCPUClass", "schedulingClasses"):
+        assert f"ta: policy.topology-aware.{key} left out" in caplog.text
+    b = {"apiVersion": "config.nri/v1alpha1", "kind": "BalloonsPolicy",
+         "spec": {"reservedResources": {"cpu": "750m"}, "balloonTypes": [{"name": "a", "schedulingClass": "rt"}]}}
+    assert validate(b, "b").policy_name == "balloons"
+    assert "b: policy.balloons.balloonTypes.0.schedulingClass left out" in caplog.text
+    with pytest.raises(ConfigError, match="defaultCPUPriorty"):  # a typo is still one
+        validate({**ta, "spec": {"defaultCPUPriorty": "high"}}, "ta")
