@@ -15,6 +15,7 @@ from resmgr.engine.reconcile import SETTLE_GRACE, Reconciler
 from resmgr.engine.state import EngineState, brief, failure
 from resmgr.model import Adjustment, Container, ContainerState, Decision, Pod, Resources
 from resmgr.policies.base import PolicyError
+from resmgr.policies.toolkit import annotations
 
 log = logging.getLogger("cri-resmgr.engine")
 
@@ -67,8 +68,13 @@ class Creating(EngineState):
             holder = self._holder(c)
             if holder is not None:
                 return self._successor_plan(pod, c, holder)
-            alloc = self.ledger.place(c, pod)
+            with annotations.recording() as asked:
+                alloc = self.ledger.place(c, pod)
             self.record(alloc.updates)
+        unread = annotations.unread(c, pod, asked)
+        if unread:  # said, not refused: the annotation may be meant for another policy
+            log.warning("container %s/%s/%s: annotation(s) %s have no effect under policy %s", pod.namespace,
+                        pod.name, c.name, ", ".join(unread), self.policy.name)
         decided = alloc.resources is not None
         return CreatePlan(pod, c, decided, alloc.updates, decided and self.policy.pins)
 

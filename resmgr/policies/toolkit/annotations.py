@@ -9,7 +9,9 @@ PolicyError naming the annotation and the container, never a crash.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import yaml
 
@@ -36,10 +38,47 @@ def merged(container: Container, pod: Pod) -> dict[str, str]:
     return {**container.annotations, **pod.annotations}
 
 
+# The hints a policy consulted while placing one container (see recording).
+_ASKED: ContextVar[set[str] | None] = ContextVar("asked_hints", default=None)
+# Read by the controllers, not by a policy.
+_CONTROLLERS = frozenset({"rdtclass", "blockioclass"})
+
+
+@contextmanager
+def recording() -> Iterator[set[str]]:
+    """The names of the hints read (through hint()) inside the block."""
+    asked: set[str] = set()
+    token = _ASKED.set(asked)
+    try:
+        yield asked
+    finally:
+        _ASKED.reset(token)
+
+
+def unread(container: Container, pod: Pod, asked: set[str]) -> list[str]:
+    """Hint annotations (ours or nri-plugins', for this container) that the policy did not consult
+    when placing it: they have no effect on it, and the user should hear so."""
+    out = []
+    for key in merged(container, pod):
+        base, _, scope = key.partition("/")
+        if scope.startswith("container.") and scope != f"container.{container.name}":
+            continue
+        for domain in (DOMAIN, NRI_DOMAIN, NRI_LEGACY_DOMAIN):
+            if base.endswith("." + domain):
+                name = base[: -len(domain) - 1]
+                if name not in asked and name not in _CONTROLLERS:
+                    out.append(key)
+                break
+    return sorted(out)
+
+
 def hint(container: Container, pod: Pod, name: str) -> tuple[str, object] | None:
     """(annotation key, raw value) of a hint for this container, or None when absent: ours first,
     then nri-plugins' (`<name>.resource-policy.nri.io`, then `<name>.nri-resmgr.intel.com`, scoped
     alike), then the legacy form."""
+    asked = _ASKED.get()
+    if asked is not None:
+        asked.add(name)
     annotations = merged(container, pod)
     for domain in (DOMAIN, NRI_DOMAIN, NRI_LEGACY_DOMAIN):
         key = f"{name}.{domain}"

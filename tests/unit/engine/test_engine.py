@@ -816,3 +816,26 @@ async def test_the_reconciler_stops_when_cancelled_as_it_is_woken(engine):
         task.cancel()
         done, _ = await asyncio.wait([task], timeout=2)
         assert done, f"the reconciler went on after its cancellation (round {i})"
+
+
+async def test_a_hint_the_policy_does_not_consult_is_named_in_a_warning(engine, caplog):
+    """nri-plugins' and our hint annotations never go unheard: one the policy did not read for a
+    container is named (class annotations are the controllers', and other containers' are theirs)."""
+    from resmgr.frontends.cri import convert
+
+    cfg = pod_config("hinted")
+    cfg.annotations["prefer-isolated-cpus.resource-policy.nri.io"] = "true"
+    cfg.annotations["rdtclass.cri-resource-manager.intel.com"] = "gold"
+    cfg.annotations["hide-hyperthreads.cri-resource-manager.intel.com/container.other"] = "true"
+
+    async def send(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod-hinted")
+
+    await front(engine).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), send)
+    pod = engine.pods["pod-hinted"]
+    container = convert.container_from_config("pod-hinted", container_config("a"))
+    with caplog.at_level("WARNING", logger="cri-resmgr.engine"):
+        await engine.plan_create(pod, container)
+    warned = [r.getMessage() for r in caplog.records if "have no effect" in r.getMessage()]
+    assert warned == ["container default/hinted/a: annotation(s) prefer-isolated-cpus.resource-policy.nri.io have "
+                      "no effect under policy test-pinning"]
