@@ -156,7 +156,7 @@ def _pod(p: Any, i: int) -> Placed:
         res = Resources(cpu_shares=milli_to_shares(req_cpu), cpu_period=100000,
                         cpu_quota=lim_cpu * 100 if lim_cpu else 0, memory_limit_in_bytes=lim_mem)
         containers.append(Container(
-            id=f"{pod.id}-{cname}", pod_id=pod.id, name=cname, state=ContainerState.RUNNING,
+            id=f"{pod.id}-{cname}", pod_id=pod.id, name=cname, state=ContainerState.PENDING,
             annotations={str(k): str(v) for k, v in (c.get("annotations") or {}).items()},
             requested=res, resources=res, hints=_hints(c.get("devices"), where)))
     return pod, containers
@@ -201,12 +201,13 @@ class Simulation:
         if pod.id not in self.ledger.pods:
             self.ledger.add_pod(pod)
         self.placed.append((pod, containers))
-        for c in containers:
+        for c in containers:  # created, then started, as the runtime does
             try:
                 self.ledger.record(self.ledger.place(c, pod).updates)
             except PolicyError as err:
                 who = f"{pod.namespace}/{pod.name}/{c.name}"
                 raise SimulationError(str(err) if who in str(err) else f"container {who}: {err}") from None
+            c.state = ContainerState.RUNNING
 
     def delete(self, name: str) -> None:
         ns, _, plain = name.rpartition("/")

@@ -6,7 +6,8 @@ creating pods with kubectl and checking each container's allowed CPUs and memory
 A Replay tells the same stories to a Simulation: pods are named as there (pod0, pod1,
 ... with containers pod0c0, pod0c1, ...), and every check is a Python expression over
 the containers' placement (`cpus`, `nodes`, `packages`, `dies`, `cores`, `mems`: name ->
-set of IDs; `apart(*sets)`: pairwise disjoint). Each check's outcome is recorded; the
+set of IDs; `pool`: name -> its pool or balloon; `instances`: balloon type -> how many;
+`cpu_class`: pool -> its CPU class; `apart(*sets)`: pairwise disjoint). Each check's outcome is recorded; the
 test decides what share must hold and which misses are known.
 """
 
@@ -148,7 +149,14 @@ class Replay:
     # -- what a check sees --------------------------------------------------------------------
     def _placement(self) -> dict[str, Any]:
         topo = self.topology
-        out: dict[str, dict[str, set[int]]] = {k: {} for k in ("cpus", "mems", "nodes", "packages", "dies", "cores")}
+        out: dict[str, Any] = {k: {} for k in ("cpus", "mems", "nodes", "packages", "dies", "cores", "pool")}
+        pools = self.sim.policy.describe_pools()
+        # A balloon's type by instance count, and each pool's CPU class (balloons' metrics show them).
+        out["instances"] = {}
+        for p in pools:
+            kind = p["name"].split("[", 1)[0]
+            out["instances"][kind] = out["instances"].get(kind, 0) + 1
+        out["cpu_class"] = {p["name"]: p.get("cpu_class", "") for p in pools}
         for _, containers in self.sim.placed:
             for c in containers:
                 res = self.sim.ledger.containers[c.key].resources
@@ -159,6 +167,7 @@ class Replay:
                 out["packages"][c.name] = {topo.cpus[i].package for i in cpus}
                 out["dies"][c.name] = {(topo.cpus[i].package, topo.cpus[i].die) for i in cpus}
                 out["cores"][c.name] = {(topo.cpus[i].package, topo.cpus[i].die, topo.cpus[i].core) for i in cpus}
+                out["pool"][c.name] = self.sim.policy.pool_of(c.key)
         return out
 
 

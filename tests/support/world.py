@@ -42,7 +42,9 @@ class World(Ledger):
         limit = milli if limit is None else limit
         res = Resources(cpu_shares=milli_to_shares(milli), cpu_quota=limit * 100,
                         cpu_period=100000, memory_limit_in_bytes=memory)
-        c = Container(id=f"c{self.n}", pod_id=pod.id, name=name, state=ContainerState.RUNNING,
+        # Being created (as the engine's create sees it), or found running (adopted); it runs once placed.
+        c = Container(id=f"c{self.n}", pod_id=pod.id, name=name,
+                      state=ContainerState.PENDING if running_on is None else ContainerState.RUNNING,
                       requested=res, resources=res if running_on is None else res.with_cpus(running_on))
         try:
             d = self.place(c, pod, adopt=running_on is not None)
@@ -50,6 +52,7 @@ class World(Ledger):
             if new_pod:
                 del self.pods[pod.id]
             raise
+        c.state = ContainerState.RUNNING
         self.record(d.updates)
         return c
 

@@ -33,7 +33,7 @@ from resmgr.frontends.nri.transport import (
     RpcError,
 )
 from resmgr.generated.nri import api_pb2 as nri
-from resmgr.model import Adjustment, Pod, Resources
+from resmgr.model import Adjustment, ContainerState, Pod, Resources
 
 log = logging.getLogger("cri-resmgr.nri")
 CODE_NAMES = {number: name for name, number in errors.CODES.items()}
@@ -271,6 +271,7 @@ class NriPlugin:
             self.runtime.seen_pod(req.pod)
         c = convert.container(req.container)
         cid, c.id = c.id, ""
+        c.state = ContainerState.PENDING  # being created, whatever state the runtime reports for it
         requested = c.requested
 
         async def call(plan: CreatePlan, adj: Adjustment | None) -> tuple[Adjustment | None, str]:

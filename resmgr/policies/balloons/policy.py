@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from resmgr.model import Container, Pod, QOSClass, Resources
+from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
 from resmgr.policies.balloons.types import DEFAULT, POLICY_OPTIONS, RESERVED, BalloonType, parse
 from resmgr.policies.base import Decision, Policy, PolicyError, View, container_requirements
 from resmgr.policies.toolkit import annotations, cpuvalues
@@ -137,6 +137,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         self.balloons: list[Balloon] = [Balloon(t, 0) for t in self.settings.types if t.on_reserved]
         self.where: dict[str, Balloon] = {}
         self.preserved: set[str] = set()
+        self.orphans: dict[str, str] = {}  # running containers annotated for a type the configuration dropped
         self._make_min_balloons()
 
     # -- CPUs -----------------------------------------------------------------------------
@@ -396,12 +397,16 @@ class BalloonsPolicy(SnapshotMoves, Policy):
     # -- choosing a balloon ---------------------------------------------------------------------
     def _type_of(self, container: Container, pod: Pod) -> BalloonType:
         named = _hint(container, pod, BALLOON)
+        self.orphans.pop(container.key, None)
         if named is not None:
             t = self.types.get(named.strip())
-            if t is None:
+            if t is not None:
+                return t
+            if container.state in (ContainerState.PENDING, ContainerState.UNKNOWN):  # being created: a wrong name
                 raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: balloon type {named!r} "
                                   f"does not exist (types: {', '.join(self.types)})")
-            return t
+            # A running one whose type a new configuration dropped: placed as if unannotated, and said so.
+            self.orphans[container.key] = named.strip()
         if in_namespaces(pod.namespace, self.settings.reserved_namespaces):
             return self.types[RESERVED]
         for t in self.settings.types:
@@ -428,9 +433,11 @@ class BalloonsPolicy(SnapshotMoves, Policy):
             namespaces = {x.namespace for x in b.members.values()}
             pod_rank = (2 if m.pod in pods else 1) if t.spread_pods else (0 if m.pod in pods else 1)
             ns_rank = (0 if namespaces == {m.namespace} else 1 if not namespaces else 2) if t.per_namespace else 0
-            # As nri-plugins has it: spreading a pod never makes a new balloon while one holds the
-            # container as it is, and a group's balloon takes its group's containers before a new one.
-            as_is = 0 if not t.spread_pods or size <= len(b.cpus) else 1
+            # As nri-plugins has it: spreading a pod (unless new balloons are preferred) makes no new
+            # balloon while one holds the container as it is, and a group's balloon takes its group's
+            # containers before a new one.
+            holds = not t.spread_pods or t.prefer_new
+            as_is = 0 if holds or size <= len(b.cpus) else 1
             if t.prefer_new and not group:
                 kind = 0 if not b.members else 2
             else:
@@ -442,7 +449,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         size = self._size(t, m.milli, True)
         if size is not None and (not t.max_balloons or count < t.max_balloons) and size <= free:
             sticky = 0 if previous and again >= size else 1
-            options.append(((sticky, 1 if t.spread_pods else 0, 1, 1 if t.per_namespace else 0,
+            options.append(((sticky, 1 if t.spread_pods and not t.prefer_new else 0, 1, 1 if t.per_namespace else 0,
                              1 if t.prefer_new and not group else 2, -(1000 * size - m.milli), 1 << 30), None, size))
         if not options:
             raise PolicyError(self._no_room(t, group, m))
@@ -545,6 +552,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
     def _remove(self, key: str) -> tuple[Balloon, Member] | None:
         """Take a member out of its balloon, deflating or dropping the balloon."""
         self.preserved.discard(key)
+        self.orphans.pop(key, None)
         b = self.where.pop(key, None)
         if b is None:
             return None
@@ -594,6 +602,10 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         wanted = sorted({m.wanted for b in self.balloons for m in b.members.values() if m.wanted})
         out = [f"no balloon of type {t} could be had: its containers asking for no CPU time run on the reserved "
                f"CPUs {self.reserved}" for t in wanted]
+        for t in sorted(set(self.orphans.values())):
+            count = sum(1 for x in self.orphans.values() if x == t)
+            out.append(f"balloon type {t} is no longer configured: {count} container(s) annotated for it run where "
+                       "their namespace puts them")
         for b in self.balloons:
             cpus = self.reserved | b.cpus
             if b.type.name == RESERVED and b.milli > 1000 * len(cpus):

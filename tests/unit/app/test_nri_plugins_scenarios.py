@@ -691,12 +691,79 @@ spec:
     return r
 
 
+def balloons_update_config() -> Replay:
+    """balloons test06-update-config: configurations pushed one after another under running pods."""
+    def config(btype0: bool = True, btype1: bool = True, class0: str = "classA", class2: str = "classC") -> str:
+        types = []
+        if btype0:
+            types.append(f"{{name: btype0, minCPUs: 2, maxCPUs: 2, allocatorPriority: high, cpuClass: {class0}, "
+                         "preferNewBalloons: true, preferSpreadingPods: false}")
+        if btype1:
+            types.append("{name: btype1, namespaces: [btype1ns0], minCPUs: 1, maxCPUs: 0, allocatorPriority: normal, "
+                         "cpuClass: classB, preferNewBalloons: false, preferSpreadingPods: true}")
+        types.append(f"{{name: btype2, namespaces: ['*', btype2ns1], minCPUs: 4, maxCPUs: 8, minBalloons: 1, "
+                     f"allocatorPriority: low, cpuClass: {class2}, preferNewBalloons: false, "
+                     "preferSpreadingPods: false}")
+        return ("apiVersion: config.nri/v1alpha1\nkind: BalloonsPolicy\nmetadata: {name: default}\nspec:\n"
+                "  availableResources: {cpu: 'cpuset:0,4-15'}\n  reservedResources: {cpu: 1000m}\n"
+                "  balloonTypes:\n" + "".join(f"    - {t}\n" for t in types))
+
+    r = Replay("balloons/test06", "apiVersion: config.nri/v1alpha1\nkind: BalloonsPolicy\nmetadata: {name: default}\n"
+                                  "spec: {reservedResources: {cpu: 750m}, pinCPU: true, pinMemory: true}\n")
+    r.reconfigure(config())
+    r.create("burstable", annotations={"balloon.balloons.resource-policy.nri.io": "btype0"}, **guaranteed("1"))
+    r.create("burstable", namespace="btype1ns0", **guaranteed("1"))
+    r.create("burstable", namespace="e2e-balloons-test06", **guaranteed("1"))
+    r.verify("pool['pod0c0'] == 'btype0[0]'", "pool['pod1c0'] == 'btype1[0]'", "pool['pod2c0'] == 'btype2[0]'")
+    r.reconfigure(config(btype0=False, btype1=False))  # btype2 takes every namespace
+    r.verify("pool['pod1c0'] == 'btype2[0]'", "pool['pod2c0'] == 'btype2[0]'")
+    r.reconfigure(config(btype1=False))  # btype0 back: its annotated pod returns to it
+    r.verify("pool['pod0c0'] == 'btype0[0]'", "pool['pod1c0'] == 'btype2[0]'", "pool['pod2c0'] == 'btype2[0]'",
+             "cpu_class['btype0[0]'] == 'classA'", "cpu_class['btype2[0]'] == 'classC'")
+    r.reconfigure(config(btype1=False, class0="classC", class2="classB"))  # only CPU classes change
+    r.verify("pool['pod0c0'] == 'btype0[0]'", "pool['pod1c0'] == 'btype2[0]'", "pool['pod2c0'] == 'btype2[0]'",
+             "cpu_class['btype0[0]'] == 'classC'", "cpu_class['btype2[0]'] == 'classB'")
+    return r
+
+
+def balloons_isolated() -> Replay:
+    """balloons test09-isolated."""
+    r = Replay("balloons/test09", """
+policy:
+  Active: balloons
+  ReservedResources: {CPU: 'cpuset:0'}
+  balloons:
+    BalloonTypes:
+      - {Name: isolated-pods, MinCPUs: 0, MaxCPUs: 2, CPUClass: turbo, MinBalloons: 2, PreferNewBalloons: true,
+         PreferSpreadingPods: false}
+      - {Name: isolated-ctrs, MinCPUs: 1, MaxCPUs: 1, CPUClass: turbo, MinBalloons: 2, PreferNewBalloons: true,
+         PreferSpreadingPods: true}
+""")
+    pods = {TYPE: "isolated-pods"}
+    r.verify("instances['isolated-pods'] == 2")
+    r.create("besteffort", contcount=2, annotations=pods)  # empty balloons are filled first
+    r.verify("len(cpus['pod0c0']) == 1", "len(cpus['pod0c1']) == 1", "cpus['pod0c0'] == cpus['pod0c1']",
+             "instances['isolated-pods'] == 2")
+    r.create("burstable", contcount=2, annotations=pods, **guaranteed("600m"))
+    r.verify("len(cpus['pod1c0']) == 2", "len(cpus['pod1c1']) == 2", "cpus['pod1c0'] == cpus['pod1c1']",
+             "apart(cpus['pod0c0'], cpus['pod1c0'])", "instances['isolated-pods'] == 2")
+    r.create("burstable", contcount=2, annotations=pods, cpureq="100m", cpulim="200m")
+    r.verify("len(cpus['pod2c0']) == 1", "len(cpus['pod2c1']) == 1", "cpus['pod2c0'] == cpus['pod2c1']",
+             "apart(cpus['pod0c0'], cpus['pod1c0'], cpus['pod2c0'])", "instances['isolated-pods'] == 3")
+    r.create("besteffort", contcount=4, annotations={TYPE: "isolated-ctrs"})
+    r.verify(*(f"len(cpus['pod3c{i}']) == 1" for i in range(4)),
+             "apart(cpus['pod3c0'], cpus['pod3c1'], cpus['pod3c2'], cpus['pod3c3'])",
+             "apart(cpus['pod0c0'], cpus['pod1c0'], cpus['pod2c0'], cpus['pod3c0'], cpus['pod3c1'], cpus['pod3c2'], "
+             "cpus['pod3c3'])", "instances['isolated-pods'] == 3", "instances['isolated-ctrs'] == 4")
+    return r
+
+
 SCENARIOS = (ta_basic_placement, ta_always_fits, ta_shrink_and_grow_shared, ta_simple_affinity, ta_burstable,
              ta_reserved_resources, ta_mixed_allocations, ta_reserved_namespaces_and_annotations,
              ta_global_shared_preference, ta_busy_shared_pools, ta_idle_shared_pools,
              balloons_basic_placement, balloons_reserved, balloons_group_by, balloons_namespace,
              balloons_max_balloons, balloons_numa, balloons_composite, balloons_allocator_options,
-             balloons_match_expressions, balloons_available_cpus)
+             balloons_match_expressions, balloons_available_cpus, balloons_update_config, balloons_isolated)
 
 # Checks that miss, each with the reason docs/limitations.md gives.
 KNOWN: dict[str, str] = {

@@ -396,6 +396,25 @@ def test_a_type_near_a_node_keeps_the_other_types_off_it():
     assert w.cpus(near) <= topo.node_cpus(2)
 
 
+def test_a_running_container_whose_type_a_new_configuration_drops_is_placed_by_namespace_and_said():
+    """nri-plugins takes such a configuration; the container falls back to its namespace's type. A new
+    container naming a type that does not exist is still refused."""
+    types = [{"Name": "gone", "MinCPUs": 1}, {"Name": "all", "Namespaces": ["*"]}]
+    w = world(types)
+    c = w.add(B, 1000, annotations={TYPE: "gone"})
+    assert balloon(w, c) == "gone[0]"
+    fresh = policies.create("balloons", {"ReservedResources": {"cpu": 1}, "balloons": {"BalloonTypes": types[1:]}},
+                            SERVER)
+    w.record(w.reallocate(fresh))
+    assert balloon(w, c) == "all[0]"
+    assert fresh.fallback() == ["balloon type gone is no longer configured: 1 container(s) annotated for it run "
+                                "where their namespace puts them"]
+    with pytest.raises(PolicyError, match="balloon type 'gone' does not exist"):
+        w.add(B, 100, annotations={TYPE: "gone"})
+    w.remove(c)
+    assert fresh.fallback() == []
+
+
 def test_topology_balancing_per_balloon_type():
     """nri-plugins' allocatorTopologyBalancing of one type: its new balloons go where most CPUs are
     free, while the policy's other types pack theirs into the tightest domain."""
