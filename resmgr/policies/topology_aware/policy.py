@@ -20,7 +20,7 @@ longer fits where it is has its memory widened to the nearest pool up the tree w
 does.
 
 The pool is chosen by filtering the pools that can take the request and ranking them:
-affinity, wide enough for what a Burstable container may burst to (free capacity for its CPU
+affinity, wide enough for what a Burstable container may burst to (CPUs enough for its CPU
 limit; without one, no deeper than UnlimitedBurstable), has all requested memory types, holds
 the NUMA nodes of the container's devices, gets the preferred kind of CPU, whole cores free
 for an exclusive slice, depth (the tightest fit), then as nri-plugins ranks them: for
@@ -196,7 +196,8 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         return any(self._users[q.id] for q in pool.subtree)
 
     def _spare_own(self, pool: Pool, milli: int = 0, user: bool = False) -> int:
-        """CPUs the pool's shared set can lose and still serve the shared users below it (users asking
+        """CPUs the pool's shared set can lose and still serve the shared users below it: what they
+        request, and at least one while it has any (placing by the machine's capacity, users asking
         for no CPU time need none of their own where reserved CPUs can take them)."""
         users = user or self._has_users(pool)
         m = self._subtree_milli(pool) + milli
