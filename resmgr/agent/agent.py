@@ -125,6 +125,7 @@ class ConfigAgent:
         self.pushed: Choice | None = None  # what cri-resmgr last answered about
         self.push_error = ""  # its rejection, or why it could not be reached
         self.unrecorded = False  # the outcome of the last push is not all written yet
+        self.record_error = ""  # why, when it is not
         self.recorded_on: set[str] = set()  # resources whose status lists this node, as we wrote it
         self.relay_reachable = True
         self._changed = asyncio.Event()
@@ -309,12 +310,12 @@ class ConfigAgent:
             status["configMap"] = where
         if error:
             status["error"] = error
-        ok = True
+        failed: list[str] = []  # what could not be written, for the health check
         try:
             self.cluster.annotate_node({STATUS_ANNOTATION: json.dumps(status, sort_keys=True)})
         except Exception as err:  # the status is informative; the agent keeps working without it
             log.error("recording the configuration status on node %s failed: %s", self.settings.node_name, err)
-            ok = False
+            failed.append(f"the node's annotation: {err}")
         if choice.custom:
             outcome = resources.FAILURE if error else resources.SUCCESS
             entry = {"generation": int(choice.version or 0), "status": outcome, "timestamp": now,
@@ -324,7 +325,7 @@ class ConfigAgent:
                     self.recorded_on.add(choice.name)
             except Exception as err:
                 log.error("writing the status of %s failed: %s", choice.describe(self.settings.config_namespace), err)
-                ok = False
+                failed.append(f"the status of {choice.name}: {err}")
         for name in others:
             try:
                 self.cluster.set_config_status(self.settings.config_namespace, name, None)
@@ -332,7 +333,7 @@ class ConfigAgent:
             except Exception as err:
                 log.warning("dropping node %s from the status of %s %s/%s failed: %s", self.settings.node_name,
                             resources.KIND, self.settings.config_namespace, name, err)
-                ok = False
+                failed.append(f"the status of {name}: {err}")
         if error:
             message = (f"cri-resmgr on node {self.settings.node_name} rejected "
                        f"{choice.describe(self.settings.config_namespace)}: {error}")
@@ -343,8 +344,9 @@ class ConfigAgent:
                     self.cluster.warn(REJECTED_REASON, message, self.node)
             except Exception as err:
                 log.error("recording the rejection as an Event failed: %s", err)
-                ok = False
-        return ok
+                failed.append(f"the Event: {err}")
+        self.record_error = "; ".join(failed)
+        return not failed
 
     # -- health --------------------------------------------------------------------------------
     def health(self) -> str:
@@ -354,6 +356,9 @@ class ConfigAgent:
             problems.append("cri-resmgr is not reachable on " + self.settings.config_socket)
         if self.push_error and self.pushed is not None:
             problems.append(f"cri-resmgr rejected {self.pushed.name}: {self.push_error}")
+        if self.unrecorded and self.record_error:  # the cluster cannot see what this node did
+            problems.append(f"the outcome for {self.pushed.name if self.pushed else 'the configuration'} is not "
+                            f"recorded in the cluster ({self.record_error}); retried at the next resync")
         if self.topology is not None and self.topology.error:
             problems.append(self.topology.error)
         return "; ".join(problems)

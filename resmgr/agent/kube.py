@@ -162,6 +162,7 @@ class Cluster:
 
     def __init__(self, api: client.CoreV1Api, node_name: str) -> None:
         self.api, self.node_name = api, node_name
+        self.topology_version = ""  # resourceVersion of the NodeResourceTopology we last wrote
 
     def get_node(self) -> dict[str, Any]:
         resp = self.api.read_node(self.node_name, _preload_content=False, _request_timeout=10)
@@ -242,27 +243,34 @@ class Cluster:
         raise RuntimeError(f"{resources.KIND} {namespace}/{name}: status kept changing under {CONFLICT_TRIES} writes")
 
     def put_topology(self, body: dict[str, Any]) -> None:
-        """Create or replace this node's NodeResourceTopology."""
+        """Create or replace this node's NodeResourceTopology: one request while the object is as we
+        last wrote it (its resourceVersion kept); a read first only when it is not, or unknown."""
         custom = self._custom()
         args = (resources.NRT_GROUP, resources.NRT_VERSION, resources.NRT_PLURAL)
         for _ in range(CONFLICT_TRIES):
-            try:
-                old = custom.get_cluster_custom_object(*args, self.node_name, _request_timeout=10)
-            except ApiException as err:
-                if err.status != 404:
-                    raise
+            version = self.topology_version
+            self.topology_version = ""
+            if not version:
                 try:
-                    custom.create_cluster_custom_object(*args, body, _request_timeout=10)
-                    return
-                except ApiException as err2:
-                    if err2.status != 409:
+                    version = custom.get_cluster_custom_object(*args, self.node_name,
+                                                               _request_timeout=10)["metadata"]["resourceVersion"]
+                except ApiException as err:
+                    if err.status != 404:
                         raise
-                    continue  # made meanwhile: replace it
-            body = {**body, "metadata": {**body["metadata"], "resourceVersion": old["metadata"]["resourceVersion"]}}
+                    try:
+                        made = custom.create_cluster_custom_object(*args, body, _request_timeout=10)
+                        self.topology_version = str(made["metadata"]["resourceVersion"])
+                        return
+                    except ApiException as err2:
+                        if err2.status != 409:
+                            raise
+                        continue  # made meanwhile: replace it
+            body = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
             try:
-                custom.replace_cluster_custom_object(*args, self.node_name, body, _request_timeout=10)
+                done = custom.replace_cluster_custom_object(*args, self.node_name, body, _request_timeout=10)
+                self.topology_version = str(done["metadata"]["resourceVersion"])
                 return
             except ApiException as err:
-                if err.status != 409:
+                if err.status not in (404, 409):  # changed or gone meanwhile: read it again
                     raise
         raise RuntimeError(f"{resources.NRT_KIND} {self.node_name}: kept changing under {CONFLICT_TRIES} writes")

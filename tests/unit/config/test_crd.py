@@ -140,3 +140,23 @@ def test_agent_intervals_must_be_positive():
     for bad in ("0", "-1", "soon"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["--topology-interval", bad])
+
+
+def test_an_agent_that_cannot_record_what_its_node_did_says_so_in_its_health():
+    from resmgr.agent.agent import Choice
+
+    class Refusing:  # the API server refuses every write (RBAC, quota, an outage)
+        def annotate_node(self, annotations):
+            raise RuntimeError("nodes is forbidden")
+
+        def set_config_status(self, namespace, name, entry):
+            raise RuntimeError("status is forbidden")
+
+    agent = ConfigAgent(Settings(node_name="n1"), api=None)  # type: ignore[arg-type]
+    agent.cluster = Refusing()  # type: ignore[assignment]
+    choice = Choice(rs.KIND, "default", "2", {"policy": "Active: none"})
+    assert agent.health() == ""
+    agent.pushed, agent.unrecorded = choice, not agent._record(choice, "", [])
+    assert agent.unrecorded
+    assert agent.health() == ("the outcome for default is not recorded in the cluster (the node's annotation: nodes is "
+                              "forbidden; the status of default: status is forbidden); retried at the next resync")
