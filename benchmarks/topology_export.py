@@ -62,14 +62,16 @@ class Watch(threading.Thread):
         return self.changes[-1]
 
 
-def writes(env: Env, start: float, end: float) -> int:
-    """The agent's create and update requests on noderesourcetopologies between start and end."""
-    n = 0
+def writes(env: Env, start: float, end: float) -> tuple[int, int]:
+    """The agent's create and update requests on noderesourcetopologies between start and end, and
+    all its requests there (reads included)."""
+    n = requests = 0
     for c in env.cluster.control.audit(AGENT_USER):
         at = datetime.datetime.fromisoformat(c["requestReceivedTimestamp"]).timestamp()
-        if c["verb"] in ("create", "update") and f"/{rs.NRT_PLURAL}" in c["requestURI"] and start <= at <= end:
-            n += 1
-    return n
+        if f"/{rs.NRT_PLURAL}" in c["requestURI"] and start <= at <= end and c["verb"] != "watch":
+            requests += 1
+            n += c["verb"] in ("create", "update")
+    return n, requests
 
 
 def main() -> int:
@@ -101,8 +103,9 @@ def main() -> int:
                 pods.remove_all()
             end = time.time()
             shown, final = watch.quiet_for(args.interval * 3)
-            n = writes(env, start, shown + 0.5)
-            print(f"{args.pods} pods {phase} in {end - start:.1f} s: {n} NodeResourceTopology writes (the "
+            n, requests = writes(env, start, shown + 0.5)
+            print(f"{args.pods} pods {phase} in {end - start:.1f} s: {n} NodeResourceTopology writes in "
+                  f"{requests} requests (the "
                   f"interval allows {int((shown - start) / args.interval) + 1}); its final state shown "
                   f"{max(0.0, shown - end):.2f} s after the last call; pools' free CPU {final}"
                   + (" (as before the pods)" if phase == "removed" and final == idle else ""))
