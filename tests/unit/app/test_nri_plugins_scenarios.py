@@ -339,6 +339,13 @@ cpu:
     class2: {minFreq: 900, maxFreq: 2900}
 """
 TYPE = "balloon.balloons.nri-resmgr.intel.com"
+# nri-plugins' resource form, its spec to follow.
+BALLOONS_RESOURCE = "apiVersion: config.nri/v1alpha1\nkind: BalloonsPolicy\nmetadata: {name: default}\nspec:\n"
+
+
+def of(balloon_type: str) -> dict[str, str]:
+    """The annotation putting a pod's containers in balloons of a type, in nri-plugins' domain."""
+    return {"balloon.balloons.resource-policy.nri.io": balloon_type}
 
 
 def guaranteed(cpu: str, mem: str = "100M") -> dict[str, str]:
@@ -403,18 +410,13 @@ policy:
 
 def balloons_group_by() -> Replay:
     """balloons test04-groupby (nri-plugins' BalloonsPolicy resource form)."""
-    r = Replay("balloons/test04", """
-apiVersion: config.nri/v1alpha1
-kind: BalloonsPolicy
-metadata: {name: default}
-spec:
-  reservedResources: {cpu: 750m}
+    r = Replay("balloons/test04", BALLOONS_RESOURCE + """  reservedResources: {cpu: 750m}
   balloonTypes:
     - {name: grouped-by-label, groupBy: '${pod/namespace}-${pod/labels/balloon-instance}', minCPUs: 2,
        minBalloons: 2, preferNewBalloons: true}
     - {name: default, groupBy: 'ns=$pod/namespace', preferNewBalloons: true}
 """)
-    grouped = {"balloon.balloons.resource-policy.nri.io": "grouped-by-label"}
+    grouped = of("grouped-by-label")
     for instance, namespace in (("g1", "default"), ("g2", "default"), ("g1", "default"), ("g1", "test04")):
         r.create("besteffort", annotations=grouped, labels={"balloon-instance": instance}, namespace=namespace)
     r.verify("cpus['pod0c0'] == cpus['pod2c0']", "apart(cpus['pod0c0'], cpus['pod1c0'], cpus['pod3c0'])")
@@ -473,8 +475,7 @@ policy:
     r.create("burstable", annotations=singleton, cpureq="500m", cpulim="500m")
     r.verify("cpus['pod0c0'] == cpus['pod1c0']")
     r.create("burstable", annotations=singleton, cpureq="100m", cpulim="100m", fail=True)  # full
-    r.reset()
-    r.count = 2
+    r.count -= 1  # the refused pod2 is deleted and its name used again
     r.create("burstable", annotations=two, cpureq="800m", cpulim="800m")
     r.verify("len(cpus['pod2c0']) == 1")
     r.create("burstable", annotations=two, cpureq="600m", cpulim="600m")
@@ -530,12 +531,7 @@ def balloons_composite() -> Replay:
     """balloons test16-composite-balloons."""
     node_types = "".join(f"    - {{name: node{n}, preferCloseToDevices: [/sys/devices/system/node/node{n}]}}\n"
                          for n in range(4))
-    r = Replay("balloons/test16", f"""
-apiVersion: config.nri/v1alpha1
-kind: BalloonsPolicy
-metadata: {{name: default}}
-spec:
-  agent: {{nodeResourceTopology: true}}
+    r = Replay("balloons/test16", BALLOONS_RESOURCE + f"""  agent: {{nodeResourceTopology: true}}
   allocatorTopologyBalancing: false
   reservedResources: {{cpu: 750m}}
   pinCPU: true
@@ -554,9 +550,6 @@ spec:
     - {{name: kube-system-cpu-core, preferCloseToDevices: [/sys/devices/system/cpu/cpu6/cache/index0]}}
     - {{name: reserved, components: [{{balloonType: kube-system-cpu-core}}]}}
 """)
-    def of(t: str) -> dict[str, str]:
-        return {"balloon.balloons.resource-policy.nri.io": t}
-
     def per_node(c: str, n: int) -> tuple[str, ...]:
         return tuple(f"len(cpus['{c}'] & {{{4 * i}, {4 * i + 1}, {4 * i + 2}, {4 * i + 3}}}) == {n}" for i in range(4))
 
@@ -601,12 +594,7 @@ spec:
 def balloons_allocator_options() -> Replay:
     """balloons test10-allocator-opts. The device-node2 type its later steps use is not in the
     configuration published with it; it is written here as a type close to NUMA node 2."""
-    r = Replay("balloons/test10", """
-apiVersion: config.nri/v1alpha1
-kind: BalloonsPolicy
-metadata: {name: default}
-spec:
-  reservedResources: {cpu: '1'}
+    r = Replay("balloons/test10", BALLOONS_RESOURCE + """  reservedResources: {cpu: '1'}
   allocatorTopologyBalancing: true
   preferSpreadOnPhysicalCores: true
   balloonTypes:
@@ -617,9 +605,6 @@ spec:
     - {name: topo1cores1, allocatorTopologyBalancing: true, preferSpreadOnPhysicalCores: true}
     - {name: device-node2, preferCloseToDevices: [/sys/devices/system/node/node2]}
 """)
-    def of(t: str) -> dict[str, str]:
-        return {"balloon.balloons.resource-policy.nri.io": t}
-
     r.create("burstable", annotations=of("policydefaults"), **guaranteed("100m"))
     r.verify("len(cores['pod0c0']) == 2", "len(cpus['pod0c0']) == 2", "2 not in nodes['pod0c0']")
     r.create("burstable", annotations=of("topo1cores0"), **guaranteed("100m"))
@@ -638,12 +623,7 @@ spec:
 
 def balloons_match_expressions() -> Replay:
     """balloons test11-match-expression."""
-    r = Replay("balloons/test11", """
-apiVersion: config.nri/v1alpha1
-kind: BalloonsPolicy
-metadata: {name: default}
-spec:
-  reservedResources: {cpu: 750m}
+    r = Replay("balloons/test11", BALLOONS_RESOURCE + """  reservedResources: {cpu: 750m}
   pinCPU: true
   pinMemory: true
   idleCPUClass: normal
@@ -672,12 +652,7 @@ spec:
 
 def balloons_available_cpus() -> Replay:
     """balloons test23-available-cpus (exclude-cpuset)."""
-    r = Replay("balloons/test23", """
-apiVersion: config.nri/v1alpha1
-kind: BalloonsPolicy
-metadata: {name: default}
-spec:
-  availableResources: {cpu: 'exclude-cpuset:0-1,4-5,8-9,12-13'}
+    r = Replay("balloons/test23", BALLOONS_RESOURCE + """  availableResources: {cpu: 'exclude-cpuset:0-1,4-5,8-9,12-13'}
   reservedResources: {cpu: 'exclude-cpuset:4-15'}
   idleCPUClass: idle-class
   reservedPoolNamespaces: [reserved]
@@ -704,14 +679,13 @@ def balloons_update_config() -> Replay:
         types.append(f"{{name: btype2, namespaces: ['*', btype2ns1], minCPUs: 4, maxCPUs: 8, minBalloons: 1, "
                      f"allocatorPriority: low, cpuClass: {class2}, preferNewBalloons: false, "
                      "preferSpreadingPods: false}")
-        return ("apiVersion: config.nri/v1alpha1\nkind: BalloonsPolicy\nmetadata: {name: default}\nspec:\n"
-                "  availableResources: {cpu: 'cpuset:0,4-15'}\n  reservedResources: {cpu: 1000m}\n"
+        return (BALLOONS_RESOURCE + "  availableResources: {cpu: 'cpuset:0,4-15'}\n  reservedResources: {cpu: 1000m}\n"
                 "  balloonTypes:\n" + "".join(f"    - {t}\n" for t in types))
 
-    r = Replay("balloons/test06", "apiVersion: config.nri/v1alpha1\nkind: BalloonsPolicy\nmetadata: {name: default}\n"
-                                  "spec: {reservedResources: {cpu: 750m}, pinCPU: true, pinMemory: true}\n")
+    r = Replay("balloons/test06", BALLOONS_RESOURCE + "  {reservedResources: {cpu: 750m}, pinCPU: true, "
+                                                     "pinMemory: true}\n")
     r.reconfigure(config())
-    r.create("burstable", annotations={"balloon.balloons.resource-policy.nri.io": "btype0"}, **guaranteed("1"))
+    r.create("burstable", annotations=of("btype0"), **guaranteed("1"))
     r.create("burstable", namespace="btype1ns0", **guaranteed("1"))
     r.create("burstable", namespace="e2e-balloons-test06", **guaranteed("1"))
     r.verify("pool['pod0c0'] == 'btype0[0]'", "pool['pod1c0'] == 'btype1[0]'", "pool['pod2c0'] == 'btype2[0]'")

@@ -89,21 +89,23 @@ def test_pods_and_namespaces_spread_or_gather():
     assert balloon(w, x) == balloon(w, z) != balloon(w, y)
 
 
-def test_group_by_label_keeps_groups_apart():
-    w = world([{"Name": "g", "Namespaces": ["*"], "GroupBy": "${pod/labels/team}"}])
-    pods = []
-    for team in ("red", "blue", "red"):
+def _by_team(w: World, teams: tuple[str, ...]) -> list:
+    """A 200m container in a new pod labelled team=<t> for each t."""
+    out = []
+    for team in teams:
         p = w.pod(B)
         p.labels["team"] = team
-        pods.append(w.add(B, 200, pod=p))
+        out.append(w.add(B, 200, pod=p))
+    return out
+
+
+def test_group_by_label_keeps_groups_apart():
+    w = world([{"Name": "g", "Namespaces": ["*"], "GroupBy": "${pod/labels/team}"}])
+    pods = _by_team(w, ("red", "blue", "red"))
     assert balloon(w, pods[0]) == balloon(w, pods[2]) != balloon(w, pods[1])
     # The default type groups too, though it sets no MinCPUs or MaxCPUs: each group its own balloon.
     d = world([{"Name": "default", "GroupBy": "${pod/labels/team}"}])
-    grouped = []
-    for team in ("red", "blue", "red"):
-        p = d.pod(B)
-        p.labels["team"] = team
-        grouped.append(d.add(B, 200, pod=p))
+    grouped = _by_team(d, ("red", "blue", "red"))
     assert balloon(d, grouped[0]) == balloon(d, grouped[2]) != balloon(d, grouped[1])
     assert d.cpus(grouped[0]).isdisjoint(d.cpus(grouped[1]) | d.policy.reserved)
 
