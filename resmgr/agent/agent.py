@@ -8,8 +8,9 @@ over the ConfigMap. Each candidate is watched by name, and so is the Node (its g
 may change). Changes are debounced; the winner is pushed over the config link with a
 timeout and retried until cri-resmgr answers. The answer is recorded on the Node (an
 annotation), in a resource's status (this node's entry and the counts), and a rejection
-also as a Warning Event on the resource or the Node. Without any configuration nothing
-is pushed and cri-resmgr keeps what it has.
+in this node's ResourceManagerNodeStatus (the tally sums those into each resource's
+status), and a rejected ConfigMap also as a Warning Event on the Node. Without any
+configuration nothing is pushed and cri-resmgr keeps what it has.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from typing import Any
 
 import grpc
 import yaml
-from kubernetes import client
 
 from resmgr.agent import resources
-from resmgr.agent.kube import Backoff, Cluster, Watcher
+from resmgr.agent.apiclient import Client
+from resmgr.agent.kube import Backoff, Cluster, Watcher, one
 from resmgr.agent.topology import TopologyExporter
 from resmgr.generated.config import api_pb2, api_pb2_grpc
 from resmgr.options import duration, on_off, opt, positive_duration
@@ -113,7 +114,7 @@ def error_path(error: str, node_name: str, custom: bool) -> str:
 
 
 class ConfigAgent:
-    def __init__(self, settings: Settings, api: client.CoreV1Api) -> None:
+    def __init__(self, settings: Settings, api: Client) -> None:
         self.settings = settings
         self.api = api
         self.cluster = Cluster(api, settings.node_name)
@@ -126,10 +127,8 @@ class ConfigAgent:
         self.push_error = ""  # its rejection, or why it could not be reached
         self.unrecorded = False  # the outcome of the last push is not all written yet
         self.record_error = ""  # why, when it is not
-        self.recorded_on: set[str] = set()  # resources whose status lists this node, as we wrote it
         self.relay_reachable = True
         self._changed = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.topology: TopologyExporter | None = None
         if settings.export_topology:
             self.topology = TopologyExporter(self.cluster, settings.config_socket, settings.topology_interval,
@@ -157,10 +156,10 @@ class ConfigAgent:
         self.reported.discard(slot)
         backoff = self._backoff()
         if slot == "nodeobj":
-            watcher = Watcher(self.api, "node", self.settings.node_name, "", self._reporter(slot), backoff)
+            watcher = one(self.api, "node", self.settings.node_name, "", self._reporter(slot), backoff)
         else:
-            watcher = Watcher(self.api, "custom" if slot.startswith("cr:") else "configmap", self.map_name(slot),
-                              self.settings.config_namespace, self._reporter(slot), backoff)
+            watcher = one(self.api, "custom" if slot.startswith("cr:") else "configmap", self.map_name(slot),
+                          self.settings.config_namespace, self._reporter(slot), backoff)
         self.watchers[slot] = watcher
         watcher.start()
 
@@ -168,15 +167,12 @@ class ConfigAgent:
         return Backoff(self.settings.retry_first, self.settings.retry_max)
 
     def _reporter(self, slot: str) -> Any:
-        def report(obj: dict[str, Any] | None) -> None:
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._seen, slot, obj, report)
-        return report
+        return lambda obj: self._seen(slot, obj)
 
-    def _seen(self, slot: str, obj: dict[str, Any] | None, report: Any) -> None:
-        watcher = self.watchers.get(slot)
-        if watcher is None or watcher.report is not report:
-            return  # a watcher we have replaced
+    def _seen(self, slot: str, obj: dict[str, Any] | None) -> None:
+        # A stopped watcher's task is cancelled at its next wait, before it could report again.
+        if slot not in self.watchers:
+            return
         if slot == "nodeobj":
             self.node = obj
             labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
@@ -220,7 +216,6 @@ class ConfigAgent:
 
     # -- pushing -------------------------------------------------------------------------------
     async def run(self) -> None:
-        self._loop = asyncio.get_running_loop()
         self._watch("nodeobj")
         for level in ("node", "default"):
             for slot in self._slots(level):
@@ -289,18 +284,13 @@ class ConfigAgent:
                 log.info("cri-resmgr applied %s", what)
         self.pushed = choice
         self.push_error = error
-        # Resources that may still list this node: those we wrote to, and those we watch.
-        node = self.settings.node_name
-        others = set(self.recorded_on) | {
-            str((obj.get("metadata") or {}).get("name")) for slot, obj in self.maps.items()
-            if slot.startswith("cr:") and obj and node in ((obj.get("status") or {}).get("nodes") or {})}
-        others.discard(choice.name if choice.custom else "")
-        self.unrecorded = not await asyncio.to_thread(self._record, choice, error, sorted(others))
+        self.unrecorded = not await self._record(choice, error)
 
-    def _record(self, choice: Choice, error: str, others: list[str]) -> bool:
-        """The outcome on the Node, in the resource's status, and as an Event if rejected; False
-        if some of it could not be written (the next resync tries again)."""
-        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    async def _record(self, choice: Choice, error: str) -> bool:
+        """The outcome on the Node and in this node's status object, and as an Event if a ConfigMap
+        was rejected (a rejected resource's Event is the tally's, one for all nodes); False if some
+        of it could not be written (the next resync tries again)."""
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         where = f"{self.settings.config_namespace}/{choice.name}"
         status: dict[str, Any] = {"kind": choice.kind, "name": where, "resourceVersion": choice.resource_version,
                                   "applied": not error, "time": now}
@@ -310,41 +300,29 @@ class ConfigAgent:
             status["configMap"] = where
         if error:
             status["error"] = error
-        failed: list[str] = []  # what could not be written, for the health check
-        try:
-            self.cluster.annotate_node({STATUS_ANNOTATION: json.dumps(status, sort_keys=True)})
-        except Exception as err:  # the status is informative; the agent keeps working without it
-            log.error("recording the configuration status on node %s failed: %s", self.settings.node_name, err)
-            failed.append(f"the node's annotation: {err}")
+        outcome: dict[str, Any] = {"kind": choice.kind, "name": choice.name,
+                                   "resourceVersion": choice.resource_version,
+                                   "status": resources.FAILURE if error else resources.SUCCESS, "timestamp": now}
         if choice.custom:
-            outcome = resources.FAILURE if error else resources.SUCCESS
-            entry = {"generation": int(choice.version or 0), "status": outcome, "timestamp": now,
-                     **({"error": error[:4096]} if error else {})}
-            try:
-                if self.cluster.set_config_status(self.settings.config_namespace, choice.name, entry):
-                    self.recorded_on.add(choice.name)
-            except Exception as err:
-                log.error("writing the status of %s failed: %s", choice.describe(self.settings.config_namespace), err)
-                failed.append(f"the status of {choice.name}: {err}")
-        for name in others:
-            try:
-                self.cluster.set_config_status(self.settings.config_namespace, name, None)
-                self.recorded_on.discard(name)
-            except Exception as err:
-                log.warning("dropping node %s from the status of %s %s/%s failed: %s", self.settings.node_name,
-                            resources.KIND, self.settings.config_namespace, name, err)
-                failed.append(f"the status of {name}: {err}")
+            outcome["generation"] = int(choice.version or 0)
         if error:
+            outcome["error"] = error[:4096]
+        writes = [("the node's annotation",
+                   self.cluster.annotate_node({STATUS_ANNOTATION: json.dumps(status, sort_keys=True)}))]
+        if self.settings.custom_resources:
+            writes.append((f"{resources.NODE_KIND} {self.settings.config_namespace}/{self.settings.node_name}",
+                           self.cluster.put_node_status(self.settings.config_namespace, outcome, self.node)))
+        if error and not choice.custom:
             message = (f"cri-resmgr on node {self.settings.node_name} rejected "
                        f"{choice.describe(self.settings.config_namespace)}: {error}")
-            try:
-                if choice.custom and choice.obj is not None:
-                    self.cluster.warn_config(REJECTED_REASON, message, choice.obj)
-                else:
-                    self.cluster.warn(REJECTED_REASON, message, self.node)
-            except Exception as err:
-                log.error("recording the rejection as an Event failed: %s", err)
-                failed.append(f"the Event: {err}")
+            writes.append(("the Event", self.cluster.warn(REJECTED_REASON, message, self.node)))
+        done = await asyncio.gather(*(write for _, write in writes), return_exceptions=True)
+        failed = []  # what could not be written, for the health check
+        for (what, _), result in zip(writes, done, strict=True):
+            if isinstance(result, BaseException):
+                # The status is informative; the agent keeps working without it.
+                log.error("recording the outcome of %s in %s failed: %s", choice.name, what, result)
+                failed.append(f"{what}: {result}")
         self.record_error = "; ".join(failed)
         return not failed
 

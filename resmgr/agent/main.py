@@ -8,6 +8,9 @@ NodeResourceTopology, and serves the Agent service cri-resmgr uses for cluster o
 
     NODE_NAME=$(hostname) cri-resmgr-agent [--kubeconfig FILE] [--config-namespace kube-system]
     cri-resmgr-agent probe   # readiness: exit 0 when the last push was applied
+    cri-resmgr-agent tally [--kubeconfig FILE] [--config-namespace kube-system]
+                             # one per cluster: each ResourceManagerConfig's counts from the
+                             # nodes' ResourceManagerNodeStatus objects
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import sys
 from dataclasses import dataclass
 
 import grpc
-from kubernetes import client, config
 
+from resmgr.agent import apiclient
 from resmgr.agent.agent import ConfigAgent, Settings
 from resmgr.agent.server import serve
+from resmgr.agent.tally import Tally
 from resmgr.generated.agent import api_pb2, api_pb2_grpc
-from resmgr.options import LOG_LEVELS, add_to, from_args, opt
+from resmgr.options import LOG_LEVELS, add_to, from_args, opt, positive_duration
 
 log = logging.getLogger("cri-resmgr-agent")
 
@@ -69,7 +73,8 @@ def probe(argv: list[str]) -> int:
     return 0
 
 
-async def run(settings: Settings, api: client.CoreV1Api, agent_socket: str) -> int:
+async def run(settings: Settings, creds: apiclient.Credentials, agent_socket: str) -> int:
+    api = apiclient.Client(creds)
     agent = ConfigAgent(settings, api)
     server = await serve(agent, agent_socket)
     stop = asyncio.Event()
@@ -87,9 +92,55 @@ async def run(settings: Settings, api: client.CoreV1Api, agent_socket: str) -> i
     await server.stop(1.0)
     if os.path.exists(agent_socket):
         os.unlink(agent_socket)
+    await api.close()
     if task in done and task.exception() is not None:
         log.error("the agent stopped: %s", task.exception())
         return 1
+    return 0
+
+
+def credentials(kubeconfig: str) -> apiclient.Credentials | None:
+    try:
+        return apiclient.load_kubeconfig(kubeconfig) if kubeconfig else apiclient.in_cluster()
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        how = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster credentials (or use --kubeconfig)"
+        print(f"cri-resmgr-agent: cannot load {how}: {err}", file=sys.stderr)
+        return None
+
+
+def tally(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="cri-resmgr-agent tally",
+                                 description="Write each ResourceManagerConfig's counts (success, failure, "
+                                             "pending, the nodes that rejected it) from the nodes' "
+                                             "ResourceManagerNodeStatus objects. One per cluster.")
+    ap.add_argument("--kubeconfig", default="", metavar="FILE",
+                    help="kubeconfig file (default: in-cluster credentials)")
+    ap.add_argument("--config-namespace", "--config-ns", default="kube-system", metavar="NAMESPACE",
+                    help="namespace of the configurations and node statuses (default: %(default)s)")
+    ap.add_argument("--interval", type=positive_duration, default=2.0, metavar="DURATION",
+                    help="shortest time between two writes of the counts (default: %(default)ss)")
+    ap.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, help="log level (default: %(default)s)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    creds = credentials(args.kubeconfig)
+    if creds is None:
+        return 2
+
+    async def go() -> None:
+        api = apiclient.Client(creds, user_agent="cri-resmgr-agent-tally")
+        task = asyncio.create_task(Tally(api, args.config_namespace, args.interval).run())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        log.info("tallying the nodes' status of the configurations in %s", args.config_namespace)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await api.close()
+
+    asyncio.run(go())
     return 0
 
 
@@ -97,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["probe"]:
         return probe(argv[1:])
+    if argv[:1] == ["tally"]:
+        return tally(argv[1:])
     node_name = os.environ.get("NODE_NAME", "")
     args = from_args(AgentOptions, build_parser().parse_args(argv), node_name=node_name)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -104,16 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         print("cri-resmgr-agent: NODE_NAME must name this node (in a DaemonSet: the downward API's "
               "spec.nodeName)", file=sys.stderr)
         return 2
-    try:
-        if args.kubeconfig:
-            config.load_kube_config(args.kubeconfig)
-        else:
-            config.load_incluster_config()
-    except Exception as err:  # the client raises several kinds for missing or broken credentials
-        how = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster credentials (or use --kubeconfig)"
-        print(f"cri-resmgr-agent: cannot load {how}: {err}", file=sys.stderr)
+    creds = credentials(args.kubeconfig)
+    if creds is None:
         return 2
-    return asyncio.run(run(args, client.CoreV1Api(), args.agent_socket))
+    return asyncio.run(run(args, creds, args.agent_socket))
 
 
 if __name__ == "__main__":

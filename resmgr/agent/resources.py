@@ -11,6 +11,15 @@ PLURAL = "resourcemanagerconfigs"
 SINGULAR = "resourcemanagerconfig"
 SHORT_NAMES = ["rmconfig"]
 
+# Each node's own report of what it runs: one object per node, named after it, in the config
+# namespace, owned by the Node. The tally sums them into each ResourceManagerConfig's status.
+NODE_KIND = "ResourceManagerNodeStatus"
+NODE_PLURAL = "resourcemanagernodestatuses"
+NODE_SINGULAR = "resourcemanagernodestatus"
+NODE_SHORT_NAMES = ["rmstatus"]
+STATUS_LABEL = f"{GROUP}/status"  # Success or Failure, for `kubectl get rmstatus -l`
+FAILURES_LISTED = 20  # nodes named, with their errors, in a configuration's status
+
 # NodeResourceTopology, as the topology-aware scheduler plugin reads it: cluster-scoped, one per node.
 NRT_GROUP = "topology.node.k8s.io"
 NRT_VERSION = "v1alpha2"

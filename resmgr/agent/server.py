@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
+from collections.abc import Awaitable
+from typing import Any
 
 import grpc
-from kubernetes.client.rest import ApiException
 
 from resmgr import sockets
 from resmgr.agent.agent import ConfigAgent
+from resmgr.agent.apiclient import ApiError
 from resmgr.generated.agent import api_pb2, api_pb2_grpc
 
 
@@ -17,18 +18,18 @@ class AgentService(api_pb2_grpc.AgentServicer):
     def __init__(self, agent: ConfigAgent) -> None:
         self.agent = agent
 
-    async def _cluster(self, context: grpc.aio.ServicerContext, fn, *args):  # noqa: ANN001, ANN202
+    async def _cluster(self, context: grpc.aio.ServicerContext, call: Awaitable[Any]) -> Any:
         try:
-            return await asyncio.to_thread(fn, *args)
-        except ApiException as err:
+            return await call
+        except ApiError as err:
+            if not err.status:  # the API server is not reachable
+                await context.abort(grpc.StatusCode.UNAVAILABLE, err.reason)
             code = grpc.StatusCode.UNAVAILABLE if err.status >= 500 else grpc.StatusCode.FAILED_PRECONDITION
             await context.abort(code, f"API server answered {err.status} {err.reason}: {err.body}")
-        except Exception as err:  # the API server is not reachable
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{type(err).__name__}: {err}")
 
     async def GetNode(self, request: api_pb2.GetNodeRequest,  # noqa: N802 - gRPC method names
                       context: grpc.aio.ServicerContext) -> api_pb2.GetNodeReply:
-        node = await self._cluster(context, self.agent.cluster.get_node)
+        node = await self._cluster(context, self.agent.cluster.get_node())
         return api_pb2.GetNodeReply(node=json.dumps(node))
 
     async def PatchNode(self, request: api_pb2.PatchNodeRequest,  # noqa: N802
@@ -44,7 +45,7 @@ class AgentService(api_pb2_grpc.AgentServicer):
             elif p.op in ("move", "copy"):
                 patch["from"] = p.value
             patches.append(patch)
-        await self._cluster(context, self.agent.cluster.patch_node, patches)
+        await self._cluster(context, self.agent.cluster.patch_node(patches))
         return api_pb2.PatchNodeReply()
 
     async def UpdateNodeCapacity(self, request: api_pb2.UpdateNodeCapacityRequest,  # noqa: N802
@@ -53,7 +54,7 @@ class AgentService(api_pb2_grpc.AgentServicer):
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"only extended resources (domain/name) may be set, not {', '.join(sorted(bad))}")
-        await self._cluster(context, self.agent.cluster.update_capacity, dict(request.capacities))
+        await self._cluster(context, self.agent.cluster.update_capacity(dict(request.capacities)))
         return api_pb2.UpdateNodeCapacityReply()
 
     async def GetConfig(self, request: api_pb2.GetConfigRequest,  # noqa: N802

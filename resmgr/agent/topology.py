@@ -59,10 +59,8 @@ class TopologyExporter:
     def body(self, doc: dict[str, Any]) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": self.cluster.node_name,
                                 "labels": {"app.kubernetes.io/managed-by": "cri-resmgr-agent"}}
-        uid = ((self.node() or {}).get("metadata") or {}).get("uid")
-        if uid:
-            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": self.cluster.node_name,
-                                        "uid": uid}]
+        if owners := self.cluster.owner(self.node()):
+            meta["ownerReferences"] = owners
         return {"apiVersion": f"{resources.NRT_GROUP}/{resources.NRT_VERSION}", "kind": resources.NRT_KIND,
                 "metadata": meta, **doc}
 
@@ -77,7 +75,7 @@ class TopologyExporter:
             if body == self.written:
                 continue
             try:
-                await asyncio.to_thread(self.cluster.put_topology, body)
+                await self.cluster.put_topology(body)
             except Exception as err:  # the API server is away or refuses: try again later
                 self.error = f"writing {resources.NRT_KIND} {self.cluster.node_name}: {err}"
                 delay = backoff.next()

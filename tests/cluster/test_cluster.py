@@ -20,18 +20,28 @@ def entry_is(env: Env, name: str, status: str) -> dict:
                     what=f"{name}: {status}")
 
 
+def counts_are(env: Env, name: str, success: int, failure: int) -> dict:
+    """The tally's counts in a resource's status."""
+    return wait_for(lambda: ((st := env.cluster.resource_object(name).get("status") or {}).get("success"),
+                             st.get("failure")) == (success, failure) and st,
+                    what=f"{name}: {success} success, {failure} failure")
+
+
 def test_resources_by_level_with_per_node_status_events_and_columns(env):
     env.start_relay()
     env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
     env.cluster.resource("default", {"policy": {"Active": "static-plus"}})
     env.agent.start()
+    env.cluster.start_tally(env.workdir)
     # At the same level the resource wins over the ConfigMap.
     wait_for(lambda: env.active() == "static-plus", what="the default resource")
     entry = entry_is(env, "default", rs.SUCCESS)
     assert entry["generation"] == 1 and "error" not in entry and entry["timestamp"]
-    status = env.cluster.resource_object("default")["status"]
-    assert (status["success"], status["failure"]) == (1, 0)
+    status = counts_are(env, "default", 1, 0)
+    assert (status["pending"], status["failures"], status["observedGeneration"]) == (0, [], 1)
     assert env.node_status()["kind"] == rs.KIND and env.node_status()["name"] == f"{NS}/default"
+    owner = env.cluster.node_status_object()["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"]) == ("Node", env.cluster.node_object()["metadata"]["uid"])
 
     # A group's resource applies once the node carries the group label; the node leaves the
     # default's status as it goes.
@@ -43,7 +53,7 @@ def test_resources_by_level_with_per_node_status_events_and_columns(env):
     wait_for(lambda: env.active() == "topology-aware", what="the group resource")
     entry_is(env, "group.gold", rs.SUCCESS)
     wait_for(lambda: env.cluster.node_entry("default") == {}, what="the node gone from the default's status")
-    assert env.cluster.resource_object("default")["status"]["success"] == 0
+    counts_are(env, "default", 0, 0)
     assert "PinMemory: false" in env.status().config
 
     # A node's ConfigMap is more specific than a group's resource.
@@ -61,7 +71,9 @@ def test_resources_by_level_with_per_node_status_events_and_columns(env):
     assert entry["generation"] == 2
     assert entry["error"].startswith("spec.policy.topology-aware.NoSuchOption: unknown key"), entry["error"]
     assert env.active() == "topology-aware" and "NoSuchOption" not in env.status().config
-    assert env.cluster.resource_object("group.gold")["status"]["failure"] == 1
+    failures = counts_are(env, "group.gold", 0, 1)["failures"]
+    assert [(f["node"], f["generation"]) for f in failures] == [(env.node, 2)]
+    assert failures[0]["error"] == entry["error"]
     event = wait_for(lambda: env.cluster.resource_events("group.gold"), what="an Event")[0]
     assert (event["type"], event["reason"]) == ("Warning", "ConfigRejected")
     assert event["involvedObject"]["apiVersion"] == f"{rs.GROUP}/{rs.VERSION}"

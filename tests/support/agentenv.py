@@ -30,7 +30,8 @@ from tests.support.kubeapi import KubeAPI
 NS = "kube-system"
 LABEL = "cri-resource-manager.intel.com/group"
 STATUS = "cri-resource-manager.intel.com/config-status"
-CRDS = [helm.CHART / "crds" / f"{rs.PLURAL}.yaml", helm.CHART / "files" / "noderesourcetopologies.yaml"]
+CRDS = [helm.CHART / "crds" / f"{rs.PLURAL}.yaml", helm.CHART / "crds" / f"{rs.NODE_PLURAL}.yaml",
+        helm.CHART / "files" / "noderesourcetopologies.yaml"]
 AGENT_USER = "system:serviceaccount:kube-system:cri-resmgr-agent"
 
 
@@ -74,6 +75,26 @@ class AgentProcess:
         return api_pb2_grpc.AgentStub(grpc.insecure_channel("unix://" + self.socket))
 
 
+class TallyProcess:
+    """`cri-resmgr-agent tally` with the chart's ServiceAccount for it."""
+
+    def __init__(self, workdir: Path, kubeconfig: str) -> None:
+        self.log_path = workdir / f"tally-{uuid.uuid4().hex[:6]}.log"
+        self.args = [sys.executable, "-m", "resmgr.agent", "tally", "--kubeconfig", kubeconfig,
+                     "--config-namespace", NS, "--interval", "0.2", "--log-level", "DEBUG"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> TallyProcess:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(15)
+
+
 class RealCluster:
     """The objects the agent reads and writes, on the real API server (harness.kube), set up and read
     back with an admin client; the agent itself gets a token of the shipped ServiceAccount and RBAC."""
@@ -90,6 +111,11 @@ class RealCluster:
         self.maps: set[tuple[str, str]] = set()
         self.resources: set[str] = set()
         self.since = datetime.datetime.now(datetime.UTC)
+        self.tally: TallyProcess | None = None
+
+    def start_tally(self, workdir: Path) -> None:
+        """One tally for the namespace, as the chart runs it (once per test: tests share the server)."""
+        self.tally = TallyProcess(workdir, str(self.control.kubeconfig_for(NS, "cri-resmgr-tally"))).start()
 
     def kubeconfig(self, path: str) -> str:
         return str(self.control.kubeconfig_for(NS, "cri-resmgr-agent"))
@@ -138,8 +164,23 @@ class RealCluster:
         return self.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, name)
 
     def node_entry(self, name: str) -> dict:
-        """This node's entry in a resource's status ({} if none)."""
-        return ((self.resource_object(name).get("status") or {}).get("nodes") or {}).get(self.node, {})
+        """This node's outcome for a resource, from its ResourceManagerNodeStatus ({} if it runs another)."""
+        try:
+            obj = self.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.NODE_PLURAL, self.node)
+        except ApiException as err:
+            if err.status == 404:
+                return {}
+            raise
+        status = obj.get("status") or {}
+        return status if (status.get("kind"), status.get("name")) == (rs.KIND, name) else {}
+
+    def node_status_object(self) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.NODE_PLURAL, self.node)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
 
     def delete_resource(self, name: str) -> None:
         self.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, name)
@@ -154,12 +195,16 @@ class RealCluster:
         return node_topology(self.custom, self.node)
 
     def close(self) -> None:
+        if self.tally is not None:
+            self.tally.stop()
         for namespace, name in list(self.maps):
             self.delete_configmap(namespace, name)
         for name in list(self.resources):
             self.delete_resource(name)
         if self.topology() is not None:
             self.custom.delete_cluster_custom_object(rs.NRT_GROUP, rs.NRT_VERSION, rs.NRT_PLURAL, self.node)
+        if self.node_status_object() is not None:  # no garbage collector here to follow the owner
+            self.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.NODE_PLURAL, self.node)
         self.core.delete_node(self.node)
 
 

@@ -19,6 +19,7 @@ def test_the_chart_crd_is_generated_from_the_schemas():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.generated() == module.PATH.read_text(), "run scripts/crd.py"
+    assert module.generated(node=True) == module.NODE_PATH.read_text(), "run scripts/crd.py"
 
 
 def test_structural_conversion_keeps_checks_and_never_prunes():
@@ -143,20 +144,38 @@ def test_agent_intervals_must_be_positive():
 
 
 def test_an_agent_that_cannot_record_what_its_node_did_says_so_in_its_health():
+    import asyncio
+
     from resmgr.agent.agent import Choice
 
     class Refusing:  # the API server refuses every write (RBAC, quota, an outage)
-        def annotate_node(self, annotations):
+        async def annotate_node(self, annotations):
             raise RuntimeError("nodes is forbidden")
 
-        def set_config_status(self, namespace, name, entry):
+        async def put_node_status(self, namespace, status, node):
             raise RuntimeError("status is forbidden")
 
     agent = ConfigAgent(Settings(node_name="n1"), api=None)  # type: ignore[arg-type]
     agent.cluster = Refusing()  # type: ignore[assignment]
     choice = Choice(rs.KIND, "default", "2", {"policy": "Active: none"})
     assert agent.health() == ""
-    agent.pushed, agent.unrecorded = choice, not agent._record(choice, "", [])
+    agent.pushed, agent.unrecorded = choice, not asyncio.run(agent._record(choice, ""))
     assert agent.unrecorded
     assert agent.health() == ("the outcome for default is not recorded in the cluster (the node's annotation: nodes is "
-                              "forbidden; the status of default: status is forbidden); retried at the next resync")
+                              f"forbidden; {rs.NODE_KIND} kube-system/n1: status is forbidden); retried at the next "
+                              "resync")
+
+
+def test_the_tally_counts_the_current_generation_and_names_the_first_failures():
+    from resmgr.agent.tally import counts
+
+    config = {"metadata": {"name": "default", "generation": 3}}
+    nodes = [(f"n{i:02}", {"generation": 3, "status": rs.SUCCESS}) for i in range(5)]
+    nodes += [(f"f{i:02}", {"generation": 3, "status": rs.FAILURE, "error": "x" * 5000, "timestamp": "t"})
+              for i in range(rs.FAILURES_LISTED + 5)]
+    nodes += [("old", {"generation": 2, "status": rs.FAILURE, "error": "gone"})]
+    st = counts(config, nodes)
+    assert (st["success"], st["failure"], st["pending"], st["observedGeneration"]) == (5, rs.FAILURES_LISTED + 5, 1, 3)
+    # Bounded however many nodes fail: the first by name, each error cut short.
+    assert [f["node"] for f in st["failures"]] == [f"f{i:02}" for i in range(rs.FAILURES_LISTED)]
+    assert all(len(f["error"]) == 1024 for f in st["failures"])

@@ -1,0 +1,426 @@
+"""A small asyncio client for the Kubernetes API: JSON requests and watch streams.
+
+The agent runs on every node, so what it costs is paid a thousand times over: it talks
+HTTP/2 where the API server offers it (every watch and write of an agent is a stream on one
+connection, as client-go's are), checks an idle connection with PINGs, and imports no more
+than it uses (the kubernetes package alone is more memory than the whole agent may take).
+Plain HTTP/1.1 (h11) serves `http://` servers and servers that do not offer HTTP/2.
+
+Credentials come from a kubeconfig (token, token file or client certificate; a CA file or
+data) or, without one, from the pod's ServiceAccount; a token file is read again every
+minute, as bound tokens are rotated under a running pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import ssl
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import h11
+import yaml
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_REREAD = 60.0  # seconds between reads of a token file
+PING_IDLE = 30.0  # a connection silent this long is PINGed...
+PING_TIMEOUT = 15.0  # ...and closed when the PING is not answered in time
+WINDOW = 1 << 20  # our receive window per stream
+
+
+class ApiError(Exception):
+    """The API server answered with an error status (or the connection failed: status 0)."""
+
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        super().__init__(f"{status} {reason}" + (f": {body[:300]}" if body else ""))
+        self.status, self.reason, self.body = status, reason, body
+
+
+@dataclass
+class Credentials:
+    server: str  # https://host:port or http://host:port
+    ca_file: str = ""
+    insecure: bool = False
+    token: str = ""
+    token_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    _token_read: float = field(default=0.0, repr=False)
+
+    def bearer(self) -> str:
+        if self.token_file and time.monotonic() - self._token_read > TOKEN_REREAD:
+            with open(self.token_file) as f:
+                self.token = f.read().strip()
+            self._token_read = time.monotonic()
+        return self.token
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca_file or None)
+        if self.insecure:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.cert_file:
+            ctx.load_cert_chain(self.cert_file, self.key_file or None)
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+        return ctx
+
+
+def _data_file(data: str, directory: str) -> str:
+    """A kubeconfig's `*-data` (base64) as a file, for the ssl module, which reads files."""
+    fd, path = tempfile.mkstemp(dir=directory)
+    with os.fdopen(fd, "wb") as f:
+        f.write(base64.b64decode(data))
+    return path
+
+
+def load_kubeconfig(path: str) -> Credentials:
+    """The current context's cluster and user from a kubeconfig file."""
+    with open(path) as f:
+        doc = yaml.safe_load(f) or {}
+    base = os.path.dirname(os.path.abspath(path))
+
+    def named(section: str, name: str) -> dict[str, Any]:
+        for item in doc.get(section) or []:
+            if item.get("name") == name:
+                return item.get(section[:-1]) or {}
+        raise ValueError(f"{path}: no {section[:-1]} named {name!r}")
+
+    ctx_name = doc.get("current-context") or ((doc.get("contexts") or [{}])[0].get("name"))
+    ctx = named("contexts", ctx_name)
+    cluster, user = named("clusters", ctx.get("cluster", "")), named("users", ctx.get("user", ""))
+    if user.get("exec") or user.get("auth-provider"):
+        raise ValueError(f"{path}: exec and auth-provider credentials are not supported; use a token or "
+                         "a client certificate")
+    secrets = tempfile.mkdtemp(prefix="kubeconfig-")
+    os.chmod(secrets, 0o700)
+
+    def file_of(key: str, where: dict[str, Any]) -> str:
+        if where.get(f"{key}-data"):
+            return _data_file(where[f"{key}-data"], secrets)
+        value = where.get(key) or ""
+        return os.path.join(base, value) if value else ""
+
+    if "server" not in cluster:
+        raise ValueError(f"{path}: cluster {ctx.get('cluster')!r} names no server")
+    return Credentials(server=cluster["server"].rstrip("/"), ca_file=file_of("certificate-authority", cluster),
+                       insecure=bool(cluster.get("insecure-skip-tls-verify")), token=user.get("token") or "",
+                       token_file=file_of("tokenFile", user), cert_file=file_of("client-certificate", user),
+                       key_file=file_of("client-key", user))
+
+
+def in_cluster() -> Credentials:
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise ValueError("not in a pod: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set")
+    if ":" in host:
+        host = f"[{host}]"
+    token = os.path.join(SA_DIR, "token")
+    if not os.path.exists(token):
+        raise ValueError(f"no ServiceAccount token at {token}")
+    return Credentials(server=f"https://{host}:{port}", ca_file=os.path.join(SA_DIR, "ca.crt"), token_file=token)
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.headers: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+        self.chunks: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+
+
+class _H2:
+    """One HTTP/2 connection; requests are streams on it."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, authority: str) -> None:
+        self.reader, self.writer, self.authority = reader, writer, authority
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.conn.local_settings = h2.settings.Settings(client=True, initial_values={
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW, h2.settings.SettingCodes.ENABLE_PUSH: 0})
+        self.conn.initiate_connection()
+        self.conn.increment_flow_control_window(16 * WINDOW)
+        self.streams: dict[int, _Stream] = {}
+        self.usable = True  # no GOAWAY, no error: new streams may start here
+        self.window = asyncio.Event()  # set when the peer opens its window
+        self.pong = asyncio.Event()
+        self.last_heard = time.monotonic()
+        self._flush()
+        self.task = asyncio.create_task(self._read())
+        self.pinger = asyncio.create_task(self._ping())
+
+    def _flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.writer.write(data)
+
+    async def _read(self) -> None:
+        error: BaseException = ConnectionError("the API server closed the connection")
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                self.last_heard = time.monotonic()
+                for event in self.conn.receive_data(data):
+                    self._on(event)
+                self._flush()
+        except (OSError, h2.exceptions.ProtocolError) as err:
+            error = ConnectionError(f"HTTP/2 connection: {err}")
+        finally:
+            self.close(error)
+
+    def _on(self, event: h2.events.Event) -> None:
+        stream = self.streams.get(getattr(event, "stream_id", 0) or 0)
+        if isinstance(event, h2.events.ResponseReceived) and stream:
+            stream.headers.set_result({k.decode(): v.decode() for k, v in event.headers})
+        elif isinstance(event, h2.events.DataReceived):
+            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            if stream:
+                stream.chunks.put_nowait(event.data)
+        elif isinstance(event, h2.events.StreamEnded) and stream:
+            self._end(event.stream_id, None)
+        elif isinstance(event, h2.events.StreamReset) and stream:
+            self._end(event.stream_id, ConnectionError(f"stream reset by the API server ({event.error_code})"))
+        elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+            self.window.set()
+        elif isinstance(event, h2.events.PingAckReceived):
+            self.pong.set()
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.usable = False  # GOAWAY: streams above last_stream_id were not processed
+            for sid in [s for s in self.streams if s > (event.last_stream_id or 0)]:
+                self._end(sid, ConnectionError("the API server is going away"))
+
+    def _end(self, stream_id: int, error: BaseException | None) -> None:
+        stream = self.streams.pop(stream_id, None)
+        if stream is None:
+            return
+        if not stream.headers.done():
+            stream.headers.set_exception(error or ConnectionError("stream ended without a response"))
+        stream.chunks.put_nowait(error)
+
+    async def _ping(self) -> None:
+        while True:
+            await asyncio.sleep(PING_IDLE / 3)
+            if time.monotonic() - self.last_heard < PING_IDLE:
+                continue
+            self.pong.clear()
+            self.conn.ping(os.urandom(8))
+            self._flush()
+            try:
+                async with asyncio.timeout(PING_TIMEOUT):
+                    await self.pong.wait()
+            except TimeoutError:
+                self.writer.close()  # the reader ends and fails every stream
+                return
+
+    def close(self, error: BaseException) -> None:
+        self.usable = False
+        for sid in list(self.streams):
+            self._end(sid, error)
+        self.pinger.cancel()
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+    async def open(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, _Stream]:
+        sid = self.conn.get_next_available_stream_id()
+        stream = self.streams[sid] = _Stream()
+        hdrs = [(":method", method), (":scheme", "https"), (":authority", self.authority), (":path", path),
+                *headers.items()]
+        self.conn.send_headers(sid, [(k.encode(), v.encode()) for k, v in hdrs], end_stream=not body)
+        self._flush()
+        while body:
+            window = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+            if window <= 0:
+                self.window.clear()
+                await self.window.wait()
+                if sid not in self.streams:
+                    break
+                continue
+            chunk, body = body[:window], body[window:]
+            self.conn.send_data(sid, chunk, end_stream=not body)
+            self._flush()
+        await self.writer.drain()
+        return sid, stream
+
+    def cancel(self, stream_id: int) -> None:
+        if self.streams.pop(stream_id, None) is not None and self.usable:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+                self._flush()
+
+
+class Response:
+    """A response whose body arrives in chunks (a watch) or at once (json())."""
+
+    def __init__(self, status: int, reason: str, chunks: AsyncIterator[bytes], closer: Any) -> None:
+        self.status, self.reason, self._chunks, self._closer = status, reason, chunks, closer
+
+    async def body(self) -> bytes:
+        return b"".join([c async for c in self._chunks])
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        rest = b""
+        async for chunk in self._chunks:
+            rest += chunk
+            *whole, rest = rest.split(b"\n")
+            for line in whole:
+                if line.strip():
+                    yield line
+        if rest.strip():
+            yield rest
+
+    def close(self) -> None:
+        self._closer()
+
+
+class Client:
+    """Requests to one API server, as one user. HTTP/2 when offered: one connection at a time for
+    every request and watch; HTTP/1.1 otherwise: a connection per request."""
+
+    def __init__(self, creds: Credentials, user_agent: str = "cri-resmgr-agent") -> None:
+        self.creds, self.user_agent = creds, user_agent
+        url = urlsplit(creds.server)
+        self.tls = url.scheme == "https"
+        self.host = url.hostname or "localhost"
+        self.port = url.port or (443 if self.tls else 80)
+        self.authority = url.netloc
+        self.prefix = url.path.rstrip("/")
+        self._ssl = creds.ssl_context() if self.tls else None
+        self._h2: _H2 | None = None
+        self._no_h2 = False
+        self._connecting = asyncio.Lock()
+
+    def _headers(self, content_type: str, accept: str = "application/json") -> dict[str, str]:
+        headers = {"accept": accept, "user-agent": self.user_agent}
+        token = self.creds.bearer()
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        if content_type:
+            headers["content-type"] = content_type
+        return headers
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(self.host, self.port, ssl=self._ssl,
+                                             server_hostname=self.host if self.tls else None, limit=1 << 20)
+
+    async def _h2_conn(self) -> _H2 | None:
+        if not self.tls or self._no_h2:
+            return None
+        async with self._connecting:
+            if self._h2 is not None and self._h2.usable:
+                return self._h2
+            reader, writer = await self._connect()
+            ssl_obj = writer.get_extra_info("ssl_object")
+            if ssl_obj is None or ssl_obj.selected_alpn_protocol() != "h2":
+                writer.close()
+                self._no_h2 = True
+                return None
+            self._h2 = _H2(reader, writer, self.authority)
+            return self._h2
+
+    async def open(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None,
+                   content_type: str = "application/json") -> Response:
+        """Send a request; the response's headers are in, its body not yet read."""
+        target = self.prefix + quote(path) + (("?" + urlencode(query)) if query else "")
+        data = b"" if body is None else json.dumps(body).encode()
+        headers = self._headers(content_type if body is not None else "")
+        try:
+            conn = await self._h2_conn()
+            if conn is not None:
+                sid, stream = await conn.open(method, target, {**headers, "content-length": str(len(data))}
+                                              if body is not None else headers, data)
+                head = await stream.headers
+                return Response(int(head[":status"]), "", self._h2_chunks(stream), lambda: conn.cancel(sid))
+            return await self._h11(method, target, headers, data)
+        except (OSError, ConnectionError, h2.exceptions.ProtocolError, h11.ProtocolError) as err:
+            raise ApiError(0, f"{type(err).__name__}: {err}") from err
+
+    @staticmethod
+    async def _h2_chunks(stream: _Stream) -> AsyncIterator[bytes]:
+        while True:
+            item = await stream.chunks.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise ApiError(0, str(item))
+            yield item
+
+    async def _h11(self, method: str, target: str, headers: dict[str, str], data: bytes) -> Response:
+        reader, writer = await self._connect()
+        conn = h11.Connection(h11.CLIENT)
+        hdrs = [("host", self.authority), *headers.items(), ("connection", "close")]
+        if data:
+            hdrs.append(("content-length", str(len(data))))
+        out = conn.send(h11.Request(method=method, target=target, headers=hdrs))
+        if data:
+            out += conn.send(h11.Data(data=data))
+        out += conn.send(h11.EndOfMessage())
+        writer.write(out)
+        await writer.drain()
+
+        async def next_event() -> Any:
+            while True:
+                event = conn.next_event()
+                if event is not h11.NEED_DATA:
+                    return event
+                conn.receive_data(await reader.read(65536))
+
+        try:
+            head = await next_event()
+        except BaseException:
+            writer.close()
+            raise
+        if not isinstance(head, h11.Response):
+            writer.close()
+            raise ConnectionError(f"unexpected HTTP/1.1 event {head!r}")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    event = await next_event()
+                    if isinstance(event, h11.Data):
+                        yield bytes(event.data)
+                    elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                        return
+            except (OSError, h11.ProtocolError) as err:
+                raise ApiError(0, f"{type(err).__name__}: {err}") from err
+            finally:
+                writer.close()
+
+        return Response(head.status_code, head.reason.decode(errors="replace"), chunks(), writer.close)
+
+    async def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None,
+                      content_type: str = "application/json", timeout: float = 10.0) -> dict[str, Any]:
+        """A whole request: the answer's JSON, or ApiError for an error status or a failed connection."""
+        try:
+            async with asyncio.timeout(timeout):
+                resp = await self.open(method, path, query, body, content_type)
+                try:
+                    data = await resp.body()
+                finally:
+                    resp.close()
+        except TimeoutError as err:
+            raise ApiError(0, f"no answer in {timeout:g}s") from err
+        if resp.status >= 400:
+            text = data.decode(errors="replace")
+            reason = resp.reason
+            with contextlib.suppress(ValueError, AttributeError):
+                reason = json.loads(text).get("reason") or reason
+            raise ApiError(resp.status, reason or "error", text)
+        return json.loads(data) if data else {}
+
+    async def close(self) -> None:
+        if self._h2 is not None:
+            self._h2.close(ConnectionError("client closed"))
+            self._h2 = None
