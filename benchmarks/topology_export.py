@@ -70,7 +70,7 @@ def writes(env: Env, start: float, end: float) -> tuple[int, int]:
         at = datetime.datetime.fromisoformat(c["requestReceivedTimestamp"]).timestamp()
         if f"/{rs.NRT_PLURAL}" in c["requestURI"] and start <= at <= end and c["verb"] != "watch":
             requests += 1
-            n += c["verb"] in ("create", "update")
+            n += c["verb"] in ("create", "update", "patch")
     return n, requests
 
 

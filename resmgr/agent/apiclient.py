@@ -18,6 +18,7 @@ import base64
 import contextlib
 import json
 import os
+import random
 import ssl
 import tempfile
 import time
@@ -40,6 +41,7 @@ TOKEN_REREAD = 60.0  # seconds between reads of a token file
 PING_IDLE = 30.0  # a connection silent this long is PINGed...
 PING_TIMEOUT = 15.0  # ...and closed when the PING is not answered in time
 WINDOW = 1 << 20  # our receive window per stream
+RETRIES_WHEN_BUSY = 10  # tries of a request the server refused for want of room (429)
 
 
 class ApiError(Exception):
@@ -48,6 +50,7 @@ class ApiError(Exception):
     def __init__(self, status: int, reason: str, body: str = "") -> None:
         super().__init__(f"{status} {reason}" + (f": {body[:300]}" if body else ""))
         self.status, self.reason, self.body = status, reason, body
+        self.retry_after: float | None = None  # seconds the server asked us to wait before trying again
 
 
 @dataclass
@@ -263,8 +266,10 @@ class _H2:
 class Response:
     """A response whose body arrives in chunks (a watch) or at once (json())."""
 
-    def __init__(self, status: int, reason: str, chunks: AsyncIterator[bytes], closer: Any) -> None:
-        self.status, self.reason, self._chunks, self._closer = status, reason, chunks, closer
+    def __init__(self, status: int, reason: str, headers: dict[str, str], chunks: AsyncIterator[bytes],
+                 closer: Any) -> None:
+        self.status, self.reason, self.headers = status, reason, headers
+        self._chunks, self._closer = chunks, closer
 
     async def body(self) -> bytes:
         return b"".join([c async for c in self._chunks])
@@ -341,7 +346,7 @@ class Client:
                 sid, stream = await conn.open(method, target, {**headers, "content-length": str(len(data))}
                                               if body is not None else headers, data)
                 head = await stream.headers
-                return Response(int(head[":status"]), "", self._h2_chunks(stream), lambda: conn.cancel(sid))
+                return Response(int(head[":status"]), "", head, self._h2_chunks(stream), lambda: conn.cancel(sid))
             return await self._h11(method, target, headers, data)
         except (OSError, ConnectionError, h2.exceptions.ProtocolError, h11.ProtocolError) as err:
             raise ApiError(0, f"{type(err).__name__}: {err}") from err
@@ -398,11 +403,26 @@ class Client:
             finally:
                 writer.close()
 
-        return Response(head.status_code, head.reason.decode(errors="replace"), chunks(), writer.close)
+        return Response(head.status_code, head.reason.decode(errors="replace"),
+                        {k.decode().lower(): v.decode() for k, v in head.headers}, chunks(), writer.close)
 
     async def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None,
                       content_type: str = "application/json", timeout: float = 10.0) -> dict[str, Any]:
-        """A whole request: the answer's JSON, or ApiError for an error status or a failed connection."""
+        """A whole request: the answer's JSON, or ApiError for an error status or a failed connection.
+        A request the server has no room for (429, or 503 with Retry-After: its flow control) is sent
+        again after the time it asks for, as client-go does; the waits spread with each retry, so a
+        fleet refused together does not come back together."""
+        for attempt in range(RETRIES_WHEN_BUSY):
+            try:
+                return await self._request(method, path, query, body, content_type, timeout)
+            except ApiError as err:
+                if err.retry_after is None or attempt == RETRIES_WHEN_BUSY - 1:
+                    raise
+                await asyncio.sleep(max(err.retry_after, 0.5) * random.uniform(1, 2 ** min(attempt + 1, 4)))
+        raise AssertionError("unreachable")
+
+    async def _request(self, method: str, path: str, query: dict[str, Any] | None, body: Any,
+                       content_type: str, timeout: float) -> dict[str, Any]:
         try:
             async with asyncio.timeout(timeout):
                 resp = await self.open(method, path, query, body, content_type)
@@ -417,7 +437,11 @@ class Client:
             reason = resp.reason
             with contextlib.suppress(ValueError, AttributeError):
                 reason = json.loads(text).get("reason") or reason
-            raise ApiError(resp.status, reason or "error", text)
+            error = ApiError(resp.status, reason or "error", text)
+            if resp.status == 429 or (resp.status == 503 and "retry-after" in resp.headers):
+                with contextlib.suppress(ValueError):
+                    error.retry_after = float(resp.headers.get("retry-after") or 1)
+            raise error
         return json.loads(data) if data else {}
 
     async def close(self) -> None:

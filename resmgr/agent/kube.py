@@ -80,7 +80,9 @@ class Watcher:
         return {"fieldSelector": f"metadata.name={self.name}"} if self.name else {}
 
     async def _list(self) -> str:
-        doc = await self.api.request("GET", self.path, self._query(), timeout=60)
+        # From the API server's watch cache (resourceVersion 0), as client-go's reflectors list: a
+        # fleet relisting at once does not read etcd; the watch that follows brings anything newer.
+        doc = await self.api.request("GET", self.path, {**self._query(), "resourceVersion": "0"}, timeout=60)
         self.listed(doc.get("items") or [])
         return str(doc["metadata"]["resourceVersion"])
 
@@ -94,7 +96,10 @@ class Watcher:
             try:
                 if resp.status >= 400:
                     body = (await resp.body()).decode(errors="replace")
-                    raise ApiError(resp.status, resp.reason or "error", body)
+                    error = ApiError(resp.status, resp.reason or "error", body)
+                    if resp.status == 429:
+                        error.retry_after = float(resp.headers.get("retry-after") or 1)
+                    raise error
                 self.error = ""  # the server answered the watch: all is well again
                 self.backoff.reset()
                 async for line in resp.lines():
@@ -113,7 +118,7 @@ class Watcher:
     async def _run(self) -> None:
         rv = ""
         while True:
-            listed = False
+            listed, least = False, 0.0
             try:
                 if not rv:
                     rv = await self._list()
@@ -135,9 +140,11 @@ class Watcher:
                         continue
                     # Gone right after a list: the server is struggling; do not hammer it.
                 self.error = f"{self.what}: API server answered {err}" if err.status else f"{self.what}: {err.reason}"
+                if err.retry_after is not None:  # no room for us now: wait at least as long as asked
+                    least = err.retry_after * random.uniform(1, 2)
             except (TimeoutError, ValueError, KeyError) as err:  # a silent connection, a broken line
                 self.error = f"{self.what}: {type(err).__name__}: {err}"
-            delay = self.backoff.next()
+            delay = max(self.backoff.next(), least)
             log.warning("%s; retrying in %.1fs", self.error, delay)
             await asyncio.sleep(delay)
 

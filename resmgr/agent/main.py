@@ -108,7 +108,7 @@ def credentials(kubeconfig: str) -> apiclient.Credentials | None:
         return None
 
 
-def tally(argv: list[str]) -> int:
+def tally_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cri-resmgr-agent tally",
                                  description="Write each ResourceManagerConfig's counts (success, failure, "
                                              "pending, the nodes that rejected it) from the nodes' "
@@ -117,10 +117,15 @@ def tally(argv: list[str]) -> int:
                     help="kubeconfig file (default: in-cluster credentials)")
     ap.add_argument("--config-namespace", "--config-ns", default="kube-system", metavar="NAMESPACE",
                     help="namespace of the configurations and node statuses (default: %(default)s)")
-    ap.add_argument("--interval", type=positive_duration, default=2.0, metavar="DURATION",
-                    help="shortest time between two writes of the counts (default: %(default)ss)")
+    ap.add_argument("--interval", type=positive_duration, default=5.0, metavar="DURATION",
+                    help="longest a node's report waits to be counted; the counts are written once the "
+                         "reports are quiet for a second, or after this long (default: %(default)ss)")
     ap.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, help="log level (default: %(default)s)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def tally(argv: list[str]) -> int:
+    args = tally_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     creds = credentials(args.kubeconfig)
     if creds is None:

@@ -4,9 +4,10 @@ Every node writes only its own ResourceManagerNodeStatus. One tally per cluster 
 Deployment of one replica) follows those and the configurations, and writes into each
 configuration's status how many nodes run its current generation, how many rejected it,
 how many have not judged it yet, and the first nodes that rejected it with their errors.
-The counts are written at most once per interval, only when they changed, so a change
-rolled out to a thousand nodes costs a handful of writes to the configuration (each of
-which every agent watching it receives), not one per node. A configuration's first
+The counts are written once the nodes' reports have been quiet for a second (or at the
+latest one interval after the first unwritten report), and only when they changed, so a
+change rolled out to a thousand nodes costs one or two writes to the configuration (each
+of which every agent watching it receives), not one per node. A configuration's first
 rejection at a generation also becomes one Warning Event on it.
 
 The writes are functions of what the API server holds, without preconditions: two
@@ -26,6 +27,7 @@ from resmgr.agent.kube import Backoff, Watcher, collection, config_ref, event
 log = logging.getLogger("cri-resmgr-agent.tally")
 
 REJECTED_REASON = "ConfigRejected"
+SETTLE = 1.0  # seconds without a new report before the counts are written
 
 
 class Mirror:
@@ -86,6 +88,21 @@ class Tally:
                 for kind, plural, mirror in ((resources.KIND, resources.PLURAL, self.configs),
                                              (resources.NODE_KIND, resources.NODE_PLURAL, self.nodes))]
 
+    async def _settle(self) -> None:
+        """Wait until no report came for SETTLE seconds, or for the interval at most."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.interval
+        while True:
+            self.changed.clear()
+            quiet = min(SETTLE, deadline - loop.time())
+            if quiet <= 0:
+                return
+            try:
+                async with asyncio.timeout(quiet):
+                    await self.changed.wait()
+            except TimeoutError:
+                return
+
     def wanted(self) -> dict[str, dict[str, Any]]:
         """Every configuration's status as the nodes' reports make it."""
         by_config: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in self.configs.objects}
@@ -103,7 +120,7 @@ class Tally:
             backoff = Backoff(*self.backoff)
             while True:
                 await self.changed.wait()
-                self.changed.clear()
+                await self._settle()
                 if not (self.configs.synced and self.nodes.synced):
                     continue
                 try:
@@ -116,8 +133,6 @@ class Tally:
                     log.warning("%s; retrying in %.1fs", self.error, delay)
                     self.changed.set()
                     await asyncio.sleep(delay)
-                    continue
-                await asyncio.sleep(self.interval)
         finally:
             for w in watchers:
                 w.stop()

@@ -57,6 +57,16 @@ def test_rendered_commands_are_ones_the_daemons_accept():
     # The agent is unprivileged; the plugin lets its group onto the configuration socket.
     assert container["securityContext"]["runAsUser"] == 65532 and container["securityContext"]["runAsNonRoot"]
 
+    # One tally per cluster, with an account of its own.
+    tally = objs[("Deployment", "cri-resmgr-tally")]
+    assert tally["spec"]["replicas"] == 1
+    assert tally["spec"]["template"]["spec"]["serviceAccountName"] == "cri-resmgr-tally"
+    (container,) = tally["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["cri-resmgr-agent", "tally"]
+    from resmgr.agent.main import tally_parser
+    assert tally_parser().parse_args(container["command"][2:]).config_namespace == NS
+    assert ("Deployment", "cri-resmgr-tally") not in by_kind(helm.render({"agent.customResources": False}))
+
     nri = objs[("DaemonSet", "cri-resmgr-nri")]["spec"]["template"]["spec"]
     (container,) = nri["containers"]
     args = daemon_parser().parse_args(container["command"][1:])
@@ -106,9 +116,10 @@ def kubectl(kube, *args: str, stdin: str = "") -> str:
     return out.stdout
 
 
-def can(kube, verb: str, resource: str, namespace: str = "", group: str = "", sub: str = "") -> bool:
+def can(kube, verb: str, resource: str, namespace: str = "", group: str = "", sub: str = "",
+        who: str = "cri-resmgr-agent") -> bool:
     review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
-        user=f"system:serviceaccount:{NS}:cri-resmgr-agent", groups=["system:serviceaccounts"],
+        user=f"system:serviceaccount:{NS}:{who}", groups=["system:serviceaccounts"],
         resource_attributes=client.V1ResourceAttributes(verb=verb, resource=resource, namespace=namespace or None,
                                                         group=group, subresource=sub or None)))
     return client.AuthorizationV1Api(kube.api_client()).create_subject_access_review(review).status.allowed
@@ -118,7 +129,8 @@ def test_the_rendered_chart_applies_to_the_api_server(kube):
     docs = helm.render({**EVERYTHING, "nodeResourceTopology.installCRD": True}, namespace=NS, crds=True)
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     rest = [d for d in docs if d["kind"] != "CustomResourceDefinition"]
-    assert {d["metadata"]["name"] for d in crds} == {f"{rs.PLURAL}.{rs.GROUP}", f"{rs.NRT_PLURAL}.{rs.NRT_GROUP}"}
+    assert {d["metadata"]["name"] for d in crds} == {f"{rs.PLURAL}.{rs.GROUP}", f"{rs.NODE_PLURAL}.{rs.GROUP}",
+                                                     f"{rs.NRT_PLURAL}.{rs.NRT_GROUP}"}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
         yaml.safe_dump_all(crds, f)
         f.flush()
@@ -143,16 +155,25 @@ def test_the_rendered_chart_applies_to_the_api_server(kube):
 
             # Least privilege: what the agent does, and nothing more.
             allowed = [("list", "configmaps", NS, "", ""), ("watch", rs.PLURAL, NS, rs.GROUP, ""),
-                       ("patch", rs.PLURAL, NS, rs.GROUP, "status"), ("create", "events", NS, "", ""),
+                       ("create", rs.NODE_PLURAL, NS, rs.GROUP, ""), ("patch", rs.NODE_PLURAL, NS, rs.GROUP, ""),
                        ("create", "events", "default", "", ""), ("patch", "nodes", "", "", ""),
-                       ("create", rs.NRT_PLURAL, "", rs.NRT_GROUP, ""), ("update", rs.NRT_PLURAL, "", rs.NRT_GROUP, "")]
-            denied = [("update", rs.PLURAL, NS, rs.GROUP, ""), ("delete", rs.PLURAL, NS, rs.GROUP, ""),
+                       ("create", rs.NRT_PLURAL, "", rs.NRT_GROUP, ""), ("patch", rs.NRT_PLURAL, "", rs.NRT_GROUP, "")]
+            # No node writes a shared object: the configurations' status is the tally's alone.
+            denied = [("patch", rs.PLURAL, NS, rs.GROUP, "status"), ("list", rs.NODE_PLURAL, NS, rs.GROUP, ""),
+                      ("create", "events", NS, "", ""), ("delete", rs.NODE_PLURAL, NS, rs.GROUP, ""),
+                      ("update", rs.PLURAL, NS, rs.GROUP, ""), ("delete", rs.PLURAL, NS, rs.GROUP, ""),
                       ("delete", "configmaps", NS, "", ""), ("list", "configmaps", "default", "", ""),
                       ("get", "secrets", NS, "", ""), ("create", "pods", NS, "", ""),
                       ("delete", rs.NRT_PLURAL, "", rs.NRT_GROUP, ""), ("delete", "nodes", "", "", ""),
                       ("create", "events", "kube-public", "", "")]
             assert [a for a in allowed if not can(kube, *a)] == []
             assert [d for d in denied if can(kube, *d)] == []
+            tally = [("watch", rs.NODE_PLURAL, NS, rs.GROUP, ""), ("list", rs.PLURAL, NS, rs.GROUP, ""),
+                     ("patch", rs.PLURAL, NS, rs.GROUP, "status"), ("create", "events", NS, "", "")]
+            assert [a for a in tally if not can(kube, *a, who="cri-resmgr-tally")] == []
+            assert [d for d in [("patch", rs.PLURAL, NS, rs.GROUP, ""), ("patch", rs.NODE_PLURAL, NS, rs.GROUP, ""),
+                                ("patch", "nodes", "", "", ""), ("get", "secrets", NS, "", "")]
+                    if can(kube, *d, who="cri-resmgr-tally")] == []
         finally:
             # The shared API server keeps its CRDs; what else the chart made goes.
             kubectl(kube, "delete", "--ignore-not-found", "--wait=false", "-f", f.name)

@@ -134,18 +134,22 @@ def test_helm_install_in_nri_mode_runs_the_plugin_the_agent_and_the_webhook(clus
     plugin = c.ready("cri-resmgr-nri")[0]
     agent = c.ready("cri-resmgr-agent")[0]
     hooks = c.ready("cri-resmgr-webhook", 2)
+    c.ready("cri-resmgr-tally")
     ready_seconds = time.monotonic() - started
     print(f"image {c.image}: {c.image_mb:.0f} MB, built and loaded in {c.image_seconds:.0f} s; "
           f"every pod Ready {ready_seconds:.0f} s after helm install")
     assert plugin.spec.node_name == agent.spec.node_name == NODE  # placed by the DaemonSet controller and scheduler
     assert {p.spec.node_name for p in hooks} == {NODE}
 
-    # The agent pushed the chart's configuration and says so in the resource's status.
+    # The agent pushed the chart's configuration and says so in its node's status; the tally counts it
+    # in the resource's.
     deadline = time.monotonic() + 60
-    while (entry := ((c.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, "default")
-                      .get("status") or {}).get("nodes") or {}).get(NODE, {})).get("status") != rs.SUCCESS:
-        assert time.monotonic() < deadline, (entry, c.logs("cri-resmgr-agent"))
+    while ((status := (c.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, "default")
+                       .get("status") or {})).get("success"), status.get("failure")) != (1, 0):
+        assert time.monotonic() < deadline, (status, c.logs("cri-resmgr-agent"), c.logs("cri-resmgr-tally"))
         time.sleep(1)
+    mine = c.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.NODE_PLURAL, NODE)["status"]
+    assert (mine["kind"], mine["name"], mine["status"]) == (rs.KIND, "default", rs.SUCCESS)
 
     # The plugin registered with containerd and holds the pod that ran before it, under the pushed policy.
     deadline = time.monotonic() + 30
