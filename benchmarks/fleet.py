@@ -223,6 +223,13 @@ class Audit:
         return [json.loads(line) for line in data[:end].splitlines() if line]
 
 
+def once(record: dict[str, Any]) -> bool:
+    """A request once: a watch when it started (it is logged again when it ends), others when answered."""
+    if record["verb"] == "watch":
+        return record.get("stage") == "ResponseStarted"
+    return record.get("stage") == "ResponseComplete"
+
+
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))] if values else float("nan")
@@ -315,8 +322,8 @@ class Bench:
         codes: collections.Counter[int] = collections.Counter()
         tally_writes = tally_bytes = accepted = 0
         for r in records:
-            if r.get("stage") == "ResponseStarted":
-                continue  # a watch is logged when it starts and again when it ends: count it once
+            if not once(r):
+                continue
             user = r.get("user", {}).get("username")
             code = (r.get("responseStatus") or {}).get("code", 0)
             if user == AGENT_USER:
@@ -358,7 +365,7 @@ class Bench:
         socket = str(self.work / "config.sock")
         standin_p = self.spawn(sys.executable, str(HERE), "--standin", socket, log="standin.log")
         assert standin_p.stdout is not None and standin_p.stdout.readline().strip() == "ready"
-        self.spawn(sys.executable, "-m", "resmgr.agent", "tally", "--kubeconfig",
+        self.tally = self.spawn(sys.executable, "-m", "resmgr.agent", "tally", "--kubeconfig",
                    str(self.control.kubeconfig_for(NS, "cri-resmgr-tally")), "--config-namespace", NS,
                    "--interval", str(args.tally_interval), log="tally.log")
         shares = [self.nodes[i::args.workers] for i in range(args.workers)]
@@ -426,8 +433,7 @@ class Bench:
         while time.time() < deadline and self.workers.gather()["unhealthy"]:
             time.sleep(0.5)
         healthy = time.time() - t0
-        records = [r for r in self.audit.since() if r.get("user", {}).get("username") == AGENT_USER
-                   and r.get("stage") != "ResponseStarted"]
+        records = [r for r in self.audit.since() if r.get("user", {}).get("username") == AGENT_USER and once(r)]
         codes = collections.Counter((r.get("responseStatus") or {}).get("code", 0) for r in records)
         verbs = collections.Counter(r["verb"] for r in records)
         print(f"the API server restarted: ready again after {up:.1f} s, every agent healthy after {healthy:.1f} s; "
@@ -448,8 +454,7 @@ class Bench:
         server_cpu, stats0 = cpu_seconds(self.apiserver_pid()), self.workers.gather()
         time.sleep(seconds)
         stats = self.workers.gather()
-        records = [r for r in self.audit.since() if r.get("user", {}).get("username") == AGENT_USER
-                   and r.get("stage") != "ResponseStarted"]
+        records = [r for r in self.audit.since() if r.get("user", {}).get("username") == AGENT_USER and once(r)]
         n = len(self.nodes)
         verbs = collections.Counter(r["verb"] for r in records)
         print(f"at rest for {seconds:.0f} s: {len(records) / n / (seconds / 60):.3f} requests per node per minute "
@@ -457,7 +462,9 @@ class Bench:
               f"per second; workers' RSS {stats['rss'] / 1024 / n:.2f} MB per node "
               f"({stats['rss'] / 1024:.0f} MB for {n}); API server CPU "
               f"{(cpu_seconds(self.apiserver_pid()) - server_cpu) / seconds * 100:.1f}% of a core, RSS "
-              f"{rss_kib(self.apiserver_pid()) / 1024:.0f} MB; unhealthy agents {stats['unhealthy']}", flush=True)
+              f"{rss_kib(self.apiserver_pid()) / 1024:.0f} MB; the tally's RSS "
+              f"{rss_kib(self.tally.pid) / 1024:.0f} MB; "
+              f"unhealthy agents {stats['unhealthy']}", flush=True)
         self.solo()
 
     def solo(self) -> None:
