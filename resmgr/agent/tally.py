@@ -30,6 +30,14 @@ REJECTED_REASON = "ConfigRejected"
 SETTLE = 1.0  # seconds without a new report before the counts are written
 
 
+def kept(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the tally needs of an object: its name, generation and status (not its spec or managed
+    fields), so a fleet's statuses take little memory."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "generation") if k in meta},
+            "status": obj.get("status") or {}}
+
+
 class Mirror:
     """The objects of one collection by name, as a Watcher reports them."""
 
@@ -39,7 +47,7 @@ class Mirror:
         self.synced = False
 
     def listed(self, items: list[dict[str, Any]]) -> None:
-        self.objects = {o["metadata"]["name"]: o for o in items}
+        self.objects = {o["metadata"]["name"]: kept(o) for o in items}
         self.synced = True
         self.changed.set()
 
@@ -48,7 +56,7 @@ class Mirror:
         if kind == "DELETED":
             self.objects.pop(name, None)
         else:
-            self.objects[name] = obj
+            self.objects[name] = kept(obj)
         self.changed.set()
 
 
