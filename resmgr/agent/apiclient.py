@@ -42,6 +42,7 @@ PING_IDLE = 30.0  # a connection silent this long is PINGed...
 PING_TIMEOUT = 15.0  # ...and closed when the PING is not answered in time
 WINDOW = 1 << 20  # our receive window per stream
 RETRIES_WHEN_BUSY = 10  # tries of a request the server refused for want of room (429)
+BUSY_WAIT = 0.5  # the shortest wait before such a retry, in seconds
 
 
 class ApiError(Exception):
@@ -418,7 +419,7 @@ class Client:
             except ApiError as err:
                 if err.retry_after is None or attempt == RETRIES_WHEN_BUSY - 1:
                     raise
-                await asyncio.sleep(max(err.retry_after, 0.5) * random.uniform(1, 2 ** min(attempt + 1, 4)))
+                await asyncio.sleep(max(err.retry_after, BUSY_WAIT) * random.uniform(1, 2 ** min(attempt + 1, 4)))
         raise AssertionError("unreachable")
 
     async def _request(self, method: str, path: str, query: dict[str, Any] | None, body: Any,
