@@ -346,7 +346,11 @@ class Client:
             if conn is not None:
                 sid, stream = await conn.open(method, target, {**headers, "content-length": str(len(data))}
                                               if body is not None else headers, data)
-                head = await stream.headers
+                try:
+                    head = await stream.headers
+                except BaseException:  # timed out or cancelled: the stream is ours to end
+                    conn.cancel(sid)
+                    raise
                 return Response(int(head[":status"]), "", head, self._h2_chunks(stream), lambda: conn.cancel(sid))
             return await self._h11(method, target, headers, data)
         except (OSError, ConnectionError, h2.exceptions.ProtocolError, h11.ProtocolError) as err:
