@@ -7,9 +7,8 @@ A configuration comes as a custom resource (ResourceManagerConfig, named `node.<
 over the ConfigMap. Each candidate is watched by name, and so is the Node (its group label
 may change). Changes are debounced; the winner is pushed over the config link with a
 timeout and retried until cri-resmgr answers. The answer is recorded on the Node (an
-annotation), in a resource's status (this node's entry and the counts), and a rejection
-in this node's ResourceManagerNodeStatus (the tally sums those into each resource's
-status), and a rejected ConfigMap also as a Warning Event on the Node. Without any
+annotation) and in this node's ResourceManagerNodeStatus (the tally sums those into each
+resource's status); a rejected ConfigMap also as a Warning Event on the Node. Without any
 configuration nothing is pushed and cri-resmgr keeps what it has.
 """
 
