@@ -125,9 +125,12 @@ def in_venv(venv_root: Path, script: str, log: Path, *args: str) -> None:
     """Run a shell script with venv_root/opt/cri-resmgr shown at /opt/cri-resmgr (private mount namespace)."""
     Path("/opt/cri-resmgr").mkdir(parents=True, exist_ok=True)
     try:
+        # Without the caller's PYTHONPATH: a source tree on it (with the egg-info a wheel build leaves)
+        # reads to pip as the project installed already, and it would install nothing.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         run(["unshare", "--mount", "--propagation", "private", "sh", "-euc",
              f'mount --bind "$1" /opt/cri-resmgr; shift; {script}', "sh",
-             str(venv_root / "opt" / "cri-resmgr"), *args], log)
+             str(venv_root / "opt" / "cri-resmgr"), *args], log, env=env)
     finally:
         try:
             Path("/opt/cri-resmgr").rmdir()
@@ -216,7 +219,6 @@ def build(outdir: Path, log: Path | None = None) -> Path:
         run([python, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
              "-w", str(wheels), str(ROOT)], log)
         wheel = next(wheels.glob("*.whl"))
-        # The project into the cached venv's place, written under stage_root only.
         # The project into the cached venv's place, written under stage_root only; this pip runs
         # under the venv's interpreter (--python), so paths and script lines are the image's.
         in_venv(base / "venv", f'"$3" -m pip --python {VENV}/bin/python install -q --disable-pip-version-check '

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import random
 import ssl
@@ -35,6 +36,8 @@ import h2.exceptions
 import h2.settings
 import h11
 import yaml
+
+log = logging.getLogger("cri-resmgr-agent.api")
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_REREAD = 60.0  # seconds between reads of a token file
@@ -331,8 +334,10 @@ class Client:
             if ssl_obj is None or ssl_obj.selected_alpn_protocol() != "h2":
                 writer.close()
                 self._no_h2 = True
+                log.info("%s does not offer HTTP/2: HTTP/1.1, a connection per request", self.creds.server)
                 return None
             self._h2 = _H2(reader, writer, self.authority)
+            log.debug("HTTP/2 connection to %s", self.creds.server)
             return self._h2
 
     async def open(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None,
