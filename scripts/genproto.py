@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"cri/api.proto": "resmgr.generated.cri", "config/api.proto": "resmgr.generated.config",
            "config/status.proto": "resmgr.generated.config", "agent/api.proto": "resmgr.generated.agent",
            "hooks/api.proto": "resmgr.generated.hooks",
-           "nri/api.proto": "resmgr.generated.nri", "ttrpc/request.proto": "resmgr.generated.ttrpc"}
+           "nri/api.proto": "resmgr.generated.nri", "ttrpc/request.proto": "resmgr.generated.ttrpc",
+           "dra/api.proto": "resmgr.generated.dra",
+           "pluginregistration/api.proto": "resmgr.generated.pluginregistration"}
 
 
 def generate(out_root: Path) -> list[Path]:
