@@ -10,6 +10,7 @@ Service."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -150,6 +151,9 @@ def test_helm_install_in_nri_mode_runs_the_plugin_the_agent_and_the_webhook(clus
         time.sleep(1)
     mine = c.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.NODE_PLURAL, NODE)["status"]
     assert (mine["kind"], mine["name"], mine["status"]) == (rs.KIND, "default", rs.SUCCESS)
+    # With the agent pod's own token: its node's objects, and no other node's.
+    assert asyncio.run(agent_writes(c, agent, NODE)) == ""
+    assert "may write only that node's objects, not other-node" in asyncio.run(agent_writes(c, agent, "other-node"))
 
     # The plugin registered with containerd and holds the pod that ran before it, under the pushed policy.
     deadline = time.monotonic() + 30
@@ -173,6 +177,26 @@ def test_helm_install_in_nri_mode_runs_the_plugin_the_agent_and_the_webhook(clus
     for name in ("placed", "shared"):
         c.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
     wait_gone_pods(c, "default")
+
+
+async def agent_writes(c: Cluster, pod: Any, node: str) -> str:
+    """Apply a ResourceManagerNodeStatus for node with the token kubelet gave the agent's pod: ""
+    when the API server takes it, its refusal otherwise."""
+    from resmgr.agent.apiclient import ApiError, Client, Credentials
+    from resmgr.agent.kube import Cluster as Writes
+
+    (token,) = (c.node.kubelet.root / "pods" / pod.metadata.uid / "volumes").glob("kubernetes.io~projected/*/token")
+    api = Client(Credentials(server=c.control.server, ca_file=str(c.control.pki.ca), token=token.read_text()))
+    status = {"kind": rs.KIND, "name": "default", "generation": 1, "status": rs.SUCCESS,
+              "timestamp": "2026-01-01T00:00:00Z"}
+    try:
+        owner = {"metadata": {"uid": c.core.read_node(NODE).metadata.uid}} if node == NODE else None
+        await Writes(api, node).put_node_status(NS, status, owner)
+        return ""
+    except ApiError as err:
+        return f"{err.status} {err.body}"
+    finally:
+        await api.close()
 
 
 def plugin_pod(c: Cluster) -> Any:
