@@ -294,28 +294,32 @@ class Bench:
         t0 = time.time()
         action()
         version = str(self.config_status(config)["generation"]) if config else ""
-        want, seen = set(nodes), {}
         deadline = time.time() + timeout
+        seen = self.reported(t0, nodes, deadline, lambda r: r["t"] >= t0 and r["rejected"] == rejected and (
+            not config or (r["name"] == config and r["version"] == version)))
+        tallied = self.wait_counts(config, counts, t0, deadline) if counts is not None else float("nan")
+        time.sleep(2)  # the tally's last write and the watch events it sends
+        self.finish(title, t0, nodes, seen, tallied, server_cpu, stats0)
+
+    def reported(self, t0: float, nodes: list[str], deadline: float, match: Any) -> dict[str, float]:
+        """Each node's first successfully recorded outcome that matches, seconds after t0, as the
+        workers report them (until all nodes have one, or the deadline)."""
+        want, seen = set(nodes), {}
         while time.time() < deadline and len(seen) < len(want):
             with self.workers.lock:
                 for r in self.workers.records:
-                    if r["t"] >= t0 and r["node"] in want and r["node"] not in seen and \
-                            (not config or (r["name"] == config and r["version"] == version)) and \
-                            r["rejected"] == rejected and r["ok"]:
+                    if r["ok"] and r["node"] in want and r["node"] not in seen and match(r):
                         seen[r["node"]] = r["t"] - t0
             time.sleep(0.2)
-        applied = time.time() - t0
-        tallied = self.wait_counts(config, counts, t0, deadline) if counts is not None else float("nan")
-        time.sleep(2)  # the tally's last write and the watch events it sends
-        self.finish(title, t0, nodes, seen, applied, tallied, server_cpu, stats0)
+        return seen
 
     def apiserver_pid(self) -> int:
         assert self.control.apiserver.proc is not None
         # setpriv execs the server in the same process
         return self.control.apiserver.proc.pid
 
-    def finish(self, title: str, t0: float, nodes: list[str], seen: dict[str, float], applied: float,
-               tallied: float, server_cpu: float, stats0: dict[str, Any]) -> None:
+    def finish(self, title: str, t0: float, nodes: list[str], seen: dict[str, float], tallied: float,
+               server_cpu: float, stats0: dict[str, Any]) -> None:
         stats = self.workers.gather()
         records = self.audit.since()
         by_verb: collections.Counter[str] = collections.Counter()
@@ -373,25 +377,16 @@ class Bench:
                   str(self.control.pki.ca), "--token-file", str(token), "--socket", socket]
         n = len(self.nodes)
 
-        def start() -> None:
-            self.workers = Workers([[*common, "--names", ",".join(s)] for s in shares], self.work)
-        self.workers = None  # type: ignore[assignment]
         # The start-up: every agent at once, as a DaemonSet rolled out to a fleet.
         self.audit.since()
         server_cpu, t0 = cpu_seconds(self.apiserver_pid()), time.time()
-        start()
+        self.workers = Workers([[*common, "--names", ",".join(s)] for s in shares], self.work)
         stats0 = {"received": 0, "failed_writes": 0}
-        seen: dict[str, float] = {}
         deadline = time.time() + 600
-        while time.time() < deadline and len(seen) < n:
-            with self.workers.lock:
-                for r in self.workers.records:
-                    if r["ok"] and r["node"] not in seen:
-                        seen[r["node"]] = r["t"] - t0
-            time.sleep(0.2)
+        seen = self.reported(t0, self.nodes, deadline, lambda r: True)
         tallied = self.wait_counts("default", (n, 0), t0, deadline)
         time.sleep(2)
-        self.finish("start-up of the fleet", t0, self.nodes, seen, 0, tallied, server_cpu, stats0)
+        self.finish("start-up of the fleet", t0, self.nodes, seen, tallied, server_cpu, stats0)
 
         self.resource("group.g1", ok)
         self.scenario("a group's resource made", lambda: None, sorted(self.group), "group.g1",

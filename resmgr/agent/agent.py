@@ -34,7 +34,6 @@ from resmgr.options import duration, on_off, opt, positive_duration
 log = logging.getLogger("cri-resmgr-agent")
 
 STATUS_ANNOTATION = "cri-resource-manager.intel.com/config-status"
-REJECTED_REASON = "ConfigRejected"
 
 
 @dataclass
@@ -314,7 +313,7 @@ class ConfigAgent:
         if error and not choice.custom:
             message = (f"cri-resmgr on node {self.settings.node_name} rejected "
                        f"{choice.describe(self.settings.config_namespace)}: {error}")
-            writes.append(("the Event", self.cluster.warn(REJECTED_REASON, message, self.node)))
+            writes.append(("the Event", self.cluster.warn(resources.REJECTED_REASON, message, self.node)))
         done = await asyncio.gather(*(write for _, write in writes), return_exceptions=True)
         failed = []  # what could not be written, for the health check
         for (what, _), result in zip(writes, done, strict=True):

@@ -268,7 +268,7 @@ class _H2:
 
 
 class Response:
-    """A response whose body arrives in chunks (a watch) or at once (json())."""
+    """A response whose body arrives in chunks (a watch, lines()) or at once (body())."""
 
     def __init__(self, status: int, reason: str, headers: dict[str, str], chunks: AsyncIterator[bytes],
                  closer: Any) -> None:
@@ -292,6 +292,19 @@ class Response:
     def close(self) -> None:
         self._closer()
 
+    async def error(self) -> ApiError:
+        """An error status as ApiError: the reason the API server's Status gives, and the wait it
+        asks for when it has no room for the request (429, or 503 with Retry-After: its flow control)."""
+        text = (await self.body()).decode(errors="replace")
+        reason = self.reason
+        with contextlib.suppress(ValueError, AttributeError):
+            reason = json.loads(text).get("reason") or reason
+        error = ApiError(self.status, reason or "error", text)
+        if self.status == 429 or (self.status == 503 and "retry-after" in self.headers):
+            with contextlib.suppress(ValueError):
+                error.retry_after = float(self.headers.get("retry-after") or 1)
+        return error
+
 
 class Client:
     """Requests to one API server, as one user. HTTP/2 when offered: one connection at a time for
@@ -310,8 +323,8 @@ class Client:
         self._no_h2 = False
         self._connecting = asyncio.Lock()
 
-    def _headers(self, content_type: str, accept: str = "application/json") -> dict[str, str]:
-        headers = {"accept": accept, "user-agent": self.user_agent}
+    def _headers(self, content_type: str) -> dict[str, str]:
+        headers = {"accept": "application/json", "user-agent": self.user_agent}
         token = self.creds.bearer()
         if token:
             headers["authorization"] = f"Bearer {token}"
@@ -437,21 +450,13 @@ class Client:
             async with asyncio.timeout(timeout):
                 resp = await self.open(method, path, query, body, content_type)
                 try:
+                    if resp.status >= 400:
+                        raise await resp.error()
                     data = await resp.body()
                 finally:
                     resp.close()
         except TimeoutError as err:
             raise ApiError(0, f"no answer in {timeout:g}s") from err
-        if resp.status >= 400:
-            text = data.decode(errors="replace")
-            reason = resp.reason
-            with contextlib.suppress(ValueError, AttributeError):
-                reason = json.loads(text).get("reason") or reason
-            error = ApiError(resp.status, reason or "error", text)
-            if resp.status == 429 or (resp.status == 503 and "retry-after" in resp.headers):
-                with contextlib.suppress(ValueError):
-                    error.retry_after = float(resp.headers.get("retry-after") or 1)
-            raise error
         return json.loads(data) if data else {}
 
     async def close(self) -> None:

@@ -95,11 +95,7 @@ class Watcher:
             resp = await self.api.open("GET", self.path, query)
             try:
                 if resp.status >= 400:
-                    body = (await resp.body()).decode(errors="replace")
-                    error = ApiError(resp.status, resp.reason or "error", body)
-                    if resp.status == 429:
-                        error.retry_after = float(resp.headers.get("retry-after") or 1)
-                    raise error
+                    raise await resp.error()
                 self.error = ""  # the server answered the watch: all is well again
                 self.backoff.reset()
                 async for line in resp.lines():

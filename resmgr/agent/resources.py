@@ -27,3 +27,4 @@ NRT_KIND = "NodeResourceTopology"
 NRT_PLURAL = "noderesourcetopologies"
 
 SUCCESS, FAILURE = "Success", "Failure"
+REJECTED_REASON = "ConfigRejected"  # the Warning Event's reason when nodes reject a configuration

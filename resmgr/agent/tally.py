@@ -26,7 +26,6 @@ from resmgr.agent.kube import Backoff, Watcher, collection, config_ref, event
 
 log = logging.getLogger("cri-resmgr-agent.tally")
 
-REJECTED_REASON = "ConfigRejected"
 SETTLE = 1.0  # seconds without a new report before the counts are written
 
 
@@ -87,8 +86,6 @@ class Tally:
         self.configs, self.nodes = Mirror(self.changed), Mirror(self.changed)
         self.backoff = (retry_first, retry_max)
         self.warned: dict[str, int] = {}  # configuration -> the generation whose rejection has its Event
-        self.error = ""
-        self.writes = 0
 
     def watchers(self) -> list[Watcher]:
         return [Watcher(self.api, collection("custom", self.namespace, plural), f"{kind}s in {self.namespace}",
@@ -116,10 +113,8 @@ class Tally:
         by_config: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in self.configs.objects}
         for node, obj in self.nodes.objects.items():
             st = obj.get("status") or {}
-            if st.get("kind") == resources.KIND:
-                name = str(st.get("name") or "").rpartition("/")[2]
-                if name in by_config:
-                    by_config[name].append((node, st))
+            if st.get("kind") == resources.KIND and st.get("name") in by_config:
+                by_config[st["name"]].append((node, st))
         return {name: counts(self.configs.objects[name], nodes) for name, nodes in by_config.items()}
 
     async def run(self) -> None:
@@ -133,12 +128,10 @@ class Tally:
                     continue
                 try:
                     await self.write()
-                    self.error = ""
                     backoff.reset()
                 except ApiError as err:
-                    self.error = f"writing the counts: {err}"
                     delay = backoff.next()
-                    log.warning("%s; retrying in %.1fs", self.error, delay)
+                    log.warning("writing the counts: %s; retrying in %.1fs", err, delay)
                     self.changed.set()
                     await asyncio.sleep(delay)
         finally:
@@ -160,7 +153,6 @@ class Tally:
                 except ApiError as err:
                     if err.status != 404:  # deleted meanwhile
                         raise
-                self.writes += 1
                 config["status"] = status  # as written, until the watch says otherwise
             await self.warn(name, config, status)
 
@@ -172,5 +164,5 @@ class Tally:
         others = status["failure"] - 1
         message = (f"cri-resmgr on node {first['node']}{f' and {others} other nodes' if others else ''} rejected "
                    f"{resources.KIND} {self.namespace}/{name} (generation {generation}): {first['error']}")
-        await event(self.api, config_ref(config), self.namespace, REJECTED_REASON, message, "")
+        await event(self.api, config_ref(config), self.namespace, resources.REJECTED_REASON, message, "")
         self.warned[name] = generation

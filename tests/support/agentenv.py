@@ -165,13 +165,7 @@ class RealCluster:
 
     def node_entry(self, name: str) -> dict:
         """This node's outcome for a resource, from its ResourceManagerNodeStatus ({} if it runs another)."""
-        try:
-            obj = self.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.NODE_PLURAL, self.node)
-        except ApiException as err:
-            if err.status == 404:
-                return {}
-            raise
-        status = obj.get("status") or {}
+        status = (self.node_status_object() or {}).get("status") or {}
         return status if (status.get("kind"), status.get("name")) == (rs.KIND, name) else {}
 
     def node_status_object(self) -> dict | None:
