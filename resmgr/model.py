@@ -217,6 +217,8 @@ class Container:
     # node reboot): policies give them again when they are free and fit, as kubelet's CPU manager
     # keeps CPUs by pod UID and container name. "": none known.
     previous: str = ""
+    # The DRA claims it uses (their UIDs, from the CDI devices kubelet passed): its CPUs are theirs.
+    claims: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -247,6 +249,31 @@ class Container:
         if d.get("adjusted") is not None:
             d["adjusted"] = Resources.from_dict(d["adjusted"])
         return cls(**d)
+
+
+@dataclass
+class Claim:
+    """A DRA ResourceClaim prepared on this node: the device of ours it was allocated and how many
+    CPUs of it (0: the whole device, the claim named no amount)."""
+
+    uid: str
+    namespace: str
+    name: str
+    device: str
+    cpus: int = 0
+    requests: list[str] = field(default_factory=list)  # the claim's requests the device serves
+
+    @property
+    def who(self) -> str:
+        return f"claim {self.namespace}/{self.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: _plain(v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Claim:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass

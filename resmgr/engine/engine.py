@@ -12,12 +12,14 @@ so its grant stays until reconciliation (reconcile.py) has asked the runtime.
 
 Engine is its parts, one module each, all on the state of state.py: create.py (pods and
 containers made), start.py (starts held back until moved containers are off the CPUs),
-update.py (updates and resizes), stop.py (stops, removals, runtime events).
+update.py (updates and resizes), stop.py (stops, removals, runtime events), claims.py (DRA
+claims prepared and unprepared).
 """
 
 from __future__ import annotations
 
 from resmgr.controllers import Controllers
+from resmgr.engine.claims import Claiming
 from resmgr.engine.create import Creating
 from resmgr.engine.reconcile import Reconciler
 from resmgr.engine.start import Starting
@@ -28,7 +30,7 @@ from resmgr.engine.update import Updating
 from resmgr.policies.base import Policy
 
 
-class Engine(Creating, Starting, Updating, Stopping):
+class Engine(Creating, Starting, Updating, Stopping, Claiming):
     """The engine the front ends call: every lifecycle step, and reconciliation, on one state."""
 
     def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,

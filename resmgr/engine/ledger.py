@@ -6,7 +6,8 @@ did not fit (degraded), creates whose outcome is not known yet (unsettled) and u
 for creates still in flight (deferred). Forgetting a container drops it from all of them.
 It also remembers the CPUs each pod's container ran on by pod UID and container name
 (previous), so a restarted container, or every container after a node reboot, is offered
-them again; the memory goes with the pod's last sandbox.
+them again; the memory goes with the pod's last sandbox. And it keeps the DRA claims kubelet
+prepared (claims), so a policy switch prepares them again under the new policy.
 
 Whatever resources a decision gives a container, the fields runtime hook plugins set for
 it (Container.adjusted) are laid over them, so a later move keeps a plugin's changes.
@@ -21,10 +22,13 @@ engine calls it under its lock and everything here is atomic.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable
 
-from resmgr.model import Container, ContainerState, Decision, Pod, QOSClass, Resources, View
-from resmgr.policies.base import Policy
+from resmgr.model import Claim, Container, ContainerState, Decision, Pod, QOSClass, Resources, View
+from resmgr.policies.base import Policy, PolicyError
+
+log = logging.getLogger("cri-resmgr.engine")
 
 _QOS_ORDER = {QOSClass.GUARANTEED: 0, QOSClass.BURSTABLE: 1, QOSClass.BEST_EFFORT: 2}
 
@@ -46,6 +50,8 @@ class Ledger:
         self.deferred: dict[str, Resources] = {}
         # The CPUs a container ended on, by "<pod UID>/<container name>".
         self.previous: dict[str, str] = {}
+        # DRA claims prepared by kubelet and not unprepared yet, by UID.
+        self.claims: dict[str, Claim] = {}
 
     def view(self) -> View:
         return View(self.pods, self.containers)
@@ -232,6 +238,29 @@ class Ledger:
         self.record(decision.updates)
         return decision
 
+    # -- DRA claims -------------------------------------------------------------------------
+    def prepare(self, claim: Claim) -> Decision:
+        """Let the policy hold a claim's CPUs (PolicyError: it cannot, nothing changed); its updates
+        are the caller's to record."""
+        decision = self.policy.prepare_claim(claim, self.view())
+        self.claims[claim.uid] = claim
+        return decision
+
+    def unprepare(self, uid: str) -> Decision:
+        decision = self.policy.unprepare_claim(uid, self.view())
+        self.claims.pop(uid, None)
+        return decision
+
+    def reprepare(self, policy: Policy) -> None:
+        """Prepare every claim under a policy that holds none yet (a switch, or its data lost); a claim
+        it cannot prepare is dropped, and its containers run where their policy then places them."""
+        for uid, claim in sorted(self.claims.items()):
+            try:
+                policy.prepare_claim(claim, self.view())
+            except PolicyError as err:
+                log.error("%s cannot be prepared again under policy %s: %s", claim.who, policy.name, err)
+                del self.claims[uid]
+
     def allocation_order(self, containers: Iterable[Container]) -> list[Container]:
         """Live containers, Guaranteed first, then by size: big exclusive grants before the rest."""
         live = [c for c in containers if c.state != ContainerState.EXITED and c.pod_id in self.pods]
@@ -246,6 +275,8 @@ class Ledger:
         """
         shadow = {k: dataclasses.replace(c, previous="") for k, c in self.containers.items()}
         view = View(self.pods, shadow)
+        for _, claim in sorted(self.claims.items()):  # one it cannot prepare refuses the switch
+            policy.prepare_claim(claim, view)
         for c in self.allocation_order(shadow.values()):
             decision = policy.allocate(c, self.pods[c.pod_id], view)
             self.apply(c, decision)

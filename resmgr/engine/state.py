@@ -18,7 +18,7 @@ from resmgr.controllers import Controllers
 from resmgr.engine.ledger import Ledger
 from resmgr.engine.pusher import Pusher
 from resmgr.engine.store import StateStore
-from resmgr.model import Container, ContainerState, Decision, Pod, Resources, View
+from resmgr.model import Claim, Container, ContainerState, Decision, Pod, Resources, View
 from resmgr.policies.base import Policy
 
 log = logging.getLogger("cri-resmgr.engine")
@@ -153,6 +153,7 @@ class EngineState:
             "unallocated": sorted(self.ledger.unallocated & ids),
             "degraded": sorted(self.ledger.degraded & ids),
             "previous": dict(self.ledger.previous),
+            "claims": [c.to_dict() for c in self.ledger.claims.values()],
         }
 
     def restore(self, data: dict[str, Any] | None) -> None:
@@ -162,6 +163,7 @@ class EngineState:
         self.ledger.load([Pod.from_dict(p) for p in data.get("pods", [])],
                          [Container.from_dict(c) for c in data.get("containers", [])],
                          data.get("unallocated", []), data.get("degraded", []), data.get("previous"))
+        self.ledger.claims = {c["uid"]: Claim.from_dict(c) for c in data.get("claims", [])}
         pdata = data.get("policy") or {}
         if pdata.get("name") == self.policy.name:
             try:
@@ -174,6 +176,7 @@ class EngineState:
             log.warning("active policy changed from %s to %s; re-allocating every container",
                         pdata.get("name"), self.policy.name)
         self.ledger.unallocate_all()
+        self.ledger.reprepare(self.policy)
 
     async def save(self) -> None:
         """Persist the state; with write_behind, soon, without waiting for the disk."""

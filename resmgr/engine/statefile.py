@@ -53,7 +53,16 @@ _CONTAINER = {
         "seq": _INT,
         "hints": {"type": "object", "additionalProperties": {"type": "array", "items": _INT}},
         "pending": {"type": "boolean"}, "env": _STR_MAP, "adjusted": _RESOURCES, "previous": _STR,
+        "claims": _STR_LIST,
     },
+}
+
+_CLAIM = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["uid", "namespace", "name", "device"],
+    "properties": {"uid": {"type": "string", "minLength": 1}, "namespace": _STR, "name": _STR, "device": _STR,
+                   "cpus": _INT, "requests": _STR_LIST},
 }
 
 SCHEMA = {
@@ -73,6 +82,7 @@ SCHEMA = {
         "unallocated": _STR_LIST,
         "degraded": _STR_LIST,
         "previous": _STR_MAP,
+        "claims": {"type": "array", "items": _CLAIM},
     },
 }
 

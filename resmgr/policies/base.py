@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from resmgr.model import Container, Decision, Pod, Resources, View
+from resmgr.model import Claim, Container, Decision, Pod, Resources, View
 from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.policies.toolkit.options import Option, read
 from resmgr.requests import RequirementError, Requirements, class_names, requirements
@@ -88,6 +88,27 @@ class Policy:
         caller re-allocates every container under a new instance instead.
         """
         raise NotImplementedError
+
+    # -- Dynamic Resource Allocation: devices a ResourceClaim can be allocated (docs/dra.md) ------
+    def devices(self) -> list[dict[str, Any]]:
+        """The DRA devices the policy offers, each: name (a DNS label), attributes (name -> int, str or
+        bool), cpus (its capacity: the CPUs prepared claims hold on it plus those it can still give),
+        and cpuset (its CPUs, for the operator). The published ResourceSlice is made from them."""
+        return []
+
+    def prepare_claim(self, claim: Claim, view: View) -> Decision:
+        """Hold a claim's CPUs on its device (the decision's updates: containers that moved for it);
+        PolicyError, nothing changed, when the device is unknown or cannot give them. Preparing a
+        claim held already changes nothing."""
+        raise PolicyError(f"{claim.who}: policy {self.name} offers no DRA devices")
+
+    def unprepare_claim(self, uid: str, view: View) -> Decision:
+        """Give a claim's CPUs back (containers still using it keep running on them until they go)."""
+        return Decision()
+
+    def describe_claim(self, uid: str) -> dict[str, Any] | None:
+        """What a prepared claim holds: device, cpus (CPU set text), mems, users (container keys)."""
+        return None
 
     def describe_pools(self) -> list[dict[str, Any]]:
         """The policy's pools for simulate, introspection and metrics.

@@ -33,6 +33,7 @@ class Grant:
     mem_types: frozenset[MemoryType] = DEFAULT_MEMORY
     mem_pool: str = ""  # whose memory nodes it uses, when not its pool's (moved up for room)
     hide_ht: bool = False  # runs on one thread of each core
+    claim: str = ""  # the DRA claim (UID) whose CPUs it runs on (a claim's own grant: "")
 
     @property
     def memory_pool(self) -> str:
@@ -40,6 +41,8 @@ class Grant:
 
     @property
     def kind(self) -> str:
+        if self.claim:
+            return "claim"
         if self.reserved:
             return "reserved"
         if self.exclusive:
@@ -50,7 +53,8 @@ class Grant:
         d: dict[str, Any] = {"pool": self.pool, "exclusive": str(self.exclusive), "milli": self.milli,
                              "shared": self.shared, "on_shared": self.on_shared}
         for name, value, default in (("reserved", self.reserved, False), ("memory", self.memory, 0),
-                                     ("mem_pool", self.mem_pool, ""), ("hide_ht", self.hide_ht, False)):
+                                     ("mem_pool", self.mem_pool, ""), ("hide_ht", self.hide_ht, False),
+                                     ("claim", self.claim, "")):
             if value != default:
                 d[name] = value
         if self.mem_types != DEFAULT_MEMORY:
@@ -69,7 +73,7 @@ class Grant:
         return cls(pool, exclusive, shared, on_shared, bool(d.get("reserved", False)),
                    milli or shared + 1000 * len(exclusive), int(d.get("memory", 0)),
                    frozenset(MemoryType(t) for t in types) if types else DEFAULT_MEMORY,
-                   str(d.get("mem_pool", "")), bool(d.get("hide_ht", False)))
+                   str(d.get("mem_pool", "")), bool(d.get("hide_ht", False)), str(d.get("claim", "")))
 
 
 Change = Callable[[str, Grant, int], None]

@@ -36,16 +36,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from resmgr.model import Container, Pod, QOSClass, Resources
+from resmgr.model import Claim, Container, Pod, QOSClass, Resources
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
-from resmgr.policies.toolkit import annotations, cpuvalues
+from resmgr.policies.toolkit import annotations, claims, cpuvalues
 from resmgr.policies.toolkit.allocator import ANY, Preferences, one_thread_per_core, preferences, take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.grants import Grant, Grants
 from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.policies.toolkit.options import Option, in_namespaces, reserved_namespaces
 from resmgr.policies.topology_aware.affinity import affinities
-from resmgr.policies.topology_aware.tree import Pool, TreeError, build, owner
+from resmgr.policies.topology_aware.tree import Pool, TreeError, build, devices, owner
 from resmgr.requests import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import MemoryType, Topology
@@ -157,6 +157,11 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         self._sharable = [p.general for p in self.pools]
         self._relaxed = False  # placing by the machine's capacity only (see _place)
         self._threads = max(len(core) for core in topology.cores.values())
+        # DRA: the devices offered (NUMA nodes, L3 domains), the claims prepared on them, and those
+        # unprepared while containers still run on their CPUs (given back when the last one goes).
+        self.dra = devices(topology, self.pools)
+        self.claims: dict[str, Claim] = {}
+        self.unprepared: set[str] = set()
 
     # -- accounting ------------------------------------------------------------------------
     @property
@@ -510,6 +515,9 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
     def cpus_of_grant(self, g: Grant) -> CPUSet:
         """The CPUs the grant's container runs on."""
         pool = self.by_name[g.pool]
+        if g.claim:
+            held = self.grants.get(claims.key(g.claim))
+            return held.exclusive if held is not None else EMPTY
         cpus = g.exclusive
         if g.reserved:
             cpus |= self.reserved
@@ -540,7 +548,9 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
 
     def _resources(self, base: Resources, g: Grant) -> Resources:
         cpus, mems = self._placed(g)
-        out = base.with_cpus(str(cpus)) if self.pin_cpu else base.with_cpus(base.cpuset_cpus)
+        out = base.with_cpus(str(cpus)) if self.pin_cpu or g.claim else base.with_cpus(base.cpuset_cpus)
+        if g.claim:
+            out.cpu_shares = claims.shares(len(cpus), len(self._claim_users(g.claim)))
         if self.pin_memory:
             if mems:
                 out.cpuset_mems = str(mems)
@@ -573,6 +583,9 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
     def _allocate(self, container: Container, pod: Pod, view: View, keep: CPUSet) -> Decision:
         """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""
         req = container_requirements(container, pod)
+        claim = claims.claim_of(container, pod, {u: c for u, c in self.claims.items() if u not in self.unprepared})
+        if claim is not None:
+            return self._on_claim(container, pod, req, claim, view)
         before = self._snapshot()
         with self.grants.transaction():  # a failed re-allocation keeps what it had
             self._remove(container.key)
@@ -591,6 +604,8 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         g = self.grants.get(container.key)
         if g is None:
             return Decision()
+        if g.claim:  # its CPUs are the claim's, whatever the request says
+            return Decision(resources=self._resources(requested, g))
         memory = requested.memory_limit_in_bytes
         if memory > 0 and memory != g.memory:
             self._remove(container.key)
@@ -601,6 +616,8 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
 
     def resize(self, container: Container, pod: Pod, requested: Resources, view: View) -> Decision:
         held = self.grants.get(container.key)
+        if held is not None and held.claim:
+            return self.update(container, requested, view)
         if held is not None and not held.exclusive and requested.cpu() == container.requested.cpu():
             return self.update(container, requested, view)  # memory alone: re-accounted where it is
         keep = held.exclusive if held is not None else EMPTY
@@ -666,21 +683,26 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         return Decision(updates=updates)
 
     def export_state(self) -> dict[str, Any]:
-        return {"grants": {k: g.to_dict() for k, g in sorted(self.grants.items())}}
+        return {"grants": {k: g.to_dict() for k, g in sorted(self.grants.items())},
+                **claims.export(self.claims, self.unprepared)}
 
     def restore_state(self, data: Mapping[str, Any]) -> None:
         """Reinstate persisted grants exactly; PolicyError (nothing kept) if any cannot be."""
         grants = {k: Grant.from_dict(v) for k, v in (data.get("grants") or {}).items()
                   if not k.startswith("pending:")}
         self.grants.clear()
+        self.claims, self.unprepared = claims.restore(data)
         try:
             for key, g in sorted(grants.items()):
+                if g.claim and g.claim not in self.claims:
+                    raise PolicyError(f"grant of {key} uses claim {g.claim}, which is not prepared")
                 self._restore_one(key, g)
             problem = self._overcommitted()
             if problem:
                 raise PolicyError(problem)
         except PolicyError:
             self.grants.clear()
+            self.claims, self.unprepared = {}, set()
             raise
         self._guard_memory(sorted(self.grants))
 
@@ -735,8 +757,105 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         if g is None:
             return None
         doc = {"pool": g.pool, "exclusive": str(g.exclusive), "shared_milli": g.shared, "kind": g.kind}
+        if g.claim:
+            doc.update(claim=g.claim, exclusive=str(self.cpus_of_grant(g)))
         pool = self.by_name[g.pool]
         if g.on_shared and not self._sharable[pool.id]:
             doc["fallback"] = "reserved" if self._lender(pool) is None else "parent"
         return doc
 
+
+    # -- DRA claims (docs/dra.md) ------------------------------------------------------------
+    def _claim_users(self, uid: str) -> list[str]:
+        return sorted(k for k, g in self.grants.items() if g.claim == uid)
+
+    def _claim_room(self, pool: Pool) -> int:
+        """CPUs a new claim may still take from the pool (each ancestor keeping what its users need)."""
+        return max(min([self._spare(pool)] + [self._spare_own(a) for a in pool.ancestors[1:]]), 0)
+
+    def devices(self) -> list[dict[str, Any]]:
+        out = []
+        for name, (pool, attrs) in self.dra.items():
+            held = sum(len(self.grants[claims.key(u)].exclusive) for u, c in self.claims.items()
+                       if c.device == name and claims.key(u) in self.grants)
+            out.append({"name": name, "attributes": attrs, "cpus": held + self._claim_room(pool),
+                        "cpuset": str(pool.cpus)})
+        return out
+
+    def prepare_claim(self, claim: Claim, view: View) -> Decision:
+        held = self.claims.get(claim.uid)
+        if held is not None:
+            if held.device != claim.device:
+                raise PolicyError(f"{claim.who} is prepared on device {held.device}, not {claim.device}")
+            self.unprepared.discard(claim.uid)
+            return Decision()
+        if claim.device not in self.dra:
+            raise PolicyError(f"{claim.who}: this node has no device {claim.device} (it offers "
+                              f"{', '.join(self.dra) or 'none'})")
+        pool = self.dra[claim.device][0]
+        room = self._claim_room(pool)
+        count = claim.cpus or room
+        if count <= 0 or count > room:
+            raise PolicyError(f"{claim.who}: device {claim.device} can give {room} CPU(s), the claim asks "
+                              f"for {count}")
+        before = self._snapshot()
+        with self.grants.transaction():
+            self._add(claims.key(claim.uid), Grant(pool.name, self._slice(pool, count, ANY), milli=1000 * count))
+            problem = self._overcommitted()
+            if problem:
+                raise PolicyError(f"{claim.who}: {problem}")
+        self.claims[claim.uid] = replace(claim, cpus=count)
+        return Decision(updates=self._updates(before, view, ""))
+
+    def unprepare_claim(self, uid: str, view: View) -> Decision:
+        if uid not in self.claims:
+            return Decision()
+        if self._claim_users(uid):  # still running on its CPUs: they go with the last of them
+            self.unprepared.add(uid)
+            return Decision()
+        return self._drop_claim(uid, view)
+
+    def _drop_claim(self, uid: str, view: View) -> Decision:
+        before = self._snapshot()
+        self._remove(claims.key(uid))
+        self.claims.pop(uid, None)
+        self.unprepared.discard(uid)
+        return Decision(updates=self._updates(before, view, ""))
+
+    def release(self, container: Container, view: View) -> Decision:
+        g = self.grants.get(container.key)
+        decision = super().release(container, view)
+        if g is None or not g.claim:
+            return decision
+        users = self._claim_users(g.claim)
+        if not users and g.claim in self.unprepared:
+            decision.updates.update(self._drop_claim(g.claim, view).updates)
+        for key in users:  # the rest of them get its CPU time
+            c = view.containers.get(key)
+            if c is not None:
+                decision.updates[key] = self._resources(c.resources, self.grants[key])
+        return decision
+
+    def _on_claim(self, container: Container, pod: Pod, req: Requirements, claim: Claim, view: View) -> Decision:
+        """A container on a claim's CPUs, with the memory of the claim's pool; the other users of the
+        claim get their new share of its CPU time."""
+        pool = self.by_name[self.grants[claims.key(claim.uid)].pool]
+        with self.grants.transaction():
+            self._remove(container.key)
+            self._add(container.key, Grant(pool.name, memory=req.memory_limit or req.memory_request,
+                                           claim=claim.uid))
+        updates = {}
+        for key in self._claim_users(claim.uid):
+            c = view.containers.get(key)
+            if key != container.key and c is not None:
+                updates[key] = self._resources(c.resources, self.grants[key])
+        return Decision(resources=self._resources(container.requested, self.grants[container.key]),
+                        classes=class_names(container, pod), updates=updates)
+
+    def describe_claim(self, uid: str) -> dict[str, Any] | None:
+        claim, held = self.claims.get(uid), self.grants.get(claims.key(uid))
+        if claim is None or held is None:
+            return None
+        pool = self.by_name[held.pool]
+        return {"device": claim.device, "cpus": str(held.exclusive), "mems": str(pool.all_mems),
+                "users": self._claim_users(uid), "unprepared": uid in self.unprepared}

@@ -173,3 +173,23 @@ def _attach_memory(topology: Topology, pools: list[Pool], node_cpus: dict[int, C
                 else pools[0]
         home.mems[node.kind] = home.mems.get(node.kind, EMPTY) | CPUSet((node.id,))
         home.memory[node.kind] = home.memory.get(node.kind, 0) + node.memory
+
+
+def devices(topology: Topology, pools: list[Pool]) -> dict[str, tuple[Pool, dict[str, int | str]]]:
+    """The DRA devices of the tree, by name: one per NUMA node with CPUs (the deepest pool holding
+    them: its own, or its socket's where it is the socket's only node) and one per L3 pool."""
+    out: dict[str, tuple[Pool, dict[str, int | str]]] = {}
+    root_cpus = pools[0].cpus
+    for node in sorted(topology.nodes.values(), key=lambda n: n.id):
+        cpus = node.cpus & root_cpus
+        if not cpus:
+            continue
+        package = topology.cpus[min(cpus)].package
+        out[f"numa-{node.id}"] = (owner(pools, cpus), {"kind": "numa", "numaNode": node.id, "package": package})
+    for pool in pools:
+        if pool.level == 4:  # "L3 cache #<id>"
+            first = topology.cpus[min(pool.cpus)]
+            cache = int(pool.name.rsplit("#", 1)[1])
+            out[f"l3-{cache}"] = (pool, {"kind": "l3", "l3Cache": cache, "numaNode": first.node,
+                                         "package": first.package})
+    return out

@@ -1,0 +1,134 @@
+"""DRA claims under the topology-aware policy: devices offered, claims prepared on them, the
+containers using a claim, and unprepare."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from resmgr import policies
+from resmgr.model import Claim, Container, ContainerState, QOSClass, Resources
+from resmgr.policies import PolicyError
+from resmgr.topology.cpuset import CPUSet
+from tests.support.world import World, machine
+
+BE = QOSClass.BEST_EFFORT
+TA = "topology-aware"
+SNC = machine("sockets=2,nodes=2,cores=4,threads=2")  # NUMA nodes of 8 CPUs
+L3 = machine("sockets=1,cores=8,threads=1,l3=4")  # one node, two L3 domains of 4 CPUs
+
+
+def devices(world: World) -> dict[str, dict]:
+    return {d["name"]: d for d in world.policy.devices()}
+
+
+def user(world: World, *uids: str, pod=None, name: str = "app") -> Container:
+    """A best-effort container using the claims (as kubelet's CDI devices name them)."""
+    pod = pod or world.pod(BE)
+    world.n += 1
+    c = Container(id=f"c{world.n}", pod_id=pod.id, name=name, requested=Resources(cpu_shares=2),
+                  claims=list(uids))
+    world.record(world.place(c, pod).updates)
+    c.state = ContainerState.RUNNING
+    return c
+
+
+def claim(uid: str, device: str, cpus: int = 0) -> Claim:
+    return Claim(uid, "default", f"claim-{uid}", device, cpus)
+
+
+def test_devices_are_the_numa_nodes_and_l3_domains() -> None:
+    w = World(TA, SNC)
+    offered = devices(w)
+    assert sorted(offered) == ["numa-0", "numa-1", "numa-2", "numa-3"]
+    assert offered["numa-2"]["attributes"] == {"kind": "numa", "numaNode": 2, "package": 1}
+    assert offered["numa-2"]["cpus"] == 8
+    assert CPUSet.parse(offered["numa-2"]["cpuset"]) == SNC.nodes[2].cpus
+    # One node folded into its socket keeps its NUMA device; its L3 pools are devices of their own.
+    offered = devices(World(TA, L3))
+    l3 = sorted(n for n in offered if n.startswith("l3-"))
+    assert len(offered) == 3 and len(l3) == 2
+    assert offered[l3[1]]["attributes"]["kind"] == "l3" and offered[l3[1]]["cpus"] == 4
+
+
+def test_a_claim_holds_cpus_of_its_device_and_its_users_run_there() -> None:
+    w = World(TA, SNC)
+    w.prepare(claim("u1", "numa-1", 4))
+    held = CPUSet.parse(w.policy.describe_claim("u1")["cpus"])
+    assert len(held) == 4 and held <= SNC.nodes[1].cpus
+    assert devices(w)["numa-1"]["cpus"] == 8  # what it holds counts: the scheduler subtracts its claims
+    a = user(w, "u1")
+    assert w.cpus(a) == held and w.mems(a) == CPUSet.parse("1")
+    assert w.containers[a.key].resources.cpu_shares == 4096
+    # A second user splits its CPU time; when one goes the other has it all again.
+    b = user(w, "u1")
+    assert w.cpus(b) == held
+    assert w.containers[a.key].resources.cpu_shares == w.containers[b.key].resources.cpu_shares == 2048
+    assert w.containers[a.key].pending  # pushed to the runtime
+    w.remove(w.containers[b.key])
+    assert w.containers[a.key].resources.cpu_shares == 4096
+    # Shared containers of the node do not run on a claim's CPUs.
+    shared = w.add(BE, 0)
+    assert w.cpus(shared).isdisjoint(held)
+
+
+def test_a_claim_without_an_amount_takes_what_the_device_can_give() -> None:
+    w = World(TA, SNC)
+    w.prepare(claim("whole", "numa-0"))
+    assert CPUSet.parse(w.policy.describe_claim("whole")["cpus"]) == SNC.nodes[0].cpus
+    assert w.claims["whole"].cpus == 0 and w.policy.claims["whole"].cpus == 8
+
+
+def test_refusals_name_what_is_wrong() -> None:
+    w = World(TA, SNC)
+    with pytest.raises(PolicyError, match="device numa-0 can give 8 CPU\\(s\\), the claim asks for 9"):
+        w.prepare(claim("big", "numa-0", 9))
+    with pytest.raises(PolicyError, match="no device numa-7"):
+        w.prepare(claim("x", "numa-7", 1))
+    assert not w.claims and not w.policy.grants
+    w.prepare(claim("a", "numa-0", 1))
+    w.prepare(claim("b", "numa-1", 1))
+    with pytest.raises(PolicyError, match="claim default/claim-a and claim default/claim-b: a container can take"):
+        user(w, "a", "b")
+    with pytest.raises(PolicyError, match="uses claim zz, which is not prepared"):
+        user(w, "zz")
+    with pytest.raises(PolicyError, match="prepared on device numa-0, not numa-2"):
+        w.prepare(claim("a", "numa-2", 1))
+    w.prepare(claim("a", "numa-0", 1))  # kubelet asking again: nothing changes
+
+
+def test_unprepared_while_used_the_cpus_go_with_the_last_user() -> None:
+    w = World(TA, SNC)
+    w.prepare(claim("u", "numa-3", 2))
+    a = user(w, "u")
+    held = w.cpus(a)
+    w.unprepare("u")
+    assert "u" not in w.claims
+    assert w.policy.describe_claim("u")["unprepared"]
+    assert devices(w)["numa-3"]["cpus"] == 8
+    assert held <= w.policy.grants.taken  # still its own
+    w.remove(w.containers[a.key])
+    assert w.policy.describe_claim("u") is None and not w.policy.grants.taken
+
+
+def test_claims_survive_export_and_restore() -> None:
+    w = World(TA, SNC)
+    w.prepare(claim("u", "numa-2", 3))
+    a = user(w, "u")
+    fresh = policies.create(TA, {"Active": TA}, SNC)
+    fresh.restore_state(w.policy.export_state())
+    assert fresh.describe_claim("u") == w.policy.describe_claim("u")
+    assert fresh.describe_grant(a.key) == w.policy.describe_grant(a.key)
+    assert fresh.devices() == w.policy.devices()
+
+
+def test_a_policy_switch_prepares_the_claims_again() -> None:
+    w = World(TA, SNC)
+    w.prepare(claim("u", "numa-2", 3))
+    a = user(w, "u")
+    again = policies.create(TA, {"Active": TA, TA: {"PinMemory": False}}, SNC)
+    w.reallocate(again)
+    assert w.policy is again and len(CPUSet.parse(again.describe_claim("u")["cpus"])) == 3
+    assert w.containers[a.key].resources.cpuset_cpus == again.describe_claim("u")["cpus"]
+    assert dataclasses.asdict(w.claims["u"])["device"] == "numa-2"
