@@ -262,6 +262,7 @@ class Claim:
     device: str
     cpus: int = 0
     requests: list[str] = field(default_factory=list)  # the claim's requests the device serves
+    pool: str = ""  # the device's pool (the agent publishes one per node, named after it)
 
     @property
     def who(self) -> str:

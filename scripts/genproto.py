@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # proto file (relative to protos/) -> Python package that holds its modules
 TARGETS = {"cri/api.proto": "resmgr.generated.cri", "config/api.proto": "resmgr.generated.config",
            "config/status.proto": "resmgr.generated.config", "agent/api.proto": "resmgr.generated.agent",
+           "agent/claims.proto": "resmgr.generated.agent",
            "hooks/api.proto": "resmgr.generated.hooks",
            "nri/api.proto": "resmgr.generated.nri", "ttrpc/request.proto": "resmgr.generated.ttrpc",
            "dra/api.proto": "resmgr.generated.dra",

@@ -27,7 +27,7 @@ import yaml
 from resmgr.agent import resources
 from resmgr.agent.apiclient import Client
 from resmgr.agent.kube import Backoff, Cluster, Watcher, one
-from resmgr.agent.topology import TopologyExporter
+from resmgr.agent.topology import Publisher, SliceExporter, TopologyExporter
 from resmgr.generated.config import api_pb2, api_pb2_grpc
 from resmgr.options import duration, on_off, opt, positive_duration
 
@@ -58,6 +58,10 @@ class Settings:
     topology_interval: float = opt(2.0, "--topology-interval", type=positive_duration, metavar="DURATION",
                                    help="shortest time between two NodeResourceTopology updates "
                                         "(default: %(default)ss)")
+    export_devices: bool = opt(False, "--export-devices", type=on_off, metavar="on|off",
+                               help="publish this node's ResourceSlice (resource.k8s.io/v1): the DRA devices "
+                                    "cri-resmgr offers as a DRA driver (--dra-driver), at most once per "
+                                    "--topology-interval (default: off)")
     config_socket: str = opt("/var/run/cri-resmgr/cri-resmgr-config.sock", "--config-socket",
                              "--cri-resmgr-socket", metavar="PATH",
                              help="cri-resmgr's configuration socket, where configurations are pushed "
@@ -127,10 +131,10 @@ class ConfigAgent:
         self.record_error = ""  # why, when it is not
         self.relay_reachable = True
         self._changed = asyncio.Event()
-        self.topology: TopologyExporter | None = None
-        if settings.export_topology:
-            self.topology = TopologyExporter(self.cluster, settings.config_socket, settings.topology_interval,
-                                             lambda: self.node, self._backoff)
+        self.publishers: list[Publisher] = [
+            kind(self.cluster, settings.config_socket, settings.topology_interval, lambda: self.node, self._backoff)
+            for kind, wanted in ((TopologyExporter, settings.export_topology),
+                                 (SliceExporter, settings.export_devices)) if wanted]
 
     # -- watching ------------------------------------------------------------------------------
     def map_name(self, slot: str) -> str:
@@ -221,8 +225,8 @@ class ConfigAgent:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._push_loop())
-                if self.topology is not None:
-                    tg.create_task(self.topology.run())
+                for publisher in self.publishers:
+                    tg.create_task(publisher.run())
         finally:
             for watcher in self.watchers.values():
                 watcher.stop()
@@ -335,6 +339,5 @@ class ConfigAgent:
         if self.unrecorded and self.record_error:  # the cluster cannot see what this node did
             problems.append(f"the outcome for {self.pushed.name if self.pushed else 'the configuration'} is not "
                             f"recorded in the cluster ({self.record_error}); retried at the next resync")
-        if self.topology is not None and self.topology.error:
-            problems.append(self.topology.error)
+        problems.extend(p.error for p in self.publishers if p.error)
         return "; ".join(problems)

@@ -218,6 +218,17 @@ class Cluster:
         await self.apply(f"/apis/{resources.NRT_GROUP}/{resources.NRT_VERSION}/{resources.NRT_PLURAL}/"
                          f"{self.node_name}", body)
 
+    async def put_slice(self, body: dict[str, Any]) -> None:
+        """Create or replace this node's ResourceSlice, in one request."""
+        await self.apply(f"/apis/{resources.DRA_GROUP}/{resources.DRA_VERSION}/resourceslices/"
+                         f"{body['metadata']['name']}", body)
+
+
+async def get_claim(api: Client, namespace: str, name: str) -> dict[str, Any]:
+    """A ResourceClaim, as the API server has it now."""
+    return await api.request("GET", f"/apis/{resources.DRA_GROUP}/{resources.DRA_VERSION}/namespaces/{namespace}/"
+                                    f"resourceclaims/{name}")
+
 
 async def event(api: Client, ref: dict[str, Any], namespace: str, reason: str, message: str, host: str) -> None:
     """A Warning Event about the object `ref` names."""

@@ -28,3 +28,8 @@ NRT_PLURAL = "noderesourcetopologies"
 
 SUCCESS, FAILURE = "Success", "Failure"
 REJECTED_REASON = "ConfigRejected"  # the Warning Event's reason when nodes reject a configuration
+
+# Dynamic Resource Allocation (resource.k8s.io/v1, GA in Kubernetes 1.34).
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSION = "v1"
+SLICE_KIND = "ResourceSlice"

@@ -1,9 +1,10 @@
-"""Publishing this node's NodeResourceTopology, as cri-resmgr reports it.
+"""Publishing what cri-resmgr reports of this node: its NodeResourceTopology and, when it is a DRA
+driver, its ResourceSlice.
 
-cri-resmgr streams its resource topology over the config link (WatchTopology): once at
-once, then whenever containers come and go, at most once per interval. Only the latest
-document is written; a burst of changes while a write is under way becomes one write.
-The object is named after the node and owned by its Node object, so it goes with it.
+cri-resmgr streams each over the config link (WatchTopology, WatchDevices): once at once, then
+whenever containers or claims come and go, at most once per interval. Only the latest document is
+written; a burst of changes while a write is under way becomes one write. Each object is named
+after the node and owned by its Node object, so it goes with it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+import re
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -23,7 +26,11 @@ from resmgr.generated.config import status_pb2, status_pb2_grpc
 log = logging.getLogger("cri-resmgr-agent.topology")
 
 
-class TopologyExporter:
+class Publisher:
+    """Follows one of cri-resmgr's streams and writes the latest object it makes of it."""
+
+    what = ""  # the kind written, for messages
+
     def __init__(self, cluster: Cluster, socket: str, interval: float, node: Callable[[], dict[str, Any] | None],
                  backoff: Callable[[], Backoff]) -> None:
         self.cluster, self.socket, self.interval = cluster, socket, interval
@@ -31,8 +38,26 @@ class TopologyExporter:
         self.backoff = backoff
         self.latest: dict[str, Any] | None = None
         self.written: dict[str, Any] | None = None
-        self.error = ""  # why the topology is not current, "" when it is
+        self.error = ""  # why the object is not current, "" when it is
         self._new = asyncio.Event()
+
+    def stream(self, stub: status_pb2_grpc.StatusStub) -> AsyncIterator[Any]:
+        raise NotImplementedError
+
+    def document(self, reply: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def body(self, doc: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def put(self, body: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def metadata(self, name: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/managed-by": "cri-resmgr-agent"}}
+        if owners := self.cluster.owner(self.node()):
+            meta["ownerReferences"] = owners
+        return meta
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -45,24 +70,16 @@ class TopologyExporter:
             stub = status_pb2_grpc.StatusStub(channel)
             while True:
                 try:
-                    async for reply in stub.WatchTopology(status_pb2.WatchTopologyRequest(min_interval=self.interval)):
-                        self.latest = json.loads(reply.topology)
+                    async for reply in self.stream(stub):
+                        self.latest = self.document(reply)
                         self._new.set()
                         backoff.reset()
-                    raise ConnectionError("cri-resmgr ended the topology stream")
+                    raise ConnectionError("cri-resmgr ended the stream")
                 except (grpc.aio.AioRpcError, ConnectionError, ValueError) as err:
                     why = f"{err.code().name}: {err.details()}" if isinstance(err, grpc.aio.AioRpcError) else str(err)
                     delay = backoff.next()
-                    log.warning("following cri-resmgr's topology failed (%s); retrying in %.1fs", why, delay)
+                    log.warning("following cri-resmgr's %s failed (%s); retrying in %.1fs", self.what, why, delay)
                     await asyncio.sleep(delay)
-
-    def body(self, doc: dict[str, Any]) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": self.cluster.node_name,
-                                "labels": {"app.kubernetes.io/managed-by": "cri-resmgr-agent"}}
-        if owners := self.cluster.owner(self.node()):
-            meta["ownerReferences"] = owners
-        return {"apiVersion": f"{resources.NRT_GROUP}/{resources.NRT_VERSION}", "kind": resources.NRT_KIND,
-                "metadata": meta, **doc}
 
     async def _write(self) -> None:
         backoff = self.backoff()
@@ -75,9 +92,9 @@ class TopologyExporter:
             if body == self.written:
                 continue
             try:
-                await self.cluster.put_topology(body)
+                await self.put(body)
             except Exception as err:  # the API server is away or refuses: try again later
-                self.error = f"writing {resources.NRT_KIND} {self.cluster.node_name}: {err}"
+                self.error = f"writing {self.what} {self.cluster.node_name}: {err}"
                 delay = backoff.next()
                 log.warning("%s; retrying in %.1fs", self.error, delay)
                 await asyncio.sleep(delay)
@@ -86,3 +103,66 @@ class TopologyExporter:
             self.written, self.error = body, ""
             backoff.reset()
             await asyncio.sleep(self.interval)  # the API server's share of the rate limit
+
+
+class TopologyExporter(Publisher):
+    what = resources.NRT_KIND
+
+    def stream(self, stub: status_pb2_grpc.StatusStub) -> AsyncIterator[Any]:
+        return stub.WatchTopology(status_pb2.WatchTopologyRequest(min_interval=self.interval))
+
+    def document(self, reply: Any) -> dict[str, Any]:
+        return json.loads(reply.topology)
+
+    def body(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": f"{resources.NRT_GROUP}/{resources.NRT_VERSION}", "kind": resources.NRT_KIND,
+                "metadata": self.metadata(self.cluster.node_name), **doc}
+
+    async def put(self, body: dict[str, Any]) -> None:
+        await self.cluster.put_topology(body)
+
+
+def _attribute(value: int | str | bool) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"bool": value}
+    return {"int": value} if isinstance(value, int) else {"string": str(value)}
+
+
+def device(d: dict[str, Any]) -> dict[str, Any]:
+    """A device of a ResourceSlice (resource.k8s.io/v1) from one cri-resmgr offers: its free CPUs
+    are capacity that many claims share, in whole CPUs; a request that names no amount takes all."""
+    return {"name": d["name"], "attributes": {k: _attribute(v) for k, v in sorted(d["attributes"].items())},
+            "capacity": {"cpu": {"value": str(d["cpus"]),
+                                 "requestPolicy": {"validRange": {"min": "1", "step": "1"}}}},
+            "allowMultipleAllocations": True}
+
+
+def slice_name(node: str, driver: str) -> str:
+    """The node's slice of the driver: a DNS subdomain of both names."""
+    return re.sub(r"[^a-z0-9.-]", "-", f"{node}-{driver}".lower())[:253].strip("-.")
+
+
+class SliceExporter(Publisher):
+    """This node's ResourceSlice: one pool named after the node, the devices cri-resmgr offers. The
+    pool's generation grows with every write, so the scheduler takes the newest."""
+
+    what = resources.SLICE_KIND
+
+    def stream(self, stub: status_pb2_grpc.StatusStub) -> AsyncIterator[Any]:
+        return stub.WatchDevices(status_pb2.WatchDevicesRequest(min_interval=self.interval))
+
+    def document(self, reply: Any) -> dict[str, Any]:
+        return {"driver": reply.driver, "devices": json.loads(reply.devices)}
+
+    def body(self, doc: dict[str, Any]) -> dict[str, Any]:
+        node = self.cluster.node_name
+        return {"apiVersion": f"{resources.DRA_GROUP}/{resources.DRA_VERSION}", "kind": resources.SLICE_KIND,
+                "metadata": self.metadata(slice_name(node, doc["driver"])),
+                "spec": {"driver": doc["driver"], "nodeName": node,
+                         "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+                         "devices": [device(d) for d in doc["devices"]]}}
+
+    async def put(self, body: dict[str, Any]) -> None:
+        body = json.loads(json.dumps(body))
+        body["spec"]["pool"]["generation"] = time.time_ns() // 1_000_000
+        await self.cluster.put_slice(body)

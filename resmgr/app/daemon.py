@@ -29,6 +29,7 @@ from resmgr.engine import Engine, statefile
 from resmgr.engine.state import Runtime
 from resmgr.engine.store import StateInUse, StateStore
 from resmgr.frontends import DumpSink, FrontEnd, StartupError
+from resmgr.frontends.dra.plugin import DraPlugin, agent_fetch
 from resmgr.frontends.nri.frontend import NriFrontEnd
 from resmgr.frontends.relay.frontend import RelayFrontEnd
 from resmgr.hooks import Hooks
@@ -81,11 +82,14 @@ class Daemon:
         try:
             core = await self.build_core(front)
             await front.start()
+            dra = await self._start_dra(core.engine)
             config_server = await self._serve_config(core)
             if self.opts.pid_file:
                 Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
             log.info("%s, policy %s", front.describe(), core.engine.policy.name)
             code = await self._run_loops(core, front)
+            if dra is not None:
+                await dra.stop()
             await self._shut_down(core, front, config_server)
         finally:
             if self.opts.pid_file:
@@ -238,6 +242,19 @@ class Daemon:
         hooks.registry.scan()  # registered before the first call; then kept current by the watch
         return hooks
 
+    async def _start_dra(self, engine: Engine) -> DraPlugin | None:
+        """kubelet's DRA driver, when a driver name is given."""
+        o = self.opts
+        if not o.dra_driver:
+            return None
+        try:
+            fetch = agent_fetch(sockets.path_of(o.agent_socket))
+            dra = DraPlugin(o.dra_driver, o.kubelet_dir, o.cdi_dir, engine, fetch)
+            await dra.start()
+        except (ValueError, OSError, sockets.SocketInUse) as err:
+            raise StartupError(f"--dra-driver {o.dra_driver}: {err}") from None
+        return dra
+
     def _make_control(self, engine: Engine, dumps: DumpSink | None) -> ConfigManager:
         control = ConfigManager(self.sources, self.config, engine, self.topology, dumps,
                                 self.opts.disable_policy_switch, (self.opts.dump, self.opts.dump_file),
@@ -272,7 +289,7 @@ class Daemon:
 
         def snapshot() -> dict[str, Any]:
             return statedoc.build(self.topology, engine.policy, engine.pods, engine.containers,
-                                  control.describe(), topo)
+                                  control.describe(), topo, engine.ledger.claims)
         return snapshot
 
     async def _serve_config(self, core: Core) -> grpc.aio.Server | None:
@@ -290,12 +307,16 @@ class Daemon:
 
         loop.add_signal_handler(signal.SIGHUP, reload)
         if self.opts.config_socket and self.opts.config_socket != "disabled":
-            feed = None
+            feed = devices = None
+            engine = core.engine
             if self.topology is not None:
-                snapshot = self._snapshot(core.engine, control)
-                feed = TopologyFeed(lambda: nrt.build(snapshot()), core.engine.changes)
+                snapshot = self._snapshot(engine, control)
+                feed = TopologyFeed(lambda: nrt.build(snapshot()), engine.changes)
+            if self.opts.dra_driver:
+                devices = configlink.Devices(self.opts.dra_driver, TopologyFeed(
+                    lambda: {"devices": engine.policy.devices()}, engine.changes))
             return await configlink.serve(control, sockets.path_of(self.opts.config_socket), feed,
-                                          self.opts.config_socket_group)
+                                          self.opts.config_socket_group, devices)
         return None
 
     async def _shut_down(self, core: Core, front: FrontEnd, config_server: grpc.aio.Server | None) -> None:

@@ -14,6 +14,7 @@ from resmgr.options import LOG_LEVELS, duration, group_id, on_off, opt
 RELAY = "CRI relay"
 NRI = "NRI front end (instead of the CRI relay)"
 HOOKS = "runtime hook plugins (koordinator RuntimeHookService)"
+DRA = "a DRA driver for kubelet: CPUs as devices a ResourceClaim can be allocated (docs/dra.md)"
 VIEW = "what an operator sees (off unless an address is given)"
 STATE = ""  # listed with the program's own options
 ONCE = "do one thing and exit"
@@ -68,6 +69,19 @@ class Options:
                                                  "containers are never sent to plugins (default: %(default)s)")
     hook_skip_value: str = opt(SKIP_LABEL[1], "--hook-skip-label-value", "--runtime-hook-server-val", group=HOOKS,
                                metavar="VALUE", help="(default: %(default)s)")
+    # -- DRA ---------------------------------------------------------------------------------------
+    dra_driver: str = opt("", "--dra-driver", group=DRA, metavar="NAME",
+                          help="register with kubelet as the DRA driver NAME, e.g. "
+                               "cpu.cri-resource-manager.intel.com (a DNS subdomain; default: not a driver)")
+    kubelet_dir: str = opt("/var/lib/kubelet", "--kubelet-dir", group=DRA, metavar="DIR",
+                           help="kubelet's root directory: the driver registers in DIR/plugins_registry and serves "
+                                "in DIR/plugins/NAME (default: %(default)s)")
+    cdi_dir: str = opt("/var/run/cdi", "--cdi-dir", group=DRA, metavar="DIR",
+                       help="a CDI spec directory of the runtime, where each prepared claim's device is "
+                            "written (default: %(default)s)")
+    agent_socket: str = opt("/var/run/cri-resmgr/cri-resmgr-agent.sock", "--agent-socket", group=DRA,
+                            metavar="PATH", help="the node agent's socket, through which the driver reads the "
+                                                 "ResourceClaims it prepares (default: %(default)s)")
     # -- what an operator sees -------------------------------------------------------------------
     metrics_address: str = opt("", "--metrics-address", group=VIEW, metavar="ADDR",
                                help="serve Prometheus metrics at /metrics, the node's state as JSON at "

@@ -6,7 +6,9 @@ Served on a root-only unix socket: the agent runs as root, nobody else may recon
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -38,10 +40,20 @@ class ConfigService(api_pb2_grpc.ConfigServicer):
         raise AssertionError("unreachable")
 
 
+@dataclass
+class Devices:
+    """The DRA driver's name and the feed of the devices its policy offers."""
+
+    driver: str
+    feed: TopologyFeed
+
+
 class StatusService(status_pb2_grpc.StatusServicer):
-    def __init__(self, control: ConfigManager, feed: TopologyFeed | None = None) -> None:
+    def __init__(self, control: ConfigManager, feed: TopologyFeed | None = None,
+                 devices: Devices | None = None) -> None:
         self.control = control
         self.feed = feed
+        self.devices = devices
 
     async def GetStatus(self, request: status_pb2.GetStatusRequest,  # noqa: N802
                         context: grpc.aio.ServicerContext) -> status_pb2.GetStatusReply:
@@ -55,12 +67,20 @@ class StatusService(status_pb2_grpc.StatusServicer):
         async for text in self.feed.texts(request.min_interval):
             yield status_pb2.TopologyReply(topology=text)
 
+    async def WatchDevices(self, request: status_pb2.WatchDevicesRequest,  # noqa: N802
+                           context: grpc.aio.ServicerContext) -> Any:
+        if self.devices is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this cri-resmgr is no DRA driver (--dra-driver)")
+            return
+        async for text in self.devices.feed.texts(request.min_interval):
+            yield status_pb2.DevicesReply(driver=self.devices.driver, devices=json.dumps(json.loads(text)["devices"]))
+
 async def serve(control: ConfigManager, path: str, feed: TopologyFeed | None = None,
-                group: int = -1) -> grpc.aio.Server:
+                group: int = -1, devices: Devices | None = None) -> grpc.aio.Server:
     """The link on a root-only socket; group (>= 0): its members may connect too."""
     server = grpc.aio.server()
     api_pb2_grpc.add_ConfigServicer_to_server(ConfigService(control), server)
-    status_pb2_grpc.add_StatusServicer_to_server(StatusService(control, feed), server)
+    status_pb2_grpc.add_StatusServicer_to_server(StatusService(control, feed, devices), server)
     await sockets.start_private(server, path)
     if group >= 0:
         sockets.grant_group(path, group)

@@ -62,7 +62,7 @@ _CLAIM = {
     "additionalProperties": False,
     "required": ["uid", "namespace", "name", "device"],
     "properties": {"uid": {"type": "string", "minLength": 1}, "namespace": _STR, "name": _STR, "device": _STR,
-                   "cpus": _INT, "requests": _STR_LIST},
+                   "cpus": _INT, "requests": _STR_LIST, "pool": _STR},
 }
 
 SCHEMA = {

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from resmgr.model import Container, Pod
+from resmgr.model import Claim, Container, Pod
 from resmgr.policies.base import Policy
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
@@ -99,8 +99,16 @@ def _stats(p: Mapping[str, Any]) -> dict[str, int]:
                                              "shared_milli_free", "shared_elsewhere")}}
 
 
+def dra_doc(policy: Policy, claims: Mapping[str, Claim]) -> dict[str, Any]:
+    """The DRA devices the policy offers (what the agent publishes) and the claims prepared on them."""
+    return {"devices": policy.devices(),
+            "claims": [{**c.to_dict(), **(policy.describe_claim(uid) or {}), "cpus_asked": c.cpus}
+                       for uid, c in sorted(claims.items())]}
+
+
 def build(topology: Topology | None, policy: Policy, pods: Mapping[str, Pod], containers: Mapping[str, Container],
-          config: Mapping[str, Any] | None = None, topo: dict[str, Any] | None = None) -> dict[str, Any]:
+          config: Mapping[str, Any] | None = None, topo: dict[str, Any] | None = None,
+          claims: Mapping[str, Claim] | None = None) -> dict[str, Any]:
     """The document; topo: a topology_doc computed before (it never changes while running)."""
     online = topology.online if topology is not None else EMPTY
     pools = [{**p, "stats": _stats(p)} for p in policy.describe_pools()]
@@ -114,4 +122,4 @@ def build(topology: Topology | None, policy: Policy, pods: Mapping[str, Pod], co
             "config": dict(config or {}),
             "topology": topo if topo is not None else topology_doc(topology),
             "pools": pools, "cpus": cpu_roles(topology, pools, pod_docs), "pods": pod_docs,
-            "notices": policy.fallback()}
+            "notices": policy.fallback(), "dra": dra_doc(policy, claims or {})}

@@ -6,6 +6,7 @@ import dataclasses
 import json
 from typing import Any
 
+from resmgr import cdi
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import (
     Container,
@@ -78,6 +79,7 @@ def container_from_config(pod_id: str, config: cri.ContainerConfig) -> Container
         image=config.image.image, command=list(config.command), args=list(config.args),
         labels=dict(config.labels), annotations=dict(config.annotations),
         requested=res, resources=dataclasses.replace(res), env=envs(config),
+        claims=cdi.claim_uids(d.name for d in config.CDI_devices),
     )
 
 

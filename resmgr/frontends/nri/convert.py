@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from resmgr import cdi
 from resmgr.generated.nri import api_pb2 as nri
 from resmgr.model import Adjustment, Container, ContainerState, Pod, Resources, qos_class_from_cgroup_parent
 
@@ -92,7 +93,8 @@ def container(c: nri.Container) -> Container:
     return Container(id=c.id, pod_id=c.pod_sandbox_id, name=c.name, attempt=attempt,
                      state=_STATES.get(c.state, ContainerState.UNKNOWN), args=list(c.args),
                      labels=dict(c.labels), annotations=dict(c.annotations), requested=res,
-                     resources=Resources.from_dict(res.to_dict()), env=env(list(c.env)))
+                     resources=Resources.from_dict(res.to_dict()), env=env(list(c.env)),
+                     claims=cdi.claim_uids(d.name for d in c.CDI_devices))
 
 
 def adjustment(res: Resources, requested: Resources, adj: Adjustment | None,

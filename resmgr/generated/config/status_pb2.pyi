@@ -37,3 +37,17 @@ class TopologyReply(_message.Message):
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     topology: str
     def __init__(self, topology: _Optional[str] = ...) -> None: ...
+
+class WatchDevicesRequest(_message.Message):
+    __slots__ = ("min_interval",)
+    MIN_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    min_interval: float
+    def __init__(self, min_interval: _Optional[float] = ...) -> None: ...
+
+class DevicesReply(_message.Message):
+    __slots__ = ("driver", "devices")
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    driver: str
+    devices: str
+    def __init__(self, driver: _Optional[str] = ..., devices: _Optional[str] = ...) -> None: ...

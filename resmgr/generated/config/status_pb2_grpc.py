@@ -44,6 +44,11 @@ class StatusStub:
                 request_serializer=config_dot_status__pb2.WatchTopologyRequest.SerializeToString,
                 response_deserializer=config_dot_status__pb2.TopologyReply.FromString,
                 _registered_method=True)
+        self.WatchDevices = channel.unary_stream(
+                '/crirm.v1.Status/WatchDevices',
+                request_serializer=config_dot_status__pb2.WatchDevicesRequest.SerializeToString,
+                response_deserializer=config_dot_status__pb2.DevicesReply.FromString,
+                _registered_method=True)
 
 
 class StatusServicer:
@@ -63,6 +68,14 @@ class StatusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchDevices(self, request, context):
+        """The DRA devices the policy offers (docs/dra.md), now and whenever they change, at most once
+        per interval: the agent publishes them as this node's ResourceSlice.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StatusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +88,11 @@ def add_StatusServicer_to_server(servicer, server):
                     servicer.WatchTopology,
                     request_deserializer=config_dot_status__pb2.WatchTopologyRequest.FromString,
                     response_serializer=config_dot_status__pb2.TopologyReply.SerializeToString,
+            ),
+            'WatchDevices': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchDevices,
+                    request_deserializer=config_dot_status__pb2.WatchDevicesRequest.FromString,
+                    response_serializer=config_dot_status__pb2.DevicesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +149,33 @@ class Status:
             '/crirm.v1.Status/WatchTopology',
             config_dot_status__pb2.WatchTopologyRequest.SerializeToString,
             config_dot_status__pb2.TopologyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchDevices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/crirm.v1.Status/WatchDevices',
+            config_dot_status__pb2.WatchDevicesRequest.SerializeToString,
+            config_dot_status__pb2.DevicesReply.FromString,
             options,
             channel_credentials,
             insecure,

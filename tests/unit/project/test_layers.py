@@ -46,6 +46,8 @@ RULES = [
     ("resmgr/model.py", FRONT_ENDS + PROTOCOLS + ("resmgr.policies", "resmgr.engine"), "the model is plain data"),
     ("resmgr/requests.py", FRONT_ENDS + PROTOCOLS + ("resmgr.policies", "resmgr.engine", "resmgr.controllers"),
      "request parsing is shared by policies and controllers"),
+    ("resmgr/cdi.py", ("resmgr",) + PROTOCOLS + IO,
+     "CDI names are shared by the front ends that read them and the DRA plugin that makes them"),
     ("resmgr/topology", ("resmgr.policies", "resmgr.engine", "resmgr.controllers") + FRONT_ENDS,
      "topology knows nothing of what is placed on it"),
     ("resmgr/controllers", FRONT_ENDS + PROTOCOLS + ("resmgr.policies", "resmgr.engine"),

@@ -1,0 +1,47 @@
+"""The CDI devices that stand for prepared DRA claims (Container Device Interface, spec 0.6).
+
+kubelet passes the CDI device names a DRA driver answered for a claim to the runtime with every
+container that uses the claim: in the CRI CreateContainer request and, from containerd 2.3 on, in
+what NRI plugins see of the container. A claim's device is `<KIND>=<claim UID>`, so a front end
+tells from a container's CDI devices which claims it uses. The runtime resolves each name from a
+spec file in its CDI directories, so one is written per claim: it sets an environment variable
+naming the claim's CPUs (a device must edit the container somehow to be valid).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+VENDOR = "cri-resource-manager.intel.com"
+CLASS = "claim"
+KIND = f"{VENDOR}/{CLASS}"
+VERSION = "0.6.0"
+ENV_PREFIX = "CRI_RESMGR_CLAIM_CPUS_"
+
+
+def device_id(uid: str) -> str:
+    """The fully qualified CDI device name of a claim."""
+    return f"{KIND}={uid}"
+
+
+def claim_uids(names: Iterable[str]) -> list[str]:
+    """The claim UIDs among a container's CDI device names (other vendors' devices left out)."""
+    prefix = KIND + "="
+    return [n[len(prefix):] for n in names if n.startswith(prefix) and len(n) > len(prefix)]
+
+
+def spec_file(uid: str) -> str:
+    """The spec file's name in a CDI directory (the vendor and class first, as CDI suggests)."""
+    return f"{VENDOR}-{CLASS}-{uid}.json"
+
+
+def spec(uid: str, cpus: str) -> dict[str, Any]:
+    """The spec of one claim's device."""
+    return {"cdiVersion": VERSION, "kind": KIND,
+            "devices": [{"name": uid, "containerEdits": {"env": [f"{env_name(uid)}={cpus}"]}}]}
+
+
+def env_name(uid: str) -> str:
+    return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", uid).upper()

@@ -1,0 +1,184 @@
+"""The DRA driver kubelet talks to: plugin registration (kubelet finds the socket in its
+plugins_registry directory and asks what it is) and the DRA node service v1 (prepare and
+unprepare ResourceClaims), both gRPC on root-only unix sockets.
+
+Prepare reads each claim through the node agent (the only process that talks to the API server),
+has the engine hold its CPUs (on disk before the answer), writes the claim's CDI spec, and answers
+with its CDI device, which kubelet hands to the runtime with every container using the claim: the
+relay and NRI front ends read the claim from it (resmgr/cdi.py). Unprepare gives the CPUs back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from resmgr import cdi, sockets
+from resmgr.engine import Engine
+from resmgr.engine.state import NotReady
+from resmgr.frontends.dra.allocation import ClaimError, claim
+from resmgr.generated.agent import claims_pb2, claims_pb2_grpc
+from resmgr.generated.dra import api_pb2 as dra
+from resmgr.generated.dra import api_pb2_grpc as dra_grpc
+from resmgr.generated.pluginregistration import api_pb2 as reg
+from resmgr.generated.pluginregistration import api_pb2_grpc as reg_grpc
+from resmgr.model import Claim
+
+log = logging.getLogger("cri-resmgr.dra")
+
+SERVICE = "v1.DRAPlugin"  # the DRA service version kubelet is told this driver serves
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+FETCH_TIMEOUT = 10.0
+
+Fetch = Callable[[str, str], Awaitable[dict[str, Any]]]
+
+
+def check_driver_name(name: str) -> None:
+    """ValueError unless name can be a DRA driver's name (a DNS subdomain of at most 63 characters)."""
+    if len(name) > 63 or not _DNS_SUBDOMAIN.match(name):
+        raise ValueError(f"{name!r} is not a DNS subdomain of at most 63 characters, e.g. "
+                         "cpu.cri-resource-manager.intel.com")
+
+
+def agent_fetch(agent_socket: str) -> Fetch:
+    """Read a ResourceClaim through the node agent's Claims service."""
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        try:
+            async with grpc.aio.insecure_channel("unix://" + agent_socket) as channel:
+                reply = await claims_pb2_grpc.ClaimsStub(channel).GetResourceClaim(
+                    claims_pb2.GetResourceClaimRequest(namespace=namespace, name=name), timeout=FETCH_TIMEOUT)
+        except grpc.aio.AioRpcError as err:
+            raise ClaimError(f"claim {namespace}/{name}: the node agent on {agent_socket} could not read it "
+                             f"({err.code().name}: {err.details()})") from None
+        return json.loads(reply.claim)
+    return fetch
+
+
+class Registration(reg_grpc.RegistrationServicer):
+    def __init__(self, driver: str, endpoint: str) -> None:
+        self.driver, self.endpoint = driver, endpoint
+        self.registered = asyncio.Event()
+
+    async def GetInfo(self, request: reg.InfoRequest,  # noqa: N802 - gRPC method names
+                      context: grpc.aio.ServicerContext) -> reg.PluginInfo:
+        return reg.PluginInfo(type="DRAPlugin", name=self.driver, endpoint=self.endpoint,
+                              supported_versions=[SERVICE])
+
+    async def NotifyRegistrationStatus(self, request: reg.RegistrationStatus,  # noqa: N802
+                                       context: grpc.aio.ServicerContext) -> reg.RegistrationStatusResponse:
+        if request.plugin_registered:
+            log.info("kubelet registered DRA driver %s", self.driver)
+            self.registered.set()
+        else:
+            log.error("kubelet refused DRA driver %s: %s", self.driver, request.error)
+        return reg.RegistrationStatusResponse()
+
+
+class NodeService(dra_grpc.DRAPluginServicer):
+    def __init__(self, driver: str, engine: Engine, fetch: Fetch, cdi_dir: str) -> None:
+        self.driver, self.engine, self.fetch, self.cdi_dir = driver, engine, fetch, Path(cdi_dir)
+
+    async def NodePrepareResources(self, request: dra.NodePrepareResourcesRequest,  # noqa: N802
+                                   context: grpc.aio.ServicerContext) -> dra.NodePrepareResourcesResponse:
+        answers: dict[str, dra.NodePrepareResourceResponse] = {}
+        wanted: list[Claim] = []
+        for asked in request.claims:
+            try:
+                wanted.append(claim(await self.fetch(asked.namespace, asked.name), self.driver, asked.uid))
+            except (ClaimError, ValueError) as err:
+                answers[asked.uid] = dra.NodePrepareResourceResponse(error=str(err))
+        try:
+            errors = await self.engine.prepare_claims(wanted)
+        except NotReady as err:
+            errors = {c.uid: str(err) for c in wanted}
+        for c in wanted:
+            if c.uid in errors:
+                log.warning("%s not prepared: %s", c.who, errors[c.uid])
+                answers[c.uid] = dra.NodePrepareResourceResponse(error=errors[c.uid])
+                continue
+            held = self.engine.policy.describe_claim(c.uid) or {}
+            await asyncio.to_thread(write_spec, self.cdi_dir, c.uid, str(held.get("cpus", "")))
+            answers[c.uid] = dra.NodePrepareResourceResponse(devices=[dra.Device(
+                request_names=c.requests, pool_name=c.pool, device_name=c.device,
+                cdi_device_ids=[cdi.device_id(c.uid)])])
+        return dra.NodePrepareResourcesResponse(claims=answers)
+
+    async def NodeUnprepareResources(self, request: dra.NodeUnprepareResourcesRequest,  # noqa: N802
+                                     context: grpc.aio.ServicerContext) -> dra.NodeUnprepareResourcesResponse:
+        uids = [c.uid for c in request.claims]
+        try:
+            await self.engine.unprepare_claims(uids)
+        except NotReady as err:
+            return dra.NodeUnprepareResourcesResponse(
+                claims={u: dra.NodeUnprepareResourceResponse(error=str(err)) for u in uids})
+        for uid in uids:
+            await asyncio.to_thread(remove_spec, self.cdi_dir, uid)
+        return dra.NodeUnprepareResourcesResponse(claims={u: dra.NodeUnprepareResourceResponse() for u in uids})
+
+
+def write_spec(directory: Path, uid: str, cpus: str) -> None:
+    """The claim's CDI spec, written whole or not at all."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / cdi.spec_file(uid)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cdi.spec(uid, cpus)))
+    os.replace(tmp, path)
+
+
+def remove_spec(directory: Path, uid: str) -> None:
+    (directory / cdi.spec_file(uid)).unlink(missing_ok=True)
+
+
+class DraPlugin:
+    """Both services, and the CDI specs kept to the claims the engine holds."""
+
+    def __init__(self, driver: str, kubelet_dir: str, cdi_dir: str, engine: Engine, fetch: Fetch) -> None:
+        check_driver_name(driver)
+        self.driver, self.engine, self.cdi_dir = driver, engine, Path(cdi_dir)
+        self.registry_socket = os.path.join(kubelet_dir, "plugins_registry", f"{driver}-reg.sock")
+        self.endpoint = os.path.join(kubelet_dir, "plugins", driver, "dra.sock")
+        self.registration = Registration(driver, self.endpoint)
+        self.node = NodeService(driver, engine, fetch, cdi_dir)
+        self._servers: list[grpc.aio.Server] = []
+
+    async def start(self) -> None:
+        """The specs of the claims held made current, then the node service, then registration (so
+        kubelet never finds a driver it cannot call)."""
+        await asyncio.to_thread(self._sync_specs)
+        node = grpc.aio.server()
+        dra_grpc.add_DRAPluginServicer_to_server(self.node, node)
+        await sockets.start_private(node, self.endpoint)
+        self._servers.append(node)
+        registry = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, registry)
+        await sockets.start_private(registry, self.registry_socket)
+        self._servers.append(registry)
+        log.info("DRA driver %s: registration on %s, service on %s", self.driver, self.registry_socket,
+                 self.endpoint)
+
+    def _sync_specs(self) -> None:
+        held = {uid: self.engine.policy.describe_claim(uid) for uid in self.engine.ledger.claims}
+        for uid, doc in held.items():
+            if doc is not None:
+                write_spec(self.cdi_dir, uid, str(doc.get("cpus", "")))
+        prefix, suffix = cdi.spec_file(""), ".json"
+        if self.cdi_dir.is_dir():
+            for path in self.cdi_dir.glob(f"{prefix}*{suffix}"):
+                if path.name[len(prefix):-len(suffix)] not in held:
+                    path.unlink(missing_ok=True)
+
+    async def stop(self) -> None:
+        """Registration first: kubelet stops calling a driver whose socket is gone."""
+        for server in reversed(self._servers):
+            await server.stop(1.0)
+        for path in (self.registry_socket, self.endpoint):
+            Path(path).unlink(missing_ok=True)
+        self._servers.clear()
