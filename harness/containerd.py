@@ -64,6 +64,8 @@ CONFIG_V3 = _HEAD + """\
 
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
+  # CDI specs (a DRA driver's devices) from a directory of this containerd's own.
+  cdi_spec_dirs = ["{dir}/cdi"]
   enable_unprivileged_ports = false
   enable_unprivileged_icmp = false
   [plugins."io.containerd.cri.v1.runtime".containerd]
@@ -178,6 +180,7 @@ class PrivateContainerd:
         self.subnet, self.bridge = subnet, bridge
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="crirm-ctrd-"))
         self.socket = str(self.dir / "containerd.sock")
+        self.cdi_dir = self.dir / "cdi"
         self.log_path = self.dir / "containerd.log"
         self.proc: subprocess.Popen | None = None
         self._imported = False
@@ -192,6 +195,7 @@ class PrivateContainerd:
         archives = images.build_all()
         cni_conf = self.dir / "cni"
         cni_conf.mkdir(parents=True, exist_ok=True)
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
         (cni_conf / "10-cri-resmgr-test.conflist").write_text(
             CNI_CONFLIST.format(subnet=self.subnet, bridge=self.bridge, ipam_dir=self.dir / "ipam"))
         config = self.dir / "config.toml"

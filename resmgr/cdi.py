@@ -32,9 +32,19 @@ def claim_uids(names: Iterable[str]) -> list[str]:
     return [n[len(prefix):] for n in names if n.startswith(prefix) and len(n) > len(prefix)]
 
 
+_SPEC_PREFIX, _SPEC_SUFFIX = f"{VENDOR}-{CLASS}-", ".json"
+
+
 def spec_file(uid: str) -> str:
     """The spec file's name in a CDI directory (the vendor and class first, as CDI suggests)."""
-    return f"{VENDOR}-{CLASS}-{uid}.json"
+    return f"{_SPEC_PREFIX}{uid}{_SPEC_SUFFIX}"
+
+
+def spec_uid(file_name: str) -> str | None:
+    """The claim UID of one of our spec files' names (None: not ours)."""
+    if file_name.startswith(_SPEC_PREFIX) and file_name.endswith(_SPEC_SUFFIX):
+        return file_name[len(_SPEC_PREFIX):-len(_SPEC_SUFFIX)] or None
+    return None
 
 
 def spec(uid: str, cpus: str) -> dict[str, Any]:

@@ -130,11 +130,10 @@ def _attribute(value: int | str | bool) -> dict[str, Any]:
 
 def device(d: dict[str, Any]) -> dict[str, Any]:
     """A device of a ResourceSlice (resource.k8s.io/v1) from one cri-resmgr offers: its free CPUs
-    are capacity that many claims share, in whole CPUs; a request that names no amount takes all."""
+    are capacity that many claims share; a request that names no amount takes all of it (which a
+    request policy would replace by its default, so there is none)."""
     return {"name": d["name"], "attributes": {k: _attribute(v) for k, v in sorted(d["attributes"].items())},
-            "capacity": {"cpu": {"value": str(d["cpus"]),
-                                 "requestPolicy": {"validRange": {"min": "1", "step": "1"}}}},
-            "allowMultipleAllocations": True}
+            "capacity": {"cpu": {"value": str(d["cpus"])}}, "allowMultipleAllocations": True}
 
 
 def slice_name(node: str, driver: str) -> str:

@@ -1,23 +1,35 @@
-"""The topology-aware scheduler plugin reading what our agent publishes: NodeResourceTopologyMatch of
-kubernetes-sigs/scheduler-plugins runs as a second scheduler beside kube-scheduler, over two nodes,
-each a kubelet on cri-resmgr (relay, topology-aware) whose agent exports the node's
-NodeResourceTopology.
+"""Schedulers reading what our agent publishes, over two nodes, each a kubelet on cri-resmgr (relay,
+topology-aware) whose agent exports the node's NodeResourceTopology and its ResourceSlice:
+
+- the topology-aware scheduler plugin, NodeResourceTopologyMatch of kubernetes-sigs/scheduler-plugins,
+  as a second scheduler beside kube-scheduler;
+- kube-scheduler allocating ResourceClaims from the DRA devices cri-resmgr offers as kubelet's DRA
+  driver, which kubelet then has cri-resmgr prepare (docs/dra.md).
 
 Both nodes have this machine's CPUs 0 and 1, and kubelet counts the same allocatable CPUs on both;
 only their topology differs, as each cri-resmgr reads it from a generated sysfs: one NUMA node of
 two CPUs ("wide") and two NUMA nodes of one CPU each ("split"). A Guaranteed pod of two CPUs fits
 the split node by kubelet's count but cannot be aligned there, so the plugin must send it to the
-wide node; with the wide node full it must wait rather than go to the split one."""
+wide node; with the wide node full it must wait rather than go to the split one. The same holds for
+a claim of two CPUs of one NUMA node: only the wide node has a device that big."""
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 
-from harness.kube import TOPOLOGY_SCHEDULER, ControlPlane, Process, pod_manifest, start_topology_scheduler
+from harness.kube import (
+    TOPOLOGY_SCHEDULER,
+    ControlPlane,
+    Process,
+    container_ids,
+    pod_manifest,
+    start_topology_scheduler,
+)
 from resmgr.agent import resources as rs
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
@@ -34,16 +46,20 @@ from tests.support.agentenv import (
     wait_for,
     zones,
 )
-from tests.support.helpers import ONLINE
+from tests.support.helpers import ONLINE, cgroup_cpuset, container_cgroup, wait_socket
 from tests.support.kubenode import NAMESPACE, KubeNode, done_with, scratch
 
 pytestmark = [pytest.mark.skipif(not CPUSet.parse("0-1") <= ONLINE, reason="the generated CPUs must exist here"),
               pytest.mark.timeout(600)]
 
 WIDE, SPLIT = "crirm-wide", "crirm-split"
+# A third node, cri-resmgr as containerd's NRI plugin on this machine's own topology (CPU 0 reserved),
+# for DRA claims only: its taint keeps every other pod away.
+NRI_NODE, TAINT = "crirm-nri", {"key": "cri-resource-manager.intel.com/dra-nri", "effect": "NoSchedule"}
 MACHINES = {WIDE: "nodes=1,cores=2,threads=1", SPLIT: "nodes=2,cores=1,threads=1"}
 # No reserved CPUs (the pod takes both); memory not pinned: the split machine's node 1 is not this one's.
 CONFIG = {"policy": {"Active": "topology-aware", "topology-aware": {"PinMemory": False}}}
+DRIVER = "cpu.cri-resource-manager.intel.com"
 
 
 class Cluster:
@@ -56,7 +72,7 @@ class Cluster:
         self.scheduler: Process | None = None
 
     def start(self) -> Cluster:
-        install_agent_rbac(self.control)
+        install_agent_rbac(self.control, dra=True)
         install_crds(self.control)
         self.custom.create_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, {
             "apiVersion": f"{rs.GROUP}/{rs.VERSION}", "kind": rs.KIND, "metadata": {"name": "default"},
@@ -67,14 +83,29 @@ class Cluster:
             root = generate(parse_spec(machine), work / "host")
             fallback = work / "fallback.yaml"
             fallback.write_text(yaml.safe_dump(CONFIG))
+            agent = AgentProcess(work, name, kubeconfig, str(work / "config.sock"))
             self.nodes[name] = KubeNode(self.control, work, policy="", node=name, relay_args=(
                 "--host-root", str(root), "--cgroup-root", "/sys/fs/cgroup", "--fallback-config", str(fallback),
-                "--metrics-address", f"unix:{work / 'view.sock'}"))  # the state `cri-resmgr status` prints
+                *self.node_args(work, agent)))
             self.nodes[name].start()
-            self.agents.append(AgentProcess(work, name, kubeconfig, self.config_socket(name)).start(
-                "--export-topology", "on", "--topology-interval", "0.2"))
+            self.agents.append(agent.start("--export-topology", "on", "--export-devices", "on",
+                                           "--topology-interval", "0.2"))
+        work = scratch()
+        agent = AgentProcess(work, NRI_NODE, kubeconfig, str(work / "config.sock"))
+        self.nodes[NRI_NODE] = KubeNode(self.control, work, front="nri", policy="topology-aware", node=NRI_NODE,
+                                        relay_args=self.node_args(work, agent), registerWithTaints=[TAINT])
+        self.nodes[NRI_NODE].start()
+        self.agents.append(agent.start("--export-devices", "on", "--topology-interval", "0.2"))
         self.scheduler = start_topology_scheduler(self.control)
         return self
+
+    @staticmethod
+    def node_args(work: Any, agent: AgentProcess) -> tuple[str, ...]:
+        """cri-resmgr serving the state `cri-resmgr status` prints, and as the DRA driver of the node's
+        kubelet, its CDI specs where its containerd reads them."""
+        return ("--metrics-address", f"unix:{work / 'view.sock'}",
+                "--dra-driver", DRIVER, "--kubelet-dir", str(work / "kubelet" / "root"),
+                "--cdi-dir", str(work / "ctrd" / "cdi"), "--agent-socket", agent.socket)
 
     def config_socket(self, node: str) -> str:
         return str(self.nodes[node].workdir / "config.sock")
@@ -164,3 +195,156 @@ def test_a_guaranteed_pod_goes_to_the_node_that_can_align_it(cluster: Cluster) -
     assert pod.spec.node_name == WIDE
     cluster.nodes[WIDE].delete("waiting", 60)
 
+
+
+# -- DRA: CPUs as devices ---------------------------------------------------------------------------
+CLAIMS = ("resource.k8s.io", "v1", NAMESPACE, "resourceclaims")
+
+
+def make_claim(cluster: Cluster, name: str, cpus: str = "") -> None:
+    """A claim for CPUs of one NUMA node (cpus "": as many as the device has)."""
+    exactly: dict[str, Any] = {"deviceClassName": DRIVER, "selectors": [
+        {"cel": {"expression": f'device.attributes["{DRIVER}"].kind == "numa"'}}]}
+    if cpus:
+        exactly["capacity"] = {"requests": {"cpu": cpus}}
+    cluster.custom.create_namespaced_custom_object(*CLAIMS, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "cpus", "exactly": exactly}]}}})
+
+
+def submit_claiming(cluster: Cluster, name: str, *claims: str, node: str = "") -> None:
+    """A best-effort pod for kube-scheduler whose one container takes its CPUs from the claims."""
+    manifest = pod_manifest(name, "")
+    del manifest["spec"]["nodeName"]
+    if node:
+        manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if node == NRI_NODE:
+        manifest["spec"]["tolerations"] = [{**TAINT, "operator": "Exists"}]
+    manifest["spec"]["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
+    manifest["spec"]["containers"][0].setdefault("resources", {})["claims"] = [
+        {"name": f"c{i}"} for i in range(len(claims))]
+    cluster.core.create_namespaced_pod(NAMESPACE, manifest)
+
+
+def published(cluster: Cluster, node: str) -> dict[str, int]:
+    """The node's ResourceSlice of our driver: device name -> its CPU capacity."""
+    slices = cluster.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
+    mine = [s for s in slices if s["spec"].get("nodeName") == node and s["spec"]["driver"] == DRIVER]
+    assert len(mine) <= 1, mine
+    return {d["name"]: int(d["capacity"]["cpu"]["value"]) for d in mine[0]["spec"]["devices"]} if mine else {}
+
+
+def offered(cluster: Cluster, node: str) -> dict[str, int]:
+    """What `cri-resmgr status` says the node offers."""
+    return {d["name"]: d["cpus"] for d in status_doc(cluster.config_socket(node))["dra"]["devices"]}
+
+
+def agreed_slice(cluster: Cluster, node: str) -> dict[str, int] | None:
+    now = published(cluster, node)
+    return now if now and now == offered(cluster, node) else None
+
+
+def container_file(node: KubeNode, pod: str, name: str) -> str:
+    """A cgroup file of the pod's first container ("cpuset.mems", "cpu.shares")."""
+    assert node.direct is not None
+    cid = next(iter(container_ids(node.core.read_namespaced_pod(pod, NAMESPACE)).values()))
+    parent, leaf = container_cgroup(node.direct, cid)
+    if name.startswith("cpuset."):
+        return str(cgroup_cpuset(parent, leaf, name.split(".", 1)[1]))
+    return open(f"/sys/fs/cgroup/cpu/{parent.lstrip('/')}/{leaf}/{name}").read().strip()
+
+
+def waiting_message(cluster: Cluster, pod: str) -> str:
+    st = cluster.core.read_namespaced_pod(pod, NAMESPACE).status.container_statuses or []
+    return " ".join(s.state.waiting.message or "" for s in st if s.state and s.state.waiting)
+
+
+def test_cpus_of_one_numa_node_claimed_through_dra(cluster: Cluster) -> None:
+    # The slices say what each cri-resmgr offers: one device per NUMA node with its CPUs.
+    for node, devices in ((WIDE, {"numa-0": 2}), (SPLIT, {"numa-0": 1, "numa-1": 1})):
+        assert wait_for(lambda node=node: agreed_slice(cluster, node), 60, f"{node}'s ResourceSlice") == devices
+
+    # Two CPUs of one NUMA node: the scheduler allocates them on the wide node only, kubelet has
+    # cri-resmgr prepare the claim, and the container runs on exactly its CPUs and memory node.
+    make_claim(cluster, "two", "2")
+    submit_claiming(cluster, "dra-claimed", "two")
+    pod = cluster.placed("dra-claimed", WIDE)
+    assert pod.spec.node_name == WIDE
+    wide = cluster.nodes[WIDE]
+    assert wide.cpus("dra-claimed") == {"c0": CPUSet.parse("0-1")}
+    assert container_file(wide, "dra-claimed", "cpuset.mems") == "0"
+    assert container_file(wide, "dra-claimed", "cpu.shares") == "2048"
+    allocation = cluster.custom.get_namespaced_custom_object(*CLAIMS, "two")["status"]["allocation"]
+    result = allocation["devices"]["results"][0]
+    assert (result["driver"], result["pool"], result["device"], result["consumedCapacity"]) == \
+        (DRIVER, WIDE, "numa-0", {"cpu": "2"})
+    state = status_doc(cluster.config_socket(WIDE))["dra"]["claims"]
+    assert [(c["name"], c["device"], c["cpus"]) for c in state] == [("two", "numa-0", "0-1")]
+    assert len(list((wide.workdir / "ctrd" / "cdi").glob("*.json"))) == 1
+
+    # Another such claim has no node: the wide node's device is taken, the split node's are too small.
+    make_claim(cluster, "two-more", "2")
+    submit_claiming(cluster, "dra-waiting", "two-more")
+    message = wait_for(lambda: cluster.unschedulable("dra-waiting"), 60, "the pod found unschedulable")
+    assert "cannot allocate all claims" in message, message
+
+    # cri-resmgr killed with the claim prepared: after its restart the container keeps its CPUs,
+    # and the slices say the same as before.
+    before = published(cluster, WIDE)
+    assert wide.resmgr is not None
+    wide.resmgr.stop(signal.SIGKILL)
+    wide.resmgr.start()
+    wait_socket(cluster.config_socket(WIDE))
+    assert wait_for(lambda: agreed_slice(cluster, WIDE), 60, "the wide node's slice after the restart") == before
+    assert [c["name"] for c in status_doc(cluster.config_socket(WIDE))["dra"]["claims"]] == ["two"]
+    assert wide.cpus("dra-claimed") == {"c0": CPUSet.parse("0-1")}
+
+    # One container on two claims is refused, naming both, on the split node's two devices.
+    make_claim(cluster, "left", "1")
+    make_claim(cluster, "right", "1")
+    submit_claiming(cluster, "dra-both", "left", "right", node=SPLIT)
+    message = wait_for(lambda: waiting_message(cluster, "dra-both"), 120, "the two-claim container refused")
+    assert "default/left and claim default/right: a container can take its CPUs from one claim only" \
+        in message or "default/right and claim default/left" in message, message
+    cluster.nodes[SPLIT].delete("dra-both", 60)
+
+    # The first pod gone, kubelet unprepares its claim: the CPUs are back in the slice, the claim is
+    # deallocated, and the waiting pod gets the wide node.
+    wide.delete("dra-claimed", 60)
+    cluster.custom.delete_namespaced_custom_object(*CLAIMS, "two")
+    pod = cluster.placed("dra-waiting", WIDE, 120)
+    assert wide.cpus("dra-waiting") == {"c0": CPUSet.parse("0-1")}
+    wide.delete("dra-waiting", 60)
+    wait_for(lambda: not status_doc(cluster.config_socket(WIDE))["dra"]["claims"], 60, "the claim unprepared")
+
+
+def test_pods_sharing_a_claim_split_its_cpu_time(cluster: Cluster) -> None:
+    # A claim naming no amount takes the whole device; both pods run on its CPUs, each with half of
+    # its CPU shares, and the one left has them all.
+    make_claim(cluster, "shared")
+    submit_claiming(cluster, "dra-first", "shared", node=WIDE)
+    submit_claiming(cluster, "dra-second", "shared", node=WIDE)
+    wide = cluster.nodes[WIDE]
+    for name in ("dra-first", "dra-second"):
+        cluster.placed(name, WIDE)
+        assert wide.cpus(name) == {"c0": CPUSet.parse("0-1")}
+    wait_for(lambda: container_file(wide, "dra-first", "cpu.shares") == "1024", 30, "the first pod's half")
+    assert container_file(wide, "dra-second", "cpu.shares") == "1024"
+    wide.delete("dra-second", 60)
+    wait_for(lambda: container_file(wide, "dra-first", "cpu.shares") == "2048", 30, "the first pod's whole share")
+    wide.delete("dra-first", 60)
+    cluster.custom.delete_namespaced_custom_object(*CLAIMS, "shared")
+
+
+def test_a_claim_in_nri_mode(cluster: Cluster) -> None:
+    # containerd hands the container's CDI devices to its NRI plugins: the claim's CPU, not the reserved one.
+    assert wait_for(lambda: agreed_slice(cluster, NRI_NODE), 60, "the NRI node's slice") == {"numa-0": 1}
+    make_claim(cluster, "nri-one", "1")
+    submit_claiming(cluster, "dra-nri", "nri-one", node=NRI_NODE)
+    node = cluster.nodes[NRI_NODE]
+    cluster.placed("dra-nri", NRI_NODE)
+    assert node.cpus("dra-nri") == {"c0": CPUSet.parse("1")}
+    assert [c["name"] for c in status_doc(cluster.config_socket(NRI_NODE))["dra"]["claims"]] == ["nri-one"]
+    node.delete("dra-nri", 60)
+    cluster.custom.delete_namespaced_custom_object(*CLAIMS, "nri-one")
+    wait_for(lambda: not status_doc(cluster.config_socket(NRI_NODE))["dra"]["claims"], 60, "the claim unprepared")

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import yaml
@@ -212,11 +213,15 @@ def node_topology(custom: client.CustomObjectsApi, node: str) -> dict | None:
         raise
 
 
-def install_agent_rbac(control: ControlPlane) -> None:
-    """The chart's RBAC of the agent (exporting the topology), as it installs it (once per server)."""
+def install_agent_rbac(control: ControlPlane, dra: bool = False) -> None:
+    """The chart's RBAC of the agent (exporting the topology; dra: publishing DRA devices too, and the
+    chart's DeviceClass), as it installs it (once per server)."""
+    values: dict[str, Any] = {"nodeResourceTopology.export": True, "dra.enabled": dra}
+    objects = helm.render(values, namespace=NS, only="templates/agent-rbac.yaml")
+    if dra:
+        objects += helm.render(values, namespace=NS, only="templates/dra-deviceclass.yaml")
     try:
-        utils.create_from_yaml(control.api_client(), yaml_objects=helm.render(
-            {"nodeResourceTopology.export": True}, namespace=NS, only="templates/agent-rbac.yaml"))
+        utils.create_from_yaml(control.api_client(), yaml_objects=objects)
     except utils.FailToCreateError as err:  # made by an earlier test
         if any(e.status != 409 for e in err.api_exceptions):
             raise

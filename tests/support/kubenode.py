@@ -38,7 +38,8 @@ class KubeNode:
     def __init__(self, control: ControlPlane, workdir: Path, front: str = "relay", policy: str = "static",
                  relay_mode: str = "splice", reserved: str = "cpuset:0", node: str = "crirm-node",
                  cpu_manager: str = "none", relay_args: tuple[str, ...] = (), **kubelet_settings: Any) -> None:
-        """policy "" leaves the relay's configuration to relay_args and what is pushed to it."""
+        """policy "" leaves the relay's configuration to relay_args and what is pushed to it; relay_args
+        are cri-resmgr's in NRI mode too."""
         self.control, self.workdir, self.front, self.node = control, workdir, front, node
         workdir.mkdir(parents=True, exist_ok=True)
         self.ctrd = PrivateContainerd(workdir / "ctrd")
@@ -50,7 +51,7 @@ class KubeNode:
                 else RelayProcess(workdir, self.ctrd.socket, *args)
         elif front == "nri":
             self.resmgr = policy_nri(workdir, str(self.ctrd.dir / "nri.sock"), policy, "--hook-dir", "disabled",
-                                     reserved=reserved)
+                                     *relay_args, reserved=reserved)
         endpoint = self.resmgr.socket if front == "relay" and self.resmgr else self.ctrd.socket
         self.kubelet = Kubelet(control, workdir / "kubelet", endpoint, node, cpu_manager=cpu_manager,
                                **kubelet_settings)

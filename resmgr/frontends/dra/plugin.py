@@ -169,10 +169,10 @@ class DraPlugin:
         for uid, doc in held.items():
             if doc is not None:
                 write_spec(self.cdi_dir, uid, str(doc.get("cpus", "")))
-        prefix, suffix = cdi.spec_file(""), ".json"
         if self.cdi_dir.is_dir():
-            for path in self.cdi_dir.glob(f"{prefix}*{suffix}"):
-                if path.name[len(prefix):-len(suffix)] not in held:
+            for path in self.cdi_dir.iterdir():
+                uid = cdi.spec_uid(path.name)
+                if uid is not None and uid not in held:
                     path.unlink(missing_ok=True)
 
     async def stop(self) -> None:

@@ -1,0 +1,160 @@
+"""cri-resmgr's DRA driver on real unix sockets, as kubelet calls it: registration, prepare and
+unprepare through the engine (topology-aware on a generated machine), the CDI specs it writes,
+the relay's reading of a container's claim from its CDI devices, and a restart keeping claims."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import grpc
+import pytest
+
+from resmgr import cdi, policies
+from resmgr.engine import Engine
+from resmgr.engine.store import StateStore
+from resmgr.frontends.cri.lifecycle import CriLifecycle
+from resmgr.frontends.cri.runtime import CriRuntime
+from resmgr.frontends.dra.allocation import ClaimError, claim
+from resmgr.frontends.dra.plugin import DraPlugin, check_driver_name
+from resmgr.generated.cri import api_pb2 as cri
+from resmgr.generated.dra import api_pb2 as dra
+from resmgr.generated.dra import api_pb2_grpc as dra_grpc
+from resmgr.generated.pluginregistration import api_pb2 as reg
+from resmgr.generated.pluginregistration import api_pb2_grpc as reg_grpc
+from resmgr.topology.cpuset import CPUSet
+from tests.support.fakeruntime import FakeRuntime
+from tests.support.helpers import container_config, pod_config
+from tests.support.world import machine
+
+DRIVER = "cpu.cri-resource-manager.intel.com"
+SNC = machine("sockets=2,nodes=2,cores=4,threads=2")  # NUMA nodes of 8 CPUs
+
+
+def claim_doc(uid: str, name: str, device: str, cpus: str | None = "2", driver: str = DRIVER) -> dict:
+    result = {"request": "cpus", "driver": driver, "pool": "node-a", "device": device}
+    if cpus is not None:
+        result["consumedCapacity"] = {"cpu": cpus}
+    return {"metadata": {"namespace": "default", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def test_a_claim_is_read_from_its_allocation() -> None:
+    got = claim(claim_doc("u", "c", "numa-1", "1500m"), DRIVER, "u")
+    assert (got.device, got.cpus, got.requests, got.pool) == ("numa-1", 2, ["cpus"], "node-a")
+    assert claim(claim_doc("u", "c", "numa-1", None), DRIVER, "u").cpus == 0  # the whole device
+    with pytest.raises(ClaimError, match="another object now"):
+        claim(claim_doc("v", "c", "numa-1"), DRIVER, "u")
+    with pytest.raises(ClaimError, match="no device of driver"):
+        claim(claim_doc("u", "c", "numa-1", driver="gpu.example.com"), DRIVER, "u")
+    two = claim_doc("u", "c", "numa-1")
+    two["status"]["allocation"]["devices"]["results"].append({**two["status"]["allocation"]["devices"]["results"][0],
+                                                              "device": "numa-2"})
+    with pytest.raises(ClaimError, match="devices numa-1 and numa-2 of driver"):
+        claim(two, DRIVER, "u")
+    with pytest.raises(ValueError, match="DNS subdomain"):
+        check_driver_name("CPU_driver")
+
+
+class Node:
+    """An engine on a state directory, and the driver on a kubelet directory (short paths: sockets)."""
+
+    def __init__(self, root: Path, claims: dict[str, dict]) -> None:
+        self.root, self.claims = root, claims
+        store = StateStore(root / "state")
+        store.prepare()
+        self.runtime = FakeRuntime()
+        self.engine = Engine(policies.create("topology-aware", {"Active": "topology-aware"}, SNC), store,
+                             CriRuntime(self.runtime))
+        self.engine.restore(store.load())
+
+        async def fetch(namespace: str, name: str) -> dict:
+            if name not in self.claims:
+                raise ClaimError(f"claim {namespace}/{name}: not found")
+            return self.claims[name]
+        self.plugin = DraPlugin(DRIVER, str(root / "kubelet"), str(root / "cdi"), self.engine, fetch)
+
+    async def prepare(self, *names: str) -> dict[str, dra.NodePrepareResourceResponse]:
+        async with grpc.aio.insecure_channel("unix://" + self.plugin.endpoint) as channel:
+            asked = [dra.Claim(namespace="default", uid=self.claims.get(n, {}).get("metadata", {}).get("uid", n),
+                               name=n) for n in names]
+            reply = await dra_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra.NodePrepareResourcesRequest(claims=asked))
+        return dict(reply.claims)
+
+
+@pytest.fixture
+def root():
+    path = Path(tempfile.mkdtemp(prefix="crirm-dra-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_kubelet_prepares_claims_and_the_container_runs_on_their_cpus(root: Path) -> None:
+    claims = {"two": claim_doc("u-two", "two", "numa-1", "2"), "big": claim_doc("u-big", "big", "numa-0", "9")}
+    node = Node(root, claims)
+    await node.plugin.start()
+    try:
+        async with grpc.aio.insecure_channel("unix://" + node.plugin.registry_socket) as channel:
+            info = await reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest())
+        assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == \
+            ("DRAPlugin", DRIVER, node.plugin.endpoint, ["v1.DRAPlugin"])
+        assert node.plugin.registry_socket == str(root / "kubelet" / "plugins_registry" / f"{DRIVER}-reg.sock")
+
+        answers = await node.prepare("two", "big", "gone")
+        device = answers["u-two"].devices[0]
+        assert (list(device.request_names), device.pool_name, device.device_name, list(device.cdi_device_ids)) == \
+            (["cpus"], "node-a", "numa-1", [cdi.device_id("u-two")])
+        assert "device numa-0 can give 8 CPU(s), the claim asks for 9" in answers["u-big"].error
+        assert "claim default/gone: not found" in answers["gone"].error
+        held = node.engine.policy.describe_claim("u-two")["cpus"]
+        assert CPUSet.parse(held) <= SNC.nodes[1].cpus and len(CPUSet.parse(held)) == 2
+        spec = json.loads((root / "cdi" / cdi.spec_file("u-two")).read_text())
+        assert spec["kind"] == cdi.KIND and spec["devices"][0]["containerEdits"]["env"] == \
+            [f"{cdi.env_name('u-two')}={held}"]
+        assert (await node.prepare("two"))["u-two"].devices[0].device_name == "numa-1"  # asked again: the same
+
+        # The relay reads the claim from the container's CDI devices: the container runs on its CPUs.
+        lifecycle = CriLifecycle(node.engine)
+        cfg = pod_config("p")
+
+        async def run_pod(req):
+            return cri.RunPodSandboxResponse(pod_sandbox_id="pod-p")
+        await lifecycle.run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run_pod)
+        sent = []
+
+        async def create(req):
+            sent.append(req)
+            return cri.CreateContainerResponse(container_id="c1")
+        config = container_config("app")
+        config.CDI_devices.add(name=cdi.device_id("u-two"))
+        config.CDI_devices.add(name="vendor.example.com/gpu=0")
+        await lifecycle.create_container(cri.CreateContainerRequest(pod_sandbox_id="pod-p", config=config,
+                                                                    sandbox_config=cfg), create)
+        assert sent[0].config.linux.resources.cpuset_cpus == held
+        assert sent[0].config.linux.resources.cpuset_mems == "1"
+        assert [d.name for d in sent[0].config.CDI_devices] == [cdi.device_id("u-two"), "vendor.example.com/gpu=0"]
+    finally:
+        await node.plugin.stop()
+        await node.engine.flush()
+
+    # A restart keeps the claim: a spec lost meanwhile is written again, a stray one removed.
+    (root / "cdi" / cdi.spec_file("u-two")).unlink()
+    (root / "cdi" / cdi.spec_file("stray")).write_text("{}")
+    again = Node(root, claims)
+    await again.plugin.start()
+    try:
+        assert again.engine.policy.describe_claim("u-two")["cpus"] == held
+        assert sorted(p.name for p in (root / "cdi").iterdir()) == [cdi.spec_file("u-two")]
+        async with grpc.aio.insecure_channel("unix://" + again.plugin.endpoint) as channel:
+            reply = await dra_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+                dra.NodeUnprepareResourcesRequest(claims=[dra.Claim(namespace="default", uid="u-two", name="two")]))
+        assert reply.claims["u-two"].error == ""
+        assert not list((root / "cdi").iterdir())
+        # Its container still runs there: the CPUs go with it.
+        assert again.engine.policy.describe_claim("u-two")["unprepared"]
+        assert "u-two" not in again.engine.ledger.claims
+    finally:
+        await again.plugin.stop()
