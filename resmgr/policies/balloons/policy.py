@@ -22,10 +22,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
+from resmgr.model import Claim, Container, ContainerState, Pod, QOSClass, Resources
 from resmgr.policies.balloons.types import DEFAULT, POLICY_OPTIONS, RESERVED, BalloonType, parse
 from resmgr.policies.base import Decision, Policy, PolicyError, View, container_requirements
-from resmgr.policies.toolkit import annotations, cpuvalues
+from resmgr.policies.toolkit import annotations, claims, cpuvalues
 from resmgr.policies.toolkit.allocator import Preferences, one_thread_per_core, take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.expressions import substitute
@@ -50,17 +50,22 @@ class Member:
     pin_memory: bool = True
     mem_types: frozenset[MemoryType] = frozenset()
     wanted: str = ""  # the type it belongs to, when it runs on the reserved CPUs for want of room there
+    claim: str = ""  # the DRA claim (UID) it runs on (a claim's own entry, keyed claims.key(uid): "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"milli": self.milli, "pod": self.pod, "namespace": self.namespace, "hide_ht": self.hide_ht,
-                "pin_cpu": self.pin_cpu, "pin_memory": self.pin_memory,
-                "mem_types": sorted(t.value for t in self.mem_types), "wanted": self.wanted}
+        d = {"milli": self.milli, "pod": self.pod, "namespace": self.namespace, "hide_ht": self.hide_ht,
+             "pin_cpu": self.pin_cpu, "pin_memory": self.pin_memory,
+             "mem_types": sorted(t.value for t in self.mem_types), "wanted": self.wanted}
+        if self.claim:
+            d["claim"] = self.claim
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Member:
         return cls(int(d["milli"]), str(d["pod"]), str(d["namespace"]), bool(d.get("hide_ht", False)),
                    bool(d.get("pin_cpu", True)), bool(d.get("pin_memory", True)),
-                   frozenset(MemoryType(t) for t in d.get("mem_types", [])), str(d.get("wanted", "")))
+                   frozenset(MemoryType(t) for t in d.get("mem_types", [])), str(d.get("wanted", "")),
+                   str(d.get("claim", "")))
 
 
 @dataclass(eq=False)
@@ -138,6 +143,10 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         self.where: dict[str, Balloon] = {}
         self.preserved: set[str] = set()
         self.orphans: dict[str, str] = {}  # running containers annotated for a type the configuration dropped
+        # DRA: claims prepared on balloons of DRA types (each a member of its balloon, keyed claims.key), and
+        # those unprepared while containers still run on them.
+        self.claims: dict[str, Claim] = {}
+        self.unprepared: set[str] = set()
         self._make_min_balloons()
 
     # -- CPUs -----------------------------------------------------------------------------
@@ -367,6 +376,10 @@ class BalloonsPolicy(SnapshotMoves, Policy):
     def _resources(self, base: Resources, b: Balloon, m: Member) -> Resources:
         cpus = self._runs_on(b, m)
         out = base.with_cpus(str(cpus) if self.settings.pin_cpu and m.pin_cpu else base.cpuset_cpus)
+        if m.claim:  # its own request, and its part of the claim's CPUs
+            users = len(self._claim_users(m.claim))
+            out.cpu_shares = milli_to_shares(m.milli + 1000 * self.claims[m.claim].cpus // max(users, 1)) \
+                if m.claim in self.claims else milli_to_shares(m.milli)
         if b.type.pin_memory and m.pin_memory and self.topo.nodes:
             mems = self._mems(cpus, self._mem_types(b, m))
             if mems:
@@ -509,7 +522,12 @@ class BalloonsPolicy(SnapshotMoves, Policy):
                 self.preserved.add(container.key)
                 return Decision(updates=self._updates(before, view, container.key))
             m = self._member(container, pod)
+            if container.claims:
+                return self._on_claim(container, pod, m, view, before)
             t = self._type_of(container, pod)
+            if t.dra:
+                raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: balloon type {t.name} is "
+                                  "published as DRA devices; its balloons are had only through a resource claim")
             group = self._group(t, container, pod)
             previous = CPUSet.parse_or_empty(container.previous)
             try:
@@ -532,6 +550,111 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         resources.cpu_shares = milli_to_shares(m.milli)
         return Decision(resources=resources, classes=classes,
                         updates=self._updates(before, view, container.key))
+
+    def _on_claim(self, container: Container, pod: Pod, m: Member, view: View,
+                  before: Mapping[str, tuple[CPUSet, CPUSet]]) -> Decision:
+        """A container using claims: in the balloon they were prepared on, with its request counted."""
+        who = f"container {pod.namespace}/{pod.name}/{container.name}"
+        held = {u: self.claims[u] for u in container.claims if u in self.claims and u not in self.unprepared}
+        missing = [u for u in container.claims if u not in held]
+        if missing:
+            raise PolicyError(f"{who} uses claim {missing[0]}, which is not prepared on this node")
+        homes = {u: self.where[claims.key(u)] for u in held}
+        if len({id(b) for b in homes.values()}) > 1:
+            named = " and ".join(f"{held[u].who} on balloon {b.name}" for u, b in sorted(homes.items()))
+            raise PolicyError(f"{who} uses {named}: a container runs in one balloon")
+        uid = sorted(held)[0]
+        b = homes[uid]
+        named = _hint(container, pod, BALLOON)
+        if named is not None and named.strip() != b.type.name:
+            raise PolicyError(f"{who}: its balloon annotation names type {named.strip()}, but {held[uid].who} is on "
+                              f"balloon {b.name} of type {b.type.name}")
+        m = replace(m, claim=uid)
+        size = self._size(b.type, b.milli + m.milli, True)
+        if size is None or size - len(b.cpus) > len(self.free(b.type)):
+            raise PolicyError(f"{who}: balloon {b.name} cannot grow by its {m.milli}m "
+                              f"({self._no_room(b.type, b.group, m)})")
+        self._resize(b, size, pod.qos_class == QOSClass.GUARANTEED)
+        self._put(container.key, b, m)
+        updates = self._updates(before, view, container.key)
+        for key in self._claim_users(uid):  # the others' part of the claim's CPU time
+            c = view.containers.get(key)
+            if key != container.key and c is not None:
+                updates[key] = self._resources(c.resources, b, b.members[key])
+        return Decision(resources=self._resources(container.requested, b, m),
+                        classes=self._classes(container, pod, b.type), updates=updates)
+
+    # -- DRA claims (docs/dra.md) ------------------------------------------------------------
+    def _claim_users(self, uid: str) -> list[str]:
+        return sorted(k for k, b in self.where.items() if b.members[k].claim == uid)
+
+    def _dra_balloons(self) -> dict[str, Balloon]:
+        """The balloons published as DRA devices, by device name."""
+        return {f"{b.type.dra}-{b.index}": b for b in self.balloons if b.type.dra}
+
+    def devices(self) -> list[dict[str, Any]]:
+        return [{"name": name, "attributes": {"kind": "balloon", "balloonType": b.type.name, "instance": b.index},
+                 "cpus": b.type.max_cpus, "cpuset": str(b.cpus)} for name, b in sorted(self._dra_balloons().items())]
+
+    def prepare_claim(self, claim: Claim, view: View) -> Decision:
+        held = self.claims.get(claim.uid)
+        if held is not None:
+            if held.device != claim.device:
+                raise PolicyError(f"{claim.who} is prepared on device {held.device}, not {claim.device}")
+            self.unprepared.discard(claim.uid)
+            return Decision()
+        b = self._dra_balloons().get(claim.device)
+        if b is None:
+            raise PolicyError(f"{claim.who}: this node has no device {claim.device} (it offers "
+                              f"{', '.join(sorted(self._dra_balloons())) or 'none'})")
+        count = claim.cpus or b.type.max_cpus
+        size = self._size(b.type, b.milli + 1000 * count, True)
+        if size is None or size - len(b.cpus) > len(self.free(b.type)):
+            raise PolicyError(f"{claim.who}: balloon {b.name} cannot grow by {count} CPU(s) "
+                              f"({self._no_room(b.type, b.group, Member(1000 * count, '', ''))})")
+        before = self._snapshot()
+        self._resize(b, size)
+        self._put(claims.key(claim.uid), b, Member(1000 * count, "", ""))
+        self.claims[claim.uid] = replace(claim, cpus=count)
+        return Decision(updates=self._updates(before, view, ""))
+
+    def unprepare_claim(self, uid: str, view: View) -> Decision:
+        if uid not in self.claims:
+            return Decision()
+        if self._claim_users(uid):  # still running there: it goes with the last of them
+            self.unprepared.add(uid)
+            return Decision()
+        return self._drop_claim(uid, view)
+
+    def _drop_claim(self, uid: str, view: View) -> Decision:
+        before = self._snapshot()
+        self._remove(claims.key(uid))
+        self.claims.pop(uid, None)
+        self.unprepared.discard(uid)
+        return Decision(updates=self._updates(before, view, ""))
+
+    def release(self, container: Container, view: View) -> Decision:
+        b = self.where.get(container.key)
+        uid = b.members[container.key].claim if b is not None else ""
+        decision = super().release(container, view)
+        if not uid:
+            return decision
+        users = self._claim_users(uid)
+        if not users and uid in self.unprepared:
+            decision.updates.update(self._drop_claim(uid, view).updates)
+        for key in users:
+            c = view.containers.get(key)
+            if c is not None:
+                decision.updates[key] = self._resources(c.resources, self.where[key], self.where[key].members[key])
+        return decision
+
+    def describe_claim(self, uid: str) -> dict[str, Any] | None:
+        claim, b = self.claims.get(uid), self.where.get(claims.key(uid))
+        if claim is None or b is None:
+            return None
+        return {"device": claim.device, "balloon": b.name, "cpus": str(b.cpus),
+                "mems": str(self._mems(b.cpus, b.type.memory_types or annotations.DEFAULT_MEMORY)),
+                "users": self._claim_users(uid), "unprepared": uid in self.unprepared}
 
     def _group(self, t: BalloonType, container: Container, pod: Pod) -> str:
         return substitute(t.group_by, container, pod) if t.group_by else ""
@@ -562,7 +685,8 @@ class BalloonsPolicy(SnapshotMoves, Policy):
                 sum(1 for x in self.balloons if x.type is t) > t.min_balloons:
             self.balloons.remove(b)
         else:
-            self._resize(b, self._size(t, b.milli, bool(b.members)) or len(b.cpus))
+            size = self._size(t, b.milli, bool(b.members))
+            self._resize(b, len(b.cpus) if size is None else size)
         return b, m
 
     def update(self, container: Container, requested: Resources, view: View) -> Decision:
@@ -639,7 +763,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
 
     def export_state(self) -> dict[str, Any]:
         return {"balloons": [b.to_dict() for b in self.balloons],
-                "preserved": sorted(self.preserved)}
+                "preserved": sorted(self.preserved), **claims.export(self.claims, self.unprepared)}
 
     def reconfigure(self, config: Mapping[str, Any], view: View) -> Decision:
         """Keep every balloon and its containers under a new configuration when each container still
@@ -650,6 +774,10 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         try:
             fresh.restore_state(self.export_state())
             for key, b in fresh.where.items():
+                if claims.is_claim(key) or b.members[key].claim:
+                    if b.members[key].claim and not fresh.claims.get(b.members[key].claim):
+                        raise PolicyError(f"container {key} uses a claim that is not prepared")
+                    continue
                 c = view.containers.get(key)
                 pod = view.pods.get(c.pod_id) if c is not None else None
                 if c is None or pod is None or b.members[key].wanted:
@@ -666,7 +794,9 @@ class BalloonsPolicy(SnapshotMoves, Policy):
             raise NotImplementedError from None
         updates = {}
         for key, b in fresh.where.items():
-            c = view.containers[key]
+            c = view.containers.get(key)
+            if c is None:  # a claim's own entry
+                continue
             now = fresh._resources(c.resources, b, b.members[key])
             if (now.cpuset_cpus, now.cpuset_mems) != (c.resources.cpuset_cpus, c.resources.cpuset_mems):
                 updates[key] = now
@@ -705,4 +835,8 @@ class BalloonsPolicy(SnapshotMoves, Policy):
             self.balloons = balloons
             self.where = {k: b for b in balloons for k in b.members}
             self.preserved = {k for k in data.get("preserved") or [] if not k.startswith("pending:")}
+            self.claims, self.unprepared = claims.restore(data)
+            lost = [u for u in self.claims if claims.key(u) not in self.where or not self.where[claims.key(u)].type.dra]
+            if lost:
+                raise PolicyError(f"{self.claims[lost[0]].who} was on a balloon this configuration has not")
             self._make_min_balloons()

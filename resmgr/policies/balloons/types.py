@@ -109,6 +109,9 @@ TYPE_OPTIONS = (
     Option("Loads", "strings", [], "load classes (LoadClasses) its containers put on cores or L2 caches"),
     Option("Components", "objects", [], "a composite balloon: its CPUs are those of a hidden balloon of each "
            "listed type, sized evenly", items=(Option("BalloonType", "string", ""),)),
+    Option("DRA", "object", None, "{deviceName}: publish its balloons as DRA devices (docs/dra.md); only "
+           "containers using a claim on one of them run there. Needs MinBalloons and MaxCPUs (the published "
+           "capacity); no Namespaces, MatchExpressions or Components"),
     Option("ComponentCreation", "string", "all", "which component balloons a composite balloon is made of: all "
            "(one of each type), or balance-balloons (one, of the first type in fewest balloons)",
            choices=("", "all", "balance-balloons")),
@@ -172,6 +175,7 @@ class BalloonType:
     grows: bool = False  # the reserved type sets MinCPUs or MaxCPUs: it may grow past the reserved CPUs
     on_reserved: bool = False  # the built-in default type: runs on the reserved CPUs, owns none
     order: int = 0  # position in the configuration
+    dra: str = ""  # published as DRA devices: the devices' name prefix ("": not published)
 
 
 @dataclass
@@ -191,6 +195,25 @@ def _bool_or(value: Any, default: bool, where: str) -> bool:
     if not isinstance(value, bool):
         raise PolicyError(f"{where}: expected true or false, got {value!r}")
     return value
+
+
+def _dra(doc: Any, t: Mapping[str, Any], name: str, where: str) -> str:
+    """The device name prefix of a type published as DRA devices ("": not published)."""
+    if doc is None:
+        return ""
+    prefix = read(doc, (Option("DeviceName", "string", ""),), where)["DeviceName"] or name
+    prefix = re.sub(r"[^a-z0-9-]+", "-", prefix.lower()).strip("-")
+    if not prefix or len(prefix) > 50:
+        raise PolicyError(f"{where}.DeviceName: {prefix!r} does not make DNS labels of devices (a-z, 0-9 and -, "
+                          "50 characters at most)")
+    if name in (RESERVED, DEFAULT):
+        raise PolicyError(f"{where}: the {name} balloon type cannot be published as DRA devices")
+    wrong = [k for k in ("Namespaces", "MatchExpressions", "Components") if t[k]]
+    if wrong:
+        raise PolicyError(f"{where}: its containers come only from claims, so it cannot have {wrong[0]}")
+    if not t["MinBalloons"] or not t["MaxCPUs"]:
+        raise PolicyError(f"{where}: needs MinBalloons (the devices published) and MaxCPUs (their capacity)")
+    return prefix
 
 
 def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
@@ -226,6 +249,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
             raise PolicyError(f"{at}.Loads: {missing[0]!r} is not in LoadClasses ({', '.join(loads) or 'none'})")
         if t["MaxBalloons"] and t["MinBalloons"] > t["MaxBalloons"]:
             raise PolicyError(f"{at}: MinBalloons {t['MinBalloons']} is more than MaxBalloons {t['MaxBalloons']}")
+        dra = _dra(t["DRA"], t, name, f"{at}.DRA")
         s.types.append(BalloonType(
             name=name, namespaces=tuple(t["Namespaces"]),
             match=tuple(parse_expression(e, f"{at}.MatchExpressions[{j}]")
@@ -247,7 +271,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
                              for m in [_NODE.fullmatch(d.rstrip("/"))] if m),
             components=tuple(_component(c, f"{at}.Components[{j}]") for j, c in enumerate(t["Components"])),
             balance_components=t["ComponentCreation"] == "balance-balloons",
-            grows=name == RESERVED and bool(t["MinCPUs"] or t["MaxCPUs"]),
+            grows=name == RESERVED and bool(t["MinCPUs"] or t["MaxCPUs"]), dra=dra,
             # The reserved balloon is the reserved CPUs; so is the default one without MinCPUs or
             # MaxCPUs of its own (cri-resmgr's rule) unless it groups its containers: its groups need
             # balloons of their own.

@@ -132,3 +132,96 @@ def test_a_policy_switch_prepares_the_claims_again() -> None:
     assert w.policy is again and len(CPUSet.parse(again.describe_claim("u")["cpus"])) == 3
     assert w.containers[a.key].resources.cpuset_cpus == again.describe_claim("u")["cpus"]
     assert dataclasses.asdict(w.claims["u"])["device"] == "numa-2"
+
+
+# -- balloons ---------------------------------------------------------------------------------------
+BALLOONS = {"ReservedResources": {"cpu": "cpuset:0"}, "BalloonTypes": [
+    {"Name": "dra-numa", "MinBalloons": 2, "MaxCPUs": 4, "DRA": {}, "PreferSpreadOnPhysicalCores": False},
+    {"Name": "fixed", "MinBalloons": 1, "MinCPUs": 2, "MaxCPUs": 4, "DRA": {"DeviceName": "Fixed Size"}},
+    {"Name": "plain", "Namespaces": ["plain"]}]}
+
+
+def balloons() -> World:
+    return World("balloons", SNC, balloons=BALLOONS)
+
+
+def balloon_of(w: World, key: str) -> dict:
+    return next(p for p in w.policy.describe_pools() if p["name"] == w.policy.where[key].name)
+
+
+def test_balloon_types_marked_for_dra_are_devices() -> None:
+    w = balloons()
+    offered = devices(w)
+    assert sorted(offered) == ["dra-numa-0", "dra-numa-1", "fixed-size-0"]
+    assert offered["dra-numa-1"]["attributes"] == {"kind": "balloon", "balloonType": "dra-numa", "instance": 1}
+    assert offered["dra-numa-0"]["cpus"] == 4 and offered["fixed-size-0"]["cpus"] == 4
+    # Without a minimum a DRA balloon holds nothing until claimed.
+    assert [len(b.cpus) for b in w.policy.balloons if b.type.name == "dra-numa"] == [0, 0]
+
+
+@pytest.mark.parametrize("dra_type, error", [
+    ({"Name": "x", "MaxCPUs": 2, "DRA": {}}, "needs MinBalloons"),
+    ({"Name": "x", "MinBalloons": 1, "DRA": {}}, "needs MinBalloons .* and MaxCPUs"),
+    ({"Name": "x", "MinBalloons": 1, "MaxCPUs": 2, "Namespaces": ["a"], "DRA": {}}, "cannot have Namespaces"),
+    ({"Name": "default", "MinBalloons": 1, "MaxCPUs": 2, "DRA": {}}, "default balloon type cannot be"),
+])
+def test_a_dra_type_that_cannot_work_is_refused(dra_type: dict, error: str) -> None:
+    with pytest.raises(PolicyError, match=error):
+        World("balloons", SNC, balloons={"BalloonTypes": [dra_type]})
+
+
+def test_a_claim_inflates_its_balloon_and_its_release_deflates_it() -> None:
+    w = balloons()
+    w.prepare(claim("u", "dra-numa-1", 3))
+    assert len(w.policy.describe_claim("u")["cpus"].split(",")) >= 1
+    held = CPUSet.parse(w.policy.describe_claim("u")["cpus"])
+    assert len(held) == 3
+    a = user(w, "u")
+    assert w.cpus(a) == held and w.containers[a.key].resources.cpu_shares == 3072
+    b = user(w, "u")
+    assert w.containers[a.key].resources.cpu_shares == w.containers[b.key].resources.cpu_shares == 1536
+    w.remove(w.containers[b.key])
+    assert w.containers[a.key].resources.cpu_shares == 3072
+    w.remove(w.containers[a.key])
+    w.unprepare("u")
+    assert [len(b.cpus) for b in w.policy.balloons if b.type.name == "dra-numa"] == [0, 0]
+    # A claim naming no amount takes the whole balloon; one with a minimum keeps it.
+    w.prepare(claim("whole", "dra-numa-0"))
+    assert len(CPUSet.parse(w.policy.describe_claim("whole")["cpus"])) == 4
+    w.prepare(claim("f", "fixed-size-0", 1))
+    w.unprepare("f")
+    assert len(next(b for b in w.policy.balloons if b.type.name == "fixed").cpus) == 2
+
+
+def test_contradicting_requests_are_refused_by_name() -> None:
+    w = balloons()
+    w.prepare(claim("a", "dra-numa-0", 1))
+    w.prepare(claim("b", "dra-numa-1", 1))
+    with pytest.raises(PolicyError, match="claim default/claim-a on balloon dra-numa\\[0\\] and claim default/claim-b "
+                                          "on balloon dra-numa\\[1\\]: a container runs in one balloon"):
+        user(w, "a", "b")
+    annotated = w.pod(BE, annotations={"balloon.balloons.resource-policy.nri.io": "plain"})
+    with pytest.raises(PolicyError, match="annotation names type plain, but claim default/claim-a is on balloon "
+                                          "dra-numa\\[0\\] of type dra-numa"):
+        user(w, "a", pod=annotated)
+    with pytest.raises(PolicyError, match="balloon type dra-numa is published as DRA devices"):
+        w.add(BE, 0, annotations={"balloon.balloons.resource-policy.nri.io": "dra-numa"})
+    w.prepare(claim("a2", "dra-numa-0", 1))
+    both = user(w, "a", "a2")  # two claims on one balloon: fine
+    assert len(w.cpus(both)) == 2
+
+
+def test_balloon_claims_survive_export_and_restore() -> None:
+    w = balloons()
+    w.prepare(claim("u", "dra-numa-1", 2))
+    a = user(w, "u")
+    fresh = policies.create("balloons", {"Active": "balloons", "balloons": BALLOONS}, SNC)
+    fresh.restore_state(w.policy.export_state())
+    assert fresh.describe_claim("u") == w.policy.describe_claim("u")
+    assert fresh.describe_grant(a.key) == w.policy.describe_grant(a.key)
+    assert fresh.devices() == w.policy.devices()
+    # A configuration whose type of the claim's balloon is no longer published cannot take the state over.
+    types = [{**t, "DRA": None} if t["Name"] == "dra-numa" else t for t in BALLOONS["BalloonTypes"]]
+    other = policies.create("balloons", {"Active": "balloons", "balloons": {**BALLOONS, "BalloonTypes": types}}, SNC)
+    with pytest.raises(PolicyError, match="was on a balloon this configuration has not"):
+        other.restore_state(w.policy.export_state())
