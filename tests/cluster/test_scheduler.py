@@ -201,10 +201,10 @@ def test_a_guaranteed_pod_goes_to_the_node_that_can_align_it(cluster: Cluster) -
 CLAIMS = ("resource.k8s.io", "v1", NAMESPACE, "resourceclaims")
 
 
-def make_claim(cluster: Cluster, name: str, cpus: str = "") -> None:
-    """A claim for CPUs of one NUMA node (cpus "": as many as the device has)."""
+def make_claim(cluster: Cluster, name: str, cpus: str = "", kind: str = "numa") -> None:
+    """A claim for CPUs of one device of the kind (cpus "": as many as the device has)."""
     exactly: dict[str, Any] = {"deviceClassName": DRIVER, "selectors": [
-        {"cel": {"expression": f'device.attributes["{DRIVER}"].kind == "numa"'}}]}
+        {"cel": {"expression": f'device.attributes["{DRIVER}"].kind == "{kind}"'}}]}
     if cpus:
         exactly["capacity"] = {"requests": {"cpu": cpus}}
     cluster.custom.create_namespaced_custom_object(*CLAIMS, {
@@ -334,6 +334,45 @@ def test_pods_sharing_a_claim_split_its_cpu_time(cluster: Cluster) -> None:
     wait_for(lambda: container_file(wide, "dra-first", "cpu.shares") == "2048", 30, "the first pod's whole share")
     wide.delete("dra-first", 60)
     cluster.custom.delete_namespaced_custom_object(*CLAIMS, "shared")
+
+
+def test_a_balloon_type_as_dra_devices(cluster: Cluster) -> None:
+    # The wide node's own configuration: balloons, a type of which is published. Its slice follows.
+    types = [{"Name": "dedicated", "MinBalloons": 1, "MaxCPUs": 1, "DRA": {"DeviceName": "dedicated"}}]
+    cluster.custom.create_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, {
+        "apiVersion": f"{rs.GROUP}/{rs.VERSION}", "kind": rs.KIND, "metadata": {"name": f"node.{WIDE}"},
+        "spec": {"policy": {"Active": "balloons", "balloons": {"BalloonTypes": types}}}})
+    try:
+        assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"dedicated-0": 1}, 60, "the balloon published")
+        wide = cluster.nodes[WIDE]
+
+        def balloon() -> dict[str, Any]:
+            pools = status_doc(cluster.config_socket(WIDE))["pools"]
+            return next(p for p in pools if p["name"] == "dedicated[0]")
+        assert balloon()["cpus"] == ""  # no minimum: nothing until claimed
+
+        # A claim naming no amount takes the whole balloon; two pods share it and split its CPU time.
+        make_claim(cluster, "balloon", kind="balloon")
+        submit_claiming(cluster, "dra-b1", "balloon", node=WIDE)
+        submit_claiming(cluster, "dra-b2", "balloon", node=WIDE)
+        for name in ("dra-b1", "dra-b2"):
+            cluster.placed(name, WIDE)
+        held = CPUSet.parse(balloon()["cpus"])
+        assert len(held) == 1
+        assert wide.cpus("dra-b1") == wide.cpus("dra-b2") == {"c0": held}
+        wait_for(lambda: container_file(wide, "dra-b1", "cpu.shares") == "512", 30, "the first pod's half")
+        assert container_file(wide, "dra-b2", "cpu.shares") == "512"
+        allocation = cluster.custom.get_namespaced_custom_object(*CLAIMS, "balloon")["status"]["allocation"]
+        assert allocation["devices"]["results"][0]["consumedCapacity"] == {"cpu": "1"}
+
+        # The claim released, the balloon without a minimum gives its CPU back.
+        wide.delete("dra-b1", 60)
+        wide.delete("dra-b2", 60)
+        cluster.custom.delete_namespaced_custom_object(*CLAIMS, "balloon")
+        wait_for(lambda: balloon()["cpus"] == "", 60, "the balloon deflated")
+    finally:
+        cluster.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, f"node.{WIDE}")
+    assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "the NUMA node published again")
 
 
 def test_a_claim_in_nri_mode(cluster: Cluster) -> None:
