@@ -18,7 +18,7 @@ from harness.containerd import TOOLS_BIN
 from resmgr.agent import resources as rs
 from tests.support.agentenv import NS, wait_for
 
-EVERYTHING = {"mode": "nri", "webhook.enabled": True, "nodeResourceTopology.export": True}
+EVERYTHING = {"mode": "nri", "webhook.enabled": True, "nodeResourceTopology.export": True, "dra.enabled": True}
 
 
 def by_kind(docs: list[dict]) -> dict[tuple[str, str], dict]:
@@ -50,6 +50,8 @@ def test_rendered_commands_are_ones_the_daemons_accept():
     (container,) = agent["containers"]
     args = agent_parser().parse_args(container["command"][1:])
     assert args.config_namespace == NS and args.export_topology is True and args.custom_resources is True
+    assert args.export_devices is True
+    agent_socket, volumes = args.agent_socket, {v["name"]: v for v in agent["volumes"]}
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert args.config_socket.startswith(mounts["sockets"] + "/")
@@ -73,6 +75,16 @@ def test_rendered_commands_are_ones_the_daemons_accept():
     mounts = [m["mountPath"] for m in container["volumeMounts"]]
     assert args.nri and any(args.nri_socket.startswith(m + "/") for m in mounts)
     assert args.state_dir in mounts and args.host_root + "/sys" in mounts
+    # The DRA driver: kubelet's directories and containerd's CDI directory mounted where it uses them,
+    # the agent's socket where the agent's pod puts it on the host.
+    assert args.dra_driver == "cpu.cri-resource-manager.intel.com"
+    assert {f"{args.kubelet_dir}/plugins_registry", f"{args.kubelet_dir}/plugins", args.cdi_dir} <= set(mounts)
+    host_dir = volumes["own"]["hostPath"]["path"]
+    assert args.agent_socket == f"{host_dir}/{agent_socket.rsplit('/', 1)[1]}" and host_dir in mounts
+    (init,) = agent["initContainers"]  # the host directory made the agent's, as root
+    assert init["securityContext"]["capabilities"]["add"] == ["CHOWN", "FOWNER"]
+    assert objs[("DeviceClass", args.dra_driver)]["spec"]["selectors"][0]["cel"]["expression"] == \
+        f'device.driver == "{args.dra_driver}"'
     assert args.config_socket == agent_parser().parse_args(
         agent["containers"][0]["command"][1:]).config_socket  # the agent finds it
     assert nri["automountServiceAccountToken"] is False  # only the agent talks to the API server
@@ -157,7 +169,11 @@ def test_the_rendered_chart_applies_to_the_api_server(kube):
             allowed = [("list", "configmaps", NS, "", ""), ("watch", rs.PLURAL, NS, rs.GROUP, ""),
                        ("create", rs.NODE_PLURAL, NS, rs.GROUP, ""), ("patch", rs.NODE_PLURAL, NS, rs.GROUP, ""),
                        ("create", "events", "default", "", ""), ("patch", "nodes", "", "", ""),
-                       ("create", rs.NRT_PLURAL, "", rs.NRT_GROUP, ""), ("patch", rs.NRT_PLURAL, "", rs.NRT_GROUP, "")]
+                       ("create", rs.NRT_PLURAL, "", rs.NRT_GROUP, ""), ("patch", rs.NRT_PLURAL, "", rs.NRT_GROUP, ""),
+                       # DRA: its node's ResourceSlice, and the claims kubelet asks cri-resmgr to prepare
+                       ("create", "resourceslices", "", "resource.k8s.io", ""),
+                       ("patch", "resourceslices", "", "resource.k8s.io", ""),
+                       ("get", "resourceclaims", "default", "resource.k8s.io", "")]
             # No node writes a shared object: the configurations' status is the tally's alone.
             denied = [("patch", rs.PLURAL, NS, rs.GROUP, "status"), ("list", rs.NODE_PLURAL, NS, rs.GROUP, ""),
                       ("create", "events", NS, "", ""), ("delete", rs.NODE_PLURAL, NS, rs.GROUP, ""),
@@ -165,7 +181,10 @@ def test_the_rendered_chart_applies_to_the_api_server(kube):
                       ("delete", "configmaps", NS, "", ""), ("list", "configmaps", "default", "", ""),
                       ("get", "secrets", NS, "", ""), ("create", "pods", NS, "", ""),
                       ("delete", rs.NRT_PLURAL, "", rs.NRT_GROUP, ""), ("delete", "nodes", "", "", ""),
-                      ("create", "events", "kube-public", "", "")]
+                      ("create", "events", "kube-public", "", ""),
+                      ("delete", "resourceslices", "", "resource.k8s.io", ""),
+                      ("list", "resourceclaims", "default", "resource.k8s.io", ""),
+                      ("patch", "resourceclaims", "default", "resource.k8s.io", "status")]
             assert [a for a in allowed if not can(kube, *a)] == []
             assert [d for d in denied if can(kube, *d)] == []
             tally = [("watch", rs.NODE_PLURAL, NS, rs.GROUP, ""), ("list", rs.PLURAL, NS, rs.GROUP, ""),

@@ -57,6 +57,9 @@ class Cluster:
             "nri.hookDir": str(work / "hooks"), "socketDir": str(work / "sockets"),
             "config": {"policy": {"Active": "static", "ReservedResources": {"cpu": "cpuset:0"}}},
             "agent.hostNetwork": True,
+            # The DRA driver, on this kubelet's directory and this containerd's CDI directory.
+            "dra.enabled": True, "dra.kubeletDir": str(self.node.kubelet.root),
+            "dra.cdiDir": str(self.node.ctrd.cdi_dir), "agentSocketDir": str(work / "agent"),
             "agent.env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                           {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.control.port)}],
         }
@@ -154,6 +157,8 @@ def test_helm_install_in_nri_mode_runs_the_plugin_the_agent_and_the_webhook(clus
     # With the agent pod's own token: its node's objects, and no other node's.
     assert asyncio.run(agent_writes(c, agent, NODE)) == ""
     assert "may write only that node's objects, not other-node" in asyncio.run(agent_writes(c, agent, "other-node"))
+    assert asyncio.run(slice_writes(c, agent, NODE)) == ""
+    assert "may write only that node's objects" in asyncio.run(slice_writes(c, agent, "other-node"))
 
     # The plugin registered with containerd and holds the pod that ran before it, under the pushed policy.
     deadline = time.monotonic() + 30
@@ -199,6 +204,25 @@ async def agent_writes(c: Cluster, pod: Any, node: str) -> str:
         await api.close()
 
 
+async def slice_writes(c: Cluster, pod: Any, node: str) -> str:
+    """Apply an empty ResourceSlice of node with the agent pod's token: "" or the refusal."""
+    from resmgr.agent.apiclient import ApiError, Client, Credentials
+    from resmgr.agent.kube import Cluster as Writes
+
+    (token,) = (c.node.kubelet.root / "pods" / pod.metadata.uid / "volumes").glob("kubernetes.io~projected/*/token")
+    api = Client(Credentials(server=c.control.server, ca_file=str(c.control.pki.ca), token=token.read_text()))
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-probe"},
+            "spec": {"driver": "probe.example.com", "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": []}}
+    try:
+        await Writes(api, node).put_slice(body)
+        return ""
+    except ApiError as err:
+        return f"{err.status} {err.body}"
+    finally:
+        await api.close()
+
+
 def plugin_pod(c: Cluster) -> Any:
     return c.ready("cri-resmgr-nri")[0]
 
@@ -226,9 +250,48 @@ def test_helm_upgrade_switches_the_policy_live_without_restarting_pods(cluster):
     assert container_ids(pod) == container_ids(g) and len(c.cpus(pod)) == 1
 
 
-def test_a_killed_plugin_pod_comes_back_and_keeps_every_placement(cluster):
+def test_a_claim_through_the_installed_dra_driver(cluster):
+    # The plugin pod is kubelet's DRA driver: its NUMA node is in the slice the agent pod publishes, a
+    # claimed pod runs on the claim's CPU, and the claim's CDI spec is where containerd reads it.
     c = cluster
     c.core.delete_namespaced_pod("kept-through-upgrade", "default", grace_period_seconds=0)
+    wait_gone_pods(c, "default")
+    driver = "cpu.cri-resource-manager.intel.com"
+
+    def devices() -> dict[str, str]:
+        slices = c.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
+        return {d["name"]: d["capacity"]["cpu"]["value"] for s in slices
+                if s["spec"]["driver"] == driver and s["spec"].get("nodeName") == NODE for d in s["spec"]["devices"]}
+    deadline = time.monotonic() + 90
+    while devices() != {"numa-0": "1"}:
+        assert time.monotonic() < deadline, (devices(), c.logs("cri-resmgr-agent"), c.logs("cri-resmgr-nri"))
+        time.sleep(1)
+    c.custom.create_namespaced_custom_object("resource.k8s.io", "v1", "default", "resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "one-cpu"},
+        "spec": {"devices": {"requests": [{"name": "cpus", "exactly": {
+            "deviceClassName": driver, "capacity": {"requests": {"cpu": "1"}}}}]}}})
+    manifest = pod_manifest("claimed", "")
+    del manifest["spec"]["nodeName"]
+    manifest["spec"]["resourceClaims"] = [{"name": "cpus", "resourceClaimName": "one-cpu"}]
+    manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "cpus"}]}
+    c.core.create_namespaced_pod("default", manifest)
+    deadline = time.monotonic() + 120
+    while not container_ids(pod := c.core.read_namespaced_pod("claimed", "default")):
+        assert time.monotonic() < deadline, (describe(pod), c.logs("cri-resmgr-nri"))
+        time.sleep(0.5)
+    assert c.cpus(pod) == CPUSet.parse("1")
+    assert [p.name for p in c.node.ctrd.cdi_dir.iterdir()] != []
+    c.core.delete_namespaced_pod("claimed", "default", grace_period_seconds=0)
+    wait_gone_pods(c, "default")
+    c.custom.delete_namespaced_custom_object("resource.k8s.io", "v1", "default", "resourceclaims", "one-cpu")
+    deadline = time.monotonic() + 60
+    while list(c.node.ctrd.cdi_dir.iterdir()):  # unprepared: its spec goes
+        assert time.monotonic() < deadline, c.logs("cri-resmgr-nri")
+        time.sleep(0.5)
+
+
+def test_a_killed_plugin_pod_comes_back_and_keeps_every_placement(cluster):
+    c = cluster
     wait_gone_pods(c, "default")
     c.install()  # back to static: on 2 CPUs topology-aware has no room for shared and exclusive pods at once
     deadline = time.monotonic() + 90
