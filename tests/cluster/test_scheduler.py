@@ -365,6 +365,14 @@ def test_a_balloon_type_as_dra_devices(cluster: Cluster) -> None:
         allocation = cluster.custom.get_namespaced_custom_object(*CLAIMS, "balloon")["status"]["allocation"]
         assert allocation["devices"]["results"][0]["consumedCapacity"] == {"cpu": "1"}
 
+        # A pod without a claim annotated into the published type is refused, and says why.
+        manifest = pod_manifest("dra-annotated", WIDE)
+        manifest["metadata"]["annotations"] = {"balloon.balloons.resource-policy.nri.io": "dedicated"}
+        cluster.core.create_namespaced_pod(NAMESPACE, manifest)
+        message = wait_for(lambda: waiting_message(cluster, "dra-annotated"), 60, "the annotated container refused")
+        assert "balloon type dedicated is published as DRA devices" in message, message
+        wide.delete("dra-annotated", 60)
+
         # The claim released, the balloon without a minimum gives its CPU back.
         wide.delete("dra-b1", 60)
         wide.delete("dra-b2", 60)
