@@ -4,7 +4,8 @@ topology-aware) whose agent exports the node's NodeResourceTopology and its Reso
 - the topology-aware scheduler plugin, NodeResourceTopologyMatch of kubernetes-sigs/scheduler-plugins,
   as a second scheduler beside kube-scheduler;
 - kube-scheduler allocating ResourceClaims from the DRA devices cri-resmgr offers as kubelet's DRA
-  driver, which kubelet then has cri-resmgr prepare (docs/dra.md).
+  driver, which kubelet then has cri-resmgr prepare (docs/dra.md; tests/cluster/test_helm.py does
+  the same with the chart's NRI plugin pod).
 
 Both nodes have this machine's CPUs 0 and 1, and kubelet counts the same allocatable CPUs on both;
 only their topology differs, as each cri-resmgr reads it from a generated sysfs: one NUMA node of
@@ -53,9 +54,6 @@ pytestmark = [pytest.mark.skipif(not CPUSet.parse("0-1") <= ONLINE, reason="the 
               pytest.mark.timeout(600)]
 
 WIDE, SPLIT = "crirm-wide", "crirm-split"
-# A third node, cri-resmgr as containerd's NRI plugin on this machine's own topology (CPU 0 reserved),
-# for DRA claims only: its taint keeps every other pod away.
-NRI_NODE, TAINT = "crirm-nri", {"key": "cri-resource-manager.intel.com/dra-nri", "effect": "NoSchedule"}
 MACHINES = {WIDE: "nodes=1,cores=2,threads=1", SPLIT: "nodes=2,cores=1,threads=1"}
 # No reserved CPUs (the pod takes both); memory not pinned: the split machine's node 1 is not this one's.
 CONFIG = {"policy": {"Active": "topology-aware", "topology-aware": {"PinMemory": False}}}
@@ -90,12 +88,6 @@ class Cluster:
             self.nodes[name].start()
             self.agents.append(agent.start("--export-topology", "on", "--export-devices", "on",
                                            "--topology-interval", "0.2"))
-        work = scratch()
-        agent = AgentProcess(work, NRI_NODE, kubeconfig, str(work / "config.sock"))
-        self.nodes[NRI_NODE] = KubeNode(self.control, work, front="nri", policy="topology-aware", node=NRI_NODE,
-                                        relay_args=self.node_args(work, agent), registerWithTaints=[TAINT])
-        self.nodes[NRI_NODE].start()
-        self.agents.append(agent.start("--export-devices", "on", "--topology-interval", "0.2"))
         self.scheduler = start_topology_scheduler(self.control)
         return self
 
@@ -218,8 +210,6 @@ def submit_claiming(cluster: Cluster, name: str, *claims: str, node: str = "") -
     del manifest["spec"]["nodeName"]
     if node:
         manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
-    if node == NRI_NODE:
-        manifest["spec"]["tolerations"] = [{**TAINT, "operator": "Exists"}]
     manifest["spec"]["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
     manifest["spec"]["containers"][0].setdefault("resources", {})["claims"] = [
         {"name": f"c{i}"} for i in range(len(claims))]
@@ -382,16 +372,3 @@ def test_a_balloon_type_as_dra_devices(cluster: Cluster) -> None:
         cluster.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, f"node.{WIDE}")
     assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "the NUMA node published again")
 
-
-def test_a_claim_in_nri_mode(cluster: Cluster) -> None:
-    # containerd hands the container's CDI devices to its NRI plugins: the claim's CPU, not the reserved one.
-    assert wait_for(lambda: agreed_slice(cluster, NRI_NODE), 60, "the NRI node's slice") == {"numa-0": 1}
-    make_claim(cluster, "nri-one", "1")
-    submit_claiming(cluster, "dra-nri", "nri-one", node=NRI_NODE)
-    node = cluster.nodes[NRI_NODE]
-    cluster.placed("dra-nri", NRI_NODE)
-    assert node.cpus("dra-nri") == {"c0": CPUSet.parse("1")}
-    assert [c["name"] for c in status_doc(cluster.config_socket(NRI_NODE))["dra"]["claims"]] == ["nri-one"]
-    node.delete("dra-nri", 60)
-    cluster.custom.delete_namespaced_custom_object(*CLAIMS, "nri-one")
-    wait_for(lambda: not status_doc(cluster.config_socket(NRI_NODE))["dra"]["claims"], 60, "the claim unprepared")
