@@ -66,6 +66,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self.hooks: Hooks | None = None
         self.topology: Topology | None = None
+        self.dra: DraPlugin | None = None
 
     def front_end(self) -> FrontEnd:
         o = self.opts
@@ -82,7 +83,7 @@ class Daemon:
         try:
             core = await self.build_core(front)
             await front.start()
-            dra = await self._start_dra(core.engine)
+            dra = self.dra = await self._start_dra(core.engine)
             config_server = await self._serve_config(core)
             if self.opts.pid_file:
                 Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
@@ -149,6 +150,8 @@ class Daemon:
                     loops.append(tg.create_task(self._rebalance(engine)))
                 if core.hooks is not None:
                     loops.append(tg.create_task(core.hooks.watch()))
+                if self.dra is not None:
+                    loops.append(tg.create_task(self.dra.collect()))
                 if core.state_gauges is not None:
                     loops.append(tg.create_task(self._refresh_gauges(core.state_gauges)))
                 main = tg.create_task(front.run())

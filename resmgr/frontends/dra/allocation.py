@@ -13,16 +13,28 @@ class ClaimError(Exception):
     """The claim cannot be prepared; the message says why, naming the claim."""
 
 
-def claim(doc: dict[str, Any], driver: str, uid: str) -> Claim:
+class ClaimGone(ClaimError):
+    """The claim is not there any more: deleted, replaced by another object of its name, or no
+    longer allocated a device of this driver (so no pod can use it here)."""
+
+
+def claim(doc: Any, driver: str, uid: str) -> Claim:
     """The claim kubelet asked to prepare (uid: the object it meant) from the API server's copy."""
+    try:
+        return _claim(doc, driver, uid)
+    except (AttributeError, TypeError) as err:  # a field of the wrong shape
+        raise ClaimError(f"claim {uid}: not a ResourceClaim as resource.k8s.io/v1 has it ({err})") from None
+
+
+def _claim(doc: dict[str, Any], driver: str, uid: str) -> Claim:
     meta = doc.get("metadata") or {}
     who = f"claim {meta.get('namespace', '')}/{meta.get('name', '')}"
     if meta.get("uid") != uid:
-        raise ClaimError(f"{who} is another object now (UID {meta.get('uid')}, kubelet asked for {uid})")
+        raise ClaimGone(f"{who} is another object now (UID {meta.get('uid')}, kubelet asked for {uid})")
     results = [r for r in (((doc.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
                or [] if r.get("driver") == driver]
     if not results:
-        raise ClaimError(f"{who} has no device of driver {driver} allocated")
+        raise ClaimGone(f"{who} has no device of driver {driver} allocated")
     devices = sorted({r.get("device", "") for r in results})
     if len(devices) > 1:
         raise ClaimError(f"{who} was allocated devices {' and '.join(devices)} of driver {driver}: a claim takes "

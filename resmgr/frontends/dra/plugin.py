@@ -24,7 +24,7 @@ import grpc
 from resmgr import cdi, sockets
 from resmgr.engine import Engine
 from resmgr.engine.state import NotReady
-from resmgr.frontends.dra.allocation import ClaimError, claim
+from resmgr.frontends.dra.allocation import ClaimError, ClaimGone, claim
 from resmgr.generated.agent import claims_pb2, claims_pb2_grpc
 from resmgr.generated.dra import api_pb2 as dra
 from resmgr.generated.dra import api_pb2_grpc as dra_grpc
@@ -37,6 +37,7 @@ log = logging.getLogger("cri-resmgr.dra")
 SERVICE = "v1.DRAPlugin"  # the DRA service version kubelet is told this driver serves
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 FETCH_TIMEOUT = 10.0
+COLLECT_INTERVAL = 300.0  # seconds between two looks for claims nobody will unprepare
 
 Fetch = Callable[[str, str], Awaitable[dict[str, Any]]]
 
@@ -56,8 +57,9 @@ def agent_fetch(agent_socket: str) -> Fetch:
                 reply = await claims_pb2_grpc.ClaimsStub(channel).GetResourceClaim(
                     claims_pb2.GetResourceClaimRequest(namespace=namespace, name=name), timeout=FETCH_TIMEOUT)
         except grpc.aio.AioRpcError as err:
-            raise ClaimError(f"claim {namespace}/{name}: the node agent on {agent_socket} could not read it "
-                             f"({err.code().name}: {err.details()})") from None
+            kind = ClaimGone if err.code() == grpc.StatusCode.NOT_FOUND else ClaimError
+            raise kind(f"claim {namespace}/{name}: the node agent on {agent_socket} could not read it "
+                       f"({err.code().name}: {err.details()})") from None
         return json.loads(reply.claim)
     return fetch
 
@@ -163,6 +165,34 @@ class DraPlugin:
         self._servers.append(registry)
         log.info("DRA driver %s: registration on %s, service on %s", self.driver, self.registry_socket,
                  self.endpoint)
+
+    async def collect(self, interval: float = COLLECT_INTERVAL) -> None:
+        """Unprepare the claims kubelet will never unprepare (it lost its record of them, or the node
+        was down when their pods went): those no container uses, gone from the API server or no
+        longer allocated here. A claim that cannot be read now is kept."""
+        while True:
+            await asyncio.sleep(interval)
+            await self.collect_once()
+
+    async def collect_once(self) -> list[str]:
+        """One look; the UIDs unprepared."""
+        gone = []
+        for uid, c in sorted(self.engine.ledger.claims.items()):
+            held = self.engine.policy.describe_claim(uid)
+            if held is not None and held.get("users"):
+                continue
+            try:
+                claim(await self.node.fetch(c.namespace, c.name), self.driver, uid)
+            except ClaimGone as err:
+                log.warning("%s: unprepared, as nothing will use it (%s)", c.who, err)
+                gone.append(uid)
+            except (ClaimError, ValueError):
+                continue
+        if gone:
+            await self.engine.unprepare_claims(gone)
+            for uid in gone:
+                await asyncio.to_thread(remove_spec, self.cdi_dir, uid)
+        return gone
 
     def _sync_specs(self) -> None:
         held = {uid: self.engine.policy.describe_claim(uid) for uid in self.engine.ledger.claims}

@@ -17,7 +17,7 @@ from resmgr.engine import Engine
 from resmgr.engine.store import StateStore
 from resmgr.frontends.cri.lifecycle import CriLifecycle
 from resmgr.frontends.cri.runtime import CriRuntime
-from resmgr.frontends.dra.allocation import ClaimError, claim
+from resmgr.frontends.dra.allocation import ClaimError, ClaimGone, claim
 from resmgr.frontends.dra.plugin import DraPlugin, check_driver_name
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.generated.dra import api_pb2 as dra
@@ -54,6 +54,8 @@ def test_a_claim_is_read_from_its_allocation() -> None:
                                                               "device": "numa-2"})
     with pytest.raises(ClaimError, match="devices numa-1 and numa-2 of driver"):
         claim(two, DRIVER, "u")
+    with pytest.raises(ClaimError, match="not a ResourceClaim"):
+        claim({"metadata": {"uid": "u"}, "status": {"allocation": {"devices": {"results": ["x"]}}}}, DRIVER, "u")
     with pytest.raises(ValueError, match="DNS subdomain"):
         check_driver_name("CPU_driver")
 
@@ -71,8 +73,8 @@ class Node:
         self.engine.restore(store.load())
 
         async def fetch(namespace: str, name: str) -> dict:
-            if name not in self.claims:
-                raise ClaimError(f"claim {namespace}/{name}: not found")
+            if name not in self.claims:  # as the agent's NOT_FOUND reads
+                raise ClaimGone(f"claim {namespace}/{name}: not found")
             return self.claims[name]
         self.plugin = DraPlugin(DRIVER, str(root / "kubelet"), str(root / "cdi"), self.engine, fetch)
 
@@ -158,3 +160,20 @@ async def test_kubelet_prepares_claims_and_the_container_runs_on_their_cpus(root
         assert "u-two" not in again.engine.ledger.claims
     finally:
         await again.plugin.stop()
+
+
+async def test_claims_nobody_will_unprepare_are_collected(root: Path) -> None:
+    claims = {n: claim_doc(f"u-{n}", n, "numa-1", "1") for n in ("kept", "deleted", "deallocated", "unreadable")}
+    node = Node(root, claims)
+    await node.plugin.start()
+    try:
+        answers = await node.prepare(*claims)
+        assert all(not a.error for a in answers.values()), answers
+        del claims["deleted"]  # the fetch says: not found
+        claims["deallocated"]["status"] = {}
+        claims["unreadable"] = "not a claim"  # type: ignore[assignment]  # the agent answers nonsense: kept
+        assert await node.plugin.collect_once() == ["u-deallocated", "u-deleted"]
+        assert sorted(node.engine.ledger.claims) == ["u-kept", "u-unreadable"]
+        assert not (root / "cdi" / cdi.spec_file("u-deallocated")).exists()
+    finally:
+        await node.plugin.stop()
