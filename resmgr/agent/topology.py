@@ -69,6 +69,9 @@ class Publisher:
         async with grpc.aio.insecure_channel("unix://" + self.socket) as channel:
             stub = status_pb2_grpc.StatusStub(channel)
             while True:
+                # Written again after a new stream begins: while cri-resmgr was away the object may have
+                # gone (kubelet deletes a DRA driver's slices once the driver is gone a while).
+                self.written = None
                 try:
                     async for reply in self.stream(stub):
                         self.latest = self.document(reply)
@@ -161,7 +164,11 @@ class SliceExporter(Publisher):
                          "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
                          "devices": [device(d) for d in doc["devices"]]}}
 
+    generation = 0
+
     async def put(self, body: dict[str, Any]) -> None:
+        # Milliseconds since the epoch, and above the last: newer than any slice an agent wrote before.
+        self.generation = max(time.time_ns() // 1_000_000, self.generation + 1)
         body = json.loads(json.dumps(body))
-        body["spec"]["pool"]["generation"] = time.time_ns() // 1_000_000
+        body["spec"]["pool"]["generation"] = self.generation
         await self.cluster.put_slice(body)

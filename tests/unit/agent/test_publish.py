@@ -1,0 +1,81 @@
+"""The agent's publishers on a real gRPC stream: the ResourceSlice made of what cri-resmgr offers,
+and written again when cri-resmgr comes back, though nothing changed (the slice may be gone)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from resmgr.agent.kube import Backoff
+from resmgr.agent.topology import SliceExporter, slice_name
+from resmgr.generated.config import status_pb2, status_pb2_grpc
+
+DEVICES = [{"name": "numa-0", "attributes": {"kind": "numa", "numaNode": 0, "big": True}, "cpus": 3, "cpuset": "1-3"}]
+
+
+class Status(status_pb2_grpc.StatusServicer):
+    """Each WatchDevices call sends the same devices once, then ends: cri-resmgr going away."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def WatchDevices(self, request, context):  # noqa: N802
+        self.calls += 1
+        yield status_pb2.DevicesReply(driver="cpu.example.com", devices=json.dumps(DEVICES))
+
+
+class Writes:
+    node_name = "node-a"
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def owner(self, node: dict | None) -> list[dict[str, Any]]:
+        return [{"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": "n-uid"}]
+
+    async def put_slice(self, body: dict[str, Any]) -> None:
+        self.bodies.append(body)
+
+
+@pytest.fixture
+def socket_path():
+    d = Path(tempfile.mkdtemp(prefix="crirm-pub-"))
+    yield str(d / "status.sock")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+async def test_the_slice_is_written_again_after_cri_resmgr_comes_back(socket_path: str) -> None:
+    server = grpc.aio.server()
+    status = Status()
+    status_pb2_grpc.add_StatusServicer_to_server(status, server)
+    server.add_insecure_port("unix:" + socket_path)
+    await server.start()
+    writes = Writes()
+    exporter = SliceExporter(writes, socket_path, 0.01, lambda: None, lambda: Backoff(0.01, 0.02))  # type: ignore[arg-type]
+    task = asyncio.create_task(exporter.run())
+    try:
+        async with asyncio.timeout(10):
+            while len(writes.bodies) < 2:
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(0)
+    assert status.calls >= 2
+    body = writes.bodies[0]
+    assert body["metadata"]["name"] == slice_name("node-a", "cpu.example.com") == "node-a-cpu.example.com"
+    assert body["metadata"]["ownerReferences"][0]["kind"] == "Node"
+    spec = body["spec"]
+    assert (spec["driver"], spec["nodeName"], spec["pool"]["name"], spec["pool"]["resourceSliceCount"]) == \
+        ("cpu.example.com", "node-a", "node-a", 1)
+    assert spec["devices"] == [{"name": "numa-0", "attributes": {"big": {"bool": True}, "kind": {"string": "numa"},
+                                                                 "numaNode": {"int": 0}},
+                                "capacity": {"cpu": {"value": "3"}}, "allowMultipleAllocations": True}]
+    assert writes.bodies[1]["spec"]["pool"]["generation"] > spec["pool"]["generation"]
