@@ -83,16 +83,16 @@ class Daemon:
         try:
             core = await self.build_core(front)
             await front.start()
-            dra = self.dra = await self._start_dra(core.engine)
+            self.dra = await self._start_dra(core.engine)
             config_server = await self._serve_config(core)
             if self.opts.pid_file:
                 Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
             log.info("%s, policy %s", front.describe(), core.engine.policy.name)
             code = await self._run_loops(core, front)
-            if dra is not None:
-                await dra.stop()
+            await self._stop_dra()  # kubelet calls no more: nothing is prepared while shutting down
             await self._shut_down(core, front, config_server)
         finally:
+            await self._stop_dra()
             if self.opts.pid_file:
                 Path(self.opts.pid_file).unlink(missing_ok=True)
             await front.close()
@@ -244,6 +244,11 @@ class Daemon:
         hooks.configure(self.config.data.get("hooks") or {})
         hooks.registry.scan()  # registered before the first call; then kept current by the watch
         return hooks
+
+    async def _stop_dra(self) -> None:
+        if self.dra is not None:
+            dra, self.dra = self.dra, None
+            await dra.stop()
 
     async def _start_dra(self, engine: Engine) -> DraPlugin | None:
         """kubelet's DRA driver, when a driver name is given."""

@@ -172,7 +172,10 @@ class DraPlugin:
         longer allocated here. A claim that cannot be read now is kept."""
         while True:
             await asyncio.sleep(interval)
-            await self.collect_once()
+            try:
+                await self.collect_once()
+            except Exception as err:  # a failed look must not end the daemon: the next one tries again
+                log.warning("looking for claims nobody will unprepare failed: %s", err)
 
     async def collect_once(self) -> list[str]:
         """One look; the UIDs unprepared."""
