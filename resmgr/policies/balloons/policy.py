@@ -29,7 +29,6 @@ from resmgr.policies.toolkit import annotations, claims, cpuvalues
 from resmgr.policies.toolkit.allocator import Preferences, one_thread_per_core, take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.expressions import substitute
-from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.policies.toolkit.options import in_namespaces
 from resmgr.policies.toolkit.undo import undone_on_failure
 from resmgr.requests import CLASS_ANNOTATIONS, class_names, effective_annotation, milli_to_shares
@@ -120,7 +119,7 @@ def _hint(container: Container, pod: Pod, name: str) -> str | None:
     return None if found is None else str(found[1])
 
 
-class BalloonsPolicy(SnapshotMoves, Policy):
+class BalloonsPolicy(claims.ClaimHolder, Policy):
     name = "balloons"
     description = ("containers in typed balloons, CPU pools that grow and shrink with their requests, "
                    "matched by annotation, namespace or expressions")
@@ -577,10 +576,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         self._resize(b, size, pod.qos_class == QOSClass.GUARANTEED)
         self._put(container.key, b, m)
         updates = self._updates(before, view, container.key)
-        for key in self._claim_users(uid):  # the others' part of the claim's CPU time
-            c = view.containers.get(key)
-            if key != container.key and c is not None:
-                updates[key] = self._resources(c.resources, b, b.members[key])
+        updates.update(self._sharers(uid, view, container.key))  # the others' part of the claim's CPU time
         return Decision(resources=self._resources(container.requested, b, m),
                         classes=self._classes(container, pod, b.type), updates=updates)
 
@@ -596,13 +592,7 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         return [{"name": name, "attributes": {"kind": "balloon", "balloonType": b.type.name, "instance": b.index},
                  "cpus": b.type.max_cpus, "cpuset": str(b.cpus)} for name, b in sorted(self._dra_balloons().items())]
 
-    def prepare_claim(self, claim: Claim, view: View) -> Decision:
-        held = self.claims.get(claim.uid)
-        if held is not None:
-            if held.device != claim.device:
-                raise PolicyError(f"{claim.who} is prepared on device {held.device}, not {claim.device}")
-            self.unprepared.discard(claim.uid)
-            return Decision()
+    def _hold(self, claim: Claim) -> int:
         b = self._dra_balloons().get(claim.device)
         if b is None:
             raise PolicyError(f"{claim.who}: this node has no device {claim.device} (it offers "
@@ -612,41 +602,16 @@ class BalloonsPolicy(SnapshotMoves, Policy):
         if size is None or size - len(b.cpus) > len(self.free(b.type)):
             raise PolicyError(f"{claim.who}: balloon {b.name} cannot grow by {count} CPU(s) "
                               f"({self._no_room(b.type, b.group, Member(1000 * count, '', ''))})")
-        before = self._snapshot()
         self._resize(b, size)
         self._put(claims.key(claim.uid), b, Member(1000 * count, "", ""))
-        self.claims[claim.uid] = replace(claim, cpus=count)
-        return Decision(updates=self._updates(before, view, ""))
+        return count
 
-    def unprepare_claim(self, uid: str, view: View) -> Decision:
-        if uid not in self.claims:
-            return Decision()
-        if self._claim_users(uid):  # still running there: it goes with the last of them
-            self.unprepared.add(uid)
-            return Decision()
-        return self._drop_claim(uid, view)
+    def _user_claim(self, key: str) -> str:
+        b = self.where.get(key)
+        return b.members[key].claim if b is not None else ""
 
-    def _drop_claim(self, uid: str, view: View) -> Decision:
-        before = self._snapshot()
-        self._remove(claims.key(uid))
-        self.claims.pop(uid, None)
-        self.unprepared.discard(uid)
-        return Decision(updates=self._updates(before, view, ""))
-
-    def release(self, container: Container, view: View) -> Decision:
-        b = self.where.get(container.key)
-        uid = b.members[container.key].claim if b is not None else ""
-        decision = super().release(container, view)
-        if not uid:
-            return decision
-        users = self._claim_users(uid)
-        if not users and uid in self.unprepared:
-            decision.updates.update(self._drop_claim(uid, view).updates)
-        for key in users:
-            c = view.containers.get(key)
-            if c is not None:
-                decision.updates[key] = self._resources(c.resources, self.where[key], self.where[key].members[key])
-        return decision
+    def _user_resources(self, key: str, c: Container) -> Resources:
+        return self._resources(c.resources, self.where[key], self.where[key].members[key])
 
     def describe_claim(self, uid: str) -> dict[str, Any] | None:
         claim, b = self.claims.get(uid), self.where.get(claims.key(uid))

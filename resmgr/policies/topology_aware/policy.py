@@ -42,7 +42,6 @@ from resmgr.policies.toolkit import annotations, claims, cpuvalues
 from resmgr.policies.toolkit.allocator import ANY, Preferences, one_thread_per_core, preferences, take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.grants import Grant, Grants
-from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.policies.toolkit.options import Option, in_namespaces, reserved_namespaces
 from resmgr.policies.topology_aware.affinity import affinities
 from resmgr.policies.topology_aware.tree import Pool, TreeError, build, devices, owner
@@ -115,7 +114,7 @@ class Request:
         return ", ".join(parts)
 
 
-class TopologyAwarePolicy(SnapshotMoves, Policy):
+class TopologyAwarePolicy(claims.ClaimHolder, Policy):
     name = "topology-aware"
     description = ("pools from the hardware tree (sockets, dies, NUMA nodes, L3): each container in the tightest "
                    "pool that fits, with CPUs and memory from the same place")
@@ -782,13 +781,7 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
                         "cpuset": str(pool.cpus)})
         return out
 
-    def prepare_claim(self, claim: Claim, view: View) -> Decision:
-        held = self.claims.get(claim.uid)
-        if held is not None:
-            if held.device != claim.device:
-                raise PolicyError(f"{claim.who} is prepared on device {held.device}, not {claim.device}")
-            self.unprepared.discard(claim.uid)
-            return Decision()
+    def _hold(self, claim: Claim) -> int:
         if claim.device not in self.dra:
             raise PolicyError(f"{claim.who}: this node has no device {claim.device} (it offers "
                               f"{', '.join(self.dra) or 'none'})")
@@ -798,43 +791,19 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
         if count <= 0 or count > room:
             raise PolicyError(f"{claim.who}: device {claim.device} can give {room} CPU(s), the claim asks "
                               f"for {count}")
-        before = self._snapshot()
         with self.grants.transaction():
             self._add(claims.key(claim.uid), Grant(pool.name, self._slice(pool, count, ANY), milli=1000 * count))
             problem = self._overcommitted()
             if problem:
                 raise PolicyError(f"{claim.who}: {problem}")
-        self.claims[claim.uid] = replace(claim, cpus=count)
-        return Decision(updates=self._updates(before, view, ""))
+        return count
 
-    def unprepare_claim(self, uid: str, view: View) -> Decision:
-        if uid not in self.claims:
-            return Decision()
-        if self._claim_users(uid):  # still running on its CPUs: they go with the last of them
-            self.unprepared.add(uid)
-            return Decision()
-        return self._drop_claim(uid, view)
+    def _user_claim(self, key: str) -> str:
+        g = self.grants.get(key)
+        return g.claim if g is not None else ""
 
-    def _drop_claim(self, uid: str, view: View) -> Decision:
-        before = self._snapshot()
-        self._remove(claims.key(uid))
-        self.claims.pop(uid, None)
-        self.unprepared.discard(uid)
-        return Decision(updates=self._updates(before, view, ""))
-
-    def release(self, container: Container, view: View) -> Decision:
-        g = self.grants.get(container.key)
-        decision = super().release(container, view)
-        if g is None or not g.claim:
-            return decision
-        users = self._claim_users(g.claim)
-        if not users and g.claim in self.unprepared:
-            decision.updates.update(self._drop_claim(g.claim, view).updates)
-        for key in users:  # the rest of them get its CPU time
-            c = view.containers.get(key)
-            if c is not None:
-                decision.updates[key] = self._resources(c.resources, self.grants[key])
-        return decision
+    def _user_resources(self, key: str, c: Container) -> Resources:
+        return self._resources(c.resources, self.grants[key])
 
     def _on_claim(self, container: Container, pod: Pod, req: Requirements, claim: Claim, view: View) -> Decision:
         """A container on a claim's CPUs, with the memory of the claim's pool; the other users of the
@@ -844,13 +813,8 @@ class TopologyAwarePolicy(SnapshotMoves, Policy):
             self._remove(container.key)
             self._add(container.key, Grant(pool.name, memory=req.memory_limit or req.memory_request,
                                            claim=claim.uid))
-        updates = {}
-        for key in self._claim_users(claim.uid):
-            c = view.containers.get(key)
-            if key != container.key and c is not None:
-                updates[key] = self._resources(c.resources, self.grants[key])
         return Decision(resources=self._resources(container.requested, self.grants[container.key]),
-                        classes=class_names(container, pod), updates=updates)
+                        classes=class_names(container, pod), updates=self._sharers(claim.uid, view, container.key))
 
     def describe_claim(self, uid: str) -> dict[str, Any] | None:
         claim, held = self.claims.get(uid), self.grants.get(claims.key(uid))
