@@ -321,8 +321,8 @@ class Daemon:
                 snapshot = self._snapshot(engine, control)
                 feed = TopologyFeed(lambda: nrt.build(snapshot()), engine.changes)
             if self.opts.dra_driver:
-                devices = configlink.Devices(self.opts.dra_driver, TopologyFeed(
-                    lambda: {"devices": engine.policy.devices()}, engine.changes))
+                devices = configlink.Devices(self.opts.dra_driver,
+                                             TopologyFeed(lambda: engine.policy.devices(), engine.changes))
             return await configlink.serve(control, sockets.path_of(self.opts.config_socket), feed,
                                           self.opts.config_socket_group, devices)
         return None

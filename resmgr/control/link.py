@@ -6,7 +6,6 @@ Served on a root-only unix socket: the agent runs as root, nobody else may recon
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,7 @@ class ConfigService(api_pb2_grpc.ConfigServicer):
 
 @dataclass
 class Devices:
-    """The DRA driver's name and the feed of the devices its policy offers."""
+    """The DRA driver's name and the feed of the devices its policy offers (a JSON list)."""
 
     driver: str
     feed: TopologyFeed
@@ -73,7 +72,7 @@ class StatusService(status_pb2_grpc.StatusServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this cri-resmgr is no DRA driver (--dra-driver)")
             return
         async for text in self.devices.feed.texts(request.min_interval):
-            yield status_pb2.DevicesReply(driver=self.devices.driver, devices=json.dumps(json.loads(text)["devices"]))
+            yield status_pb2.DevicesReply(driver=self.devices.driver, devices=text)
 
 async def serve(control: ConfigManager, path: str, feed: TopologyFeed | None = None,
                 group: int = -1, devices: Devices | None = None) -> grpc.aio.Server:

@@ -1,6 +1,6 @@
-"""The node's NodeResourceTopology as a stream for the node agent (the config link's
-WatchTopology, resmgr/control/link.py): the document now, then again whenever the state changed
-and the document with it, at most once per interval."""
+"""A document of the node's state as a stream for the node agent (the config link's WatchTopology,
+its NodeResourceTopology, and WatchDevices, the DRA devices; resmgr/control/link.py): the document
+now, then again whenever the state changed and the document with it, at most once per interval."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ class ChangeCount(Protocol):
 
 @dataclass
 class TopologyFeed:
-    """The topology document now, and the changes to wait on."""
+    """The document now (JSON-able), and the changes to wait on."""
 
-    document: Callable[[], dict[str, Any]]
+    document: Callable[[], Any]
     changes: ChangeCount
 
     async def texts(self, interval: float) -> AsyncIterator[str]:
