@@ -89,7 +89,10 @@ def node_crd() -> dict[str, Any]:
             "status": {"type": "object", "required": ["kind", "name", "status", "timestamp"], "properties": {
                 "kind": {"type": "string", "enum": [r.KIND, "ConfigMap"]},
                 "name": {"type": "string", "description": "The configuration's name in its namespace."},
-                "resourceVersion": {"type": "string"}, **OUTCOME}},
+                "resourceVersion": {"type": "string"}, **OUTCOME,
+                "problems": {"type": "array", "items": {"type": "string"},
+                             "description": "What the node's cri-resmgr reports is wrong beyond its configuration "
+                                            "(its state cannot be written, say); absent while all is well."}}},
         },
     }
     columns = [
@@ -98,6 +101,7 @@ def node_crd() -> dict[str, Any]:
         {"name": "Generation", "type": "integer", "jsonPath": ".status.generation"},
         {"name": "Status", "type": "string", "jsonPath": ".status.status"},
         {"name": "Error", "type": "string", "jsonPath": ".status.error", "priority": 1},
+        {"name": "Problems", "type": "string", "jsonPath": ".status.problems", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
     return definition(r.NODE_KIND, r.NODE_PLURAL, r.NODE_SINGULAR, r.NODE_SHORT_NAMES, schema, columns, {})

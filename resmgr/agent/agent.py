@@ -28,7 +28,7 @@ from resmgr.agent import resources
 from resmgr.agent.apiclient import Client
 from resmgr.agent.kube import Backoff, Cluster, Watcher, one
 from resmgr.agent.topology import Publisher, SliceExporter, TopologyExporter
-from resmgr.generated.config import api_pb2, api_pb2_grpc
+from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
 from resmgr.options import duration, on_off, opt, positive_duration
 
 log = logging.getLogger("cri-resmgr-agent")
@@ -71,6 +71,10 @@ class Settings:
     resync_interval: float = opt(60.0, "--resync-interval", type=positive_duration, metavar="DURATION",
                                  help="push the configuration in force again this often, in case cri-resmgr "
                                       "restarted without it (default: %(default)ss)")
+    status_interval: float = opt(10.0, "--status-interval", type=positive_duration, metavar="DURATION",
+                                 help="ask cri-resmgr this often whether it reports a problem (its state cannot be "
+                                      "written, say), which the agent's probe and the node's status then show "
+                                      "(default: %(default)ss)")
     push_timeout: float = opt(5.0, "--push-timeout", type=positive_duration, metavar="DURATION",
                               help="how long one push may take (default: %(default)ss)")
     retry_first: float = opt(0.2, help="first wait before retrying a failed watch or push")
@@ -130,6 +134,8 @@ class ConfigAgent:
         self.unrecorded = False  # the outcome of the last push is not all written yet
         self.record_error = ""  # why, when it is not
         self.relay_reachable = True
+        self.problems: list[str] = []  # what cri-resmgr last reported wrong beyond its configuration
+        self._recording = asyncio.Lock()
         self._changed = asyncio.Event()
         self.publishers: list[Publisher] = [
             kind(self.cluster, settings.config_socket, settings.topology_interval, lambda: self.node, self._backoff)
@@ -225,6 +231,7 @@ class ConfigAgent:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._push_loop())
+                tg.create_task(self._problems_loop())
                 for publisher in self.publishers:
                     tg.create_task(publisher.run())
         finally:
@@ -254,6 +261,29 @@ class ConfigAgent:
                 if choice == self.pushed and not resync:
                     continue
                 await self._push(stub, choice)
+
+    async def _problems_loop(self) -> None:
+        """Follow what cri-resmgr reports wrong beyond its configuration; a change is logged and
+        written to the node's status (once a configuration was recorded there)."""
+        async with grpc.aio.insecure_channel("unix://" + self.settings.config_socket) as channel:
+            stub = status_pb2_grpc.StatusStub(channel)
+            while True:
+                try:
+                    reply = await stub.GetStatus(status_pb2.GetStatusRequest(), timeout=self.settings.push_timeout)
+                except grpc.aio.AioRpcError:
+                    pass  # unreachable: the push loop says so
+                else:
+                    problems = list(reply.problems)
+                    if problems != self.problems:
+                        for problem in problems:
+                            if problem not in self.problems:
+                                log.error("cri-resmgr reports: %s", problem)
+                        if not problems:
+                            log.info("cri-resmgr reports no problem any more")
+                        self.problems = problems
+                        if self.pushed is not None:
+                            self.unrecorded = not await self._record(None, "", event=False)
+                await asyncio.sleep(self.settings.status_interval)
 
     async def _push(self, stub: api_pb2_grpc.ConfigStub, choice: Choice) -> None:
         """Push until cri-resmgr answers, or a newer change takes over."""
@@ -288,10 +318,19 @@ class ConfigAgent:
         self.push_error = error
         self.unrecorded = not await self._record(choice, error)
 
-    async def _record(self, choice: Choice, error: str) -> bool:
+    async def _record(self, choice: Choice | None, error: str, event: bool = True) -> bool:
         """The outcome on the Node and in this node's status object, and as an Event if a ConfigMap
         was rejected (a rejected resource's Event is the tally's, one for all nodes); False if some
-        of it could not be written (the next resync tries again)."""
+        of it could not be written (the next resync tries again). choice None: the last push's, as
+        it is when the writes begin (one outcome is written at a time, so the newest lands last)."""
+        async with self._recording:
+            if choice is None:
+                if self.pushed is None:
+                    return True
+                choice, error = self.pushed, self.push_error
+            return await self._write_outcome(choice, error, event)
+
+    async def _write_outcome(self, choice: Choice, error: str, event: bool) -> bool:
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         where = f"{self.settings.config_namespace}/{choice.name}"
         status: dict[str, Any] = {"kind": choice.kind, "name": where, "resourceVersion": choice.resource_version,
@@ -309,12 +348,14 @@ class ConfigAgent:
             outcome["generation"] = int(choice.version or 0)
         if error:
             outcome["error"] = error[:4096]
+        if self.problems:
+            outcome["problems"] = [p[:1024] for p in self.problems[:8]]
         writes = [("the node's annotation",
                    self.cluster.annotate_node({STATUS_ANNOTATION: json.dumps(status, sort_keys=True)}))]
         if self.settings.custom_resources:
             writes.append((f"{resources.NODE_KIND} {self.settings.config_namespace}/{self.settings.node_name}",
                            self.cluster.put_node_status(self.settings.config_namespace, outcome, self.node)))
-        if error and not choice.custom:
+        if error and not choice.custom and event:
             message = (f"cri-resmgr on node {self.settings.node_name} rejected "
                        f"{choice.describe(self.settings.config_namespace)}: {error}")
             writes.append(("the Event", self.cluster.warn(resources.REJECTED_REASON, message, self.node)))
@@ -340,4 +381,5 @@ class ConfigAgent:
             problems.append(f"the outcome for {self.pushed.name if self.pushed else 'the configuration'} is not "
                             f"recorded in the cluster ({self.record_error}); retried at the next resync")
         problems.extend(p.error for p in self.publishers if p.error)
+        problems.extend(f"cri-resmgr reports: {p}" for p in self.problems)
         return "; ".join(problems)

@@ -66,6 +66,7 @@ class Credentials:
     token_file: str = ""
     cert_file: str = ""
     key_file: str = ""
+    tls_server_name: str = ""  # the name the server's certificate is checked against, if not the server's host
     _token_read: float = field(default=0.0, repr=False)
 
     def bearer(self) -> str:
@@ -126,7 +127,7 @@ def load_kubeconfig(path: str) -> Credentials:
     return Credentials(server=cluster["server"].rstrip("/"), ca_file=file_of("certificate-authority", cluster),
                        insecure=bool(cluster.get("insecure-skip-tls-verify")), token=user.get("token") or "",
                        token_file=file_of("tokenFile", user), cert_file=file_of("client-certificate", user),
-                       key_file=file_of("client-key", user))
+                       key_file=file_of("client-key", user), tls_server_name=cluster.get("tls-server-name") or "")
 
 
 def in_cluster() -> Credentials:
@@ -333,8 +334,9 @@ class Client:
         return headers
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        name = self.creds.tls_server_name or self.host
         return await asyncio.open_connection(self.host, self.port, ssl=self._ssl,
-                                             server_hostname=self.host if self.tls else None, limit=1 << 20)
+                                             server_hostname=name if self.tls else None, limit=1 << 20)
 
     async def _h2_conn(self) -> _H2 | None:
         if not self.tls or self._no_h2:

@@ -145,6 +145,8 @@ class Daemon:
         try:
             async with asyncio.TaskGroup() as tg:
                 loops = [tg.create_task(engine.run_reconciler(self.opts.reconcile_interval)),
+                         tg.create_task(engine.keep_written()),
+                         tg.create_task(core.control.keep_written()),
                          *(tg.create_task(loop) for loop in front.loops())]
                 if self.opts.rebalance_interval > 0:
                     loops.append(tg.create_task(self._rebalance(engine)))

@@ -6,7 +6,9 @@ Asks the daemon over its config socket (root only). When the daemon serves its s
 (--metrics-address), the pools and containers are read from there too: each pool's CPUs,
 what its shared containers run on now, exclusive grants, containers, and the shared
 milli-CPU requested and still free. Exit status 0 when the last pushed or reloaded
-configuration was applied, 3 when it was rejected, 1 when the daemon cannot be reached.
+configuration was applied and the daemon reports no problem (its state directory cannot be
+written, say), 3 when the configuration was rejected, 4 when a problem is reported, 1 when the
+daemon cannot be reached.
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ def main(argv: list[str]) -> int:
         print(f"pods: {reply.pods}, containers: {reply.containers}")
         if reply.last_error:
             print(f"last configuration rejected: {reply.last_error}")
+        for problem in reply.problems:
+            print(f"problem: {problem}")
         if doc is not None:
             print()
             print(tables(doc))
@@ -104,4 +108,4 @@ def main(argv: list[str]) -> int:
             print(f"pools: unknown; {why}")
         print("# effective configuration")
         print(reply.config, end="")
-    return 3 if reply.last_error else 0
+    return 3 if reply.last_error else 4 if reply.problems else 0

@@ -124,6 +124,8 @@ class ConfigManager:
         self.http_address = ""  # where the daemon serves its state, if it does
         self._yaml: tuple[Config | None, str] = (None, "")
         self._lock = asyncio.Lock()
+        # The last pushed configuration, for the next start; beside the engine's state, on the same disk.
+        self._pushed = sources.pushed_store()
 
     def dumper_for(self, config: Config) -> Closable:
         rules, path = self.dump_override
@@ -205,7 +207,17 @@ class ConfigManager:
                 raise self._reject(source, str(err)) from None
             config.source = source
             await self._apply_now(config)
-            await asyncio.to_thread(self.sources.pushed_store().write, {"node_name": node_name, "config": data})
+            # Not written (the disk full, say): in force anyway, reported, written once it can be.
+            await self._pushed.save(lambda: {"node_name": node_name, "config": data})
+
+    def problems(self) -> list[str]:
+        """What an operator should know beyond the configuration (the engine's, and the pushed file's)."""
+        pushed = [self._pushed.problem] if self._pushed.problem else []
+        return [*self.engine.problems(), *pushed]
+
+    async def keep_written(self) -> None:
+        """Runs for the daemon's life: the pushed configuration written once a failed write can be."""
+        await self._pushed.keep_written()
 
     async def reload_forced(self) -> None:
         """SIGHUP: read the forced file again; a bad file keeps the configuration in force."""
@@ -228,10 +240,11 @@ class ConfigManager:
         if self._yaml[0] is not self.config:  # rendered once per configuration, not per scrape
             self._yaml = (self.config, self.config.to_yaml())
         return {"source": self.config.source, "generation": self.generation, "last_error": self.last_error,
-                "policy": self.engine.policy.name, "yaml": self._yaml[1]}
+                "policy": self.engine.policy.name, "yaml": self._yaml[1], "problems": self.problems()}
 
     def status(self) -> dict[str, Any]:
         return {"config": self.config.to_yaml(), "source": self.config.source, "policy": self.engine.policy.name,
                 "last_error": self.last_error, "pods": len(self.engine.pods),
-                "containers": len(self.engine.containers), "http_address": self.http_address}
+                "containers": len(self.engine.containers), "http_address": self.http_address,
+                "problems": self.problems()}
 

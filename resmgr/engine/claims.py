@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from resmgr.engine.state import EngineState
+from resmgr.engine.store import StateNotWritten
 from resmgr.model import Claim, Decision
 from resmgr.policies.base import PolicyError
 
@@ -15,12 +16,19 @@ log = logging.getLogger("cri-resmgr.engine")
 
 class Claiming(EngineState):
     async def prepare_claims(self, claims: list[Claim]) -> dict[str, str]:
-        """Prepare each claim; the errors of those refused, by UID (PolicyError's message)."""
+        """Prepare each claim; the errors of those refused, by UID (PolicyError's message).
+
+        Nothing but the state file remembers a prepared claim, so one that cannot be written is
+        refused (kubelet asks again) rather than held in memory only."""
         await self.until_reconciled()
+        if self.store.failing:
+            return {c.uid: f"not prepared: {self.store.failing}" for c in claims}
         errors: dict[str, str] = {}
         decision = Decision()
+        prepared: list[Claim] = []
         async with self.lock:
             for claim in claims:
+                fresh = claim.uid not in self.ledger.claims  # else prepared before, and on disk
                 try:
                     updates = self.ledger.prepare(claim).updates
                 except PolicyError as err:
@@ -28,8 +36,22 @@ class Claiming(EngineState):
                     continue
                 self.record(updates)
                 decision.updates.update(updates)
+                if fresh:
+                    prepared.append(claim)
+        try:
+            await self._persist()
+        except StateNotWritten as err:
+            async with self.lock:  # undone: what is pushed below is what is desired by then
+                for claim in prepared:
+                    undone = self.ledger.unprepare(claim.uid).updates
+                    self.record(undone)
+                    decision.updates.update(undone)
+                    errors[claim.uid] = f"not prepared: {err}"
+            await self.apply_updates(decision)
+            return errors
+        for claim in claims:
+            if claim.uid not in errors:
                 log.info("%s prepared: %s", claim.who, self.policy.describe_claim(claim.uid))
-        await self._persist()
         await self.apply_updates(decision)
         return errors
 
@@ -45,10 +67,14 @@ class Claiming(EngineState):
                 decision.updates.update(updates)
                 if claim is not None:
                     log.info("%s unprepared", claim.who)
-        await self._persist()
+        # Not strict: should the write fail and the daemon die, the claim comes back from the older
+        # state, unused, and is collected as one kubelet will never unprepare.
+        self.changes.bump()
+        await self.store.save(self.snapshot)
         await self.apply_updates(decision)
 
     async def _persist(self) -> None:
-        """On disk before kubelet hears the answer, even where lifecycle answers write behind."""
+        """On disk before kubelet hears the answer, even where lifecycle answers write behind
+        (StateNotWritten if it cannot be)."""
         self.changes.bump()
-        await self.store.save(self.snapshot)
+        await self.store.save(self.snapshot, strict=True)

@@ -188,6 +188,14 @@ class EngineState:
         self._saves.add(task)
         task.add_done_callback(self._saves.discard)
 
+    def problems(self) -> list[str]:
+        """What an operator should know about the engine, one line each (none while all is well)."""
+        return [self.store.problem] if self.store.problem else []
+
+    async def keep_written(self) -> None:
+        """Runs for the daemon's life: the state written again once a failed write can be."""
+        await self.store.keep_written()
+
     async def flush(self) -> None:
         """Persist the state now, and wait for it (at shutdown)."""
         if self._saves:

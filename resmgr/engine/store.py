@@ -3,6 +3,13 @@
 Writes go to a temporary file that is fsynced and renamed over the old one, so a
 crash (kill -9 included) leaves either the old or the new state, never a mix.
 Saves are coalesced: callers that ask while a write is running share the next one.
+
+A write that fails (the file system full or read-only) never fails the call that asked for
+it: the decisions stay in memory, the failure is reported (a log line, a metric, `problem`
+for the status and the agent), and `keep_written` writes the state once it can. What is lost
+if the daemon dies meanwhile is rebuilt from the runtime at the next start, as after any
+crash; only what the runtime cannot tell (a prepared DRA claim) insists on the disk
+(`save(strict=True)`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ log = logging.getLogger("cri-resmgr.engine.store")
 
 VERSION = 1
 KEEP_BROKEN = 3  # broken state files kept for a post-mortem; older ones are removed
+RETRY_FIRST = 1.0  # seconds before the first retry of a failed write
+RETRY_MAX = 30.0  # longest wait between retries while writes fail
 
 
 class StateFileError(Exception):
@@ -32,6 +41,10 @@ class StateFileError(Exception):
 
 class StateInUse(Exception):
     pass
+
+
+class StateNotWritten(Exception):
+    """A strict save could not write the state (the reason is the message)."""
 
 
 class StateStore:
@@ -43,9 +56,25 @@ class StateStore:
         self._lock = asyncio.Lock()
         self._wanted = 0  # generation requested
         self._written = 0  # generation on disk
+        self.failing: str = ""  # why the last write failed ("" while writes work)
+        self.failing_since = 0.0  # wall-clock time of the first failure in a row
+        self._failures = 0
+        self._retry = asyncio.Event()  # set when a write failed and must be tried again
+        self._snapshot: Callable[[], dict[str, Any]] | None = None
+
+    @property
+    def tmp(self) -> Path:
+        return self.path.with_name(f".{self.path.name}.tmp")
 
     def prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # A write cut short by a crash leaves its temporary file: it holds room a full disk needs.
+        try:
+            self.tmp.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            log.warning("cannot remove %s: %s", self.tmp, err)
 
     def claim(self) -> None:
         """Hold the directory for this process (StateInUse if another holds it): two daemons
@@ -99,25 +128,37 @@ class StateStore:
                 log.warning("cannot remove old broken state file %s: %s", old, err)
 
     def write(self, data: dict[str, Any]) -> None:
-        """Synchronous atomic write."""
+        """Synchronous atomic write (OSError: nothing changed on disk, the temporary file removed)."""
         # default=str: a YAML value JSON has no type for (a date) must not make every save fail.
-        payload = json.dumps({"version": VERSION, **data}, sort_keys=True, separators=(",", ":"), default=str)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        payload = memoryview(json.dumps({"version": VERSION, **data}, sort_keys=True, separators=(",", ":"),
+                                        default=str).encode())
+        tmp = self.tmp
         try:
-            os.write(fd, payload.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                while payload:  # a write may take only part of it
+                    payload = payload[os.write(fd, payload):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise
         dfd = os.open(self.dir, os.O_RDONLY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
 
-    async def save(self, snapshot: Callable[[], dict[str, Any]]) -> None:
-        """Persist the state as it is now (or later); returns once it is on disk."""
+    async def save(self, snapshot: Callable[[], dict[str, Any]], strict: bool = False) -> None:
+        """Persist the state as it is now (or later); returns once it is on disk, or once the write
+        failed: then the failure is reported and keep_written tries again. strict: a failure
+        raises StateNotWritten instead (also when an earlier write is failing)."""
+        self._snapshot = snapshot
         self._wanted += 1
         target = self._wanted
         async with self._lock:
@@ -128,11 +169,51 @@ class StateStore:
             started = time.perf_counter()
             try:
                 await asyncio.to_thread(self.write, data)
-            except Exception:
+            except OSError as err:
                 metrics.state_saved(time.perf_counter() - started, False)
-                raise
+                self._failed(err)
+                if strict:
+                    raise StateNotWritten(self.failing) from None
+                return
             metrics.state_saved(time.perf_counter() - started, True)
             self._written = generation
+            self._recovered()
+
+    def _failed(self, err: OSError) -> None:
+        self._failures += 1
+        self._retry.set()
+        if not self.failing:
+            self.failing_since = time.time()
+            log.error("cannot write the state to %s: %s; decisions are kept in memory and written as soon as "
+                      "the file system takes them (a restart meanwhile rebuilds them from the runtime)",
+                      self.path, err.strerror or err)
+        self.failing = f"cannot write the state to {self.path}: {err.strerror or err}"
+        metrics.state_failing(True)
+
+    def _recovered(self) -> None:
+        if self.failing:
+            log.warning("the state is written to %s again, after %.0f s and %d failed writes", self.path,
+                        time.time() - self.failing_since, self._failures)
+            self.failing, self._failures = "", 0
+            metrics.state_failing(False)
+        self._retry.clear()
+
+    @property
+    def problem(self) -> str:
+        """What an operator should know about the state file ("" when all is well)."""
+        if not self.failing:
+            return ""
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.failing_since))
+        return f"{self.failing} (since {since}); decisions are kept in memory until it can be written"
+
+    async def keep_written(self) -> None:
+        """Runs for the daemon's life: write the latest state again after a failed write, backing off
+        while writes keep failing."""
+        while True:
+            await self._retry.wait()
+            await asyncio.sleep(min(RETRY_FIRST * 2 ** max(0, self._failures - 1), RETRY_MAX))
+            if self._snapshot is not None and self.failing:
+                await self.save(self._snapshot)
 
     def remove(self) -> None:
         try:

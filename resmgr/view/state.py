@@ -122,4 +122,5 @@ def build(topology: Topology | None, policy: Policy, pods: Mapping[str, Pod], co
             "config": dict(config or {}),
             "topology": topo if topo is not None else topology_doc(topology),
             "pools": pools, "cpus": cpu_roles(topology, pools, pod_docs), "pods": pod_docs,
-            "notices": policy.fallback(), "dra": dra_doc(policy, claims or {})}
+            "notices": [*(config or {}).get("problems", []), *policy.fallback()],
+            "dra": dra_doc(policy, claims or {})}

@@ -4,6 +4,7 @@ per-node status and Events, and the node's NodeResourceTopology next to `cri-res
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 
 import pytest
@@ -11,8 +12,8 @@ from kubernetes.client.rest import ApiException
 
 from harness.containerd import TOOLS_BIN
 from resmgr.agent import resources as rs
-from tests.support.agentenv import NS, Env, cpu, matches_status, milli, policy_map, status_doc, wait_for
-from tests.support.helpers import ONLINE, Cri, container_config, pod_config, resources
+from tests.support.agentenv import NS, Env, cpu, healthy_again, matches_status, milli, policy_map, status_doc, wait_for
+from tests.support.helpers import ONLINE, ROOT, Cri, container_config, pod_config, resources
 
 
 def entry_is(env: Env, name: str, status: str) -> dict:
@@ -128,3 +129,39 @@ def test_node_resource_topology_follows_containers_and_matches_status(env, conta
                  what="the CPU given back in the NodeResourceTopology")
     finally:
         via.close()
+
+
+def test_a_full_state_directory_is_reported_in_the_probe_and_the_node_status_until_there_is_room(env):
+    """What cri-resmgr reports wrong beyond its configuration reaches where an operator looks: the
+    agent's probe fails and the node's ResourceManagerNodeStatus lists it, both cleared once it is over."""
+    state = env.workdir / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(state)], check=True)
+    try:
+        env.start_relay()
+        env.cluster.resource("default", {"policy": {"Active": "static"}})
+        env.agent.start("--status-interval", "0.2")
+        entry_is(env, "default", rs.SUCCESS)
+        with open(state / "fill", "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass
+        env.cluster.resource("default", {"policy": {"Active": "static-plus"}})  # its save fails
+        entry = wait_for(lambda: (e := env.cluster.node_entry("default")).get("problems") and
+                         e.get("generation") == 2 and e, what="the problem in the node's status")
+        assert entry["status"] == rs.SUCCESS  # taken: it runs from memory
+        assert "No space left on device" in entry["problems"][0]
+        probe = subprocess.run([sys.executable, "-m", "resmgr.agent", "probe", "--agent-socket", env.agent.socket],
+                               capture_output=True, text=True, cwd=ROOT, timeout=30)
+        assert probe.returncode == 1 and "cannot write the state" in probe.stderr, probe
+        assert "cri-resmgr reports: cannot write the state" in env.agent.log()
+        (state / "fill").unlink()
+        wait_for(lambda: "problems" not in env.cluster.node_entry("default"), timeout=60,
+                 what="the problem gone from the node's status")
+        healthy_again(env)
+    finally:
+        if env.relay is not None:
+            env.relay.stop()  # it holds the directory's lock
+        subprocess.run(["umount", str(state)], check=False)

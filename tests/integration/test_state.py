@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 
 import grpc
 import pytest
 
+from harness.relay import free_port
 from resmgr.generated.cri import api_pb2 as cri
-from tests.support.helpers import ONLINE, Cri, RelayProcess, cgroup_cpus, container_config, pod_config, policy_relay
+from resmgr.view import client
+from tests.support.helpers import (
+    ONLINE,
+    Cri,
+    RelayProcess,
+    cgroup_cpus,
+    container_cgroup,
+    container_config,
+    pod_config,
+    policy_relay,
+    resmgr_status,
+    wait_until,
+)
 
 
 def guaranteed_cpu() -> cri.LinuxContainerResources:
@@ -147,3 +161,72 @@ def test_snapshots_are_plain_copies_that_round_trip():
     d["hints"]["/dev/x"].append(9)
     d["resources"]["unified"]["x"] = "y"
     assert c.labels == {"a": "b"} and c.hints == {"/dev/x": [0, 1]} and "x" not in c.resources.unified
+
+
+def test_a_full_state_directory_refuses_no_pod_crashes_nothing_and_is_written_once_there_is_room(
+        containerd, workdir):
+    """The state directory's file system full: containers are still made and placed, the condition is
+    reported (log, metric, status), a crash meanwhile restarts into service and loses nothing, and the
+    state is written as soon as there is room again."""
+    state = workdir / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(state)], check=True)
+    address = f"127.0.0.1:{free_port()}"
+    relays: list[RelayProcess] = []
+    pods: list[str] = []
+    direct = Cri(containerd.socket)
+
+    def relay() -> tuple[RelayProcess, Cri]:
+        r = RelayProcess(workdir, containerd.socket, "--metrics-address", address, relay_dir=state).start()
+        relays.append(r)
+        return r, Cri(r.socket)
+
+    def failing() -> str:
+        metrics = client.get(address, "/metrics").decode()
+        return next(line.split()[1] for line in metrics.splitlines()
+                    if line.startswith("cri_resmgr_state_write_failing "))
+
+    try:
+        first, via = relay()
+        cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(cfg))
+        before = via.run_container(pods[0], cfg, container_config("before", resources=guaranteed_cpu()))
+        with open(state / "fill", "wb", buffering=0) as f:  # every block taken
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass
+        during = via.run_container(pods[0], cfg, container_config("during", resources=guaranteed_cpu()))
+        running = {c.id for c in direct.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
+            state=cri.ContainerStateValue(state=cri.CONTAINER_RUNNING)))).containers}
+        assert running >= {before, during}
+        wait_until(lambda: failing() == "1.0", what="the metric of failing state writes")
+        problems = resmgr_status(str(workdir / "config.sock")).problems
+        assert len(problems) == 1 and "No space left on device" in problems[0], problems
+        assert "cannot write the state" in first.log()
+        assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+        via.close()
+
+        second, via = relay()  # starts on the full disk: no crash, and it adopts what it lost
+        after = via.run_container(pods[0], cfg, container_config("after", resources=guaranteed_cpu()))
+        wait_until(lambda: resmgr_status(str(workdir / "config.sock")).problems, what="the problem reported again")
+        assert second.proc is not None and second.proc.poll() is None
+        cpus = {c: cgroup_cpus(*container_cgroup(direct, c)) for c in (before, during, after)}
+        if len(ONLINE) > 3:  # one CPU of their own each, none shared
+            assert len(set(cpus.values())) == 3, cpus
+        (state / "fill").unlink()
+        wait_until(lambda: not resmgr_status(str(workdir / "config.sock")).problems, timeout=60,
+                   what="the state written once there is room")
+        assert {c["id"] for c in state_of(second)["containers"]} == {before, during, after}
+        assert failing() == "0.0"
+        assert "written to" in second.log() and "again" in second.log()
+        via.close()
+    finally:
+        for r in relays:
+            if r.proc is not None and r.proc.poll() is None:
+                r.stop()
+        for p in pods:
+            direct.remove_pod(p)
+        direct.close()
+        subprocess.run(["umount", str(state)], check=False)

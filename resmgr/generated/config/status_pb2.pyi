@@ -1,5 +1,7 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
 from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -9,7 +11,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusReply(_message.Message):
-    __slots__ = ("config", "source", "policy", "last_error", "pods", "containers", "http_address")
+    __slots__ = ("config", "source", "policy", "last_error", "pods", "containers", "http_address", "problems")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +19,7 @@ class GetStatusReply(_message.Message):
     PODS_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     config: str
     source: str
     policy: str
@@ -24,7 +27,8 @@ class GetStatusReply(_message.Message):
     pods: int
     containers: int
     http_address: str
-    def __init__(self, config: _Optional[str] = ..., source: _Optional[str] = ..., policy: _Optional[str] = ..., last_error: _Optional[str] = ..., pods: _Optional[int] = ..., containers: _Optional[int] = ..., http_address: _Optional[str] = ...) -> None: ...
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, config: _Optional[str] = ..., source: _Optional[str] = ..., policy: _Optional[str] = ..., last_error: _Optional[str] = ..., pods: _Optional[int] = ..., containers: _Optional[int] = ..., http_address: _Optional[str] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WatchTopologyRequest(_message.Message):
     __slots__ = ("min_interval",)

@@ -839,3 +839,25 @@ async def test_a_hint_the_policy_does_not_consult_is_named_in_a_warning(engine, 
     warned = [r.getMessage() for r in caplog.records if "have no effect" in r.getMessage()]
     assert warned == ["container default/hinted/a: annotation(s) prefer-isolated-cpus.resource-policy.nri.io have "
                       "no effect under policy test-pinning"]
+
+
+async def test_a_full_disk_neither_fails_a_create_nor_keeps_the_engine_from_its_first_reconciliation(
+        tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from resmgr.engine import store as store_mod
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store_mod.os, "write", full)
+    eng = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(FakeRuntime()), gated=True)
+    eng.store.prepare()
+    pod_id, cfg = await _run_pod(eng)
+    eng.runtime.client.pod(pod_id)
+    await eng.reconcile()  # its save fails: the round still counts
+    assert eng.reconciled.is_set()
+    await _create(eng, pod_id, cfg)  # the runtime made it: the answer is not an error
+    assert "c1" in eng.containers
+    assert eng.problems() and "No space left on device" in eng.problems()[0]

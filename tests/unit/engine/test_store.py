@@ -1,0 +1,80 @@
+"""The state file when the disk says no: a full file system never fails the call that saves, is
+reported while it lasts, and the state is written once there is room; short writes are finished."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+
+import pytest
+
+from resmgr import metrics
+from resmgr.engine import store as store_mod
+from resmgr.engine.store import StateNotWritten, StateStore
+
+
+class Disk:
+    """os.write as the store sees it: full (ENOSPC), or taking at most `chunk` bytes a call."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.full = False
+        self.chunk = 0
+        self.calls = 0
+        real = os.write
+
+        def write(fd: int, data: bytes) -> int:
+            self.calls += 1
+            if self.full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(fd, bytes(data[:self.chunk]) if self.chunk else data)
+
+        monkeypatch.setattr(store_mod.os, "write", write)
+
+
+def test_a_write_that_takes_part_of_the_data_is_finished(tmp_path, monkeypatch):
+    disk = Disk(monkeypatch)
+    disk.chunk = 7
+    StateStore(tmp_path).write({"pods": [{"id": "p" * 100}]})
+    assert json.loads((tmp_path / "cache").read_text())["pods"] == [{"id": "p" * 100}]
+    assert disk.calls > 10
+
+
+async def test_a_full_disk_fails_no_save_is_reported_and_the_state_is_written_once_there_is_room(
+        tmp_path, monkeypatch):
+    metrics.enable()
+    disk = Disk(monkeypatch)
+    store = StateStore(tmp_path)
+    monkeypatch.setattr(store_mod, "RETRY_FIRST", 0.05)
+    state = {"pods": ["a"]}
+    await store.save(lambda: dict(state))
+    assert store.problem == ""
+
+    disk.full = True
+    state["pods"] = ["a", "b"]
+    await store.save(lambda: dict(state))  # no exception: the caller's call goes on
+    assert "No space left on device" in store.problem and str(tmp_path / "cache") in store.problem
+    assert metrics.STATE_FAILING._value.get() == 1
+    assert json.loads((tmp_path / "cache").read_text())["pods"] == ["a"]  # the old state, whole
+    assert not (tmp_path / ".cache.tmp").exists()  # no half-written file holding room
+    with pytest.raises(StateNotWritten, match="No space left"):
+        await store.save(lambda: dict(state), strict=True)
+
+    keeper = asyncio.create_task(store.keep_written())
+    await asyncio.sleep(0.3)  # retries keep failing meanwhile
+    state["pods"] = ["a", "b", "c"]
+    disk.full = False
+    for _ in range(100):
+        if not store.problem:
+            break
+        await asyncio.sleep(0.05)
+    keeper.cancel()
+    assert store.problem == "" and metrics.STATE_FAILING._value.get() == 0
+    assert json.loads((tmp_path / "cache").read_text())["pods"] == ["a", "b", "c"]  # the latest, not the failed one
+
+
+def test_a_temporary_file_left_by_a_crash_is_removed_at_start(tmp_path):
+    (tmp_path / ".cache.tmp").write_text("x" * 1000)
+    StateStore(tmp_path).prepare()
+    assert not (tmp_path / ".cache.tmp").exists()
