@@ -44,8 +44,9 @@ CONFIG_REJECTED = Counter(f"{PREFIX}_config_rejections", "Configurations refused
 CONFIG_GENERATION = Gauge(f"{PREFIX}_config_generation", "How many configurations were put in force since start "
                           "(1: the start-up one)", registry=REGISTRY)
 STATE_SAVES = Counter(f"{PREFIX}_state_saves", "Writes of the state file", ["outcome"], registry=REGISTRY)
-STATE_FAILING = Gauge(f"{PREFIX}_state_write_failing", "1 while the state file cannot be written (decisions are "
-                      "kept in memory and written once it can be), else 0", registry=REGISTRY)
+STATE_FAILING = Gauge(f"{PREFIX}_state_write_failing", "1 while a file of the state directory cannot be written "
+                      "(what it holds is kept in memory and written once it can be), else 0", ["file"],
+                      registry=REGISTRY)
 STATE_SECONDS = Histogram(f"{PREFIX}_state_save_duration_seconds", "Time to write and fsync the state file",
                           buckets=FAST_BUCKETS, registry=REGISTRY)
 
@@ -99,9 +100,9 @@ def state_saved(seconds: float, ok: bool) -> None:
             STATE_SECONDS.observe(seconds)
 
 
-def state_failing(failing: bool) -> None:
+def state_failing(file: str, failing: bool) -> None:
     if enabled:
-        STATE_FAILING.set(1 if failing else 0)
+        STATE_FAILING.labels(file).set(1 if failing else 0)
 
 
 def config_applied(source: str, generation: int) -> None:

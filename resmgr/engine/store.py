@@ -188,14 +188,14 @@ class StateStore:
                       "the file system takes them (a restart meanwhile rebuilds them from the runtime)",
                       self.path, err.strerror or err)
         self.failing = f"cannot write the state to {self.path}: {err.strerror or err}"
-        metrics.state_failing(True)
+        metrics.state_failing(self.path.name, True)
 
     def _recovered(self) -> None:
         if self.failing:
             log.warning("the state is written to %s again, after %.0f s and %d failed writes", self.path,
                         time.time() - self.failing_since, self._failures)
             self.failing, self._failures = "", 0
-            metrics.state_failing(False)
+            metrics.state_failing(self.path.name, False)
         self._retry.clear()
 
     @property

@@ -184,7 +184,7 @@ def test_a_full_state_directory_refuses_no_pod_crashes_nothing_and_is_written_on
     def failing() -> str:
         metrics = client.get(address, "/metrics").decode()
         return next(line.split()[1] for line in metrics.splitlines()
-                    if line.startswith("cri_resmgr_state_write_failing "))
+                    if line.startswith('cri_resmgr_state_write_failing{file="cache"}'))
 
     try:
         first, via = relay()

@@ -55,7 +55,7 @@ async def test_a_full_disk_fails_no_save_is_reported_and_the_state_is_written_on
     state["pods"] = ["a", "b"]
     await store.save(lambda: dict(state))  # no exception: the caller's call goes on
     assert "No space left on device" in store.problem and str(tmp_path / "cache") in store.problem
-    assert metrics.STATE_FAILING._value.get() == 1
+    assert metrics.STATE_FAILING.labels("cache")._value.get() == 1
     assert json.loads((tmp_path / "cache").read_text())["pods"] == ["a"]  # the old state, whole
     assert not (tmp_path / ".cache.tmp").exists()  # no half-written file holding room
     with pytest.raises(StateNotWritten, match="No space left"):
@@ -70,7 +70,7 @@ async def test_a_full_disk_fails_no_save_is_reported_and_the_state_is_written_on
             break
         await asyncio.sleep(0.05)
     keeper.cancel()
-    assert store.problem == "" and metrics.STATE_FAILING._value.get() == 0
+    assert store.problem == "" and metrics.STATE_FAILING.labels("cache")._value.get() == 0
     assert json.loads((tmp_path / "cache").read_text())["pods"] == ["a", "b", "c"]  # the latest, not the failed one
 
 
