@@ -46,6 +46,7 @@ PING_TIMEOUT = 15.0  # ...and closed when the PING is not answered in time
 WINDOW = 1 << 20  # our receive window per stream
 RETRIES_WHEN_BUSY = 10  # tries of a request the server refused for want of room (429)
 BUSY_WAIT = 0.5  # the shortest wait before such a retry, in seconds
+DIAL_FIRST, DIAL_MAX = 1.0, 30.0  # after a failed connection, no new one for this long, doubling up to the most
 
 
 class ApiError(Exception):
@@ -323,6 +324,10 @@ class Client:
         self._h2: _H2 | None = None
         self._no_h2 = False
         self._connecting = asyncio.Lock()
+        # Every watch and write of the agent shares this: while the server cannot be reached, one
+        # connection is tried now and then, not one per watch (a fleet's agents would storm it).
+        self._dial_failures = 0
+        self._dial_again = 0.0  # monotonic time before which no new connection is tried
 
     def _headers(self, content_type: str) -> dict[str, str]:
         headers = {"accept": "application/json", "user-agent": self.user_agent}
@@ -334,9 +339,20 @@ class Client:
         return headers
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        wait = self._dial_again - time.monotonic()
+        if wait > 0:
+            raise ConnectionError(f"{self.creds.server} could not be reached; the next try in {wait:.1f}s")
         name = self.creds.tls_server_name or self.host
-        return await asyncio.open_connection(self.host, self.port, ssl=self._ssl,
-                                             server_hostname=name if self.tls else None, limit=1 << 20)
+        try:
+            conn = await asyncio.open_connection(self.host, self.port, ssl=self._ssl,
+                                                 server_hostname=name if self.tls else None, limit=1 << 20)
+        except (OSError, ssl.SSLError):
+            self._dial_failures += 1
+            pause = min(DIAL_MAX, DIAL_FIRST * 2 ** (self._dial_failures - 1))
+            self._dial_again = time.monotonic() + pause * random.uniform(0.5, 1.0)
+            raise
+        self._dial_failures, self._dial_again = 0, 0.0
+        return conn
 
     async def _h2_conn(self) -> _H2 | None:
         if not self.tls or self._no_h2:

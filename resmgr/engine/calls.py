@@ -146,7 +146,7 @@ class Calls:
             if before:
                 await self.before_start(container_id, deadline)
             known = self.engine.context(container_id) if before else None
-            resp = await self.engine.start_container(container_id, call, before)
+            resp = await self.engine.start_container(container_id, call, before, deadline)
             await self.after_start(container_id, known or self.engine.context(container_id), deadline)
             return resp
 

@@ -15,19 +15,25 @@ log = logging.getLogger("cri-resmgr.engine")
 
 START_WAIT = 10.0  # how long a start waits for the starts of containers moved off its CPUs
 HOLD_BACK_MAX = 60.0  # how long starts are refused while the runtime does not take such moves
+# A start the runtime's moves hold back is answered this long before the caller's deadline, so the
+# refusal reaches it: kubelet makes a refused container anew, which the user sees as a restart.
+ANSWER_MARGIN = 5.0
+RETRY_FIRST, RETRY_MAX = 0.2, 2.0  # waits between pushes of the moves while the start waits
 
 
 class Starting(EngineState):
     reconciler: Reconciler
 
-    async def start_container(self, container_id: str, call: Call[T], before: bool = True) -> T:
+    async def start_container(self, container_id: str, call: Call[T], before: bool = True,
+                              deadline: float | None = None) -> T:
         """Start a container through call(), once the containers its grant moved are off its CPUs.
 
         One we do not know was made behind our back (or by a create whose answer was lost): it is
         adopted first, so it never runs on CPUs that are someone else's. If the runtime has not
         taken the moves of the containers that must leave its CPUs (their updates failed, or were
-        lost with a restart), they are pushed again, and the start is refused (NotReady) while
-        any is still not confirmed. before=False: the runtime has started it already (NRI).
+        lost with a restart), they are pushed again until it does or the caller's deadline
+        (monotonic) is near, and the start is refused (NotReady) while any is still not confirmed.
+        before=False: the runtime has started it already (NRI).
         """
         if before:
             if container_id not in self.containers and self.reconciled.is_set():
@@ -35,7 +41,7 @@ class Starting(EngineState):
             repin = self.pusher.repins.get(container_id)
             if repin is not None:
                 await asyncio.shield(repin)
-            await self._clear_the_way(container_id)
+            await self._clear_the_way(container_id, deadline)
         starting = self.pusher.starting
         started = starting.setdefault(container_id, asyncio.Event())
         try:
@@ -57,7 +63,7 @@ class Starting(EngineState):
             await self.save()
         return resp
 
-    async def _clear_the_way(self, container_id: str) -> None:
+    async def _clear_the_way(self, container_id: str, deadline: float | None) -> None:
         c = self.containers.get(container_id)
         if c is None:
             return
@@ -69,8 +75,20 @@ class Starting(EngineState):
             for w in waits:
                 w.cancel()
         blocking = self._unconfirmed(others)
-        if blocking:
-            await self.pusher.push_all(blocking)
+        wait = RETRY_FIRST
+        while blocking:
+            # A push the runtime is slow to answer must not make the answer miss the caller's deadline.
+            left = None if deadline is None else max(0.5, deadline - ANSWER_MARGIN - time.monotonic())
+            try:
+                async with asyncio.timeout(left):
+                    await self.pusher.push_all(blocking)
+            except TimeoutError:
+                pass  # still pending: refused below, pushed again by reconciliation
+            blocking = self._unconfirmed(blocking)
+            if not blocking or deadline is None or time.monotonic() + wait > deadline - ANSWER_MARGIN:
+                break
+            await asyncio.sleep(wait)  # a runtime slow to take updates: again, while the caller waits
+            wait = min(wait * 2, RETRY_MAX)
             blocking = self._unconfirmed(blocking)
         if not blocking:
             self.held_back.pop(container_id, None)

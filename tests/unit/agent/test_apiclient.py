@@ -125,3 +125,29 @@ async def test_the_tally_writes_counts_only_when_they_change_and_warns_once_a_ge
     event = events[0][2]
     assert event["involvedObject"]["uid"] == "u1" and event["reason"] == "ConfigRejected"
     assert "node n1 and 1 other nodes rejected" in event["message"] and "spec.x: bad" in event["message"]
+
+
+async def test_while_the_server_cannot_be_reached_its_watches_do_not_each_try_to_connect(monkeypatch):
+    """Six watches retrying every 50 ms for a second would make 120 connections; one connection is
+    tried now and then instead, further apart while they keep failing, and at once after a success."""
+    monkeypatch.setattr(apiclient, "DIAL_FIRST", 0.2)
+    tries = 0
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal tries
+        tries += 1
+        writer.close()  # as a server that is going away: the connection ends before any answer
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    api = Client(Credentials(server=f"https://127.0.0.1:{port}", insecure=True))
+
+    async def watch() -> None:
+        for _ in range(20):
+            with pytest.raises(ApiError):
+                await api.request("GET", "/api/v1/nodes")
+            await asyncio.sleep(0.05)
+
+    await asyncio.gather(*(watch() for _ in range(6)))
+    assert 1 <= tries <= 4, tries
+    server.close()

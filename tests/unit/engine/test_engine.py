@@ -861,3 +861,63 @@ async def test_a_full_disk_neither_fails_a_create_nor_keeps_the_engine_from_its_
     await _create(eng, pod_id, cfg)  # the runtime made it: the answer is not an error
     assert "c1" in eng.containers
     assert eng.problems() and "No space left on device" in eng.problems()[0]
+
+
+async def test_a_start_held_back_by_a_slow_runtime_waits_for_its_moves_within_the_callers_deadline(
+        tmp_path, monkeypatch):
+    """kubelet makes a container anew when its start is refused (a restart, as users see it): while
+    the caller's deadline allows, the moves are pushed again instead, and the start goes out once the
+    runtime takes them; only near the deadline is it refused."""
+    import time
+
+    monkeypatch.setattr(starting, "ANSWER_MARGIN", 0.2)
+    engine = taking_engine(tmp_path)
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    rt.fail_updates = True  # slow to take c1's move off the CPU c2 gets
+    await _create(engine, pod_id, cfg, cid="c2", name="b")
+    started = []
+
+    async def start():
+        started.append(True)
+
+    asyncio.get_running_loop().call_later(0.5, setattr, rt, "fail_updates", False)
+    await engine.start_container("c2", start, deadline=time.monotonic() + 10)
+    assert started == [True] and rt.cpusets["c1"] == "0"
+
+    rt.fail_updates = True
+    await _create(engine, pod_id, cfg, cid="c3", name="c")
+    began = time.monotonic()
+    with pytest.raises(NotReady):
+        await engine.start_container("c3", start, deadline=time.monotonic() + 1.0)
+    assert 0.5 < time.monotonic() - began < 1.0 and started == [True]
+
+
+async def test_a_start_held_back_by_a_runtime_that_does_not_answer_is_refused_before_the_deadline(
+        tmp_path, monkeypatch):
+    """An update the runtime takes forever with: the refusal still reaches the caller in time."""
+    import time
+
+    monkeypatch.setattr(starting, "ANSWER_MARGIN", 0.3)
+    engine = taking_engine(tmp_path)
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    rt.fail_updates = True
+    await _create(engine, pod_id, cfg, cid="c2", name="b")
+    hang = asyncio.Event()
+
+    async def stuck(*args, **kwargs):
+        await hang.wait()
+
+    monkeypatch.setattr(engine.runtime, "update_resources", stuck)
+
+    async def start():
+        raise AssertionError("started while c1 may still run on its CPU")
+
+    began = time.monotonic()
+    with pytest.raises(NotReady):
+        await engine.start_container("c2", start, deadline=time.monotonic() + 1.5)
+    assert time.monotonic() - began < 1.4 and engine.containers["c1"].pending
+    hang.set()
