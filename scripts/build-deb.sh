@@ -5,8 +5,9 @@
 #
 # The package carries its own Python environment, /opt/cri-resmgr/venv, made with Debian's
 # python3.11 (the system Python refuses `pip install`: it is EXTERNALLY-MANAGED), holding the project
-# and its dependencies from PyPI; /usr/bin/cri-resmgr and cri-resmgr-agent; the relay's unit;
-# /etc/cri-resmgr/fallback.yaml and /etc/default/cri-resmgr as conffiles; and a kubelet
+# and its dependencies from PyPI; /usr/bin/cri-resmgr and cri-resmgr-agent; the relay's unit (enabled),
+# the NRI plugin's and the agent's (not enabled); /etc/cri-resmgr/fallback.yaml, /etc/default/cri-resmgr
+# and /etc/default/cri-resmgr-agent as conffiles; and a kubelet
 # configuration drop-in its maintainer scripts put in place and take away (packaging/deb/).
 # Needs Debian's python3.11 and python3-venv, and dpkg-deb (scripts/setup.sh vm installs them).
 set -euo pipefail
@@ -36,9 +37,12 @@ find "$root/opt" -name __pycache__ -prune -exec rm -rf {} +
 ln -s /opt/cri-resmgr/venv/bin/cri-resmgr "$root/usr/bin/cri-resmgr"
 ln -s /opt/cri-resmgr/venv/bin/cri-resmgr-agent "$root/usr/bin/cri-resmgr-agent"
 
-sed 's|/usr/local/bin/|/usr/bin/|' config/cri-resmgr.service >"$root/lib/systemd/system/cri-resmgr.service"
+for unit in cri-resmgr cri-resmgr-nri cri-resmgr-agent; do
+    sed 's|/usr/local/bin/|/usr/bin/|' "config/$unit.service" >"$root/lib/systemd/system/$unit.service"
+done
 cp config/cri-resmgr.sample.yaml "$root/etc/cri-resmgr/fallback.yaml"
 cp packaging/deb/default "$root/etc/default/cri-resmgr"
+cp packaging/deb/default-agent "$root/etc/default/cri-resmgr-agent"
 cp packaging/deb/kubelet-dropin.conf "$root/usr/share/cri-resmgr/"
 cp README.md "$root/usr/share/doc/cri-resmgr/"
 cp packaging/deb/conffiles "$root/DEBIAN/"
