@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,7 @@ class Agent:
         self.sock: socket.socket | None = None
         self._buf = b""
         self._ids = itertools.count(int(time.time()) % 100000)
+        self._lock = threading.Lock()  # one exchange at a time: threads share the channel
 
     def connect(self, timeout: float) -> None:
         """Wait until the agent in the guest answers (it starts late in boot)."""
@@ -159,8 +161,9 @@ class Agent:
             self._buf += chunk
 
     def call(self, command: str, timeout: float = 30.0, **arguments: object) -> object:
-        self._send({"execute": command, "arguments": arguments} if arguments else {"execute": command})
-        return self._read(timeout)
+        with self._lock:
+            self._send({"execute": command, "arguments": arguments} if arguments else {"execute": command})
+            return self._read(timeout)
 
 
 class Vm:

@@ -5,7 +5,8 @@
 # conformance out.
 #
 # --vm runs the VM tier instead: the test node booted as a virtual machine shaped like production
-# (systemd, cgroup v2, the systemd cgroup driver, 2 sockets x 2 NUMA nodes; tests/vm/test_vm.py).
+# (systemd, cgroup v2, the systemd cgroup driver, 2 sockets x 2 NUMA nodes; tests/vm/), ending with
+# the soak's short form (tests/vm/test_soak.py; benchmarks/soak.py runs it for hours).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for arg in "$@"; do
@@ -13,7 +14,7 @@ for arg in "$@"; do
         scripts/setup.sh vm
         args=()
         for a in "$@"; do [ "$a" = --vm ] || args+=("$a"); done
-        exec .venv/bin/python -m pytest -m vm -p no:cacheprovider tests/vm/test_vm.py "${args[@]}"
+        exec .venv/bin/python -m pytest -m vm -p no:cacheprovider tests/vm/ "${args[@]}"
     fi
 done
 scripts/setup.sh test

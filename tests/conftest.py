@@ -85,6 +85,10 @@ def pytest_addoption(parser):
     parser.addoption("--soak-seconds", type=float, default=90.0,
                      help="how long each soak test churns pods while killing cri-resmgr and containerd "
                           "(default: %(default)s)")
+    parser.addoption("--vm-soak-seconds", type=float, default=300.0,
+                     help="how long the VM tier's soak churns pods and strikes faults (default: %(default)s)")
+    parser.addoption("--vm-soak-mode", choices=["relay", "nri"], default="relay",
+                     help="cri-resmgr's front end in the VM tier's soak (default: %(default)s)")
     parser.addoption("--soak-seed", type=int, default=0,
                      help="seed of the soak tests' choices (default: a new one each run, printed)")
 

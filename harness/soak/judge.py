@@ -1,0 +1,285 @@
+"""The soak's invariants, judged from what the kernel enforces alone (the sampler's snapshots of
+the containers' cgroup v2 files), never from what cri-resmgr reports.
+
+What each policy promises (docs/policies.md), on the soak's configurations (the reserved CPUs
+given as a cpuset, no kube-system pods):
+
+- everywhere: a container's memory nodes are the NUMA nodes of its CPUs, and no container but
+  a reserved one runs on the reserved CPUs (unless nothing else is left: kubelet's rule);
+- topology-aware: a Guaranteed container with whole CPUs (cpu.max) runs on that many CPUs of its
+  own: no other container on any of them, not for a moment; every other container runs on the
+  shared CPUs of one pool (a NUMA node, a socket or the machine: its CPUs less the reserved and
+  every exclusive one), and on all of them once CPUs given back have reached it;
+- balloons: two containers run on the same CPUs or on none in common (balloons are disjoint; one
+  set inside the other is a balloon whose containers are being moved), and a balloon holds the
+  whole CPUs of its Guaranteed containers and no more than the type's MaxCPUs.
+
+A snapshot that breaks a rule is a finding; a finding becomes a violation when it lasts longer
+than the grace a move in flight may take (an exclusive CPU under another container, or two
+balloons that overlap, count at once). CPUs a container held come back to the shared ones only
+once the runtime confirms it gone, so a shared container narrower than its pool, or a balloon
+part-moved, is given the longer slow_grace (more than kubelet's runtime request timeout).
+While a configuration change is in flight the snapshot may follow the old configuration
+or the new one; the change is done once it follows the new one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from resmgr.topology.cpuset import CPUSet
+
+STRICT = frozenset({"exclusive-shared", "balloon-overlap"})  # counted the moment they are seen
+SLOW = frozenset({"pool", "balloon-moving"})  # counted when they outlast slow_grace
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The NUMA layout: each node's CPUs, each socket's nodes."""
+
+    node_cpus: tuple[CPUSet, ...]
+    socket_nodes: tuple[tuple[int, ...], ...]
+
+    @property
+    def online(self) -> CPUSet:
+        return _union(self.node_cpus)
+
+    def nodes_of(self, cpus: CPUSet) -> CPUSet:
+        return CPUSet(n for n, ncpus in enumerate(self.node_cpus) if ncpus & cpus)
+
+    def pools(self) -> list[CPUSet]:
+        """topology-aware's pools, smallest first: NUMA nodes, sockets, the machine."""
+        pools = list(self.node_cpus)
+        if len(self.node_cpus) > 1:
+            for nodes in self.socket_nodes:
+                if len(nodes) > 1:
+                    pools.append(_union(self.node_cpus[n] for n in nodes))
+            if len(self.socket_nodes) > 1:
+                pools.append(self.online)
+        return pools
+
+
+def _union(sets: Any) -> CPUSet:
+    out = CPUSet()
+    for s in sets:
+        out |= s
+    return out
+
+
+@dataclass(frozen=True)
+class Expect:
+    """A configuration as the judge needs it."""
+
+    policy: str  # "topology-aware" or "balloons"
+    reserved: CPUSet
+    max_balloon: int = 0  # balloons: the type's MaxCPUs (0: no bound)
+
+
+@dataclass(frozen=True)
+class Ctr:
+    id: str
+    pod: str  # the pod's slice
+    qos: str  # guaranteed, burstable, besteffort
+    cpus: CPUSet
+    mems: CPUSet
+    quota: float | None  # CPUs of cpu.max (None: no limit)
+    runs: str  # started, created, pause
+
+    @property
+    def whole_cpus(self) -> int:
+        """The CPUs of a Guaranteed container with a whole number of them (else 0)."""
+        if self.qos != "guaranteed" or self.quota is None or abs(self.quota - round(self.quota)) > 1e-6:
+            return 0
+        return round(self.quota)
+
+
+def qos_of(pod_slice: str) -> str:
+    if pod_slice.startswith("kubepods-burstable-"):
+        return "burstable"
+    if pod_slice.startswith("kubepods-besteffort-"):
+        return "besteffort"
+    return "guaranteed"
+
+
+def parse(snapshot: dict[str, list[str]]) -> list[Ctr]:
+    """The sampler's snapshot: started containers only (a sandbox or a container not yet started
+    runs nothing of its own)."""
+    out = []
+    for cid, (pod, cpus, mems, cpu_max, _weight, runs) in sorted(snapshot.items()):
+        if runs != "started":
+            continue
+        quota_text, _, period = cpu_max.partition(" ")
+        quota = None if quota_text == "max" else int(quota_text) / int(period or 100000)
+        out.append(Ctr(cid, pod, qos_of(pod), CPUSet.parse_or_empty(cpus), CPUSet.parse_or_empty(mems), quota,
+                       runs))
+    return out
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    key: str  # the same finding in two snapshots has the same key
+    text: str
+
+
+def findings(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[Finding]:
+    out = _common(ctrs, expect, machine)
+    if expect.policy == "topology-aware":
+        out += _topology_aware(ctrs, expect, machine)
+    elif expect.policy == "balloons":
+        out += _balloons(ctrs, expect)
+    return out
+
+
+def _short(c: Ctr) -> str:
+    return f"{c.id[:12]} ({c.qos}, {c.pod[-14:-6]})"
+
+
+def _common(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[Finding]:
+    out = []
+    everything_taken = _union(c.cpus for c in ctrs if c.whole_cpus) | expect.reserved >= machine.online
+    for c in ctrs:
+        if not c.cpus or not c.cpus <= machine.online:
+            out.append(Finding("pinned", c.id, f"{_short(c)} runs on CPUs {c.cpus or 'none'}"))
+            continue
+        if c.mems != machine.nodes_of(c.cpus):
+            out.append(Finding("memory", c.id, f"{_short(c)} runs on CPUs {c.cpus} with memory nodes {c.mems}, "
+                                               f"not {machine.nodes_of(c.cpus)}"))
+        if c.cpus & expect.reserved and not (c.cpus <= expect.reserved and everything_taken):
+            out.append(Finding("reserved", c.id, f"{_short(c)} runs on reserved CPUs: {c.cpus}"))
+    return out
+
+
+def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[Finding]:
+    out = []
+    exclusive = [c for c in ctrs if c.whole_cpus]
+    taken = _union(c.cpus for c in exclusive)
+    for c in exclusive:
+        if len(c.cpus) != c.whole_cpus:
+            out.append(Finding("exclusive-count", c.id, f"{_short(c)} has {c.whole_cpus} CPUs of its own but runs "
+                                                        f"on {c.cpus}"))
+        for o in ctrs:
+            if o is not c and o.cpus & c.cpus:
+                pair = "/".join(sorted((c.id, o.id)))
+                out.append(Finding("exclusive-shared", pair, f"CPU {o.cpus & c.cpus} of {_short(c)} is also under "
+                                                             f"{_short(o)}"))
+    pools = machine.pools()
+    for c in ctrs:
+        if c.whole_cpus or c.cpus <= expect.reserved:
+            continue
+        pool = next((p for p in pools if c.cpus <= p), machine.online)
+        shared = pool - expect.reserved - taken
+        if c.cpus != shared:
+            out.append(Finding("pool", c.id, f"shared {_short(c)} runs on {c.cpus}; its pool {pool} has the shared "
+                                             f"CPUs {shared}"))
+    return out
+
+
+def _balloons(ctrs: list[Ctr], expect: Expect) -> list[Finding]:
+    out = []
+    balloons: dict[CPUSet, list[Ctr]] = {}
+    for c in ctrs:
+        if not c.cpus <= expect.reserved:
+            balloons.setdefault(c.cpus, []).append(c)
+    sets = sorted(balloons, key=lambda s: s.sorted())
+    for i, a in enumerate(sets):
+        for b in sets[i + 1:]:
+            if a & b:
+                x, y = balloons[a][0], balloons[b][0]
+                kind = "balloon-moving" if a <= b or b <= a else "balloon-overlap"
+                out.append(Finding(kind, "/".join(sorted((x.id, y.id))),
+                                   f"{_short(x)} on {a} and {_short(y)} on {b} share CPUs {a & b}"))
+    for cpus, members in balloons.items():
+        need = math.ceil(sum(c.quota or 0 for c in members if c.qos == "guaranteed") - 1e-6)
+        if len(cpus) < need or (expect.max_balloon and len(cpus) > expect.max_balloon):
+            out.append(Finding("balloon-size", str(cpus), f"balloon {cpus} of {len(members)} containers: its "
+                                                         f"Guaranteed ones ask for {need} CPUs (at most "
+                                                         f"{expect.max_balloon or 'any'})"))
+    return out
+
+
+@dataclass
+class Violation:
+    kind: str
+    text: str
+    first: float
+    last: float
+
+
+@dataclass
+class Judge:
+    """Follows the snapshots: findings that last become violations; configuration changes are
+    timed until the node follows them."""
+
+    machine: Machine
+    expect: Expect
+    grace: float = 30.0  # how long a finding may last while a move is in flight
+    slow_grace: float = 180.0  # ... or while CPUs given back wait for the runtime to confirm a stop
+    switch_bound: float = 120.0  # how long a configuration change may take before it is judged
+    previous: Expect | None = None  # while a change is in flight: the configuration before it
+    switch_started: float = 0.0
+    switches: list[tuple[str, float]] = field(default_factory=list)  # (to what, seconds until followed)
+    open: dict[str, Violation] = field(default_factory=dict)  # findings seen, by kind/key
+    violations: list[Violation] = field(default_factory=list)
+    seen: int = 0
+    last_clean: float = 0.0
+    last_time: float = 0.0
+
+    def change(self, expect: Expect, t: float) -> None:
+        """A new configuration was written to the cluster at t."""
+        if expect == self.expect:
+            return
+        self.previous, self.expect, self.switch_started = self.expect, expect, t
+
+    def feed(self, t: float, snapshot: dict[str, list[str]]) -> list[Finding]:
+        """One snapshot at t; what it breaks (of the configuration the node is judged by now)."""
+        self.seen += 1
+        self.last_time = t
+        ctrs = parse(snapshot)
+        found = findings(ctrs, self.expect, self.machine)
+        if self.previous is not None:
+            if not found:
+                self.switches.append((self.expect.policy, t - self.switch_started))
+                self.previous = None
+            elif t - self.switch_started < self.switch_bound:
+                before = findings(ctrs, self.previous, self.machine)
+                if not before:
+                    found = []  # still as before the change: in flight
+                else:  # neither: a mix while containers move; said apart from the steady kinds
+                    found = [Finding(f"switch-{f.kind}", f.key, f.text) for f in found if f.kind in STRICT]
+        self._track(t, found)
+        if not found:
+            self.last_clean = t
+        return found
+
+    def _track(self, t: float, found: list[Finding]) -> None:
+        now = {f"{f.kind}:{f.key}": f for f in found}
+        for key in list(self.open):
+            if key not in now:
+                del self.open[key]
+        for key, f in now.items():
+            v = self.open.get(key)
+            if v is None:
+                v = self.open[key] = Violation(f.kind, f.text, t, t)
+                if f.kind in STRICT or f.kind.startswith("switch-"):
+                    self.violations.append(v)
+                continue
+            v.last, v.text = t, f.text
+            if t - v.first >= (self.slow_grace if f.kind in SLOW else self.grace) and v not in self.violations:
+                self.violations.append(v)
+
+    def clean(self) -> bool:
+        """The last snapshot broke nothing."""
+        return self.last_clean == self.last_time and self.seen > 0
+
+    def stuck(self) -> list[Violation]:
+        """Findings of the last snapshot that have outlasted their grace (moves in flight aside)."""
+        return [v for v in self.open.values() if v.kind not in STRICT and v in self.violations]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for v in self.violations:
+            out[v.kind] = out.get(v.kind, 0) + 1
+        return out

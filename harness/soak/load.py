@@ -1,0 +1,208 @@
+"""The soak's load: pods made and deleted through the API all the time, of every kind kubelet
+hands cri-resmgr - Guaranteed of 1, 2 and 4 CPUs, Burstable with and without limits, BestEffort,
+pods of several containers - and in-place resizes of running ones; kept inside what the node can
+hold, so that kubelet refuses nothing and every pod made must run."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client import ApiException, CoreV1Api
+
+from harness.images import BUSYBOX_IMAGE
+
+NAMESPACE = "default"
+MILLI = 1000
+
+
+@dataclass(frozen=True)
+class Part:
+    """One container: requests (and limits) in milli-CPUs and MiB; limits 0: none."""
+
+    cpu: int = 0
+    memory: int = 0
+    cpu_limit: int = 0
+    memory_limit: int = 0
+
+
+# Each kind of pod, its containers and how often it comes.
+KINDS: dict[str, tuple[tuple[Part, ...], int]] = {
+    "g1": ((Part(1000, 32, 1000, 32),), 4),
+    "g2": ((Part(2000, 32, 2000, 32),), 3),
+    "g4": ((Part(4000, 32, 4000, 32),), 1),
+    "bl": ((Part(200, 32, 1000, 64),), 3),  # Burstable, limited
+    "bn": ((Part(300, 16),), 3),  # Burstable without limits
+    "be": ((Part(),), 3),
+    "m2": ((Part(1000, 32, 1000, 32), Part(1000, 32, 1000, 32)), 1),  # Guaranteed, two containers
+    "mb": ((Part(200, 16, 500, 32), Part(), Part(100)), 1),  # Burstable, three containers
+}
+EXCLUSIVE_BUDGET = 8000  # milli-CPUs all Guaranteed pods may hold at once (of 15 after the reserved one)
+TOTAL_BUDGET = 10000  # milli-CPUs all pods may request at once
+LIVE = (2, 5)  # pods alive at once: at least, at most
+
+
+def _quantities(part: Part) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    req = {k: v for k, v in (("cpu", f"{part.cpu}m" if part.cpu else ""),
+                             ("memory", f"{part.memory}Mi" if part.memory else "")) if v}
+    lim = {k: v for k, v in (("cpu", f"{part.cpu_limit}m" if part.cpu_limit else ""),
+                             ("memory", f"{part.memory_limit}Mi" if part.memory_limit else "")) if v}
+    if req:
+        res["requests"] = req
+    if lim:
+        res["limits"] = lim
+    return res
+
+
+def manifest(name: str, node: str, parts: tuple[Part, ...]) -> dict[str, Any]:
+    containers = [{"name": f"c{i}", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                   "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+                   "resources": _quantities(p),
+                   "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"},
+                                    {"resourceName": "memory", "restartPolicy": "NotRequired"}]}
+                  for i, p in enumerate(parts)]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"soak": "yes"}},
+            "spec": {"nodeName": node, "containers": containers, "terminationGracePeriodSeconds": 5,
+                     "automountServiceAccountToken": False, "enableServiceLinks": False}}
+
+
+def running(pod: Any, containers: int) -> bool:
+    """Every container of the pod runs and is ready."""
+    statuses = pod.status.container_statuses or []
+    return pod.status.phase == "Running" and len(statuses) == containers and all(
+        st.ready and st.state and st.state.running for st in statuses)
+
+
+@dataclass
+class PodRecord:
+    name: str
+    kind: str
+    parts: tuple[Part, ...]
+    made: float  # monotonic
+    uid: str = ""
+    running: float = 0.0  # when first seen running (monotonic)
+    deleted: float = 0.0
+    gone: float = 0.0
+    resized: bool = False
+
+    @property
+    def guaranteed(self) -> bool:
+        return all(p.cpu and p.cpu == p.cpu_limit and p.memory == p.memory_limit for p in self.parts)
+
+    def milli(self) -> int:
+        return sum(p.cpu for p in self.parts)
+
+
+@dataclass
+class Load:
+    """Runs in a thread of its own until stopped; paused while the API server is away on purpose."""
+
+    core: CoreV1Api
+    node: str
+    rng: random.Random
+    pace: tuple[float, float] = (15.0, 40.0)  # seconds between two actions: what an emulated node keeps up with
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    made: int = 0
+    deleted: int = 0
+    resized: int = 0
+    errors: list[str] = field(default_factory=list)
+    paused: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def live(self) -> list[PodRecord]:
+        with self._lock:
+            return [p for p in self.pods.values() if not p.deleted]
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            if not self.paused.is_set():
+                try:
+                    self.step()
+                except ApiException as err:
+                    self.errors.append(f"{time.strftime('%H:%M:%S')} {err.status} {err.reason}")
+                except Exception as err:  # the API server away (refused, reset): try again later
+                    self.errors.append(f"{time.strftime('%H:%M:%S')} {type(err).__name__}: {str(err)[:200]}")
+            self._stop.wait(self.rng.uniform(*self.pace))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def look(self) -> dict[str, Any]:
+        """The soak's pods as the API server has them, by name; marks those seen running."""
+        pods = {p.metadata.name: p for p in self.core.list_namespaced_pod(
+            NAMESPACE, label_selector="soak=yes", _request_timeout=20).items}
+        now = time.monotonic()
+        with self._lock:
+            for name, rec in self.pods.items():
+                pod = pods.get(name)
+                if pod is None:
+                    if rec.deleted and not rec.gone:
+                        rec.gone = now
+                elif not rec.running and running(pod, len(rec.parts)):
+                    rec.running = now
+        return pods
+
+    def step(self) -> None:
+        self.look()
+        live = self.live()
+        r = self.rng.random()
+        if len(live) < LIVE[0] or (len(live) < LIVE[1] and r < 0.5):
+            self.make()
+        elif r < 0.65:
+            self.resize()
+        else:
+            self.delete(self.rng.choice(live))
+
+    def _budget(self, extra: PodRecord | None = None, more: int = 0) -> tuple[int, int]:
+        """Milli-CPUs of Guaranteed pods and of all, as kubelet admits: pods being deleted count until gone."""
+        with self._lock:
+            live = [p for p in self.pods.values() if not p.gone] + ([extra] if extra else [])
+        exclusive = sum(p.milli() for p in live if p.guaranteed) + more
+        return exclusive, sum(p.milli() for p in live) + more
+
+    def make(self) -> None:
+        kinds = list(KINDS)
+        kind = self.rng.choices(kinds, weights=[KINDS[k][1] for k in kinds])[0]
+        parts = KINDS[kind][0]
+        rec = PodRecord(f"{kind}-{self.made}", kind, parts, time.monotonic())
+        exclusive, total = self._budget(rec)
+        if exclusive > EXCLUSIVE_BUDGET or total > TOTAL_BUDGET:
+            return
+        pod = self.core.create_namespaced_pod(NAMESPACE, manifest(rec.name, self.node, parts))
+        rec.uid = pod.metadata.uid
+        with self._lock:
+            self.pods[rec.name] = rec
+        self.made += 1
+
+    def delete(self, rec: PodRecord) -> None:
+        try:
+            self.core.delete_namespaced_pod(rec.name, NAMESPACE)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+        rec.deleted = time.monotonic()
+        self.deleted += 1
+
+    def resize(self) -> None:
+        """A Guaranteed 1-CPU pod to 2 CPUs, or a limited Burstable one's request doubled."""
+        candidates = [p for p in self.live() if p.kind in ("g1", "bl") and not p.resized and p.running]
+        if not candidates:
+            return
+        rec = self.rng.choice(candidates)
+        old = rec.parts[0]
+        if rec.kind == "g1":
+            new = Part(2000, old.memory, 2000, old.memory_limit)
+            exclusive, total = self._budget(more=1000)
+            if exclusive > EXCLUSIVE_BUDGET or total > TOTAL_BUDGET:
+                return
+        else:
+            new = Part(old.cpu * 2, old.memory, old.cpu_limit, old.memory_limit)
+        body = {"spec": {"containers": [{"name": "c0", "resources": _quantities(new)}]}}
+        self.core.patch_namespaced_pod_resize(rec.name, NAMESPACE, body)
+        rec.parts, rec.resized = (new,), True
+        self.resized += 1

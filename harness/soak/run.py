@@ -1,0 +1,537 @@
+"""The soak: a production-shaped node under a churn of pods and configuration changes, struck by
+every fault a node sees, at random moments, and judged from the kernel all along.
+
+The faults, each a kind of its own: cri-resmgr SIGKILLed (systemd restarts it); the agent
+SIGKILLed; containerd restarted; kubelet restarted; the API server away for a while; the state
+directory's file system full for a while (cri-resmgr SIGKILLed once meanwhile); containerd frozen
+(SIGSTOP) for longer than kubelet's runtime request timeout; a configuration every node rejects,
+then its fix; and once per run the node rebooted. After each the soak waits until the node is whole
+again (harness/soak/run.py: Soak.whole) and records how long that took.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client import CustomObjectsApi
+
+from harness.kube import ControlPlane, container_ids
+from harness.soak import config as cfg
+from harness.soak.guest import SAMPLES, Guest
+from harness.soak.judge import Judge, Machine
+from harness.soak.load import NAMESPACE, Load, running
+from harness.soak.proxy import CountingProxy
+from harness.soak.report import Strike, fault_table, slope
+from harness.vm import Shape, Vm
+from harness.vmnode import NODE_NAME, RELAY_SOCKET
+from resmgr.topology.cpuset import CPUSet
+from tests.support.agentenv import install_agent_rbac, install_crds
+
+WHOLE_EVERY = 10.0  # seconds between two looks at whether the node is whole again
+FAULTS = ("kill-resmgr", "kill-agent", "restart-containerd", "restart-kubelet", "api-away", "disk-full",
+          "freeze-containerd", "bad-config")
+
+
+@dataclass
+class Timing:
+    """How long faults last; the defaults are the production-sized ones of the hour-long run."""
+
+    api_away: float = 180.0
+    disk_full: float = 120.0
+    runtime_timeout: float = 120.0  # kubelet's runtimeRequestTimeout (its default: 2m)
+    freeze: float = 150.0  # containerd frozen, longer than runtime_timeout
+    config_every: float = 240.0
+    warmup: float = 90.0
+    whole_within: float = 600.0  # a fault whose node is not whole by then is a violation
+    pod_bound: float = 600.0  # a pod that does not run this long after it was made is lost
+
+
+@dataclass
+class Settings:
+    duration: float
+    mode: str = "relay"
+    seed: int = 0
+    per_kind: int = 2  # strikes of each fault kind
+    faults: tuple[str, ...] = FAULTS
+    reboot: bool = True
+    timing: Timing = field(default_factory=Timing)
+
+
+def machine_of(shape: Shape) -> Machine:
+    nodes = tuple(CPUSet.parse(shape.node_cpus(n)) for n in range(shape.nodes))
+    sockets = tuple(tuple(range(s * shape.nodes_per_socket, (s + 1) * shape.nodes_per_socket))
+                    for s in range(shape.sockets))
+    return Machine(nodes, sockets)
+
+
+class Soak:
+    def __init__(self, guest: Guest, control: ControlPlane, proxy: CountingProxy, shape: Shape,
+                 settings: Settings) -> None:
+        self.guest, self.control, self.proxy, self.settings = guest, control, proxy, settings
+        self.timing = settings.timing
+        self.rng = random.Random(settings.seed)
+        core = control.core()
+        self.configs = cfg.Configs(core, CustomObjectsApi(control.api_client()), NODE_NAME, self.rng)
+        self.load = Load(control.core(), NODE_NAME, random.Random(self.rng.random()))
+        self.judge = Judge(machine_of(shape), cfg.expect_of(cfg.TOPOLOGY_AWARE))
+        self.strikes: list[Strike] = []
+        self.violations: list[tuple[str, str]] = []  # the soak's own (pods, restarts, never whole)
+        self.procs: list[dict[str, Any]] = []
+        self.state_max = 0
+        self.snapshot: dict[str, list[str]] = {}
+        self._lock = threading.Lock()  # the judge and the snapshot, between the puller and the rest
+        self._offset = 0
+        self._stop = threading.Event()  # the threads end
+        self._ending = threading.Event()  # the run ends early
+        self._pulling = threading.Event()
+        self._pulling.set()
+        self._restarts: dict[tuple[str, str], int] = {}
+        self.leftovers: set[str] = set()  # the runtime's own leftover scopes
+        self._known: set[str] = set()  # container IDs the API server's pods have
+        self._expected: set[str] = set()  # ... of those, the running ones of pods not being deleted
+        self._lost: set[str] = set()
+        self._rejected = False  # the configuration in force is the broken one
+        self._excused = False  # restarts are the reboot's
+        self._before_reboot: dict[tuple[str, str], str] | None = None
+        self.started = self.started_wall = 0.0
+        self.notes: dict[str, Any] = {}
+
+    # -- the sampler's records -------------------------------------------------------------------
+    def pull(self) -> None:
+        """Runs in a thread: read the sampler's new records, judge the snapshots."""
+        buf = b""
+        while not self._stop.wait(5.0):
+            if not self._pulling.is_set():
+                continue
+            try:
+                chunk = self.guest.tail(SAMPLES, self._offset)
+            except Exception:  # the guest is rebooting, or busy: next time
+                continue
+            data = buf + chunk
+            end = data.rfind(b"\n") + 1
+            self._offset += len(chunk)
+            buf = data[end:]
+            for line in data[:end].splitlines():
+                self._record(line)
+
+    def _record(self, line: bytes) -> None:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return
+        if rec["kind"] == "cg":
+            with self._lock:
+                self.snapshot = rec["c"]
+                self.judge.feed(rec["t"], rec["c"])
+        elif rec["kind"] == "proc":
+            self.procs.append(rec)
+            self.state_max = max(self.state_max, rec.get("state", 0))
+
+    def wait_fresh(self, since: float, timeout: float = 60.0) -> bool:
+        """Until the judge has seen a snapshot taken after since (guest clock)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.judge.last_time > since:
+                    return True
+            time.sleep(1)
+        return False
+
+    # -- the run ---------------------------------------------------------------------------------
+    def baseline(self) -> dict[str, float]:
+        """How long a pod takes to run and to go on this node at rest: what times to whole compare with."""
+        from harness.soak.load import KINDS, manifest
+
+        core = self.control.core()
+        began = time.monotonic()
+        core.create_namespaced_pod(NAMESPACE, manifest("baseline", NODE_NAME, KINDS["g1"][0]))
+        while not running(core.read_namespaced_pod("baseline", NAMESPACE), 1):
+            time.sleep(1)
+        up = time.monotonic() - began
+        began = time.monotonic()
+        core.delete_namespaced_pod("baseline", NAMESPACE)
+        while any(p.metadata.name == "baseline" for p in core.list_namespaced_pod(NAMESPACE).items):
+            time.sleep(1)
+        return {"pod runs after s": round(up, 1), "pod gone after s": round(time.monotonic() - began, 1)}
+
+    def run(self) -> dict[str, Any]:
+        self.configs.setup()
+        self.notes["node at rest"] = self.baseline()
+        self._offset = int(self.guest.sh(f"stat -c %s {SAMPLES} 2>/dev/null || echo 0"))  # judged from now on
+        threads = [threading.Thread(target=self.pull, name="soak-pull", daemon=True),
+                   threading.Thread(target=self.load.run, name="soak-load", daemon=True)]
+        for t in threads:
+            t.start()
+        self.started, self.started_wall = time.monotonic(), time.time()
+        deadline = self.started + self.settings.duration
+        plan = [k for k in self.settings.faults for _ in range(self.settings.per_kind)]
+        self.rng.shuffle(plan)
+        if self.settings.reboot:
+            plan.insert(self.rng.randrange(len(plan) // 2, len(plan) + 1) if plan else 0, "reboot")
+        self._between(self.timing.warmup)
+        try:
+            while plan and not self._ending.is_set():
+                left = deadline - time.monotonic()
+                gap = max(10.0, left / (len(plan) + 1)) * self.rng.uniform(0.3, 1.0) if left > 0 else 5.0
+                self._between(gap)
+                self.strike(plan.pop(0))
+            while time.monotonic() < deadline and not self._ending.is_set():
+                self._between(deadline - time.monotonic())
+            final = Strike("end", time.monotonic(), time.monotonic(), self.guest.now())
+            self.wait_whole(final)
+            self.notes["whole at the end"] = bool(final.whole)
+        finally:
+            self.load.stop()
+            self._stop.set()
+            for t in threads:
+                t.join(30)
+        return self.report()
+
+    def _between(self, seconds: float) -> None:
+        """Churn goes on; a configuration changes when one is due."""
+        end = time.monotonic() + seconds
+        while (now := time.monotonic()) < end and not self._ending.is_set():
+            last = self.configs.log[-1][0] if self.configs.log else self.started
+            if now - last >= self.timing.config_every * self.rng.uniform(0.8, 1.2):
+                what = self.configs.change()
+                with self._lock:
+                    self.judge.change(self.configs.expect(), self.guest.now())
+                print(f"soak {self.elapsed()}: configuration: {what}", flush=True)
+            time.sleep(min(5.0, max(0.0, end - time.monotonic())))
+
+    def stop(self) -> None:
+        """End the run early (the report covers what ran)."""
+        self._ending.set()
+
+    def elapsed(self) -> str:
+        s = int(time.monotonic() - self.started)
+        return f"{s // 60:02d}:{s % 60:02d}"
+
+    def strike(self, kind: str) -> Strike:
+        s = Strike(kind, time.monotonic())
+        print(f"soak {self.elapsed()}: {kind}", flush=True)
+        getattr(self, "_" + kind.replace("-", "_"))(s)
+        if not s.recovered:
+            s.recovered = time.monotonic()
+        s.recovered_guest = self.guest.now()
+        self.strikes.append(s)
+        self.wait_whole(s)
+        self._excused = False
+        if kind == "reboot" and self._before_reboot is not None and s.whole:
+            after = self._placements()  # the same pods' new containers
+            kept = [k for k, cpus in self._before_reboot.items() if after.get(k) == cpus]
+            s.notes["placements kept"] = f"{len(kept)} of {len(self._before_reboot)}"
+        print(f"soak {self.elapsed()}: {kind} whole after "
+              f"{s.to_whole if s.to_whole is not None else 'never'} s {s.notes or ''}", flush=True)
+        return s
+
+    # -- whole again -----------------------------------------------------------------------------
+    def wait_whole(self, s: Strike) -> None:
+        deadline = s.recovered + self.timing.whole_within
+        told = time.monotonic()
+        while True:
+            try:
+                s.reasons = self.whole(s)
+            except Exception as err:  # the guest or the API server not answering yet
+                s.reasons = [f"{type(err).__name__}: {str(err)[:300]}"]
+            if not s.reasons:
+                s.whole = time.monotonic()
+                return
+            if time.monotonic() - told > 60:
+                print(f"soak {self.elapsed()}: not whole yet: {'; '.join(s.reasons)[:600]}", flush=True)
+                told = time.monotonic()
+            if time.monotonic() > deadline:
+                self.violations.append(("not-whole", f"{s.kind}: not whole {self.timing.whole_within:.0f} s after: "
+                                                     f"{'; '.join(s.reasons)[:1000]}"))
+                return
+            time.sleep(WHOLE_EVERY)
+
+    def whole(self, s: Strike) -> list[str]:
+        """What keeps the node from being whole now (nothing: it is). What the API server tells comes
+        first: the guest is asked only once that is right (asking costs the emulated node)."""
+        reasons = self._pods(s.recovered)
+        if (why := self.configs.status_current(self._rejected)):
+            reasons.append(why)
+        if reasons:
+            return reasons
+        info = self.guest.inspect()
+        down = {u: st for u, st in info["units"].items() if st != "active"}
+        if down:
+            reasons.append(f"units not active: {down}")
+        if self.guest.mode == "relay" and not info["relay_socket"]:
+            reasons.append("no relay socket")
+        if info["containers"] is None or info["sandboxes"] is None:
+            return [*reasons, "containerd does not answer"]
+        known = set(info["containers"]) | set(info["sandboxes"])
+        with self._lock:
+            runs = {cid: v[5] for cid, v in self.snapshot.items()}
+        stray = [c for c in info["scopes"] if c not in known]
+        # A scope that holds nothing, or runc's init alone, is one containerd failed to make and did
+        # not clean up (seen when it is starved): the runtime's leftover, noted, not cri-resmgr's.
+        leftovers = [c[:12] for c in stray if runs.get(c, "none") in ("none", "created")]
+        if leftovers:
+            self.leftovers.update(leftovers)
+        live = [c[:12] for c in stray if runs.get(c) in ("started", "pause")]
+        if live:
+            reasons.append(f"container scopes running what containerd does not have: {live}")
+        state = info["state"]
+        if "error" in state:
+            reasons.append(f"state file: {state['error']}")
+        else:
+            gone = [c[:12] for c in state["containers"] if c not in info["containers"]]
+            if gone:
+                reasons.append(f"the state file holds containers containerd no longer has: {gone}")
+            unknown = [c[:12] for c in info["running"] or [] if c not in state["containers"]]
+            if unknown:
+                reasons.append(f"running containers the state file does not hold: {unknown}")
+        if info["failing"] is None or any(info["failing"].values()):
+            reasons.append(f"state writes failing: {info['failing']}")
+        if not self.wait_fresh(s.recovered_guest, 20):
+            return [*reasons, "no fresh snapshot from the sampler"]
+        with self._lock:
+            stuck, snapshot = self.judge.stuck(), dict(self.snapshot)
+        if stuck:
+            reasons.append(f"the kernel breaks an invariant: {[v.text for v in stuck][:3]}")
+        started = {cid for cid, v in snapshot.items() if v[5] == "started"}
+        stray = [c[:12] for c in started - self._known]
+        if stray:
+            reasons.append(f"containers run that no pod has: {stray}")
+        missing = [c[:12] for c in self._expected - started]
+        if missing:
+            reasons.append(f"containers of running pods do not run: {missing}")
+        return reasons
+
+    def _pods(self, since: float) -> list[str]:
+        """Pods made before since (monotonic) run; the deleted go; no container restarts. Also notes
+        the containers pods have (_known) and those of running pods (_expected)."""
+        reasons = []
+        pods = self.load.look()
+        now = time.monotonic()
+        self._known = {cid for pod in pods.values() for st in pod.status.container_statuses or []
+                       if st.container_id for cid in [st.container_id.split("://", 1)[-1]]}
+        self._expected = {cid for pod in pods.values() if pod.metadata.deletion_timestamp is None
+                          for cid in container_ids(pod).values()}
+        for rec in list(self.load.pods.values()):
+            pod = pods.get(rec.name)
+            if rec.deleted:
+                if pod is not None and now - rec.deleted > 120:
+                    reasons.append(f"pod {rec.name} deleted {now - rec.deleted:.0f} s ago is still there")
+                continue
+            if pod is None or pod.status.phase == "Failed":
+                self._lose(rec.name, f"pod {rec.name} {'is gone' if pod is None else 'failed'}: "
+                                     f"{pod.status.reason if pod is not None else ''}")
+                continue
+            if not running(pod, len(rec.parts)):
+                if rec.made < since:
+                    reasons.append(f"pod {rec.name} not running")
+                if now - rec.made > self.timing.pod_bound:
+                    self._lose(rec.name, f"pod {rec.name} does not run {now - rec.made:.0f} s after it was made")
+            for st in pod.status.container_statuses or []:
+                key = (rec.name, st.name)
+                before = self._restarts.get(key, 0)
+                if st.restart_count > before and not self._excused:
+                    self.violations.append(("restart", f"{rec.name}/{st.name} restarted ({st.restart_count})"))
+                self._restarts[key] = st.restart_count
+        return reasons
+
+    def _lose(self, name: str, text: str) -> None:
+        if name not in self._lost:
+            self._lost.add(name)
+            self.violations.append(("pod-lost", text))
+
+    # -- the faults ------------------------------------------------------------------------------
+    def _kill_resmgr(self, s: Strike) -> None:
+        self.guest.sh(f"systemctl kill -s KILL {self.guest.unit}")
+
+    def _kill_agent(self, s: Strike) -> None:
+        self.guest.sh("systemctl kill -s KILL cri-resmgr-agent")
+
+    def _restart_containerd(self, s: Strike) -> None:
+        self.guest.sh("systemctl restart containerd", timeout=180)
+
+    def _restart_kubelet(self, s: Strike) -> None:
+        self.guest.sh("systemctl restart kubelet", timeout=180)
+
+    def _api_away(self, s: Strike) -> None:
+        self.load.paused.set()
+        restarts = self.guest.inspect()["restarts"]
+        try:
+            self.control.apiserver.stop()
+            away = time.monotonic()
+            time.sleep(self.timing.api_away)
+            back = time.monotonic()
+            self.control.start_apiserver()
+        finally:
+            self.load.paused.clear()
+        s.recovered = time.monotonic()
+        s.notes["agent connections a minute while away"] = round(
+            self.proxy.between(away, back) / ((back - away) / 60), 1)
+        if self.guest.inspect()["restarts"] != restarts:
+            self.violations.append(("restart", f"a daemon restarted while the API server was away: {restarts}"))
+
+    def _disk_full(self, s: Strike) -> None:
+        since = self.guest.now()
+        self.guest.fill_state_fs()
+        hold_until = time.monotonic() + self.timing.disk_full
+        seen = dict.fromkeys(("log", "metric", "status", "probe", "node status"), False)
+        until = time.monotonic() + min(90.0, self.timing.disk_full - 5)
+        while not all(seen.values()) and time.monotonic() < until:  # once a write has failed, all say so
+            time.sleep(5)
+            info = self.guest.inspect()
+            seen["log"] = seen["log"] or "cannot write the state" in self.guest.journal(self.guest.unit, since)
+            seen["metric"] = seen["metric"] or (info["failing"] or {}).get("cache") == 1.0
+            if not seen["status"]:
+                status = self.guest.run("/usr/bin/cri-resmgr status", timeout=120)
+                seen["status"] = status.code == 4 and "cannot write the state" in status.out
+            if not seen["probe"]:
+                probe = self.guest.run("/usr/bin/cri-resmgr-agent probe", timeout=120)
+                seen["probe"] = probe.code != 0 and "cannot write the state" in probe.err
+            seen["node status"] = seen["node status"] or bool(self.configs.node_status().get("problems"))
+        s.notes["reported"] = seen
+        for where, ok in seen.items():
+            if not ok:
+                self.violations.append(("disk-full-unreported", f"the full disk is not reported in the {where}"))
+        restarts = self.guest.inspect()["restarts"][self.guest.unit]
+        self.guest.sh(f"systemctl kill -s KILL {self.guest.unit}")  # a crash while the disk is full
+        time.sleep(2)
+        self.guest.wait_serving()
+        time.sleep(max(0.0, hold_until - time.monotonic()))
+        after = self.guest.inspect()["restarts"][self.guest.unit]
+        s.notes["restarts while full"] = after - restarts
+        if after - restarts != 1:
+            self.violations.append(("crash-loop", f"{self.guest.unit} restarted {after - restarts} times while the "
+                                                  "state directory was full (1 was the soak's kill)"))
+        self.guest.free_state_fs()
+
+    def _freeze_containerd(self, s: Strike) -> None:
+        pid = self.guest.main_pid("containerd")
+        self.guest.sh(f"kill -STOP {pid}")
+        frozen = time.monotonic()
+        try:
+            time.sleep(5)
+            s.notes.update(self._while_frozen())
+            time.sleep(max(0.0, frozen + self.timing.freeze - time.monotonic()))
+        finally:
+            self.guest.sh(f"kill -CONT {pid}")
+
+    def _while_frozen(self) -> dict[str, Any]:
+        """Calls through the relay time out by their deadline with a clear error; cri-resmgr itself answers."""
+        notes: dict[str, Any] = {}
+        if self.guest.mode == "relay":
+            started = time.monotonic()
+            res = self.guest.run(f"crictl --runtime-endpoint unix://{RELAY_SOCKET} --timeout 10s ps", timeout=60)
+            took = time.monotonic() - started
+            notes["relay call while frozen"] = f"exit {res.code} after {took:.1f} s: {res.err.strip()[-120:]}"
+            if res.code == 0 or took > 10 + 8:  # as against containerd itself: no answer by the deadline
+                self.violations.append(("frozen-runtime", f"a call through the relay while containerd was frozen: "
+                                                          f"{notes['relay call while frozen']}"))
+        started = time.monotonic()
+        res = self.guest.run("/usr/bin/cri-resmgr status --timeout 5s >/dev/null", timeout=60)
+        notes["status while frozen"] = f"exit {res.code} after {time.monotonic() - started:.1f} s"
+        if res.code not in (0, 4):
+            self.violations.append(("frozen-runtime",
+                                    f"cri-resmgr status while containerd was frozen: {res.err[-200:]}"))
+        return notes
+
+    def _bad_config(self, s: Strike) -> None:
+        good = self.configs.break_it()
+        self._rejected = True
+        broke = time.monotonic()
+        try:
+            while (why := self.configs.status_current(rejected=True)) and time.monotonic() - broke < 120:
+                time.sleep(2)
+            s.notes["rejection reported after s"] = round(time.monotonic() - broke, 1) if not why else None
+            if why:
+                self.violations.append(("bad-config", f"the rejection is not reported: {why}"))
+        finally:
+            self._rejected = False
+            self.configs.write(self.configs.in_force, good)
+
+    def _reboot(self, s: Strike) -> None:
+        self._before_reboot = self._placements()
+        self._pulling.clear()
+        self._excused = True  # every container is made again; wait_whole takes the new counts
+        try:
+            self.guest.vm.reboot()
+        finally:
+            self._pulling.set()
+        s.recovered = time.monotonic()
+        s.notes["boot s"] = round(self.guest.vm.boot_seconds, 1)
+
+    def _placements(self) -> dict[tuple[str, str], str]:
+        """Guaranteed containers' CPUs by pod and container name, from the last snapshot."""
+        ids = {}
+        for pod in self.control.core().list_namespaced_pod(NAMESPACE, label_selector="soak=yes").items:
+            for name, cid in container_ids(pod).items():
+                ids[cid] = (pod.metadata.name, name)
+        with self._lock:
+            snap = dict(self.snapshot)
+        return {ids[cid]: v[1] for cid, v in snap.items() if cid in ids and v[5] == "started"
+                and not v[0].startswith(("kubepods-burstable-", "kubepods-besteffort-"))}
+
+    # -- the report ------------------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        since = self.started_wall + self.timing.warmup  # the guest's clock follows the host's (its RTC)
+        slopes = {}
+        for name in ("cri-resmgr", "agent"):
+            rss = [(r["t"], r["p"][name][0], r["p"][name][1] / 1024) for r in self.procs if r["p"].get(name)]
+            fds = [(r["t"], r["p"][name][0], float(r["p"][name][2])) for r in self.procs if r["p"].get(name)]
+            rs, n = slope(rss, 120.0, since)
+            fs, _ = slope(fds, 120.0, since)
+            slopes[name] = {"rss_mb_per_h": round(rs, 3), "rss_samples": n, "fds_per_h": round(fs, 3),
+                            "rss_last_mb": rss[-1][2] if rss else 0.0, "fds_last": int(fds[-1][2]) if fds else 0}
+        judged = [(v.kind, v.text) for v in self.judge.violations]
+        counts: dict[str, int] = {}
+        for kind, _ in judged + self.violations:
+            counts[kind] = counts.get(kind, 0) + 1
+        return {
+            "mode": self.settings.mode, "seed": self.settings.seed,
+            "duration_s": round(time.monotonic() - self.started),
+            "pods": {"made": self.load.made, "deleted": self.load.deleted, "resized": self.load.resized,
+                     "api_errors": len(self.load.errors)},
+            "config_changes": [what for _, what in self.configs.log],
+            "config_switch_s": [(to, round(t, 1)) for to, t in self.judge.switches],
+            "faults": fault_table(self.strikes),
+            "strikes": [{"fault": s.kind, "to_whole_s": None if s.to_whole is None else round(s.to_whole, 1),
+                         **s.notes} for s in self.strikes],
+            "violations": counts, "violation_examples": [f"{k}: {t}" for k, t in (judged + self.violations)[:20]],
+            "snapshots": self.judge.seen, "slopes": slopes, "state_max_bytes": self.state_max,
+            "notes": {**self.notes, **({"runtime leftovers": sorted(self.leftovers)} if self.leftovers else {})},
+        }
+
+
+# -- a soak on a booted node ---------------------------------------------------------------------
+SHORT = 20 * 60  # below this, the short form
+AGENT_OPTIONS = "--export-topology on --status-interval 5 --resync-interval 30"
+
+
+def settings_for(seconds: float, mode: str, seed: int, reboot: bool | None) -> Settings:
+    if seconds >= SHORT:
+        return Settings(seconds, mode, seed, reboot=True if reboot is None else reboot)
+    short = Timing(api_away=30, disk_full=30, runtime_timeout=60, freeze=75, config_every=60, warmup=30,
+                   whole_within=300, pod_bound=300)
+    return Settings(seconds, mode, seed, per_kind=1, reboot=bool(reboot), timing=short)
+
+
+def kubelet_settings(timing: Timing) -> dict[str, object]:
+    """kubelet as production runs it (the tests' quick resyncs would cost an emulated node dearly)."""
+    return {"runtimeRequestTimeout": f"{int(timing.runtime_timeout)}s", "syncFrequency": "1m"}
+
+
+def soak_on(vm: Vm, control: ControlPlane, proxy: CountingProxy, settings: Settings) -> dict:
+    """One soak on a booted node (installs the package there first)."""
+    install_agent_rbac(control)
+    install_crds(control)
+    guest = Guest(vm, settings.mode)
+    guest.install(control, cfg.FALLBACK, kubelet_settings(settings.timing), AGENT_OPTIONS)
+    try:
+        return Soak(guest, control, proxy, vm.shape, settings).run()
+    finally:
+        if guest.kubelet is not None:
+            guest.kubelet.stop()
+        guest.uninstall()

@@ -1,0 +1,159 @@
+#!/usr/bin/python3
+"""The soak's eyes on the node (run inside the guest by systemd, with the guest's own Python and
+nothing of the project): what the kernel enforces for every container, and what cri-resmgr and
+its agent hold, as JSON lines the host reads and judges (harness/soak/judge.py).
+
+Every INTERVAL seconds it reads each container scope under kubepods.slice: its effective CPUs and
+memory nodes, cpu.max, and whether its processes have started (a container made but not started
+holds only runc's init; a sandbox holds only `pause`). A snapshot that differs from the last one
+counts only once a second read agrees with it, so a move in progress is never judged half done.
+It writes a snapshot when one differs from the last written, and at least every HEARTBEAT seconds.
+Every PROC_EVERY seconds it writes the RSS and open file descriptors of the daemons' main
+processes and the state directory's size. It is cheap on purpose: under emulation every guest
+CPU cycle is taken from the node it watches.
+
+    sampler.py OUTPUT [--interval 2]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+CGROUP = "/sys/fs/cgroup"
+PODS = CGROUP + "/kubepods.slice"
+UNITS = {"cri-resmgr": ("cri-resmgr.service", "cri-resmgr-nri.service"), "agent": ("cri-resmgr-agent.service",),
+         "containerd": ("containerd.service",), "kubelet": ("kubelet.service",)}
+STATE_DIR = "/var/lib/cri-resmgr"
+FILLER = ".soak-fill"  # what the disk-full fault writes; not the daemon's
+HEARTBEAT = 30.0
+PROC_EVERY = 10.0
+INIT_PREFIX = "runc"  # runc's init before it execs the container's process ("runc", "runc:[2:INIT]", ...)
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+_COMM: dict[str, str] = {}  # pid -> its command, once it is no longer runc's init (it does not change then)
+
+
+def comm(pid: str) -> str:
+    name = _COMM.get(pid)
+    if name is not None:
+        return name
+    try:
+        name = read(f"/proc/{pid}/comm")
+    except OSError:
+        return ""
+    if not name.startswith(INIT_PREFIX):
+        _COMM[pid] = name
+    return name
+
+
+def scope(path: str) -> list | None:
+    """[pod slice, cpus, mems, cpu.max, cpu.weight, what runs] of a populated container scope, or None.
+    What runs: "started", "created" (runc's init only) or "pause"."""
+    try:
+        pids = read(path + "/cgroup.procs").split()
+        if not pids:
+            return None
+        names = {comm(p) for p in pids} - {""}
+        if not names:
+            return None
+        runs = ("pause" if names == {"pause"} else "created" if all(n.startswith(INIT_PREFIX) for n in names)
+                else "started")
+        return [os.path.basename(os.path.dirname(path)), read(path + "/cpuset.cpus.effective"),
+                read(path + "/cpuset.mems.effective"), read(path + "/cpu.max"), "", runs]
+    except OSError:  # gone while read
+        return None
+
+
+def containers() -> dict[str, list]:
+    out = {}
+    for top, dirs, _ in os.walk(PODS):
+        for d in dirs:
+            if d.startswith("cri-containerd-") and d.endswith(".scope"):
+                got = scope(os.path.join(top, d))
+                if got is not None:
+                    out[d[len("cri-containerd-"):-len(".scope")]] = got
+    return out
+
+
+def stable(previous: dict[str, list] | None, tries: int = 5) -> tuple[dict[str, list], bool]:
+    """A read that is the previous one again, or that a second read agrees with (else the last read,
+    marked unstable)."""
+    last = containers()
+    if last == previous:
+        return last, True
+    for _ in range(tries):
+        now = containers()
+        if now == last:
+            return now, True
+        last = now
+    return last, False
+
+
+def main_pid(units: tuple[str, ...]) -> str:
+    for unit in units:
+        try:
+            pids = read(f"{CGROUP}/system.slice/{unit}/cgroup.procs").split()
+        except OSError:
+            continue
+        if pids:
+            return min(pids, key=int)  # the main process was started first (systemd's child)
+    return ""
+
+
+def process(pid: str) -> list | None:
+    """[pid, RSS in KiB, open file descriptors]."""
+    try:
+        rss = next(int(line.split()[1]) for line in read(f"/proc/{pid}/status").splitlines()
+                   if line.startswith("VmRSS:"))
+        return [int(pid), rss, len(os.listdir(f"/proc/{pid}/fd"))]
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def state_bytes() -> int:
+    total = 0
+    for top, _, files in os.walk(STATE_DIR):
+        for f in files:
+            if f != FILLER:
+                try:
+                    total += os.lstat(os.path.join(top, f)).st_size
+                except OSError:
+                    pass
+    return total
+
+
+def main() -> int:
+    out_path = sys.argv[1]
+    interval = float(sys.argv[sys.argv.index("--interval") + 1]) if "--interval" in sys.argv else 2.0
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    out = open(out_path, "a", buffering=1)
+    out.write(json.dumps({"t": time.time(), "kind": "boot"}) + "\n")
+    last: dict[str, list] | None = None
+    last_written = last_proc = 0.0
+    while True:
+        started = time.time()
+        snap, ok = stable(last)
+        if ok and (snap != last or started - last_written > HEARTBEAT):
+            out.write(json.dumps({"t": started, "kind": "cg", "c": snap}, separators=(",", ":")) + "\n")
+            last, last_written = snap, started
+        if started - last_proc > PROC_EVERY:
+            procs = {name: process(pid) for name, units in UNITS.items() if (pid := main_pid(units))}
+            for pid in list(_COMM):  # forget the ended
+                if not os.path.exists(f"/proc/{pid}"):
+                    del _COMM[pid]
+            out.write(json.dumps({"t": started, "kind": "proc", "p": procs, "state": state_bytes()},
+                                 separators=(",", ":")) + "\n")
+            last_proc = started
+        time.sleep(max(0.0, interval - (time.time() - started)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

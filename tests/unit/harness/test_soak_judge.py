@@ -1,0 +1,82 @@
+"""The soak's judge on snapshots as the sampler writes them: what each policy's invariants let
+through and what they catch, moves in flight, and configuration changes."""
+
+from __future__ import annotations
+
+from harness.soak.judge import Expect, Judge, findings, parse
+from harness.soak.run import machine_of
+from harness.vm import Shape
+from resmgr.topology.cpuset import CPUSet
+
+MACHINE = machine_of(Shape())  # 4 NUMA nodes of 4 CPUs, 2 per socket
+TA = Expect("topology-aware", CPUSet([0]))
+BALLOONS = Expect("balloons", CPUSet([0]), 6)
+
+
+def ctr(qos: str, cpus: str, mems: str, cpu: float | None = None, runs: str = "started") -> list[str]:
+    pod = {"guaranteed": "kubepods-pod1_2.slice", "burstable": "kubepods-burstable-pod3_4.slice",
+           "besteffort": "kubepods-besteffort-pod5_6.slice"}[qos]
+    quota = "max 100000" if cpu is None else f"{int(cpu * 100000)} 100000"
+    return [pod, cpus, mems, quota, "100", runs]
+
+
+def kinds(snapshot: dict, expect: Expect = TA) -> list[str]:
+    return sorted(f.kind for f in findings(parse(snapshot), expect, MACHINE))
+
+
+def test_a_node_as_topology_aware_places_it_breaks_nothing():
+    snap = {"g2": ctr("guaranteed", "4-5", "1", 2), "g1": ctr("guaranteed", "8", "2", 1),
+            "b": ctr("burstable", "1-3", "0", 0.5), "be": ctr("besteffort", "6-7", "1"),
+            "wide": ctr("burstable", "1-3,6-7", "0-1"),  # its socket's shared CPUs
+            "sandbox": ctr("besteffort", "0-15", "0-3", runs="pause"),
+            "new": ctr("guaranteed", "1", "0", 1, runs="created")}  # not started: not judged yet
+    assert kinds(snap) == []
+
+
+def test_an_exclusive_cpu_under_another_container_is_caught_at_once():
+    judge = Judge(MACHINE, TA, grace=30)
+    snap = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "4-7", "1", 0.2)}
+    assert "exclusive-shared" in {f.kind for f in judge.feed(100.0, snap)}
+    assert [v.kind for v in judge.violations] == ["exclusive-shared"]
+
+
+def test_a_shared_container_off_its_pool_counts_only_when_it_lasts():
+    """CPUs given back reach the shared containers once the runtime confirms the stop: slowly."""
+    judge = Judge(MACHINE, TA, grace=30, slow_grace=120)
+    moving = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5-6", "1", 0.2)}  # 7 left out
+    judge.feed(100.0, moving)
+    judge.feed(190.0, moving)
+    assert judge.violations == [] and not judge.clean()
+    judge.feed(200.0, {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5-7", "1", 0.2)})
+    assert judge.violations == [] and judge.clean()
+    judge.feed(300.0, moving)
+    judge.feed(421.0, moving)
+    assert [v.kind for v in judge.violations] == ["pool"]
+
+
+def test_memory_must_follow_the_cpus_and_the_reserved_cpus_stay_reserved():
+    assert kinds({"b": ctr("burstable", "5-7", "0-1", 0.2)}) == ["memory", "pool"]
+    assert kinds({"b": ctr("burstable", "0-3", "0", 0.2)}) == ["pool", "reserved"]
+
+
+def test_balloons_are_disjoint_and_big_enough():
+    ok = {"a": ctr("guaranteed", "4-5", "1", 2), "b": ctr("besteffort", "4-5", "1"),
+          "c": ctr("guaranteed", "8-11", "2", 1)}
+    assert kinds(ok, BALLOONS) == []
+    assert kinds({**ok, "d": ctr("burstable", "5-6", "1")}, BALLOONS) == ["balloon-overlap"]
+    assert kinds({**ok, "d": ctr("burstable", "4-6", "1")}, BALLOONS) == ["balloon-moving"]  # one grows
+    assert kinds({"a": ctr("guaranteed", "4", "1", 2)}, BALLOONS) == ["balloon-size"]
+
+
+def test_a_configuration_change_is_in_flight_until_the_node_follows_it():
+    judge = Judge(MACHINE, TA)
+    topology = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "1-3", "0", 0.2),
+                "w": ctr("burstable", "1-3,5-7", "0-1")}  # pools that overlap: no balloons
+    judge.feed(10.0, topology)
+    judge.change(BALLOONS, 20.0)
+    judge.feed(21.0, topology)  # not moved yet: as before, nothing counted
+    mixed = {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "3-4", "0-1", 0.2)}
+    judge.feed(22.0, mixed)
+    assert [v.kind for v in judge.violations] == ["switch-balloon-overlap"]
+    judge.feed(25.0, {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5", "1", 0.2)})
+    assert judge.switches == [("balloons", 5.0)] and judge.previous is None
