@@ -97,7 +97,7 @@ async def serve(plugin: NriPlugin, ep: Endpoint) -> int:
             continue
         trunk = Trunk(reader, writer, plugin.handle)
         reading = asyncio.create_task(trunk.run())
-        plugin.reset(update_sender(trunk))
+        plugin.reset(update_sender(trunk), None if launched else trunk.close)
         connected = time.monotonic()
         try:
             await _register(trunk, ep)
@@ -115,6 +115,10 @@ async def serve(plugin: NriPlugin, ep: Endpoint) -> int:
         if refused and not plugin.old_runtime:
             log.warning("NRI: the runtime dropped us after configuration; asking for older runtimes' events next")
             plugin.old_runtime = True
+        if plugin.resyncing:  # ended on purpose, to synchronize again: at once
+            plugin.resyncing = False
+            backoff = BACKOFF_MIN
+            continue
         log.warning("NRI: connection to the runtime closed (%s); reconnecting", trunk.error or "closed")
         if time.monotonic() - connected > 10:
             backoff = BACKOFF_MIN

@@ -59,6 +59,22 @@ EVENT_METHODS = {
 }
 
 
+def unsafe_updates(runtime: str, version: str, nri_version: str) -> bool:
+    """Whether the runtime's UpdateContainers can deadlock it against its own events: NRI before
+    v0.12.1 takes its lock before the runtime's for UpdateContainers and after it for events
+    (containerd before 2.4.0; containerd issue 13733). Unknown runtimes are taken as such."""
+    nri_at = _version(nri_version)
+    if nri_at is not None:
+        return nri_at < (0, 12, 1)
+    at = _version(version)
+    return runtime != "containerd" or at is None or at < (2, 4, 0)
+
+
+def _version(text: str) -> tuple[int, int, int] | None:
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
 def mask(events: list[int]) -> int:
     out = 0
     for e in events:
@@ -91,6 +107,9 @@ class NriPlugin:
         self.configured = False
         self.synchronized = False
         self.send: Send | None = None  # UpdateContainers on the current connection
+        self.close: Callable[[], None] | None = None  # ends the current connection (None: it cannot be redialled)
+        self.resyncing = False  # the connection was ended to synchronize again
+        self.in_flight = 0  # the runtime's calls being answered
         self._sync_pods: list[nri.PodSandbox] = []
         self._sync_containers: list[nri.Container] = []
         self._methods: dict[str, tuple[type[Message], Callable[[Any, float | None], Awaitable[Message]]]] = {
@@ -106,13 +125,23 @@ class NriPlugin:
         for name, (request, event, answer) in EVENT_METHODS.items():
             self._methods[name] = (request, functools.partial(self._event_method, event, answer))
 
-    def reset(self, send: Send | None) -> None:
-        """A new connection (None: it is gone): configuration and synchronization start over."""
+    def reset(self, send: Send | None, close: Callable[[], None] | None = None) -> None:
+        """A new connection (None: it is gone): configuration and synchronization start over.
+        close ends it, for a plugin that dials the runtime itself and so can synchronize again."""
         self.configured = self.synchronized = False
         self._sync_pods, self._sync_containers = [], []
-        self.send = send
+        self.send, self.close = send, close
+        self.runtime.resync = None
         if send is None:
             self.runtime.connected(None)
+
+    def _resync(self) -> bool:
+        """End the connection so that the runtime synchronizes again; not while it waits for an answer."""
+        if self.in_flight or self.close is None or not self.synchronized:
+            return False
+        self.resyncing = True
+        self.close()
+        return True
 
     async def handle(self, call: Call) -> bytes:
         entry = self._methods.get(call.method) if call.service == SERVICE else None
@@ -124,6 +153,7 @@ class NriPlugin:
         deadline = call.deadline - MARGIN if call.deadline is not None else None
         started = time.perf_counter()
         event = _event_name(call.method, req)
+        self.in_flight += 1
         try:
             resp = await fn(req, deadline)
         except RpcError as err:
@@ -136,6 +166,8 @@ class NriPlugin:
             if level is not None:
                 log.log(level, "NRI %s refused: %s", event, err)
             raise self._failed(event, started, RpcError(errors.CODES[code], str(err))) from None
+        finally:
+            self.in_flight -= 1
         seconds = time.perf_counter() - started
         metrics.nri_event(event, "OK", seconds)
         log.debug("NRI %s answered in %.2f ms", event, seconds * 1000)
@@ -159,8 +191,19 @@ class NriPlugin:
             events = [e for e in EVENTS if mask([e]) <= OLD_EVENTS_MASK]
         self.events = mask(events)
         self.configured = True
-        log.info("NRI: configured by %s %s (request timeout %d ms); events 0x%x", req.runtime_name,
-                 req.runtime_version, req.request_timeout, self.events)
+        log.info("NRI: configured by %s %s%s (request timeout %d ms); events 0x%x", req.runtime_name,
+                 req.runtime_version, f" (NRI {req.NRI_version})" if req.NRI_version else "",
+                 req.request_timeout, self.events)
+        if unsafe_updates(req.runtime_name, req.runtime_version, req.NRI_version):
+            if self.close is not None:
+                self.runtime.resync = self._resync
+                log.info("NRI: %s %s can deadlock on UpdateContainers (containerd before 2.4.0); updates no "
+                         "event answer carries are delivered by synchronizing again", req.runtime_name,
+                         req.runtime_version)
+            else:
+                log.warning("NRI: %s %s can deadlock on UpdateContainers (containerd before 2.4.0) and this "
+                            "plugin, started by the runtime, cannot synchronize again instead; consider "
+                            "containerd 2.4.0 or later", req.runtime_name, req.runtime_version)
         return nri.ConfigureResponse(events=self.events)
 
     async def _synchronize(self, req: nri.SynchronizeRequest, deadline: float | None) -> nri.SynchronizeResponse:

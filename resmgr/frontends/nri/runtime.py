@@ -12,6 +12,11 @@ Container updates reach the runtime in one of two ways:
   The runtime holds its plugin lock while an event is being answered and UpdateContainers
   waits for that lock, so nothing here ever waits for an UpdateContainers answer: the
   engine's push returns at once and one sender delivers the queue, newest value wins.
+  Runtimes whose NRI takes its locks in the other order for UpdateContainers than for
+  events (NRI before v0.12.1: containerd before 2.4.0) can deadlock when the two meet,
+  and then every lifecycle call hangs until the runtime restarts. With those the queue
+  goes out by synchronizing again instead (the connection ends and a new one registers;
+  the Synchronize answer carries every update), which takes the locks in the safe order.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from resmgr.model import Container, Pod, Resources
 log = logging.getLogger("cri-resmgr.nri")
 
 UPDATE_TIMEOUT = 10.0  # an UpdateContainers may wait for the runtime's events in flight
+RESYNC_DELAY = 1.0  # a queued update waits this long for an event's answer before a resynchronization
+RESYNC_GAP = 2.0  # seconds at least between two resynchronizations
 
 
 @dataclass
@@ -70,6 +77,10 @@ class NriRuntime:
         self._latest: dict[str, Resources] = {}  # the newest value given per container
         self._kick = asyncio.Event()
         self.on_failure: Callable[[], None] = lambda: None  # the engine's wake
+        # Set while this runtime's UpdateContainers is unsafe: ends the connection so that a new
+        # Synchronize delivers the queue; returns False when it cannot now (an event in flight).
+        self.resync: Callable[[], bool] | None = None
+        self._last_resync = 0.0
 
     # -- the record ------------------------------------------------------------------------
     def connected(self, send: Send | None) -> None:
@@ -161,6 +172,9 @@ class NriRuntime:
             send = self._send
             if send is None or not self._outbox:
                 continue
+            if self.resync is not None:
+                await self._resync()
+                continue
             batch, self._outbox = self._outbox, {}
             try:
                 async with asyncio.timeout(UPDATE_TIMEOUT):
@@ -181,3 +195,18 @@ class NriRuntime:
                     self._kick.set()
             if refused:
                 self.on_failure()
+
+    async def _resync(self) -> None:
+        """Deliver the queue by synchronizing again, once no event's answer has carried it."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(RESYNC_DELAY, self._last_resync + RESYNC_GAP - loop.time()))
+        resync = self.resync
+        if not self._outbox or self._send is None or resync is None:
+            return
+        if not resync():
+            self._kick.set()  # an event is being answered: its answer may carry them, else later
+            return
+        log.info("NRI: synchronizing with the runtime again to deliver %d container update(s)", len(self._outbox))
+        self._last_resync = loop.time()
+        self._outbox.clear()  # the Synchronize answer decides them afresh
+

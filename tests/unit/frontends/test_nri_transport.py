@@ -270,3 +270,64 @@ async def test_a_refused_create_is_answered_with_the_status_the_relay_gives(plug
     resp = await peer.response(3)
     assert resp.status.code == code
     assert "c1" not in plugin.engine.containers and not plugin.engine.containers  # nothing granted
+
+
+@pytest.fixture
+async def dialled(tmp_path, monkeypatch):
+    """The plugin as it runs when it dials the runtime itself: it may end its connection, and its
+    sender delivers queued updates."""
+    from resmgr.frontends.nri import runtime as nri_runtime
+    from resmgr.frontends.nri.connect import update_sender
+
+    monkeypatch.setattr(nri_runtime, "RESYNC_DELAY", 0.05)
+    engine = Engine(policies.create("none", {"Active": "none"}, None), StateStore(tmp_path), NriRuntime())
+    plugin = NriPlugin(engine, engine.runtime)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    r1, w1 = await asyncio.open_unix_connection(sock=a)
+    r2, w2 = await asyncio.open_unix_connection(sock=b)
+    trunk = Trunk(r1, w1, plugin.handle)
+    plugin.reset(update_sender(trunk), trunk.close)
+    tasks = [asyncio.create_task(trunk.run()), asyncio.create_task(engine.runtime.run_sender())]
+    yield plugin, trunk, Runtime(r2, w2)
+    trunk.close()
+    w2.close()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _configured(peer: Runtime, version: str) -> None:
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version=version).SerializeToString())))
+    await peer.response(1)
+    await peer.send(frame(1, request(3, "Synchronize", nri.SynchronizeRequest(
+        containers=[nri.Container(id="c1", pod_sandbox_id="p1", name="ctr")]).SerializeToString())))
+    await peer.response(3)
+
+
+async def test_a_runtime_whose_update_containers_can_deadlock_gets_updates_by_synchronizing_again(dialled):
+    """containerd before 2.4.0 takes its NRI locks in the other order for UpdateContainers than for
+    events, and hangs for good when the two meet: an update no event's answer carries ends the
+    connection instead, so that the runtime synchronizes again, and is never sent on its own."""
+    from resmgr.model import Resources
+
+    plugin, trunk, peer = dialled
+    await _configured(peer, "v2.3.7")
+    await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="1"))
+    await asyncio.wait_for(trunk.wait_closed(), 5)
+    assert plugin.resyncing
+    with pytest.raises((asyncio.IncompleteReadError, ConnectionError, TimeoutError)):
+        await peer.message(2, timeout=1)  # nothing but the end of the connection
+
+
+async def test_a_runtime_with_safe_update_containers_gets_them_sent(dialled):
+    from resmgr.model import Resources
+
+    plugin, trunk, peer = dialled
+    await _configured(peer, "v2.4.2")
+    await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="1"))
+    sid, kind, data = await peer.message(2)  # the runtime's service: the plugin's own calls
+    req = ttrpc.Request.FromString(data)
+    assert kind == 1 and req.method == "UpdateContainers"
+    assert nri.UpdateContainersRequest.FromString(req.payload).update[0].container_id == "c1"
+    assert not trunk.closed and not plugin.resyncing
