@@ -714,13 +714,19 @@ async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_p
     assert started == [True, True] and rt.cpusets["c1"] == "0" and not engine.containers["c1"].pending
 
 
-async def test_a_runtime_that_never_takes_the_moves_does_not_keep_a_container_from_running(tmp_path, monkeypatch):
+async def _held_back(tmp_path):
+    """c1 runs and c2 is made on a CPU c1 must leave, with the runtime refusing c1's move."""
     engine = taking_engine(tmp_path)
     rt = engine.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     rt.fail_updates = True
     await _create(engine, pod_id, cfg, cid="c2", name="b")
+    return engine, rt, pod_id, cfg
+
+
+async def test_a_runtime_that_never_takes_the_moves_does_not_keep_a_container_from_running(tmp_path, monkeypatch):
+    engine, rt, pod_id, cfg = await _held_back(tmp_path)
     started = []
 
     async def start():
@@ -871,12 +877,7 @@ async def test_a_start_held_back_by_a_slow_runtime_waits_for_its_moves_within_th
     import time
 
     monkeypatch.setattr(starting, "ANSWER_MARGIN", 0.2)
-    engine = taking_engine(tmp_path)
-    rt = engine.runtime.client
-    pod_id, cfg = await _run_pod(engine)
-    await _create(engine, pod_id, cfg, cid="c1", name="a")
-    rt.fail_updates = True  # slow to take c1's move off the CPU c2 gets
-    await _create(engine, pod_id, cfg, cid="c2", name="b")
+    engine, rt, pod_id, cfg = await _held_back(tmp_path)
     started = []
 
     async def start():
@@ -900,12 +901,7 @@ async def test_a_start_held_back_by_a_runtime_that_does_not_answer_is_refused_be
     import time
 
     monkeypatch.setattr(starting, "ANSWER_MARGIN", 0.3)
-    engine = taking_engine(tmp_path)
-    rt = engine.runtime.client
-    pod_id, cfg = await _run_pod(engine)
-    await _create(engine, pod_id, cfg, cid="c1", name="a")
-    rt.fail_updates = True
-    await _create(engine, pod_id, cfg, cid="c2", name="b")
+    engine, rt, pod_id, cfg = await _held_back(tmp_path)
     hang = asyncio.Event()
 
     async def stuck(*args, **kwargs):
