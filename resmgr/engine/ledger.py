@@ -6,7 +6,9 @@ did not fit (degraded), creates whose outcome is not known yet (unsettled) and u
 for creates still in flight (deferred). Forgetting a container drops it from all of them.
 It also remembers the CPUs each pod's container ran on by pod UID and container name
 (previous), so a restarted container, or every container after a node reboot, is offered
-them again; the memory goes with the pod's last sandbox. And it keeps the DRA claims kubelet
+them again; the memory goes with the pod's last sandbox when kubelet removes it. A pod whose
+sandboxes vanished from the runtime instead (the node rebooted: kubelet makes it anew) is
+remembered for VANISHED_KEEP seconds (vanished). And it keeps the DRA claims kubelet
 prepared (claims), so a policy switch prepares them again under the new policy.
 
 Whatever resources a decision gives a container, the fields runtime hook plugins set for
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable
 
 from resmgr.model import Claim, Container, ContainerState, Decision, Pod, QOSClass, Resources, View
@@ -30,6 +33,9 @@ from resmgr.policies.base import Policy, PolicyError
 
 log = logging.getLogger("cri-resmgr.engine")
 
+# How long the CPUs of a pod whose sandboxes vanished are kept for it: kubelet makes its pods anew
+# minutes after a reboot (an emulated node took 8), and a pod deleted meanwhile never comes back.
+VANISHED_KEEP = 900.0
 _QOS_ORDER = {QOSClass.GUARANTEED: 0, QOSClass.BURSTABLE: 1, QOSClass.BEST_EFFORT: 2}
 
 
@@ -50,6 +56,8 @@ class Ledger:
         self.deferred: dict[str, Resources] = {}
         # The CPUs a container ended on, by "<pod UID>/<container name>".
         self.previous: dict[str, str] = {}
+        # Pod UIDs whose sandboxes vanished from the runtime, and when (wall clock: it outlives reboots).
+        self.vanished: dict[str, float] = {}
         # DRA claims prepared by kubelet and not unprepared yet, by UID.
         self.claims: dict[str, Claim] = {}
 
@@ -61,9 +69,12 @@ class Ledger:
         return self.seq
 
     def load(self, pods: Iterable[Pod], containers: Iterable[Container], unallocated: Iterable[str] = (),
-             degraded: Iterable[str] = (), previous: dict[str, str] | None = None) -> None:
+             degraded: Iterable[str] = (), previous: dict[str, str] | None = None,
+             vanished: dict[str, float] | None = None, now: float | None = None) -> None:
         self.pods = {p.id: p for p in pods}
-        uids = {p.uid for p in self.pods.values()}
+        now = time.time() if now is None else now
+        self.vanished = {u: t for u, t in (vanished or {}).items() if now - t < VANISHED_KEEP}
+        uids = {p.uid for p in self.pods.values()} | set(self.vanished)
         self.previous = {k: v for k, v in (previous or {}).items() if k.partition("/")[0] in uids}
         self.containers = {c.key: c for c in containers}
         self.seq = max([p.seq for p in self.pods.values()] + [c.seq for c in self.containers.values()] + [0])
@@ -89,17 +100,26 @@ class Ledger:
         """Record pod (a newer sequence number than anything before); returns it."""
         pod.seq = self.next_seq()
         self.pods[pod.id] = pod
+        self.vanished.pop(pod.uid, None)
         return pod
 
-    def drop_pod(self, pod: Pod) -> Decision:
-        """Forget a pod and every container in it."""
+    def drop_pod(self, pod: Pod, vanished: bool = False, now: float | None = None) -> Decision:
+        """Forget a pod and every container in it. vanished: its sandbox is gone from the runtime
+        without kubelet removing it (a reboot): where its containers ran is kept a while."""
         decision = Decision()
         for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
             decision.updates.update(self.forget(c).updates)
         self.pods.pop(pod.id, None)
-        if not any(p.uid == pod.uid for p in self.pods.values()):
-            prefix = f"{pod.uid}/"
-            self.previous = {k: v for k, v in self.previous.items() if not k.startswith(prefix)}
+        now = time.time() if now is None else now
+        if vanished and pod.uid and not any(p.uid == pod.uid for p in self.pods.values()):
+            self.vanished[pod.uid] = now
+        gone = {u for u, t in self.vanished.items() if now - t >= VANISHED_KEEP}
+        if not vanished and not any(p.uid == pod.uid for p in self.pods.values()):
+            gone.add(pod.uid)
+        if gone:
+            for uid in gone:
+                self.vanished.pop(uid, None)
+            self.previous = {k: v for k, v in self.previous.items() if k.partition("/")[0] not in gone}
         return decision
 
     def _identity(self, c: Container) -> str:

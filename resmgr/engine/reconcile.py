@@ -215,7 +215,8 @@ class Reconciler:
     def _commit(self, obs: Observation) -> tuple[Outcome, Decision, list[Container]]:
         out, decision, fresh = Outcome(), Decision(), []
         for pod in [p for p in self.engine.pods.values() if p.id not in obs.pods and p.seq <= obs.start_seq]:
-            decision.updates.update(self.engine.drop_pod(pod).updates)
+            # Gone without kubelet removing it (the node rebooted, say): kubelet may make it anew.
+            decision.updates.update(self.engine.drop_pod(pod, vanished=True).updates)
             out.dropped_pods += 1
         for c in list(self.engine.containers.values()):
             if not c.id or c.seq > obs.start_seq:

@@ -153,6 +153,7 @@ class EngineState:
             "unallocated": sorted(self.ledger.unallocated & ids),
             "degraded": sorted(self.ledger.degraded & ids),
             "previous": dict(self.ledger.previous),
+            "vanished": dict(self.ledger.vanished),
             "claims": [c.to_dict() for c in self.ledger.claims.values()],
         }
 
@@ -162,7 +163,8 @@ class EngineState:
             return
         self.ledger.load([Pod.from_dict(p) for p in data.get("pods", [])],
                          [Container.from_dict(c) for c in data.get("containers", [])],
-                         data.get("unallocated", []), data.get("degraded", []), data.get("previous"))
+                         data.get("unallocated", []), data.get("degraded", []), data.get("previous"),
+                         data.get("vanished"))
         self.ledger.claims = {c["uid"]: Claim.from_dict(c) for c in data.get("claims", [])}
         pdata = data.get("policy") or {}
         if pdata.get("name") == self.policy.name:
@@ -222,9 +224,9 @@ class EngineState:
         self.pusher.forget(c.key)
         return decision
 
-    def drop_pod(self, pod: Pod) -> Decision:
-        """Forget a pod and its containers (caller holds the lock)."""
-        return self.ledger.drop_pod(pod)
+    def drop_pod(self, pod: Pod, vanished: bool = False) -> Decision:
+        """Forget a pod and its containers (caller holds the lock); vanished: see Ledger.drop_pod."""
+        return self.ledger.drop_pod(pod, vanished)
 
     def record(self, updates: dict[str, Resources]) -> None:
         """Take a decision's updates as the containers' desired resources (caller holds the lock).

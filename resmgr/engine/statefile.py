@@ -82,6 +82,7 @@ SCHEMA = {
         "unallocated": _STR_LIST,
         "degraded": _STR_LIST,
         "previous": _STR_MAP,
+        "vanished": {"type": "object", "additionalProperties": {"type": "number"}},
         "claims": {"type": "array", "items": _CLAIM},
     },
 }

@@ -917,3 +917,35 @@ async def test_a_start_held_back_by_a_runtime_that_does_not_answer_is_refused_be
         await engine.start_container("c2", start, deadline=time.monotonic() + 1.5)
     assert time.monotonic() - began < 1.4 and engine.containers["c1"].pending
     hang.set()
+
+
+async def test_a_pod_whose_sandbox_vanished_is_offered_its_cpus_when_kubelet_makes_it_anew(engine, tmp_path):
+    """After a reboot the runtime has no sandbox left and reconciliation drops every pod, but kubelet
+    makes them anew (same UID): their containers are offered the CPUs they ran on, also across a
+    restart of cri-resmgr meanwhile; a pod kubelet removed is not remembered."""
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine, "kept")
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    gone_id, gone_cfg = await _run_pod(engine, "removed")
+    await _create(engine, gone_id, gone_cfg, cid="c2", name="a")
+    cpus = engine.containers["c1"].resources.cpuset_cpus
+    await front(engine).remove_pod_sandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=gone_id), _none)
+    rt.pods, rt.containers = [], []  # the node rebooted
+    await engine.reconcile()
+    assert not engine.pods
+    await engine.flush()
+    again = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(rt))  # cri-resmgr restarted
+    again.restore(StateStore(tmp_path).load())
+    await again.reconcile()
+
+    async def send(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod-kept-2")
+
+    await front(again).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), send)
+    await _create(again, "pod-kept-2", cfg, cid="c3", name="a")
+    assert again.containers["c3"].previous == cpus
+    assert not any(k.startswith(gone_cfg.metadata.uid) for k in again.ledger.previous)
+
+
+async def _none(req):
+    return None
