@@ -22,11 +22,13 @@ METRICS = "http://127.0.0.1:8891/metrics"
 
 
 def run(*cmd: str, timeout: float = 30) -> tuple[int, str]:
+    """(exit status, standard output): what a command says on stderr (systemctl's "Connection timed
+    out" on a busy node, say) must not be read as its answer."""
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return 124, "timed out"
-    return done.returncode, (done.stdout + done.stderr).strip()
+        return 124, ""
+    return done.returncode, done.stdout.strip()
 
 
 def scopes() -> list[str]:
@@ -79,7 +81,8 @@ def main() -> int:
     containers = json.loads(listed)["containers"] if listed is not None else None
     sandboxes = crictl("pods", "-q")
     print(json.dumps({
-        "units": dict(zip(units, active.split(), strict=False)),
+        "units": {u: (state[0] if state else "unknown") for u, state in
+                  zip(units, [line.split() for line in active.splitlines()] + [[]] * len(units), strict=False)},
         "restarts": dict(zip((unit, "cri-resmgr-agent"), map(int, restarts.split()), strict=False)),
         "relay_socket": os.path.exists("/var/run/cri-resmgr/cri-resmgr.sock"),
         "scopes": held,

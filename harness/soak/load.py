@@ -153,7 +153,7 @@ class Load:
         r = self.rng.random()
         if len(live) < LIVE[0] or (len(live) < LIVE[1] and r < 0.5):
             self.make()
-        elif r < 0.65:
+        elif r < (0.65 if self.resized else 0.85):  # a short run resizes at least once too
             self.resize()
         else:
             self.delete(self.rng.choice(live))

@@ -233,43 +233,6 @@ def test_an_in_place_resize_through_kubelet_reaches_the_container_scope(node, ku
         kubelet.stop()
 
 
-def test_sigkill_of_cri_resmgr_and_restarts_of_containerd_and_kubelet_keep_placements_and_leak_nothing(
-        node, kubelet):
-    node.fresh(TOPOLOGY_AWARE)
-    kubelet.start(RELAY_SOCKET)
-    try:
-        g = kubelet.run("k-g", "2", "64Mi", limits=True)
-        b = kubelet.run("k-b", "500m")
-        before = {c: node.cpuset(c) for c in (g, b)}
-        assert not before[g][0] & before[b][0]
-
-        node.sh("systemctl kill -s KILL cri-resmgr.service")
-        node.sh(f"sleep 1; for i in $(seq 600); do systemctl is-active -q cri-resmgr && [ -S {RELAY_SOCKET} ] "
-                "&& exit 0; sleep 0.1; done; exit 1")
-        restarts = node.sh("systemctl show -p NRestarts --value cri-resmgr").strip()
-        assert restarts != "0"
-        assert {c: node.cpuset(c) for c in (g, b)} == before
-
-        node.sh("systemctl restart containerd.service")
-        assert node.sh("systemctl is-active cri-resmgr.service; systemctl show -p NRestarts --value cri-resmgr"
-                       ).split() == ["active", restarts], "restarting containerd restarted the relay"
-        node.sh("systemctl restart kubelet.service")
-        kubelet.wait_ready()
-        time.sleep(10)  # kubelet's sync loop and PLEG look at every pod again, through the reconnected relay
-        assert kubelet.running() == {"k-g": g, "k-b": b}
-        assert {c: node.cpuset(c) for c in (g, b)} == before
-        g2 = kubelet.run("k-g2", "2", "64Mi", limits=True)
-        cpus2, _ = node.cpuset(g2)
-        assert not cpus2 & before[g][0] and not cpus2 & node.cpuset(b)[0]
-        assert kubelet.restarts() == {"k-g": 0, "k-b": 0, "k-g2": 0}
-    finally:
-        kubelet.stop()
-    # Every container stopped: none holds CPUs, and none of their scopes is left.
-    assert [c for p in node.status()["pods"] for c in p["containers"]
-            if c["state"] == "running" or c["exclusive"]] == []
-    assert node.sh("find /sys/fs/cgroup/kubepods.slice -name 'cri-containerd-*.scope' | wc -l").strip() == "0"
-
-
 def test_the_host_package_runs_the_relay_for_kubelet_and_leaves_containerd_to_it_when_removed(node, kubelet):
     """Installed as an operator installs it: dpkg -i, a systemd service, kubelet moved to the relay
     by the package's drop-in; a restart keeps placements, a reboot brings every pod back placed;
