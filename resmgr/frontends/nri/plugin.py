@@ -221,6 +221,7 @@ class NriPlugin:
             await self.engine.settle_updates()
         self.synchronized = True
         resp = nri.SynchronizeResponse(update=self._updates(collector))
+        self.runtime.synchronized(len(resp.update))
         log.info("NRI: synchronized %d pods, %d containers in %.1f ms; %d container(s) updated", pods, ctrs,
                  (time.perf_counter() - started) * 1000, len(resp.update))
         return resp

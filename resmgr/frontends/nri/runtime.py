@@ -37,6 +37,7 @@ log = logging.getLogger("cri-resmgr.nri")
 UPDATE_TIMEOUT = 10.0  # an UpdateContainers may wait for the runtime's events in flight
 RESYNC_DELAY = 1.0  # a queued update waits this long for an event's answer before a resynchronization
 RESYNC_GAP = 2.0  # seconds at least between two resynchronizations
+VERIFY_MAX = 5  # synchronizations in a row that find what the one before carried not taken
 
 
 @dataclass
@@ -81,6 +82,10 @@ class NriRuntime:
         # Synchronize delivers the queue; returns False when it cannot now (an event in flight).
         self.resync: Callable[[], bool] | None = None
         self._last_resync = 0.0
+        # The runtime ignores the updates of a Synchronize answer it fails to apply, and reports
+        # no failure: the next synchronization shows where the containers really run.
+        self._verify = False
+        self._verify_streak = 0
 
     # -- the record ------------------------------------------------------------------------
     def connected(self, send: Send | None) -> None:
@@ -170,10 +175,13 @@ class NriRuntime:
             await self._kick.wait()
             self._kick.clear()
             send = self._send
-            if send is None or not self._outbox:
+            if send is None or not (self._outbox or self._verify):
                 continue
             if self.resync is not None:
                 await self._resync()
+                continue
+            self._verify = False
+            if not self._outbox:
                 continue
             batch, self._outbox = self._outbox, {}
             try:
@@ -201,12 +209,32 @@ class NriRuntime:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(max(RESYNC_DELAY, self._last_resync + RESYNC_GAP - loop.time()))
         resync = self.resync
-        if not self._outbox or self._send is None or resync is None:
+        if not (self._outbox or self._verify) or self._send is None or resync is None:
             return
         if not resync():
             self._kick.set()  # an event is being answered: its answer may carry them, else later
             return
-        log.info("NRI: synchronizing with the runtime again to deliver %d container update(s)", len(self._outbox))
+        if self._outbox:
+            log.info("NRI: synchronizing with the runtime again to deliver %d container update(s)",
+                     len(self._outbox))
+        else:
+            log.info("NRI: synchronizing with the runtime again to see that it took the last one's updates")
         self._last_resync = loop.time()
         self._outbox.clear()  # the Synchronize answer decides them afresh
+        self._verify = False
+
+    def synchronized(self, carried: int) -> None:
+        """A Synchronize answer carried that many updates: where the runtime may be synchronized
+        again, one more synchronization sees whether it took them (a few in a row at most)."""
+        if not carried or self.resync is None:
+            self._verify, self._verify_streak = False, 0
+            return
+        self._verify_streak += 1
+        if self._verify_streak > VERIFY_MAX:
+            log.warning("NRI: the runtime has not taken container updates in %d synchronizations in a row; "
+                        "left to the next event or reconciliation", VERIFY_MAX)
+            self._verify, self._verify_streak = False, 0
+            return
+        self._verify = True
+        self._kick.set()
 

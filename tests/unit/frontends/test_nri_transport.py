@@ -331,3 +331,16 @@ async def test_a_runtime_with_safe_update_containers_gets_them_sent(dialled):
     assert kind == 1 and req.method == "UpdateContainers"
     assert nri.UpdateContainersRequest.FromString(req.payload).update[0].container_id == "c1"
     assert not trunk.closed and not plugin.resyncing
+
+
+async def test_updates_a_synchronize_answer_carried_are_checked_by_synchronizing_again(dialled):
+    """The runtime ignores the updates of a Synchronize answer it fails to apply and says nothing:
+    where it can be synchronized again, one more synchronization shows where containers run."""
+    plugin, trunk, peer = dialled
+    await _configured(peer, "v2.3.7")
+    plugin.runtime.synchronized(0)
+    await asyncio.sleep(0.3)
+    assert not trunk.closed  # nothing carried: nothing to check
+    plugin.runtime.synchronized(2)
+    await asyncio.wait_for(trunk.wait_closed(), 5)
+    assert plugin.resyncing
