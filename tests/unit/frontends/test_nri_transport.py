@@ -204,20 +204,31 @@ async def test_a_peer_that_goes_away_fails_pending_calls(pair):
     assert trunk.closed
 
 
-@pytest.fixture
-async def plugin_pair(tmp_path):
-    """The NRI plugin (none policy) behind the transport, and the runtime's end."""
+async def _plugin_on_a_socket(tmp_path) -> tuple[NriPlugin, Trunk, Runtime]:
+    """The NRI plugin (none policy) behind the transport on a socket pair, and the runtime's end."""
     engine = Engine(policies.create("none", {"Active": "none"}, None), StateStore(tmp_path), NriRuntime())
     plugin = NriPlugin(engine, engine.runtime)
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     r1, w1 = await asyncio.open_unix_connection(sock=a)
     r2, w2 = await asyncio.open_unix_connection(sock=b)
-    trunk = Trunk(r1, w1, plugin.handle)
-    task = asyncio.create_task(trunk.run())
-    yield plugin, Runtime(r2, w2)
+    return plugin, Trunk(r1, w1, plugin.handle), Runtime(r2, w2)
+
+
+async def _ended(trunk: Trunk, peer: Runtime, tasks: list[asyncio.Task]) -> None:
     trunk.close()
-    w2.close()
-    await asyncio.gather(task, return_exceptions=True)
+    peer.writer.close()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.fixture
+async def plugin_pair(tmp_path):
+    """The NRI plugin (none policy) behind the transport, and the runtime's end."""
+    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path)
+    task = asyncio.create_task(trunk.run())
+    yield plugin, peer
+    await _ended(trunk, peer, [task])
 
 
 async def test_the_plugin_refuses_bad_calls_with_ttrpc_errors(plugin_pair, caplog):
@@ -280,20 +291,11 @@ async def dialled(tmp_path, monkeypatch):
     from resmgr.frontends.nri.connect import update_sender
 
     monkeypatch.setattr(nri_runtime, "RESYNC_DELAY", 0.05)
-    engine = Engine(policies.create("none", {"Active": "none"}, None), StateStore(tmp_path), NriRuntime())
-    plugin = NriPlugin(engine, engine.runtime)
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    r1, w1 = await asyncio.open_unix_connection(sock=a)
-    r2, w2 = await asyncio.open_unix_connection(sock=b)
-    trunk = Trunk(r1, w1, plugin.handle)
+    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path)
     plugin.reset(update_sender(trunk), trunk.close)
-    tasks = [asyncio.create_task(trunk.run()), asyncio.create_task(engine.runtime.run_sender())]
-    yield plugin, trunk, Runtime(r2, w2)
-    trunk.close()
-    w2.close()
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    tasks = [asyncio.create_task(trunk.run()), asyncio.create_task(plugin.runtime.run_sender())]
+    yield plugin, trunk, peer
+    await _ended(trunk, peer, tasks)
 
 
 async def _configured(peer: Runtime, version: str) -> None:
