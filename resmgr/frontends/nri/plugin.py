@@ -47,6 +47,7 @@ EVENTS = [E.RUN_POD_SANDBOX, E.STOP_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_
           E.UPDATE_POD_SANDBOX]
 OLD_EVENTS_MASK = 0x7FF
 MARGIN = 0.2  # seconds kept back from the runtime's deadline for our own answer
+RESYNC_IDLE = 5.0  # seconds without an event before the plugin may register again to deliver updates
 # Events whose answer carries nothing, by the method newer runtimes deliver them with (older
 # ones use StateChange): request, event, answer.
 EVENT_METHODS = {
@@ -110,6 +111,7 @@ class NriPlugin:
         self.close: Callable[[], None] | None = None  # ends the current connection (None: it cannot be redialled)
         self.resyncing = False  # the connection was ended to synchronize again
         self.in_flight = 0  # the runtime's calls being answered
+        self.last_event = 0.0  # when the last one was answered (monotonic)
         self._sync_pods: list[nri.PodSandbox] = []
         self._sync_containers: list[nri.Container] = []
         self._methods: dict[str, tuple[type[Message], Callable[[Any, float | None], Awaitable[Message]]]] = {
@@ -136,8 +138,11 @@ class NriPlugin:
             self.runtime.connected(None)
 
     def _resync(self) -> bool:
-        """End the connection so that the runtime synchronizes again; not while it waits for an answer."""
-        if self.in_flight or self.close is None or not self.synchronized:
+        """End the connection so that the runtime synchronizes again: only while no event has come for
+        RESYNC_IDLE seconds, since that runtime can also deadlock when a plugin registers while its
+        pods start and stop (its events hold off a registration, and a waiting one holds off events)."""
+        if self.in_flight or self.close is None or not self.synchronized or \
+                time.monotonic() - self.last_event < RESYNC_IDLE:
             return False
         self.resyncing = True
         self.close()
@@ -168,6 +173,7 @@ class NriPlugin:
             raise self._failed(event, started, RpcError(errors.CODES[code], str(err))) from None
         finally:
             self.in_flight -= 1
+            self.last_event = time.monotonic()
         seconds = time.perf_counter() - started
         metrics.nri_event(event, "OK", seconds)
         log.debug("NRI %s answered in %.2f ms", event, seconds * 1000)
@@ -232,6 +238,9 @@ class NriPlugin:
 
     def _updates(self, collector: Collector, skip: str = "") -> list[nri.ContainerUpdate]:
         out = []
+        if self.runtime.resync is not None:  # what waits to be delivered rides on this answer
+            for cid, res in self.runtime.take_queued(skip).items():
+                collector.updates.setdefault(cid, res)
         for cid, res in collector.updates.items():
             if cid == skip:
                 continue

@@ -35,7 +35,7 @@ from resmgr.model import Container, Pod, Resources
 log = logging.getLogger("cri-resmgr.nri")
 
 UPDATE_TIMEOUT = 10.0  # an UpdateContainers may wait for the runtime's events in flight
-RESYNC_DELAY = 1.0  # a queued update waits this long for an event's answer before a resynchronization
+RESYNC_DELAY = 1.0  # seconds between two looks at whether a resynchronization may deliver the queue
 RESYNC_GAP = 2.0  # seconds at least between two resynchronizations
 VERIFY_MAX = 5  # synchronizations in a row that find what the one before carried not taken
 
@@ -203,6 +203,13 @@ class NriRuntime:
                     self._kick.set()
             if refused:
                 self.on_failure()
+
+    def take_queued(self, skip: str = "") -> dict[str, Resources]:
+        """The queued updates (but skip's), for an event's answer to carry instead."""
+        taken = {cid: res for cid, res in self._outbox.items() if cid != skip}
+        for cid in taken:
+            del self._outbox[cid]
+        return taken
 
     async def _resync(self) -> None:
         """Deliver the queue by synchronizing again, once no event's answer has carried it."""

@@ -287,10 +287,12 @@ async def test_a_refused_create_is_answered_with_the_status_the_relay_gives(plug
 async def dialled(tmp_path, monkeypatch):
     """The plugin as it runs when it dials the runtime itself: it may end its connection, and its
     sender delivers queued updates."""
+    from resmgr.frontends.nri import plugin as nri_plugin
     from resmgr.frontends.nri import runtime as nri_runtime
     from resmgr.frontends.nri.connect import update_sender
 
     monkeypatch.setattr(nri_runtime, "RESYNC_DELAY", 0.05)
+    monkeypatch.setattr(nri_plugin, "RESYNC_IDLE", 0.2)
     plugin, trunk, peer = await _plugin_on_a_socket(tmp_path)
     plugin.reset(update_sender(trunk), trunk.close)
     tasks = [asyncio.create_task(trunk.run()), asyncio.create_task(plugin.runtime.run_sender())]
@@ -346,3 +348,19 @@ async def test_updates_a_synchronize_answer_carried_are_checked_by_synchronizing
     plugin.runtime.synchronized(2)
     await asyncio.wait_for(trunk.wait_closed(), 5)
     assert plugin.resyncing
+
+
+async def test_queued_updates_ride_on_the_next_answer_that_carries_updates(dialled, monkeypatch):
+    """Where the runtime's UpdateContainers is unsafe, a StopContainer answer delivers what waits."""
+    from resmgr.frontends.nri import plugin as nri_plugin
+    from resmgr.model import Resources
+
+    monkeypatch.setattr(nri_plugin, "RESYNC_IDLE", 60.0)  # no resynchronization meanwhile
+    plugin, trunk, peer = dialled
+    await _configured(peer, "v2.3.7")
+    await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="1"))
+    stop = nri.StopContainerRequest(pod=nri.PodSandbox(id="p2"), container=nri.Container(id="c2", pod_sandbox_id="p2"))
+    await peer.send(frame(1, request(5, "StopContainer", stop.SerializeToString())))
+    resp = nri.StopContainerResponse.FromString((await peer.response(5)).payload)
+    assert [u.container_id for u in resp.update] == ["c1"]
+    assert not trunk.closed
