@@ -5,8 +5,9 @@
 # conformance out.
 #
 # --vm runs the VM tier instead: the test node booted as a virtual machine shaped like production
-# (systemd, cgroup v2, the systemd cgroup driver, 2 sockets x 2 NUMA nodes; tests/vm/), ending with
-# the soak's short form (tests/vm/test_soak.py; benchmarks/soak.py runs it for hours).
+# (systemd, cgroup v2, the systemd cgroup driver, 2 sockets x 2 NUMA nodes; tests/vm/); with
+# --vm-soak it ends with the soak's short form (tests/vm/test_soak.py; benchmarks/soak.py runs it
+# for hours).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for arg in "$@"; do
