@@ -15,8 +15,10 @@ Container updates reach the runtime in one of two ways:
   Runtimes whose NRI takes its locks in the other order for UpdateContainers than for
   events (NRI before v0.12.1: containerd before 2.4.0) can deadlock when the two meet,
   and then every lifecycle call hangs until the runtime restarts. With those the queue
-  goes out by synchronizing again instead (the connection ends and a new one registers;
-  the Synchronize answer carries every update), which takes the locks in the safe order.
+  rides on the next answer that carries updates (take_queued), or, once the plugin says
+  no event has come for a while, goes out by synchronizing again (the connection ends and
+  a new one registers; the Synchronize answer carries every update), which takes the locks
+  in the safe order.
 """
 
 from __future__ import annotations
