@@ -32,9 +32,22 @@ def build() -> Path:
     return b.build(b.CACHE / "out")
 
 
-def load(archive: Path, containerd_socket: str) -> str:
+def build_release(src: Path) -> Path:
+    """The image archive of a release's source tree (harness/releases.py), by its own build script."""
+    out = builder().CACHE / "releases" / src.parent.name
+    found = sorted(out.glob("cri-resmgr-*.oci.tar"))
+    if found:
+        return found[0]
+    done = subprocess.run([sys.executable, str(src / "scripts" / "build-image.py"), str(out)], capture_output=True,
+                          text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the image of {src}: {done.stderr[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def load(archive: Path, containerd_socket: str, version: str = "") -> str:
     """Import the archive into containerd's CRI namespace; the image's name."""
-    version = builder().version()
+    version = version or builder().version()
     subprocess.run([tool("ctr"), "--address", containerd_socket, "--namespace", "k8s.io", "images", "import",
                     "--base-name", REPOSITORY, "--local", str(archive)],
                    check=True, capture_output=True, text=True)

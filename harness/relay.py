@@ -53,10 +53,16 @@ class RelayProcess:
                      "--runtime-socket", runtime_socket, "--state-dir", str(self.relay_dir),
                      "--log-level", "DEBUG", "--config-socket", str(workdir / "config.sock"), *extra]
         self.proc: subprocess.Popen | None = None
+        self.cwd = ROOT
+
+    def of_release(self, python: Path, home: Path) -> RelayProcess:
+        """Run another build (a release's virtual environment) instead of this tree's."""
+        self.args[0], self.cwd = str(python), home
+        return self
 
     def start(self, wait: bool = True) -> RelayProcess:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd)
         log.close()
         if wait:
             wait_socket(self.socket, proc=self.proc)

@@ -35,6 +35,17 @@ def kube():
     control.stop()
 
 
+@pytest.fixture(scope="session")
+def previous_release():
+    """The release before this tree, built from git (harness/releases.py), for upgrade tests."""
+    from harness import releases
+
+    version, commit = releases.previous()
+    if not releases.in_git(commit):
+        pytest.skip(f"release {version}'s commit {commit} is not in this clone's history")
+    return releases.install(version, commit)
+
+
 @pytest.fixture
 def env(workdir, kube):
     """The node agent between the real API server (a Node of its own) and a cri-resmgr (tests/support/agentenv.py)."""

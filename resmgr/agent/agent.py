@@ -133,7 +133,7 @@ class ConfigAgent:
         self.push_error = ""  # its rejection, or why it could not be reached
         self.unrecorded = False  # the outcome of the last push is not all written yet
         self.record_error = ""  # why, when it is not
-        self.relay_reachable = True
+        self.relay_reachable: bool | None = None  # None: not tried yet
         self.problems: list[str] = []  # what cri-resmgr last reported wrong beyond its configuration
         self._recording = asyncio.Lock()
         self._changed = asyncio.Event()
@@ -271,8 +271,9 @@ class ConfigAgent:
                 try:
                     reply = await stub.GetStatus(status_pb2.GetStatusRequest(), timeout=self.settings.push_timeout)
                 except grpc.aio.AioRpcError:
-                    pass  # unreachable: the push loop says so
+                    self.relay_reachable = False
                 else:
+                    self.relay_reachable = True
                     problems = list(reply.problems)
                     if problems != self.problems:
                         for problem in problems:
@@ -373,8 +374,14 @@ class ConfigAgent:
     def health(self) -> str:
         """Why the agent is not healthy, or "" when it is."""
         problems = [w.error for w in self.watchers.values() if w.error]
-        if not self.relay_reachable:
+        if self.relay_reachable is None:
+            problems.append("cri-resmgr not reached yet on " + self.settings.config_socket)
+        elif not self.relay_reachable:
             problems.append("cri-resmgr is not reachable on " + self.settings.config_socket)
+        if not self.known():
+            problems.append("the cluster's configuration for this node not read yet")
+        elif self.pushed is None and self.choice() is not None:
+            problems.append("the configuration not pushed to cri-resmgr yet")
         if self.push_error and self.pushed is not None:
             problems.append(f"cri-resmgr rejected {self.pushed.name}: {self.push_error}")
         if self.unrecorded and self.record_error:  # the cluster cannot see what this node did

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from resmgr import __version__
 from resmgr.agent import apiclient
 from resmgr.agent.agent import ConfigAgent, Settings
 from resmgr.agent.server import serve
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cri-resmgr-agent", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_to(p, AgentOptions)
+    p.add_argument("--version", action="version", version=f"cri-resmgr-agent {__version__}")
     return p
 
 
@@ -120,6 +122,9 @@ def tally_parser() -> argparse.ArgumentParser:
     ap.add_argument("--interval", type=positive_duration, default=5.0, metavar="DURATION",
                     help="longest a node's report waits to be counted; the counts are written once the "
                          "reports are quiet for a second, or after this long (default: %(default)ss)")
+    ap.add_argument("--ready-file", default="", metavar="PATH",
+                    help="a file that exists while the tally has read the configurations and the nodes' status "
+                         "and its last write went through, for a readiness probe (default: none)")
     ap.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, help="log level (default: %(default)s)")
     return ap
 
@@ -133,7 +138,7 @@ def tally(argv: list[str]) -> int:
 
     async def go() -> None:
         api = apiclient.Client(creds, user_agent="cri-resmgr-agent-tally")
-        task = asyncio.create_task(Tally(api, args.config_namespace, args.interval).run())
+        task = asyncio.create_task(Tally(api, args.config_namespace, args.interval, ready_file=args.ready_file).run())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 from resmgr.agent import resources
@@ -80,8 +81,10 @@ def counts(config: dict[str, Any], nodes: list[tuple[str, dict[str, Any]]]) -> d
 
 class Tally:
     def __init__(self, api: Client, namespace: str, interval: float, retry_first: float = 0.2,
-                 retry_max: float = 10.0) -> None:
+                 retry_max: float = 10.0, ready_file: str = "") -> None:
         self.api, self.namespace, self.interval = api, namespace, interval
+        # Exists while the tally has read both collections and its last write went through (a probe reads it).
+        self.ready_file = Path(ready_file) if ready_file else None
         self.changed = asyncio.Event()
         self.configs, self.nodes = Mirror(self.changed), Mirror(self.changed)
         self.backoff = (retry_first, retry_max)
@@ -129,14 +132,28 @@ class Tally:
                 try:
                     await self.write()
                     backoff.reset()
+                    self._ready(True)
                 except ApiError as err:
+                    self._ready(False)
                     delay = backoff.next()
                     log.warning("writing the counts: %s; retrying in %.1fs", err, delay)
                     self.changed.set()
                     await asyncio.sleep(delay)
         finally:
+            self._ready(False)
             for w in watchers:
                 w.stop()
+
+    def _ready(self, ready: bool) -> None:
+        if self.ready_file is None:
+            return
+        try:
+            if ready:
+                self.ready_file.write_text("ok\n")
+            else:
+                self.ready_file.unlink(missing_ok=True)
+        except OSError as err:
+            log.warning("readiness file %s: %s", self.ready_file, err)
 
     async def write(self) -> None:
         for name, status in self.wanted().items():

@@ -13,7 +13,7 @@ from resmgr.app.daemon import Daemon, StartupError
 from resmgr.app.options import Options
 from resmgr.config import ConfigError
 from resmgr.control.manager import Sources
-from resmgr.engine.store import StateInUse, StateStore
+from resmgr.engine.store import StateInUse, StateStore, StateTooNew
 from resmgr.options import add_to, from_args
 from resmgr.sockets import SocketInUse, prepare
 from resmgr.view.server import Address
@@ -55,7 +55,11 @@ def _reset(args: Options, sources: Sources) -> int:
         done = sources.reset_pushed()
         print("pushed configuration removed" if done else "no pushed configuration to remove")
     if args.reset_policy:
-        state = store.load() if store.path.exists() else None
+        try:
+            state = store.load() if store.path.exists() else None
+        except StateTooNew as err:
+            print(f"cri-resmgr: {err}", file=sys.stderr)
+            return 1
         if state and state.pop("policy", None) is not None:
             state.pop("version", None)
             store.write(state)

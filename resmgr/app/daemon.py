@@ -27,7 +27,7 @@ from resmgr.controllers.blockio import BlockIOController
 from resmgr.controllers.rdt import RDTController
 from resmgr.engine import Engine, statefile
 from resmgr.engine.state import Runtime
-from resmgr.engine.store import StateInUse, StateStore
+from resmgr.engine.store import StateInUse, StateStore, StateTooNew
 from resmgr.frontends import DumpSink, FrontEnd, StartupError
 from resmgr.frontends.dra.plugin import DraPlugin, agent_fetch
 from resmgr.frontends.nri.frontend import NriFrontEnd
@@ -84,7 +84,7 @@ class Daemon:
             core = await self.build_core(front)
             await front.start()
             self.dra = await self._start_dra(core.engine)
-            config_server = await self._serve_config(core)
+            config_server = await self._serve_config(core, front)
             if self.opts.pid_file:
                 Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
             log.info("%s, policy %s", front.describe(), core.engine.policy.name)
@@ -204,7 +204,10 @@ class Daemon:
             store.claim()
         except StateInUse as err:
             raise StartupError(str(err)) from None
-        state = store.load(statefile.check)
+        try:
+            state = store.load(statefile.check)
+        except StateTooNew as err:
+            raise StartupError(str(err)) from None
         self._keep_persisted_policy(state, store)
         return store, state
 
@@ -302,7 +305,7 @@ class Daemon:
                                   control.describe(), topo, engine.ledger.claims)
         return snapshot
 
-    async def _serve_config(self, core: Core) -> grpc.aio.Server | None:
+    async def _serve_config(self, core: Core, front: FrontEnd) -> grpc.aio.Server | None:
         """Signals (SIGHUP reloads the forced file) and the node agent's config link."""
         control = core.control
         loop = asyncio.get_running_loop()
@@ -326,7 +329,7 @@ class Daemon:
                 devices = configlink.Devices(self.opts.dra_driver,
                                              TopologyFeed(lambda: engine.policy.devices(), engine.changes))
             return await configlink.serve(control, sockets.path_of(self.opts.config_socket), feed,
-                                          self.opts.config_socket_group, devices)
+                                          self.opts.config_socket_group, devices, front.serving)
         return None
 
     async def _shut_down(self, core: Core, front: FrontEnd, config_server: grpc.aio.Server | None) -> None:

@@ -1,14 +1,19 @@
 """`cri-resmgr status`: what the running daemon has in force, where it came from, and its pools.
 
     cri-resmgr status [--config-socket PATH] [--address ADDR] [--output text|json]
+    cri-resmgr status --probe [--config-socket PATH]
 
 Asks the daemon over its config socket (root only). When the daemon serves its state
 (--metrics-address), the pools and containers are read from there too: each pool's CPUs,
 what its shared containers run on now, exclusive grants, containers, and the shared
 milli-CPU requested and still free. Exit status 0 when the last pushed or reloaded
 configuration was applied and the daemon reports no problem (its state directory cannot be
-written, say), 3 when the configuration was rejected, 4 when a problem is reported, 1 when the
-daemon cannot be reached.
+written, say), 3 when the configuration was rejected, 4 when a problem is reported, 5 when it
+takes no runtime calls now (an NRI plugin not registered with the runtime), 1 when the daemon
+cannot be reached.
+
+--probe is for readiness and startup probes: silent, exit 0 while the daemon takes runtime
+calls; else it says why and exits 1 (its configuration and problems are the agent's to report).
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ class StatusOptions:
     address: str = opt("", "--address", metavar="ADDR",
                        help="the daemon's --metrics-address, to read pools and containers from (default: the "
                             "address the daemon reports)")
+    probe: bool = opt(False, "--probe", action="store_true",
+                      help="only whether the daemon takes runtime calls (exit 0) or not (exit 1), for probes")
 
 
 def main(argv: list[str]) -> int:
@@ -80,6 +87,11 @@ def main(argv: list[str]) -> int:
         print(f"cri-resmgr status: cannot reach the relay on {args.config_socket}: {err.details()}",
               file=sys.stderr)
         return 1
+    if args.probe:
+        if reply.not_serving:
+            print(f"cri-resmgr status: not serving: {reply.not_serving}", file=sys.stderr)
+            return 1
+        return 0
     address = args.address or reply.http_address
     doc, why = None, "the daemon serves no state (start it with --metrics-address)"
     if address:
@@ -96,6 +108,8 @@ def main(argv: list[str]) -> int:
         print(f"policy: {reply.policy}")
         print(f"source: {reply.source}")
         print(f"pods: {reply.pods}, containers: {reply.containers}")
+        if reply.not_serving:
+            print(f"not serving: {reply.not_serving}")
         if reply.last_error:
             print(f"last configuration rejected: {reply.last_error}")
         for problem in reply.problems:
@@ -108,4 +122,4 @@ def main(argv: list[str]) -> int:
             print(f"pools: unknown; {why}")
         print("# effective configuration")
         print(reply.config, end="")
-    return 3 if reply.last_error else 4 if reply.problems else 0
+    return 5 if reply.not_serving else 3 if reply.last_error else 4 if reply.problems else 0

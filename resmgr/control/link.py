@@ -7,6 +7,7 @@ Served on a root-only unix socket: the agent runs as root, nobody else may recon
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,14 +50,16 @@ class Devices:
 
 class StatusService(status_pb2_grpc.StatusServicer):
     def __init__(self, control: ConfigManager, feed: TopologyFeed | None = None,
-                 devices: Devices | None = None) -> None:
+                 devices: Devices | None = None, serving: Callable[[], str] | None = None) -> None:
         self.control = control
         self.feed = feed
         self.devices = devices
+        self.serving = serving
 
     async def GetStatus(self, request: status_pb2.GetStatusRequest,  # noqa: N802
                         context: grpc.aio.ServicerContext) -> status_pb2.GetStatusReply:
-        return status_pb2.GetStatusReply(**self.control.status())
+        return status_pb2.GetStatusReply(**self.control.status(),
+                                         not_serving=self.serving() if self.serving is not None else "")
 
     async def WatchTopology(self, request: status_pb2.WatchTopologyRequest,  # noqa: N802
                             context: grpc.aio.ServicerContext) -> Any:
@@ -75,11 +78,13 @@ class StatusService(status_pb2_grpc.StatusServicer):
             yield status_pb2.DevicesReply(driver=self.devices.driver, devices=text)
 
 async def serve(control: ConfigManager, path: str, feed: TopologyFeed | None = None,
-                group: int = -1, devices: Devices | None = None) -> grpc.aio.Server:
-    """The link on a root-only socket; group (>= 0): its members may connect too."""
+                group: int = -1, devices: Devices | None = None,
+                serving: Callable[[], str] | None = None) -> grpc.aio.Server:
+    """The link on a root-only socket; group (>= 0): its members may connect too; serving():
+    why the daemon takes no runtime calls now ("": it does)."""
     server = grpc.aio.server()
     api_pb2_grpc.add_ConfigServicer_to_server(ConfigService(control), server)
-    status_pb2_grpc.add_StatusServicer_to_server(StatusService(control, feed, devices), server)
+    status_pb2_grpc.add_StatusServicer_to_server(StatusService(control, feed, devices, serving), server)
     await sockets.start_private(server, path)
     if group >= 0:
         sockets.grant_group(path, group)

@@ -21,7 +21,7 @@ from resmgr.config import Config, ConfigError, dumprules, from_map, load_file
 from resmgr.control import cgroupcpus
 from resmgr.controllers import ControllerError
 from resmgr.engine import Engine
-from resmgr.engine.store import StateStore
+from resmgr.engine.store import StateStore, StateTooNew
 from resmgr.frontends import Closable, DumpSink
 from resmgr.hooks import Hooks
 from resmgr.policies import PolicyError
@@ -56,7 +56,11 @@ class Sources:
         store = self.pushed_store()
         if not store.path.exists():
             return None
-        data = store.load(_check_pushed)  # a broken file is moved aside and logged
+        try:
+            data = store.load(_check_pushed)  # a broken file is moved aside and logged
+        except StateTooNew as err:  # the agent pushes again; the file is left for the newer daemon
+            log.error("%s; starting without it until the node agent pushes again", err)
+            return None
         if data is None:
             return None
         try:

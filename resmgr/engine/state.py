@@ -146,14 +146,16 @@ class EngineState:
 
     def snapshot(self) -> dict[str, Any]:
         ids = {c.key for c in self.containers.values() if c.id}
+        # Pods that vanished need state version 2; without them the file stays one 0.1.0 reads.
+        newer = {"version": 2, "vanished": dict(self.ledger.vanished)} if self.ledger.vanished else {}
         return {
+            **newer,
             "pods": [p.to_dict() for p in self.pods.values()],
             "containers": [c.to_dict() for c in self.containers.values() if c.id],
             "policy": {"name": self.policy.name, "data": self.policy.export_state(), "config": self.policy.config},
             "unallocated": sorted(self.ledger.unallocated & ids),
             "degraded": sorted(self.ledger.degraded & ids),
             "previous": dict(self.ledger.previous),
-            "vanished": dict(self.ledger.vanished),
             "claims": [c.to_dict() for c in self.ledger.claims.values()],
         }
 

@@ -70,7 +70,7 @@ SCHEMA = {
     "additionalProperties": False,
     "required": ["version", "pods", "containers"],
     "properties": {
-        "version": {"const": 1},
+        "version": {"enum": [1, 2]},
         "pods": {"type": "array", "items": _POD},
         "containers": {"type": "array", "items": _CONTAINER},
         "policy": {
@@ -82,7 +82,7 @@ SCHEMA = {
         "unallocated": _STR_LIST,
         "degraded": _STR_LIST,
         "previous": _STR_MAP,
-        "vanished": {"type": "object", "additionalProperties": {"type": "number"}},
+        "vanished": {"type": "object", "additionalProperties": {"type": "number"}},  # version 2
         "claims": {"type": "array", "items": _CLAIM},
     },
 }

@@ -29,7 +29,12 @@ from resmgr import metrics
 
 log = logging.getLogger("cri-resmgr.engine.store")
 
+# The state file's format: a file says which it needs ("version"). A writer gives the oldest version
+# that holds what it writes (data may name a newer one), so a daemon one release older reads it
+# wherever it can; a reader takes every version up to NEWEST and refuses a newer one (StateTooNew)
+# instead of starting afresh on a state it cannot understand.
 VERSION = 1
+NEWEST = 2
 KEEP_BROKEN = 3  # broken state files kept for a post-mortem; older ones are removed
 RETRY_FIRST = 1.0  # seconds before the first retry of a failed write
 RETRY_MAX = 30.0  # longest wait between retries while writes fail
@@ -41,6 +46,10 @@ class StateFileError(Exception):
 
 class StateInUse(Exception):
     pass
+
+
+class StateTooNew(Exception):
+    """The state file was written by a newer cri-resmgr, in a format this one cannot read."""
 
 
 class StateNotWritten(Exception):
@@ -89,7 +98,8 @@ class StateStore:
 
     def load(self, check: Callable[[Any], None] | None = None) -> dict[str, Any] | None:
         """The saved state, or None. A file that is broken, or that check (raising ValueError)
-        refuses, is moved aside and logged, never fatal."""
+        refuses, is moved aside and logged, never fatal; one of a newer version than this daemon
+        reads raises StateTooNew and stays where it is."""
         try:
             st = self.path.stat()
         except FileNotFoundError:
@@ -98,9 +108,16 @@ class StateStore:
             if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
                 raise StateFileError(f"{self.path} is group or world writable; refusing to trust it")
             data = json.loads(self.path.read_bytes())
-            if not isinstance(data, dict) or data.get("version") != VERSION:
-                raise StateFileError(f"{self.path}: unsupported state version {data.get('version')!r}"
-                                     if isinstance(data, dict) else f"{self.path}: not a JSON object")
+            if not isinstance(data, dict):
+                raise StateFileError(f"{self.path}: not a JSON object")
+            version = data.get("version")
+            if type(version) is int and version > NEWEST:
+                raise StateTooNew(f"{self.path} was written by a newer cri-resmgr (state version {version}; this "
+                                  f"one reads versions up to {NEWEST}). Run the newer cri-resmgr again, or move "
+                                  f"the file aside to start without it: running containers are then adopted "
+                                  f"with the CPUs they have")
+            if type(version) is not int or not VERSION <= version <= NEWEST:
+                raise StateFileError(f"{self.path}: unsupported state version {version!r}")
             if check is not None:
                 check(data)
             return data

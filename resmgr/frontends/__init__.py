@@ -59,3 +59,6 @@ class FrontEnd(Protocol):
 
     def describe(self) -> str:
         """What it serves, for the log."""
+
+    def serving(self) -> str:
+        """Why it takes no runtime calls now ("": it does); status and probes report it."""

@@ -234,3 +234,24 @@ def test_configmap_change_re_pins_running_containers(env, containerd):
         for p in pods:
             via.remove_pod(p)
         via.close()
+
+
+@pytest.mark.parametrize("older", ["agent", "daemon"])
+def test_an_agent_and_a_daemon_one_release_apart_work_together(env, previous_release, older):
+    """A rolling upgrade: for a while one of the two is the previous release. Pushes, changes and
+    rejections go through and are recorded either way."""
+    if older == "agent":
+        env.agent.of_release(previous_release.python, previous_release.home)
+    env.start_relay(release=previous_release if older == "daemon" else None)
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    env.agent.start()
+    wait_for(lambda: env.active() == "static", what="the first push")
+    wait_for(applied(env, "cri-resmgr-config.default"), what="the outcome recorded")
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static-plus"))
+    wait_for(lambda: env.active() == "static-plus", what="a change")
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("nonesuch"))
+    wait_for(lambda: "nonesuch" in env.node_status().get("error", ""), what="the rejection recorded")
+    assert env.active() == "static-plus"
+    env.cluster.configmap(NS, "cri-resmgr-config.default", policy_map("static"))
+    wait_for(applied(env, "cri-resmgr-config.default"), what="the fix recorded")
+    healthy_again(env)

@@ -30,8 +30,16 @@ def test_the_chart_lints_and_refuses_bad_values():
                    {"agent.customResources": False, "config": {}}):
         out = helm.lint(values)
         assert out.returncode == 0, out.stdout + out.stderr
-    with pytest.raises(RuntimeError, match="mode must be relay or nri"):
-        helm.render({"mode": "sideways"})
+    # values.schema.json: bad values fail before anything reaches a cluster.
+    for bad, where in (({"mode": "sideways"}, "/mode"), ({"config": {"policy": {"Active": "topology-awre"}}},
+                                                          "/config/policy/Active"),
+                       ({"tally.interval": -5}, "/tally/interval"), ({"nri.stateDir": "var/lib/x"}, "/nri/stateDir"),
+                       ({"agent.logLevel": "LOUD"}, "/agent/logLevel"), ({"nri.socekt": "/x"}, "/nri"),
+                       ({"agent.resources": {"limits": {"memory": "lots"}}}, "/agent/resources/limits/memory")):
+        out = helm.lint(bad)
+        assert out.returncode != 0 and f"at '{where}'" in out.stdout + out.stderr, (bad, out.stdout + out.stderr)
+        with pytest.raises(RuntimeError, match=f"at '{where}'"):
+            helm.render(bad)
     with pytest.raises(RuntimeError, match="needs webhook.caBundle"):
         helm.render({"webhook.enabled": True, "webhook.secretName": "mine"})
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -319,6 +320,106 @@ def test_a_killed_plugin_pod_comes_back_and_keeps_every_placement(cluster):
     assert active_policy(c) == "static"
     for name in ("exclusive-through-kill", "shared-through-kill"):
         c.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    wait_gone_pods(c, "default")
+
+
+def release(c: Cluster) -> list[dict[str, Any]]:
+    return json.loads(c.helm("history", "cri-resmgr", "--namespace", NS, "--output", "json"))
+
+
+def test_an_upgrade_over_a_kubectl_edit_of_the_charts_configuration_stops_before_anything_rolls(cluster):
+    """The chart owns "default": an upgrade after a kubectl edit of it fails before it applies anything
+    (no server-side apply conflict half-way, no half-rolled release) and says how to go on."""
+    c = cluster
+    c.install()
+    ds = c.apps.read_namespaced_daemon_set("cri-resmgr-nri", NS)
+    revisions = release(c)
+    c.custom.patch_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, "default",
+                                            {"spec": {"policy": {"Active": "none"}}})
+    out = helm.helm("--kubeconfig", str(c.control.admin_kubeconfig), "upgrade", "cri-resmgr", str(helm.CHART),
+                    "--namespace", NS, *helm._sets({**c.values, "nri.extraArgs": ["--log-level=DEBUG"]}))
+    assert out.returncode != 0 and "was changed outside Helm" in out.stderr, out
+    assert f"kubectl -n {NS} delete rmconfig default" in out.stderr, out
+    assert release(c) == revisions  # no new revision, failed or otherwise
+    assert c.apps.read_namespaced_daemon_set("cri-resmgr-nri", NS).metadata.generation == ds.metadata.generation
+    # As the message says: handed back to the chart, the next upgrade goes through.
+    kubectl = helm.HELM.parent / "kubectl"
+    subprocess.run([str(kubectl), "--kubeconfig", str(c.control.admin_kubeconfig), "-n", NS, "delete", "rmconfig",
+                    "default"], check=True, timeout=60)
+    c.install()
+    spec = c.custom.get_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, "default")["spec"]
+    assert spec["policy"]["Active"] == "static"
+    assert release(c)[-1]["status"] == "deployed"
+
+
+def test_helm_wait_fails_while_the_plugin_cannot_serve(cluster):
+    """The plugin's probes: an upgrade whose plugin never registers with the runtime is not "deployed"."""
+    c = cluster
+    out = helm.helm("--kubeconfig", str(c.control.admin_kubeconfig), "upgrade", "cri-resmgr", str(helm.CHART),
+                    "--namespace", NS, "--wait", "--timeout", "45s",
+                    *helm._sets({**c.values, "nri.extraArgs": ["--nri-socket=/run/nowhere/nri.sock"],
+                                 "nri.startupSeconds": 20}))
+    assert out.returncode != 0, out.stdout
+    assert release(c)[-1]["status"] == "failed"
+    failing = [p for p in c.pods("cri-resmgr-nri") if not any(
+        x.type == "Ready" and x.status == "True" for x in p.status.conditions or [])]
+    assert failing, "the plugin that cannot register counts as Ready"
+    c.helm("rollback", "cri-resmgr", "--namespace", NS, "--wait", "--timeout", "120s")
+    c.ready("cri-resmgr-nri")
+
+
+def synchronized_plugin(c: Cluster, image: str) -> Any:
+    """The plugin pod running image, once Ready and synchronized with containerd."""
+    deadline = time.monotonic() + 180
+    while True:
+        pods = [p for p in c.ready("cri-resmgr-nri") if image.endswith(p.spec.containers[0].image)]
+        if pods and "NRI: synchronized" in c.core.read_namespaced_pod_log(pods[0].metadata.name, NS):
+            return pods[0]
+        assert time.monotonic() < deadline, (image, c.logs("cri-resmgr-nri"))
+        time.sleep(1)
+
+
+def test_helm_upgrade_from_the_previous_release_and_rollback_keep_every_pod(cluster, previous_release):
+    """The previous release (its chart and image, built from git) installed with pods running, upgraded
+    to this tree and rolled back: no workload container restarts, every one keeps its CPUs, and each
+    version reads the other's state."""
+    c, rel = cluster, previous_release
+    c.helm("uninstall", "cri-resmgr", "--namespace", NS, "--wait", "--timeout", "120s")
+    for app in ("cri-resmgr-nri", "cri-resmgr-agent", "cri-resmgr-webhook"):
+        wait_gone(c, app)
+    old_image = productimage.load(productimage.build_release(rel.src), c.node.ctrd.socket, rel.version)
+    c.helm("install", "cri-resmgr", str(rel.src / "deployment" / "helm" / "cri-resmgr"), "--namespace", NS,
+           "--wait", "--timeout", "180s", *helm._sets({**c.values, "image.tag": rel.version}))
+    synchronized_plugin(c, old_image)
+    b = c.run("shared-across-versions", "100m", guaranteed=False)
+    g = c.run("exclusive-across-versions", "1", guaranteed=True)
+    deadline = time.monotonic() + 30
+    while c.cpus(g) & c.cpus(b):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    placed = {"g": c.cpus(g), "b": c.cpus(b)}
+
+    def unchanged() -> None:
+        for key, pod in (("g", g), ("b", b)):
+            now = c.core.read_namespaced_pod(pod.metadata.name, "default")
+            assert container_ids(now) == container_ids(pod)
+            assert sum(s.restart_count for s in now.status.container_statuses) == 0
+            assert c.cpus(now) == placed[key]
+
+    c.helm("upgrade", "cri-resmgr", str(helm.CHART), "--namespace", NS, "--wait", "--timeout", "180s",
+           *helm._sets(c.values))
+    new = synchronized_plugin(c, c.image)
+    assert "unusable" not in c.core.read_namespaced_pod_log(new.metadata.name, NS)
+    unchanged()
+    c.helm("rollback", "cri-resmgr", "--namespace", NS, "--wait", "--timeout", "180s")
+    back = synchronized_plugin(c, old_image)
+    assert "unusable" not in c.core.read_namespaced_pod_log(back.metadata.name, NS)
+    unchanged()
+    c.install()  # this tree again, for what follows
+    synchronized_plugin(c, c.image)
+    unchanged()
+    for pod in (g, b):
+        c.core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
     wait_gone_pods(c, "default")
 
 

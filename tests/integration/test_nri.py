@@ -182,6 +182,34 @@ def test_a_policy_switch_pushed_by_the_agent_repins_the_containers_it_moves(cont
         plugin.stop()
 
 
+def test_the_probe_passes_only_while_the_plugin_is_registered_with_the_runtime(containerd, workdir):
+    """`cri-resmgr status --probe`, the chart's readiness and startup probe."""
+    def status(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "resmgr", "status", *args, "--config-socket",
+                               str(workdir / "config.sock")], cwd=ROOT, capture_output=True, text=True, timeout=30)
+
+    def probe() -> subprocess.CompletedProcess[str]:
+        return status("--probe")
+
+    nowhere = NriProcess(workdir, str(workdir / "no-nri.sock"), "--hook-dir", "disabled").start(wait=False)
+    try:
+        wait_until(lambda: (workdir / "config.sock").exists(), what="the config socket")
+        out = probe()
+        assert out.returncode == 1 and "not registered with the runtime" in out.stderr, out
+        full = status()
+        assert full.returncode == 5 and "not serving: not registered" in full.stdout, full
+    finally:
+        nowhere.stop()
+    plugin = NriProcess(workdir, str(containerd.dir / "nri.sock"), "--hook-dir", "disabled").start()
+    try:
+        out = probe()
+        assert out.returncode == 0 and out.stdout == out.stderr == "", out
+    finally:
+        plugin.stop()
+    out = probe()
+    assert out.returncode == 1 and "cannot reach" in out.stderr
+
+
 def test_hook_plugins_run_from_nri_events(containerd, workdir, pods, tmp_path):
     hookdir = workdir / "hookserver.d"
     hookdir.mkdir()

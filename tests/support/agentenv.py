@@ -55,10 +55,16 @@ class AgentProcess:
                      "--config-socket", relay_config_socket, "--agent-socket", self.socket,
                      "--debounce", "0.1", "--retry-max", "0.5", "--resync-interval", "1", "--log-level", "DEBUG"]
         self.proc: subprocess.Popen | None = None
+        self.cwd = ROOT
+
+    def of_release(self, python: Path, home: Path) -> AgentProcess:
+        """Run another build (a release's virtual environment) instead of this tree's."""
+        self.args[0], self.cwd = str(python), home
+        return self
 
     def start(self, *extra: str) -> AgentProcess:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([*self.args, *extra], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            self.proc = subprocess.Popen([*self.args, *extra], stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd,
                                          env={**os.environ, "NODE_NAME": self.node})
         wait_socket(self.socket, proc=self.proc)
         return self
@@ -81,8 +87,10 @@ class TallyProcess:
 
     def __init__(self, workdir: Path, kubeconfig: str) -> None:
         self.log_path = workdir / f"tally-{uuid.uuid4().hex[:6]}.log"
+        self.ready_file = workdir / f"tally-{uuid.uuid4().hex[:6]}.ready"
         self.args = [sys.executable, "-m", "resmgr.agent", "tally", "--kubeconfig", kubeconfig,
-                     "--config-namespace", NS, "--interval", "0.2", "--log-level", "DEBUG"]
+                     "--config-namespace", NS, "--interval", "0.2", "--log-level", "DEBUG",
+                     "--ready-file", str(self.ready_file)]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> TallyProcess:
@@ -292,10 +300,15 @@ class Env:
         self.agent = AgentProcess(workdir, self.node, cluster.kubeconfig(str(workdir / "kubeconfig")),
                                   self.config_socket)
 
-    def start_relay(self, runtime_socket: str | None = None, state: str = "state", *extra: str) -> None:
+    def start_relay(self, runtime_socket: str | None = None, state: str = "state", *extra: str,
+                    release: Any = None) -> None:
+        """release: a harness.releases.Release to run instead of this tree."""
         runtime_socket = runtime_socket or str(self.workdir / "no-runtime.sock")
         self.relay = RelayProcess(self.workdir, runtime_socket, "--config-socket", self.config_socket, *extra,
-                                  relay_dir=self.workdir / state).start()
+                                  relay_dir=self.workdir / state)
+        if release is not None:
+            self.relay.of_release(release.python, release.home)
+        self.relay.start()
         wait_socket(self.config_socket, proc=self.relay.proc)
 
     def status(self) -> status_pb2.GetStatusReply:

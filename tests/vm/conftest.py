@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import vmimage
+from harness import releases, vmimage
 from harness.soak.guest import AGENT_PORT
 from harness.soak.proxy import CountingProxy
 from harness.vm import Shape, Vm
@@ -34,8 +34,11 @@ def vm(kube, agent_proxy, tmp_path_factory):
     image = vmimage.build()
     deb = subprocess.run(["scripts/build-deb.sh", str(tmp_path_factory.mktemp("deb"))], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.strip()
-    machine = Vm(image, Shape(), forwards={API_PORT: kube.port, AGENT_PORT: agent_proxy.port},
-                 files={"cri-resmgr.deb": Path(deb)})
+    files = {"cri-resmgr.deb": Path(deb)}
+    previous = releases.previous_installed()  # the package upgrade and rollback test starts from it
+    if previous is not None:
+        files["cri-resmgr-previous.deb"] = releases.deb(previous)
+    machine = Vm(image, Shape(), forwards={API_PORT: kube.port, AGENT_PORT: agent_proxy.port}, files=files)
     machine.start()
     print(f"the test node booted in {machine.boot_seconds:.0f} s ({machine.dir})")
     yield machine

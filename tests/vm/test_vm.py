@@ -21,6 +21,7 @@ import pytest
 from harness.kube import container_ids
 from harness.vm import Shape
 from harness.vmnode import CONTAINERD_SOCKET, RELAY_SOCKET, Kubelet, Node
+from resmgr import __version__
 from resmgr.topology.cpuset import CPUSet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,18 +236,22 @@ def test_an_in_place_resize_through_kubelet_reaches_the_container_scope(node, ku
 
 def test_the_host_package_runs_the_relay_for_kubelet_and_leaves_containerd_to_it_when_removed(node, kubelet):
     """Installed as an operator installs it: dpkg -i, a systemd service, kubelet moved to the relay
-    by the package's drop-in; a restart keeps placements, a reboot brings every pod back placed;
-    dpkg -r gives kubelet back to containerd with every pod still running."""
+    by the package's drop-in; rolled back to the previous release's package and upgraded again
+    with pods running, which keep their containers and CPUs; a restart keeps placements, a reboot
+    brings every pod back placed; dpkg -r gives kubelet back to containerd with every pod still
+    running."""
     # The unit and command of the checkout give way to the package's.
     node.sh("systemctl stop cri-resmgr.service cri-resmgr-nri.service; "
             f"crictl --runtime-endpoint unix://{CONTAINERD_SOCKET} rmp -af >/dev/null 2>&1; "
             "rm -rf /var/lib/cri-resmgr /etc/systemd/system/cri-resmgr.service /usr/local/bin/cri-resmgr; "
             "systemctl daemon-reload")
     kubelet.start(CONTAINERD_SOCKET)
+    current, previous = "/opt/cri-resmgr/src/cri-resmgr.deb", "/opt/cri-resmgr/src/cri-resmgr-previous.deb"
+    has_previous = node.vm.run(f"test -e {previous}").code == 0
     try:
         before = kubelet.run("pkg-early", "250m", "64Mi")
         node.vm.write("/etc/cri-resmgr/fallback.yaml", TOPOLOGY_AWARE)  # as configuration management would
-        node.sh("dpkg -i --force-confold /opt/cri-resmgr/src/cri-resmgr.deb", timeout=300)
+        node.sh(f"dpkg -i --force-confold {current}", timeout=300)
         assert node.sh("systemctl is-enabled cri-resmgr.service; systemctl is-active cri-resmgr.service").split() \
             == ["enabled", "active"]
         assert "cri-resmgr.sock" in node.sh("cat /etc/kubernetes/kubelet.conf.d/50-cri-resmgr.conf")
@@ -257,6 +262,26 @@ def test_the_host_package_runs_the_relay_for_kubelet_and_leaves_containerd_to_it
         names = {p["name"] for p in node.status()["pods"]}
         assert {"pkg-early", "pkg-g"} <= names, names  # the early pod was taken over from containerd
         assert not node.cpuset(before)[0] & placed[0]
+        if has_previous:
+            shared = node.cpuset(before)
+
+            def kept() -> None:
+                pods = {p.metadata.name: p for p in kubelet.control.core().list_namespaced_pod("default").items}
+                assert container_ids(pods["pkg-g"])["c0"] == g and container_ids(pods["pkg-early"])["c0"] == before
+                assert sum(s.restart_count for n in ("pkg-g", "pkg-early")
+                           for s in pods[n].status.container_statuses) == 0
+                assert (node.cpuset(g), node.cpuset(before)) == (placed, shared)
+
+            for deb in (previous, current):  # rolled back to the previous release, upgraded again
+                since = node.sh("date +%s").strip()
+                node.sh(f"dpkg -i --force-confold {deb}", timeout=300)
+                node.sh(f"for i in $(seq 600); do [ -S {RELAY_SOCKET} ] && exit 0; sleep 0.1; done; exit 1")
+                kubelet.wait_ready()
+                version = node.sh("/usr/bin/cri-resmgr --version").strip()
+                assert (version == f"cri-resmgr {__version__}") == (deb == current), version
+                journal = node.sh(f"journalctl -u cri-resmgr.service --since @{since} --no-pager")
+                assert "unusable" not in journal and "reconciled with the runtime" in journal, journal[-3000:]
+                kept()
 
         node.sh("systemctl restart cri-resmgr.service")
         node.sh(f"for i in $(seq 600); do [ -S {RELAY_SOCKET} ] && exit 0; sleep 0.1; done; exit 1")

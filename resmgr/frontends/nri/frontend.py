@@ -57,3 +57,9 @@ class NriFrontEnd:
         assert ep is not None
         where = "an inherited socket" if ep.inherited_fd is not None else ep.socket_path
         return f"NRI plugin {ep.index}-{ep.name} for the runtime on {where}"
+
+    def serving(self) -> str:
+        if self.plugin is None or not self.plugin.synchronized:
+            where = self.endpoint.socket_path if self.endpoint is not None else self.socket
+            return f"not registered with the runtime (NRI socket {where})"
+        return ""

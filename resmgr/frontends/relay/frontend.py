@@ -128,6 +128,13 @@ class RelayFrontEnd:
         return f"relaying {self.relay_socket} -> runtime {self.runtime_socket}, images {self.image_socket}, " \
                f"{self.mode} front end"
 
+    def serving(self) -> str:
+        if self._stop_server is None:
+            return "not listening on " + self.relay_socket + " yet"
+        if self._pending_check:
+            return "the runtime on " + self.runtime_socket + " not reconciled with yet"
+        return ""
+
     async def _check_runtime(self) -> None:
         assert self.engine is not None
         version = await self.client.version()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63onfig/status.proto\x12\x08\x63rirm.v1\"\x12\n\x10GetStatusRequest\"\x9e\x01\n\x0eGetStatusReply\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x12\n\nlast_error\x18\x04 \x01(\t\x12\x0c\n\x04pods\x18\x05 \x01(\x05\x12\x12\n\ncontainers\x18\x06 \x01(\x05\x12\x14\n\x0chttp_address\x18\x07 \x01(\t\x12\x10\n\x08problems\x18\x08 \x03(\t\",\n\x14WatchTopologyRequest\x12\x14\n\x0cmin_interval\x18\x01 \x01(\x01\"!\n\rTopologyReply\x12\x10\n\x08topology\x18\x01 \x01(\t\"+\n\x13WatchDevicesRequest\x12\x14\n\x0cmin_interval\x18\x01 \x01(\x01\"/\n\x0c\x44\x65vicesReply\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x01(\t2\xe6\x01\n\x06Status\x12\x43\n\tGetStatus\x12\x1a.crirm.v1.GetStatusRequest\x1a\x18.crirm.v1.GetStatusReply\"\x00\x12L\n\rWatchTopology\x12\x1e.crirm.v1.WatchTopologyRequest\x1a\x17.crirm.v1.TopologyReply\"\x00\x30\x01\x12I\n\x0cWatchDevices\x12\x1d.crirm.v1.WatchDevicesRequest\x1a\x16.crirm.v1.DevicesReply\"\x00\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63onfig/status.proto\x12\x08\x63rirm.v1\"\x12\n\x10GetStatusRequest\"\xb3\x01\n\x0eGetStatusReply\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x12\n\nlast_error\x18\x04 \x01(\t\x12\x0c\n\x04pods\x18\x05 \x01(\x05\x12\x12\n\ncontainers\x18\x06 \x01(\x05\x12\x14\n\x0chttp_address\x18\x07 \x01(\t\x12\x10\n\x08problems\x18\x08 \x03(\t\x12\x13\n\x0bnot_serving\x18\t \x01(\t\",\n\x14WatchTopologyRequest\x12\x14\n\x0cmin_interval\x18\x01 \x01(\x01\"!\n\rTopologyReply\x12\x10\n\x08topology\x18\x01 \x01(\t\"+\n\x13WatchDevicesRequest\x12\x14\n\x0cmin_interval\x18\x01 \x01(\x01\"/\n\x0c\x44\x65vicesReply\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x01(\t2\xe6\x01\n\x06Status\x12\x43\n\tGetStatus\x12\x1a.crirm.v1.GetStatusRequest\x1a\x18.crirm.v1.GetStatusReply\"\x00\x12L\n\rWatchTopology\x12\x1e.crirm.v1.WatchTopologyRequest\x1a\x17.crirm.v1.TopologyReply\"\x00\x30\x01\x12I\n\x0cWatchDevices\x12\x1d.crirm.v1.WatchDevicesRequest\x1a\x16.crirm.v1.DevicesReply\"\x00\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,15 +34,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATUSREQUEST']._serialized_start=33
   _globals['_GETSTATUSREQUEST']._serialized_end=51
   _globals['_GETSTATUSREPLY']._serialized_start=54
-  _globals['_GETSTATUSREPLY']._serialized_end=212
-  _globals['_WATCHTOPOLOGYREQUEST']._serialized_start=214
-  _globals['_WATCHTOPOLOGYREQUEST']._serialized_end=258
-  _globals['_TOPOLOGYREPLY']._serialized_start=260
-  _globals['_TOPOLOGYREPLY']._serialized_end=293
-  _globals['_WATCHDEVICESREQUEST']._serialized_start=295
-  _globals['_WATCHDEVICESREQUEST']._serialized_end=338
-  _globals['_DEVICESREPLY']._serialized_start=340
-  _globals['_DEVICESREPLY']._serialized_end=387
-  _globals['_STATUS']._serialized_start=390
-  _globals['_STATUS']._serialized_end=620
+  _globals['_GETSTATUSREPLY']._serialized_end=233
+  _globals['_WATCHTOPOLOGYREQUEST']._serialized_start=235
+  _globals['_WATCHTOPOLOGYREQUEST']._serialized_end=279
+  _globals['_TOPOLOGYREPLY']._serialized_start=281
+  _globals['_TOPOLOGYREPLY']._serialized_end=314
+  _globals['_WATCHDEVICESREQUEST']._serialized_start=316
+  _globals['_WATCHDEVICESREQUEST']._serialized_end=359
+  _globals['_DEVICESREPLY']._serialized_start=361
+  _globals['_DEVICESREPLY']._serialized_end=408
+  _globals['_STATUS']._serialized_start=411
+  _globals['_STATUS']._serialized_end=641
 # @@protoc_insertion_point(module_scope)

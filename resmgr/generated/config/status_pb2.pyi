@@ -11,7 +11,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusReply(_message.Message):
-    __slots__ = ("config", "source", "policy", "last_error", "pods", "containers", "http_address", "problems")
+    __slots__ = ("config", "source", "policy", "last_error", "pods", "containers", "http_address", "problems", "not_serving")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class GetStatusReply(_message.Message):
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    NOT_SERVING_FIELD_NUMBER: _ClassVar[int]
     config: str
     source: str
     policy: str
@@ -28,7 +29,8 @@ class GetStatusReply(_message.Message):
     containers: int
     http_address: str
     problems: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, config: _Optional[str] = ..., source: _Optional[str] = ..., policy: _Optional[str] = ..., last_error: _Optional[str] = ..., pods: _Optional[int] = ..., containers: _Optional[int] = ..., http_address: _Optional[str] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+    not_serving: str
+    def __init__(self, config: _Optional[str] = ..., source: _Optional[str] = ..., policy: _Optional[str] = ..., last_error: _Optional[str] = ..., pods: _Optional[int] = ..., containers: _Optional[int] = ..., http_address: _Optional[str] = ..., problems: _Optional[_Iterable[str]] = ..., not_serving: _Optional[str] = ...) -> None: ...
 
 class WatchTopologyRequest(_message.Message):
     __slots__ = ("min_interval",)

@@ -167,10 +167,16 @@ def test_only_the_newest_broken_state_files_are_kept(tmp_path):
     assert len(left) == KEEP_BROKEN and "cache.broken-1" not in left and kept[-1] in left
 
 
-def test_store_rejects_other_versions(tmp_path):
-    (tmp_path / "cache").write_text(json.dumps({"version": 99}))
+def test_store_sets_aside_versions_that_never_were_and_refuses_newer_ones(tmp_path):
+    from resmgr.engine.store import StateTooNew
+
+    (tmp_path / "cache").write_text(json.dumps({"version": 0}))
     (tmp_path / "cache").chmod(0o600)
     assert StateStore(tmp_path).load() is None
+    (tmp_path / "cache").write_text(json.dumps({"version": 99}))
+    (tmp_path / "cache").chmod(0o600)
+    with pytest.raises(StateTooNew):
+        StateStore(tmp_path).load()
 
 
 @pytest.mark.parametrize("content", [
@@ -324,3 +330,26 @@ def test_classes_are_kept_by_controller_name_and_older_state_files_still_load():
     assert c.classes == {"rdt": "gold", "blockio": "slow"}
     again = Container.from_dict(c.to_dict())
     assert again.classes == c.classes and "rdt_class" not in c.to_dict()
+
+
+def test_every_place_that_names_the_version_names_the_same_one():
+    """The package, --version of each program, the chart's version and appVersion (the image tag)."""
+    import tomllib
+
+    import yaml
+
+    from resmgr import __version__
+    from resmgr.agent.main import build_parser as agent_parser
+    from resmgr.app.cli import build_parser as daemon_parser
+    from resmgr.webhook.main import build_parser as webhook_parser
+
+    root = Path(__file__).resolve().parents[3]
+    assert tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"] == __version__
+    chart = yaml.safe_load((root / "deployment/helm/cri-resmgr/Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    assert chart["version"] == __version__.replace(".dev", "-dev.")  # SemVer: 0.2.0.dev0 is 0.2.0-dev.0
+    for parser, prog in ((daemon_parser(), "cri-resmgr"), (agent_parser(), "cri-resmgr-agent"),
+                         (webhook_parser(), "cri-resmgr-webhook")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--version"])
+        assert any(getattr(a, "version", None) == f"{prog} {__version__}" for a in parser._actions)

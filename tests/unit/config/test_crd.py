@@ -158,12 +158,28 @@ def test_an_agent_that_cannot_record_what_its_node_did_says_so_in_its_health():
     agent = ConfigAgent(Settings(node_name="n1"), api=None)  # type: ignore[arg-type]
     agent.cluster = Refusing()  # type: ignore[assignment]
     choice = Choice(rs.KIND, "default", "2", {"policy": "Active: none"})
+    agent.relay_reachable, agent.reported = True, {"nodeobj", "cr:node", "node", "cr:default", "default"}
     assert agent.health() == ""
     agent.pushed, agent.unrecorded = choice, not asyncio.run(agent._record(choice, ""))
     assert agent.unrecorded
     assert agent.health() == ("the outcome for default is not recorded in the cluster (the node's annotation: nodes is "
                               f"forbidden; {rs.NODE_KIND} kube-system/n1: status is forbidden); retried at the next "
                               "resync")
+
+
+def test_an_agent_is_not_ready_before_it_reached_cri_resmgr_and_pushed_what_applies():
+    agent = ConfigAgent(Settings(node_name="n1", config_socket="/run/x.sock"), api=None)  # type: ignore[arg-type]
+    assert agent.health() == ("cri-resmgr not reached yet on /run/x.sock; the cluster's configuration for this node "
+                              "not read yet")
+    agent.relay_reachable = True
+    agent.reported = {"nodeobj", "cr:node", "node", "cr:default", "default"}
+    assert agent.health() == ""  # nothing applies to the node: nothing to push
+    agent.maps["cr:default"] = {"metadata": {"name": "default", "generation": 1}, "spec": {}}
+    assert agent.health() == "the configuration not pushed to cri-resmgr yet"
+    agent.pushed = agent.choice()
+    assert agent.health() == ""
+    agent.relay_reachable = False
+    assert agent.health() == "cri-resmgr is not reachable on /run/x.sock"
 
 
 def test_the_tally_counts_the_current_generation_and_names_the_first_failures():

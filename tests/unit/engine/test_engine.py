@@ -949,3 +949,13 @@ async def test_a_pod_whose_sandbox_vanished_is_offered_its_cpus_when_kubelet_mak
 
 async def _none(req):
     return None
+
+
+async def test_the_state_says_version_2_only_while_a_vanished_pod_is_remembered(engine):
+    pod_id, cfg = await _run_pod(engine, "kept")
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    assert "version" not in engine.snapshot() and "vanished" not in engine.snapshot()
+    engine.runtime.client.pods, engine.runtime.client.containers = [], []  # the node rebooted
+    await engine.reconcile()
+    snap = engine.snapshot()
+    assert snap["version"] == 2 and list(snap["vanished"]) == [cfg.metadata.uid]

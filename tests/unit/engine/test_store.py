@@ -78,3 +78,33 @@ def test_a_temporary_file_left_by_a_crash_is_removed_at_start(tmp_path):
     (tmp_path / ".cache.tmp").write_text("x" * 1000)
     StateStore(tmp_path).prepare()
     assert not (tmp_path / ".cache.tmp").exists()
+
+
+def test_a_state_of_a_newer_version_is_refused_and_left_where_it_is(tmp_path):
+    """A rollback must not start afresh on a state it cannot read, nor lose the newer daemon's file."""
+    from resmgr.engine.store import NEWEST, StateTooNew
+
+    store = StateStore(tmp_path)
+    store.prepare()
+    store.write({"version": NEWEST + 1, "pods": [], "containers": [], "later": {}})
+    with pytest.raises(StateTooNew, match=r"written by a newer cri-resmgr \(state version 3; this one reads "
+                                          r"versions up to 2\)\. Run the newer cri-resmgr again, or move"):
+        store.load()
+    assert json.loads(store.path.read_text())["version"] == NEWEST + 1
+    assert [p.name for p in tmp_path.iterdir() if "broken" in p.name] == []
+    store.write({"version": "2", "pods": [], "containers": []})  # nonsense: set aside as ever
+    assert store.load() is None and [p for p in tmp_path.iterdir() if "broken" in p.name]
+
+
+def test_the_engine_writes_the_oldest_state_version_that_holds_its_state(tmp_path):
+    """Version 1 (what 0.1.0 reads) unless a vanished pod is remembered; both are read back."""
+    from resmgr.engine import statefile
+
+    store = StateStore(tmp_path)
+    store.prepare()
+    plain = {"pods": [], "containers": [], "previous": {"u1/a": "2"}}
+    store.write(plain)
+    assert json.loads(store.path.read_text())["version"] == 1
+    assert store.load(statefile.check)["previous"] == {"u1/a": "2"}
+    store.write({"version": 2, **plain, "vanished": {"u1": 1700000000.5}})
+    assert store.load(statefile.check)["vanished"] == {"u1": 1700000000.5}
