@@ -27,11 +27,10 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from resmgr.app.daemon import Options
+from resmgr.app.options import Options
 from resmgr.app.text import columns
 from resmgr.generated.config import status_pb2, status_pb2_grpc
 from resmgr.options import add_to, from_args, opt, positive_duration
-from resmgr.view import client
 
 
 def tables(doc: dict[str, Any]) -> str:
@@ -92,6 +91,8 @@ def main(argv: list[str]) -> int:
             print(f"cri-resmgr status: not serving: {reply.not_serving}", file=sys.stderr)
             return 1
         return 0
+    from resmgr.view import client  # here: probes run the lines above every few seconds
+
     address = args.address or reply.http_address
     doc, why = None, "the daemon serves no state (start it with --metrics-address)"
     if address:

@@ -353,3 +353,14 @@ def test_every_place_that_names_the_version_names_the_same_one():
         with pytest.raises(SystemExit):
             parser.parse_args(["--version"])
         assert any(getattr(a, "version", None) == f"{prog} {__version__}" for a in parser._actions)
+
+
+def test_the_probe_does_not_load_the_engine(tmp_path):
+    """Probes run `cri-resmgr status --probe` every few seconds on every node: it must stay a short process."""
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "resmgr", "status", "--probe", "--config-socket",
+                          str(tmp_path / "none.sock")], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "cannot reach" in out.stderr
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert not {m for m in loaded if m.startswith(("resmgr.engine", "resmgr.policies", "resmgr.frontends",
+                                                    "resmgr.view"))}
