@@ -34,15 +34,11 @@ def build() -> Path:
 
 def build_release(src: Path) -> Path:
     """The image archive of a release's source tree (harness/releases.py), by its own build script."""
+    from harness import releases
+
     out = builder().CACHE / "releases" / src.parent.name
-    found = sorted(out.glob("cri-resmgr-*.oci.tar"))
-    if found:
-        return found[0]
-    done = subprocess.run([sys.executable, str(src / "scripts" / "build-image.py"), str(out)], capture_output=True,
-                          text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"building the image of {src}: {done.stderr[-2000:]}")
-    return Path(done.stdout.strip().splitlines()[-1])
+    return releases.built(out, "cri-resmgr-*.oci.tar", [sys.executable, str(src / "scripts" / "build-image.py"),
+                                                         str(out)], src, f"the image of {src}")
 
 
 def load(archive: Path, containerd_socket: str, version: str = "") -> str:

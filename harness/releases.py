@@ -34,12 +34,12 @@ class Release:
         return self.home / "src"
 
     @property
-    def python(self) -> Path:
-        return self.home / "venv" / "bin" / "python"
-
-    @property
     def bin(self) -> Path:
         return self.home / "venv" / "bin"
+
+    @property
+    def python(self) -> Path:
+        return self.bin / "python"
 
 
 def releases() -> list[tuple[str, str]]:
@@ -90,20 +90,26 @@ def install(version: str, commit: str) -> Release:
     return rel
 
 
-def deb(rel: Release) -> Path:
-    """The release's Debian package, built by its own script (cached beside it)."""
-    out = rel.home / "deb"
-    found = sorted(out.glob("cri-resmgr_*.deb"))
+def built(out: Path, pattern: str, cmd: list[str], cwd: Path, what: str) -> Path:
+    """The file a release's own build script made in out (cached: made once); its path is the last
+    line the script prints."""
+    found = sorted(out.glob(pattern))
     if found:
         return found[0]
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"building {what}: {done.stderr[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def deb(rel: Release) -> Path:
+    """The release's Debian package, built by its own script (cached beside it)."""
     venv = rel.src / ".venv"  # the script builds the wheel with the tree's own environment
     if not venv.exists():
         venv.symlink_to(rel.home / "venv")
-    done = subprocess.run(["scripts/build-deb.sh", str(out)], cwd=rel.src, capture_output=True, text=True,
-                          timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"building the package of {rel.version}: {done.stderr[-2000:]}")
-    return Path(done.stdout.strip().splitlines()[-1])
+    out = rel.home / "deb"
+    return built(out, "cri-resmgr_*.deb", ["scripts/build-deb.sh", str(out)], rel.src,
+                 f"the package of {rel.version}")
 
 
 def previous_installed() -> Release | None:

@@ -19,11 +19,6 @@ from tests.support.helpers import ONLINE, Cri, Pods, cgroup_cpus, resources, wai
 pytestmark = [pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")]
 
 
-@pytest.fixture
-def previous(previous_release) -> releases.Release:
-    return previous_release
-
-
 def relay(workdir, containerd, release: releases.Release | None = None) -> RelayProcess:
     r = policy_relay(workdir, containerd.socket, "topology-aware", relay_dir=workdir / "state")
     if release is not None:
@@ -41,7 +36,8 @@ def started(direct: Cri, cid: str) -> tuple[int, int]:
 
 
 def test_a_relay_upgraded_from_the_previous_release_and_rolled_back_keeps_every_placement(
-        containerd, workdir, direct, previous):
+        containerd, workdir, direct, previous_release):
+    previous = previous_release
     old = relay(workdir, containerd, previous)
     via = Cri(old.socket)
     pods = Pods(via, workdir)
