@@ -32,6 +32,7 @@ from resmgr.agent.server import serve
 from resmgr.agent.tally import Tally
 from resmgr.generated.agent import api_pb2, api_pb2_grpc
 from resmgr.options import LOG_LEVELS, add_to, from_args, opt, positive_duration
+from resmgr.readyfile import ReadyFile
 
 log = logging.getLogger("cri-resmgr-agent")
 
@@ -45,6 +46,9 @@ class AgentOptions(Settings):
     kubeconfig: str = opt("", "--kubeconfig", metavar="FILE", help="kubeconfig file (default: in-cluster credentials)")
     agent_socket: str = opt(DEFAULT_AGENT_SOCKET, "--agent-socket", metavar="PATH",
                             help="socket to serve the Agent service on (default: %(default)s)")
+    ready_file: str = opt("", "--ready-file", metavar="PATH",
+                          help="a file that exists, rewritten every 10 s, while `cri-resmgr-agent probe` would "
+                               "pass: for a probe that starts no Python, e.g. find PATH -mmin -1 (default: none)")
     log_level: str = opt("INFO", "--log-level", choices=LOG_LEVELS, help="log level (default: %(default)s)")
 
 
@@ -75,7 +79,7 @@ def probe(argv: list[str]) -> int:
     return 0
 
 
-async def run(settings: Settings, creds: apiclient.Credentials, agent_socket: str) -> int:
+async def run(settings: Settings, creds: apiclient.Credentials, agent_socket: str, ready_file: str = "") -> int:
     api = apiclient.Client(creds)
     agent = ConfigAgent(settings, api)
     server = await serve(agent, agent_socket)
@@ -84,6 +88,7 @@ async def run(settings: Settings, creds: apiclient.Credentials, agent_socket: st
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.create_task(agent.run())
+    ready = asyncio.create_task(ReadyFile(ready_file, "the agent").keep(agent.health)) if ready_file else None
     crs = f"ResourceManagerConfigs {{node.{settings.node_name},group.<group>,default}} and "
     log.info("watching %sConfigMaps %s.{node.%s,group.<group>,default} in %s for node %s",
              crs if settings.custom_resources else "", settings.configmap_name, settings.node_name,
@@ -91,6 +96,8 @@ async def run(settings: Settings, creds: apiclient.Credentials, agent_socket: st
              settings.node_name)
     done, _ = await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     task.cancel()
+    if ready is not None:
+        ready.cancel()
     await server.stop(1.0)
     if os.path.exists(agent_socket):
         os.unlink(agent_socket)
@@ -170,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     creds = credentials(args.kubeconfig)
     if creds is None:
         return 2
-    return asyncio.run(run(args, creds, args.agent_socket))
+    return asyncio.run(run(args, creds, args.agent_socket, args.ready_file))
 
 
 if __name__ == "__main__":

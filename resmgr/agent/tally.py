@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 from typing import Any
 
 from resmgr.agent import resources
 from resmgr.agent.apiclient import ApiError, Client
 from resmgr.agent.kube import Backoff, Watcher, collection, config_ref, event
+from resmgr.readyfile import ReadyFile
 
 log = logging.getLogger("cri-resmgr-agent.tally")
 
@@ -83,8 +83,9 @@ class Tally:
     def __init__(self, api: Client, namespace: str, interval: float, retry_first: float = 0.2,
                  retry_max: float = 10.0, ready_file: str = "") -> None:
         self.api, self.namespace, self.interval = api, namespace, interval
-        # Exists while the tally has read both collections and its last write went through (a probe reads it).
-        self.ready_file = Path(ready_file) if ready_file else None
+        # Fresh while the tally has read both collections and its last write went through (a probe reads it).
+        self.ready_file = ReadyFile(ready_file, "the tally") if ready_file else None
+        self.why_not = "the configurations and the nodes' status not read yet"
         self.changed = asyncio.Event()
         self.configs, self.nodes = Mirror(self.changed), Mirror(self.changed)
         self.backoff = (retry_first, retry_max)
@@ -122,6 +123,7 @@ class Tally:
 
     async def run(self) -> None:
         watchers = [w.start() for w in self.watchers()]
+        ready = asyncio.create_task(self.ready_file.keep(lambda: self.why_not)) if self.ready_file else None
         try:
             backoff = Backoff(*self.backoff)
             while True:
@@ -132,28 +134,24 @@ class Tally:
                 try:
                     await self.write()
                     backoff.reset()
-                    self._ready(True)
+                    self._judge("")
                 except ApiError as err:
-                    self._ready(False)
+                    self._judge(f"writing the counts: {err}")
                     delay = backoff.next()
                     log.warning("writing the counts: %s; retrying in %.1fs", err, delay)
                     self.changed.set()
                     await asyncio.sleep(delay)
         finally:
-            self._ready(False)
+            if ready is not None:
+                ready.cancel()
             for w in watchers:
                 w.stop()
 
-    def _ready(self, ready: bool) -> None:
-        if self.ready_file is None:
-            return
-        try:
-            if ready:
-                self.ready_file.write_text("ok\n")
-            else:
-                self.ready_file.unlink(missing_ok=True)
-        except OSError as err:
-            log.warning("readiness file %s: %s", self.ready_file, err)
+    def _judge(self, why_not: str) -> None:
+        """Readiness as it changes; the file's own loop keeps it fresh in between."""
+        if why_not != self.why_not and self.ready_file is not None:
+            self.ready_file.set(why_not)
+        self.why_not = why_not
 
     async def write(self) -> None:
         for name, status in self.wanted().items():

@@ -34,6 +34,7 @@ from resmgr.frontends.nri.frontend import NriFrontEnd
 from resmgr.frontends.relay.frontend import RelayFrontEnd
 from resmgr.hooks import Hooks
 from resmgr.policies import PolicyError
+from resmgr.readyfile import ReadyFile
 from resmgr.topology.hints import hints as device_hints
 from resmgr.topology.model import Topology
 from resmgr.topology.sysfs import TopologyError, discover
@@ -156,6 +157,8 @@ class Daemon:
                     loops.append(tg.create_task(self.dra.collect()))
                 if core.state_gauges is not None:
                     loops.append(tg.create_task(self._refresh_gauges(core.state_gauges)))
+                if self.opts.ready_file:
+                    loops.append(tg.create_task(ReadyFile(self.opts.ready_file, "cri-resmgr").keep(front.serving)))
                 main = tg.create_task(front.run())
                 main.add_done_callback(lambda _: self._stop.set())
                 await self._stop.wait()

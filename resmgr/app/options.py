@@ -91,6 +91,9 @@ class Options:
                                      help="allow a --metrics-address beyond loopback (e.g. :8891 or the node's IP); "
                                           "the endpoint has no authentication and shows every pod and container "
                                           "of the node")
+    ready_file: str = opt("", "--ready-file", group=VIEW, metavar="PATH",
+                          help="a file that exists, rewritten every 10 s, while the daemon takes runtime calls: "
+                               "for a probe that starts no Python, e.g. find PATH -mmin -1 (default: none)")
     otlp_endpoint: str = opt("", "--otlp-endpoint", group=VIEW, metavar="ADDR",
                              help="export traces of lifecycle calls (the policy's decision a span of each) and the "
                                   "metrics over OpenTelemetry's OTLP/gRPC to ADDR: HOST:PORT, http(s)://HOST:PORT or "

@@ -102,6 +102,7 @@ def test_rejected_configuration_is_reported_and_the_relay_keeps_its_own(env):
     probe = subprocess.run([sys.executable, "-m", "resmgr.agent", "probe", "--agent-socket", env.agent.socket],
                            capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert probe.returncode == 1 and "rejected cri-resmgr-config.default" in probe.stderr
+    wait_for(lambda: not env.agent.ready_file.exists(), timeout=15, what="the readiness file gone")  # chart probe
 
     env.cluster.configmap(NS, "cri-resmgr-config.default", {"policy.static": "RelaxedIsolation: sometimes\n"})
     wait_for(lambda: "RelaxedIsolation" in env.node_status().get("error", ""), what="a value error")
@@ -111,6 +112,7 @@ def test_rejected_configuration_is_reported_and_the_relay_keeps_its_own(env):
     probe = subprocess.run([sys.executable, "-m", "resmgr.agent", "probe", "--agent-socket", env.agent.socket],
                            capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert probe.returncode == 0, probe.stderr
+    wait_for(env.agent.ready_file.exists, what="the agent's readiness file")
 
 
 def test_the_agent_resumes_its_watches_after_an_api_server_restart(env):

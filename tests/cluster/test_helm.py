@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs"
 NS = "kube-system"
 NODE = "crirm-helm"
 LABEL = "cri-resource-manager.intel.com/node"
+DRIVER = "cpu.cri-resource-manager.intel.com"
 
 
 class Cluster:
@@ -99,16 +100,32 @@ class Cluster:
                 out.append(f"{p.metadata.name}: no log ({err.status})")
         return "\n".join(out)
 
-    def run(self, name: str, cpu: str, guaranteed: bool) -> Any:
-        """A pod the scheduler places (no node named), running."""
-        manifest = pod_manifest(name, "", cpu, "32Mi", limits=guaranteed)
+    def run(self, name: str, cpu: str, guaranteed: bool, namespace: str = "default", claim: str = "") -> Any:
+        """A pod the scheduler places (no node named), running; with claim, its CPUs come from that
+        ResourceClaim alone."""
+        manifest = pod_manifest(name, "", cpu, "32Mi" if cpu else "", limits=guaranteed)
         del manifest["spec"]["nodeName"]
-        self.core.create_namespaced_pod("default", manifest)
+        if claim:
+            manifest["spec"]["resourceClaims"] = [{"name": "cpus", "resourceClaimName": claim}]
+            manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "cpus"}]}
+        self.core.create_namespaced_pod(namespace, manifest)
         deadline = time.monotonic() + 120
-        while not container_ids(pod := self.core.read_namespaced_pod(name, "default")):
-            assert time.monotonic() < deadline, describe(pod)
+        while not container_ids(pod := self.core.read_namespaced_pod(name, namespace)):
+            assert time.monotonic() < deadline, (describe(pod), self.logs("cri-resmgr-nri"))
             time.sleep(0.5)
         return pod
+
+    def claim(self, name: str, cpus: str) -> None:
+        self.custom.create_namespaced_custom_object("resource.k8s.io", "v1", "default", "resourceclaims", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "cpus", "exactly": {
+                "deviceClassName": DRIVER, "capacity": {"requests": {"cpu": cpus}}}}]}}})
+
+    def devices(self) -> dict[str, str]:
+        """This node's CPU devices in the published ResourceSlices: name -> cpu capacity."""
+        slices = self.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
+        return {d["name"]: d["capacity"]["cpu"]["value"] for s in slices if s["spec"]["driver"] == DRIVER
+                and s["spec"].get("nodeName") == NODE for d in s["spec"].get("devices", [])}
 
     def cpus(self, pod: Any) -> CPUSet:
         assert self.node.direct is not None
@@ -257,29 +274,12 @@ def test_a_claim_through_the_installed_dra_driver(cluster):
     c = cluster
     c.core.delete_namespaced_pod("kept-through-upgrade", "default", grace_period_seconds=0)
     wait_gone_pods(c, "default")
-    driver = "cpu.cri-resource-manager.intel.com"
-
-    def devices() -> dict[str, str]:
-        slices = c.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
-        return {d["name"]: d["capacity"]["cpu"]["value"] for s in slices
-                if s["spec"]["driver"] == driver and s["spec"].get("nodeName") == NODE for d in s["spec"]["devices"]}
     deadline = time.monotonic() + 90
-    while devices() != {"numa-0": "1"}:
-        assert time.monotonic() < deadline, (devices(), c.logs("cri-resmgr-agent"), c.logs("cri-resmgr-nri"))
+    while c.devices() != {"numa-0": "1"}:
+        assert time.monotonic() < deadline, (c.devices(), c.logs("cri-resmgr-agent"), c.logs("cri-resmgr-nri"))
         time.sleep(1)
-    c.custom.create_namespaced_custom_object("resource.k8s.io", "v1", "default", "resourceclaims", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "one-cpu"},
-        "spec": {"devices": {"requests": [{"name": "cpus", "exactly": {
-            "deviceClassName": driver, "capacity": {"requests": {"cpu": "1"}}}}]}}})
-    manifest = pod_manifest("claimed", "")
-    del manifest["spec"]["nodeName"]
-    manifest["spec"]["resourceClaims"] = [{"name": "cpus", "resourceClaimName": "one-cpu"}]
-    manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "cpus"}]}
-    c.core.create_namespaced_pod("default", manifest)
-    deadline = time.monotonic() + 120
-    while not container_ids(pod := c.core.read_namespaced_pod("claimed", "default")):
-        assert time.monotonic() < deadline, (describe(pod), c.logs("cri-resmgr-nri"))
-        time.sleep(0.5)
+    c.claim("one-cpu", "1")
+    pod = c.run("claimed", "", guaranteed=False, claim="one-cpu")
     assert c.cpus(pod) == CPUSet.parse("1")
     assert [p.name for p in c.node.ctrd.cdi_dir.iterdir()] != []
     c.core.delete_namespaced_pod("claimed", "default", grace_period_seconds=0)
@@ -352,20 +352,21 @@ def test_an_upgrade_over_a_kubectl_edit_of_the_charts_configuration_stops_before
     assert release(c)[-1]["status"] == "deployed"
 
 
-def test_helm_wait_fails_while_the_plugin_cannot_serve(cluster):
-    """The plugin's probes: an upgrade whose plugin never registers with the runtime is not "deployed"."""
+def test_helm_wait_fails_while_the_plugin_crash_loops_or_cannot_serve(cluster):
+    """The plugin's probes: an upgrade whose plugin exits at start (a value the schema cannot judge, an
+    argument the daemon refuses) or never registers with the runtime is not "deployed"."""
     c = cluster
-    out = helm.helm("--kubeconfig", str(c.control.admin_kubeconfig), "upgrade", "cri-resmgr", str(helm.CHART),
-                    "--namespace", NS, "--wait", "--timeout", "45s",
-                    *helm._sets({**c.values, "nri.extraArgs": ["--nri-socket=/run/nowhere/nri.sock"],
-                                 "nri.startupSeconds": 20}))
-    assert out.returncode != 0, out.stdout
-    assert release(c)[-1]["status"] == "failed"
-    failing = [p for p in c.pods("cri-resmgr-nri") if not any(
-        x.type == "Ready" and x.status == "True" for x in p.status.conditions or [])]
-    assert failing, "the plugin that cannot register counts as Ready"
-    c.helm("rollback", "cri-resmgr", "--namespace", NS, "--wait", "--timeout", "120s")
-    c.ready("cri-resmgr-nri")
+    for args in (["--log-level=LOUD"], ["--nri-socket=/run/nowhere/nri.sock"]):
+        out = helm.helm("--kubeconfig", str(c.control.admin_kubeconfig), "upgrade", "cri-resmgr", str(helm.CHART),
+                        "--namespace", NS, "--wait", "--timeout", "30s",
+                        *helm._sets({**c.values, "nri.extraArgs": args, "nri.startupSeconds": 20}))
+        assert out.returncode != 0, (args, out.stdout)
+        assert release(c)[-1]["status"] == "failed", args
+        failing = [p for p in c.pods("cri-resmgr-nri") if not any(
+            x.type == "Ready" and x.status == "True" for x in p.status.conditions or [])]
+        assert failing, f"the plugin run with {args} counts as Ready"
+        c.helm("rollback", "cri-resmgr", "--namespace", NS, "--wait", "--timeout", "120s")
+        c.ready("cri-resmgr-nri")
 
 
 def synchronized_plugin(c: Cluster, image: str) -> Any:
@@ -381,33 +382,41 @@ def synchronized_plugin(c: Cluster, image: str) -> Any:
 
 def test_helm_upgrade_from_the_previous_release_and_rollback_keep_every_pod(cluster, previous_release):
     """The previous release (its chart and image, built from git) installed with pods running, upgraded
-    to this tree and rolled back: no workload container restarts, every one keeps its CPUs, and each
-    version reads the other's state."""
+    to this tree and rolled back, under topology-aware: a kube-system pod on the reserved CPU and a
+    pod whose CPU comes from a ResourceClaim. No workload container restarts, each keeps its CPUs, the
+    claim stays prepared, and each version reads the other's state: the rolled-back release
+    unprepares the claim the upgraded one held."""
     c, rel = cluster, previous_release
+    values = {**c.values, "config": {"policy": {"Active": "topology-aware", "ReservedResources": {"cpu": "cpuset:0"}}}}
     c.helm("uninstall", "cri-resmgr", "--namespace", NS, "--wait", "--timeout", "120s")
     for app in ("cri-resmgr-nri", "cri-resmgr-agent", "cri-resmgr-webhook"):
         wait_gone(c, app)
     old_image = productimage.load(productimage.build_release(rel.src), c.node.ctrd.socket, rel.version)
     c.helm("install", "cri-resmgr", str(rel.src / "deployment" / "helm" / "cri-resmgr"), "--namespace", NS,
-           "--wait", "--timeout", "180s", *helm._sets({**c.values, "image.tag": rel.version}))
+           "--wait", "--timeout", "180s", *helm._sets({**values, "image.tag": rel.version}))
     synchronized_plugin(c, old_image)
-    b = c.run("shared-across-versions", "100m", guaranteed=False)
-    g = c.run("exclusive-across-versions", "1", guaranteed=True)
-    deadline = time.monotonic() + 30
-    while c.cpus(g) & c.cpus(b):
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
-    placed = {"g": c.cpus(g), "b": c.cpus(b)}
+    deadline = time.monotonic() + 90
+    while c.devices() != {"numa-0": "1"}:  # topology-aware is active and its device published
+        assert time.monotonic() < deadline, (c.devices(), c.logs("cri-resmgr-agent"), c.logs("cri-resmgr-nri"))
+        time.sleep(1)
+    c.claim("across-versions", "1")
+    pods = {"reserved": c.run("reserved-across-versions", "100m", guaranteed=False, namespace=NS),
+            "claimed": c.run("claimed-across-versions", "", guaranteed=False, claim="across-versions")}
+    placed = {"reserved": CPUSet.parse("0"), "claimed": CPUSet.parse("1")}
+    assert {k: c.cpus(pod) for k, pod in pods.items()} == placed
+    specs = sorted(p.name for p in c.node.ctrd.cdi_dir.iterdir())
+    assert specs, "the claim's CDI spec"
 
     def unchanged() -> None:
-        for key, pod in (("g", g), ("b", b)):
-            now = c.core.read_namespaced_pod(pod.metadata.name, "default")
+        for key, pod in pods.items():
+            now = c.core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
             assert container_ids(now) == container_ids(pod)
             assert sum(s.restart_count for s in now.status.container_statuses) == 0
             assert c.cpus(now) == placed[key]
+        assert sorted(p.name for p in c.node.ctrd.cdi_dir.iterdir()) == specs
 
     c.helm("upgrade", "cri-resmgr", str(helm.CHART), "--namespace", NS, "--wait", "--timeout", "180s",
-           *helm._sets(c.values))
+           *helm._sets(values))
     new = synchronized_plugin(c, c.image)
     assert "unusable" not in c.core.read_namespaced_pod_log(new.metadata.name, NS)
     unchanged()
@@ -415,12 +424,16 @@ def test_helm_upgrade_from_the_previous_release_and_rollback_keep_every_pod(clus
     back = synchronized_plugin(c, old_image)
     assert "unusable" not in c.core.read_namespaced_pod_log(back.metadata.name, NS)
     unchanged()
+    c.core.delete_namespaced_pod("claimed-across-versions", "default", grace_period_seconds=0)
+    wait_gone_pods(c, "default")
+    c.custom.delete_namespaced_custom_object("resource.k8s.io", "v1", "default", "resourceclaims", "across-versions")
+    deadline = time.monotonic() + 60
+    while list(c.node.ctrd.cdi_dir.iterdir()):  # unprepared by the release that did not prepare it
+        assert time.monotonic() < deadline, c.logs("cri-resmgr-nri")
+        time.sleep(0.5)
+    c.core.delete_namespaced_pod("reserved-across-versions", NS, grace_period_seconds=0)
     c.install()  # this tree again, for what follows
     synchronized_plugin(c, c.image)
-    unchanged()
-    for pod in (g, b):
-        c.core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
-    wait_gone_pods(c, "default")
 
 
 def wait_gone_pods(c: Cluster, namespace: str, timeout: float = 60) -> None:

@@ -183,7 +183,9 @@ def test_a_policy_switch_pushed_by_the_agent_repins_the_containers_it_moves(cont
 
 
 def test_the_probe_passes_only_while_the_plugin_is_registered_with_the_runtime(containerd, workdir):
-    """`cri-resmgr status --probe`, the chart's readiness and startup probe."""
+    """`cri-resmgr status --probe`, and the readiness file the chart's probes read."""
+    ready = workdir / "ready"
+
     def status(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "resmgr", "status", *args, "--config-socket",
                                str(workdir / "config.sock")], cwd=ROOT, capture_output=True, text=True, timeout=30)
@@ -191,23 +193,29 @@ def test_the_probe_passes_only_while_the_plugin_is_registered_with_the_runtime(c
     def probe() -> subprocess.CompletedProcess[str]:
         return status("--probe")
 
-    nowhere = NriProcess(workdir, str(workdir / "no-nri.sock"), "--hook-dir", "disabled").start(wait=False)
+    nowhere = NriProcess(workdir, str(workdir / "no-nri.sock"), "--hook-dir", "disabled",
+                         "--ready-file", str(ready)).start(wait=False)
     try:
         wait_until(lambda: (workdir / "config.sock").exists(), what="the config socket")
         out = probe()
         assert out.returncode == 1 and "not registered with the runtime" in out.stderr, out
         full = status()
         assert full.returncode == 5 and "not serving: not registered" in full.stdout, full
+        assert not ready.exists()
     finally:
         nowhere.stop()
-    plugin = NriProcess(workdir, str(containerd.dir / "nri.sock"), "--hook-dir", "disabled").start()
+    plugin = NriProcess(workdir, str(containerd.dir / "nri.sock"), "--hook-dir", "disabled",
+                        "--ready-file", str(ready)).start()
     try:
         out = probe()
         assert out.returncode == 0 and out.stdout == out.stderr == "", out
+        wait_until(ready.exists, what="the readiness file")
+        assert "cri-resmgr ready" in plugin.log()
     finally:
         plugin.stop()
     out = probe()
     assert out.returncode == 1 and "cannot reach" in out.stderr
+    assert not ready.exists()  # gone with the daemon
 
 
 def test_hook_plugins_run_from_nri_events(containerd, workdir, pods, tmp_path):

@@ -54,12 +54,15 @@ class AgentProcess:
         self.args = [sys.executable, "-m", "resmgr.agent", "--kubeconfig", kubeconfig, "--config-namespace", NS,
                      "--config-socket", relay_config_socket, "--agent-socket", self.socket,
                      "--debounce", "0.1", "--retry-max", "0.5", "--resync-interval", "1", "--log-level", "DEBUG"]
+        self.ready_file = workdir / f"agent-{uuid.uuid4().hex[:6]}.ready"
+        self.args += ["--ready-file", str(self.ready_file)]
         self.proc: subprocess.Popen | None = None
         self.cwd = ROOT
 
     def of_release(self, python: Path, home: Path) -> AgentProcess:
         """Run another build (a release's virtual environment) instead of this tree's."""
         self.args[0], self.cwd = str(python), home
+        self.args = self.args[:-2]  # 0.1.0 has no --ready-file
         return self
 
     def start(self, *extra: str) -> AgentProcess:
