@@ -14,7 +14,9 @@ cri-resmgr's and the agent's RSS and open file descriptors.
     python benchmarks/soak.py --duration 1h [--mode relay|nri|both] [--seed N] [--json FILE]
 
 Shorter than 20 minutes, each fault strikes once with shorter outages (kubelet's runtime request
-timeout 60 s) and the node is not rebooted unless --reboot says so: the form `.ci/run` runs.
+timeout 60 s) and the node is not rebooted unless --reboot says so: the form `scripts/test.sh --vm
+--vm-soak` runs. --daemon-options "--log-level DEBUG" logs the daemon's every decision; the node's
+journals are saved in the work directory.
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ def build_deb(out: Path) -> Path:
     return Path(done.stdout.strip())
 
 
+def save_logs(vm: Vm, into: Path) -> None:
+    """The node's journals of the units the soak judges, kept in the work directory for a post-mortem."""
+    into.mkdir(exist_ok=True)
+    for unit in ("cri-resmgr", "cri-resmgr-nri", "cri-resmgr-agent", "containerd", "kubelet"):
+        try:  # the last 15 MB of each (the guest agent's output is capped at 16 MB)
+            out = vm.run(f"journalctl -u {unit} -o short-precise --no-pager | tail -c 15000000", timeout=300)
+            (into / f"{unit}.log").write_text(out.stdout)
+        except (OSError, TimeoutError, RuntimeError) as err:
+            print(f"soak: the journal of {unit}: {err}", file=sys.stderr)
+    print(f"soak: the node's journals are in {into}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=duration, default=3600.0, metavar="DURATION",
@@ -53,6 +67,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: a new one, printed)")
     ap.add_argument("--reboot", action=argparse.BooleanOptionalAction, default=None,
                     help="reboot the node once (default: in runs of 20 minutes or more)")
+    ap.add_argument("--daemon-options", default="", metavar="OPTIONS",
+                    help="more options of cri-resmgr on the node, e.g. \"--log-level DEBUG\" (default: none)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args()
     missing = vmimage.missing_tools()
@@ -73,10 +89,12 @@ def main() -> int:
         print(f"soak: the node booted in {vm.boot_seconds:.0f} s (work directory {work})", flush=True)
         try:
             for mode in (["relay", "nri"] if args.mode == "both" else [args.mode]):
-                report = soak_on(vm, control, proxy, settings_for(args.duration, mode, seed, args.reboot))
+                report = soak_on(vm, control, proxy, settings_for(args.duration, mode, seed, args.reboot,
+                                                                   args.daemon_options))
                 reports.append(report)
                 print(text(report), flush=True)
         finally:
+            save_logs(vm, work / "logs")
             vm.stop()
     finally:
         proxy.stop()

@@ -77,7 +77,7 @@ class Guest:
                 f"sed -i '\\|{STATE_IMG}|d' /etc/fstab; systemctl daemon-reload; true", timeout=300)
 
     def install(self, control: ControlPlane, fallback: str, kubelet_settings: dict[str, object],
-                agent_options: str) -> None:
+                agent_options: str, daemon_options: str = "") -> None:
         """From a node that has only containerd (and maybe a kubelet) to one running the soak's stack."""
         began = time.monotonic()
         self.sh("systemctl disable --now kubelet cri-resmgr cri-resmgr-nri 2>/dev/null; "
@@ -96,6 +96,8 @@ class Guest:
         self.vm.write("/etc/systemd/system/crirm-soak-sampler.service", SAMPLER_UNIT)
         self.sh("systemctl daemon-reload && systemctl enable --now crirm-soak-sampler")
         self.vm.write("/etc/cri-resmgr/fallback.yaml", fallback)
+        self.vm.write("/etc/default/cri-resmgr", "KUBELET_CONFIG_DIR=/etc/kubernetes/kubelet.conf.d\n"
+                      f"CRI_RESMGR_OPTIONS=\"{daemon_options}\"\n")  # as configuration management would
         self.kubelet = Kubelet(self.node, control)
         # kubelet first (on containerd), as on a node that runs already; the package moves it to the relay.
         self.kubelet.start(CONTAINERD_SOCKET, **kubelet_settings)

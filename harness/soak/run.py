@@ -60,6 +60,7 @@ class Settings:
     faults: tuple[str, ...] = FAULTS
     reboot: bool = True
     timing: Timing = field(default_factory=Timing)
+    daemon_options: str = ""  # more options of cri-resmgr (the package's CRI_RESMGR_OPTIONS)
 
 
 def machine_of(shape: Shape) -> Machine:
@@ -532,12 +533,13 @@ SHORT = 20 * 60  # below this, the short form
 AGENT_OPTIONS = "--export-topology on --status-interval 5 --resync-interval 30"
 
 
-def settings_for(seconds: float, mode: str, seed: int, reboot: bool | None) -> Settings:
+def settings_for(seconds: float, mode: str, seed: int, reboot: bool | None, daemon_options: str = "") -> Settings:
     if seconds >= SHORT:
-        return Settings(seconds, mode, seed, reboot=True if reboot is None else reboot)
+        return Settings(seconds, mode, seed, reboot=True if reboot is None else reboot, daemon_options=daemon_options)
     short = Timing(api_away=30, disk_full=30, runtime_timeout=60, freeze=75, config_every=60, warmup=30,
                    whole_within=300, pod_bound=300)
-    return Settings(seconds, mode, seed, per_kind=1, reboot=bool(reboot), timing=short)
+    return Settings(seconds, mode, seed, per_kind=1, reboot=bool(reboot), timing=short,
+                    daemon_options=daemon_options)
 
 
 def kubelet_settings(timing: Timing) -> dict[str, object]:
@@ -550,7 +552,7 @@ def soak_on(vm: Vm, control: ControlPlane, proxy: CountingProxy, settings: Setti
     install_agent_rbac(control)
     install_crds(control)
     guest = Guest(vm, settings.mode)
-    guest.install(control, cfg.FALLBACK, kubelet_settings(settings.timing), AGENT_OPTIONS)
+    guest.install(control, cfg.FALLBACK, kubelet_settings(settings.timing), AGENT_OPTIONS, settings.daemon_options)
     try:
         return Soak(guest, control, proxy, vm.shape, settings).run()
     finally:
