@@ -53,7 +53,7 @@ def save_logs(vm: Vm, into: Path) -> None:
     for unit in ("cri-resmgr", "cri-resmgr-nri", "cri-resmgr-agent", "containerd", "kubelet"):
         try:  # the last 15 MB of each (the guest agent's output is capped at 16 MB)
             out = vm.run(f"journalctl -u {unit} -o short-precise --no-pager | tail -c 15000000", timeout=300)
-            (into / f"{unit}.log").write_text(out.stdout)
+            (into / f"{unit}.log").write_text(out.out)
         except (OSError, TimeoutError, RuntimeError) as err:
             print(f"soak: the journal of {unit}: {err}", file=sys.stderr)
     print(f"soak: the node's journals are in {into}", flush=True)

@@ -9,6 +9,10 @@ Pushes may run in the background so the call that caused them returns at once; a
 container's start waits for those that move others off its CPUs (`repins`). A container
 updated while the runtime starts it is updated again once started (`raced`): the runtime
 may have started it from what it held before.
+
+Of many pushes at once (a policy switch, a rebalance), those that only take CPUs away go first:
+a container moved onto CPUs another one still runs on would share them with it until both
+pushes land, and on a busy runtime that is seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Protocol
 
 from resmgr.engine.ledger import Ledger
 from resmgr.model import ContainerState, Resources
+from resmgr.topology.cpuset import CPUSet
 
 log = logging.getLogger("cri-resmgr.engine")
 
@@ -43,6 +48,21 @@ class Pusher:
         self.repins: dict[str, asyncio.Task[None]] = {}  # by container: the pushes its start waits for
         self.starting: dict[str, asyncio.Event] = {}  # containers the runtime is starting
         self.raced: set[str] = set()  # of those, the ones updated meanwhile
+        self.held: dict[str, str] = {}  # by container: the CPUs the runtime holds, where known
+
+    def note_held(self, updates: Mapping[str, Resources]) -> None:
+        """Before updates are recorded: what the runtime holds of containers it has taken all of."""
+        for key in updates:
+            c = self.ledger.containers.get(key)
+            if c is not None and c.id and not c.pending:
+                self.held[key] = c.resources.cpuset_cpus
+
+    def _gives_up_only(self, key: str) -> bool:
+        c = self.ledger.containers.get(key)
+        held = self.held.get(key)
+        if c is None or held is None or not c.resources.cpuset_cpus:
+            return False
+        return CPUSet.parse(c.resources.cpuset_cpus) <= CPUSet.parse(held)
 
     async def push(self, key: str) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())
@@ -61,6 +81,7 @@ class Pusher:
                 return
             if starting or key in self.starting:
                 self.raced.add(key)
+            self.held[key] = res.cpuset_cpus
             if c.resources is res:
                 c.pending = False
         if not lock.locked() and key not in containers:
@@ -69,8 +90,13 @@ class Pusher:
     async def push_all(self, keys: Iterable[str]) -> None:
         containers = self.ledger.containers
         keys = [k for k in keys if (c := containers.get(k)) is not None and c.id]
-        if keys:
-            await asyncio.gather(*(self.push(k) for k in keys))
+        for gone in [k for k in self.held if k not in containers]:  # dropped with their pods
+            del self.held[gone]
+        first = [k for k in keys if self._gives_up_only(k)]
+        rest = [k for k in keys if k not in first]
+        for wave in (first, rest) if first and rest else (keys,):
+            if wave:
+                await asyncio.gather(*(self.push(k) for k in wave))
 
     async def push_pending(self) -> None:
         await self.push_all([k for k, c in self.ledger.containers.items() if c.pending and c.id])
@@ -103,3 +129,4 @@ class Pusher:
 
     def forget(self, key: str) -> None:
         self.raced.discard(key)
+        self.held.pop(key, None)

@@ -237,6 +237,7 @@ class EngineState:
         older decision from overwriting a newer one in the runtime. A recorded update is
         pending (and persisted as such) until the runtime has taken it.
         """
+        self.pusher.note_held(updates)
         self.ledger.record(updates)
         self._note_fallback()
 

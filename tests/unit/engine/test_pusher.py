@@ -1,0 +1,61 @@
+"""The order of many pushes at once: what only gives CPUs up lands before what takes CPUs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from resmgr.engine.ledger import Ledger
+from resmgr.engine.pusher import Pusher
+from resmgr.model import Container, ContainerState, Resources
+from resmgr.topology.cpuset import CPUSet
+
+
+class SlowRuntime:
+    """Each update takes a while; what every container holds is watched at each step."""
+
+    def __init__(self, held: dict[str, str]) -> None:
+        self.held = dict(held)
+        self.overlaps: list[str] = []
+
+    async def update_resources(self, container_id: str, res: Resources) -> None:
+        await asyncio.sleep(0.01 if res.cpuset_cpus != "4-7" else 0.05)  # the shrink is the slow one
+        self.held[container_id] = res.cpuset_cpus
+        sets = {k: CPUSet.parse(v) for k, v in self.held.items()}
+        for a in sets:
+            for b in sets:
+                if a < b and sets[a] & sets[b]:
+                    self.overlaps.append(f"{a} {self.held[a]} / {b} {self.held[b]}")
+
+
+def ledger_of(cpus: dict[str, str]) -> Ledger:
+    ledger = Ledger(None)  # type: ignore[arg-type] - the pusher reads only containers
+    for cid, cpuset in cpus.items():
+        ledger.containers[cid] = Container(cid, "pod", cid, state=ContainerState.RUNNING,
+                                           resources=Resources(cpuset_cpus=cpuset))
+    return ledger
+
+
+def test_a_switch_moves_nobody_onto_cpus_another_still_runs_on():
+    # a runs on 0-7 and is narrowed to 4-7; b moves from 8-11 onto 0-3, which a gives up.
+    before = {"a": "0-7", "b": "8-11"}
+    ledger = ledger_of(before)
+    runtime = SlowRuntime(before)
+    pusher = Pusher(ledger, runtime, lambda: None)
+    updates = {"b": Resources(cpuset_cpus="0-3"), "a": Resources(cpuset_cpus="4-7")}
+    pusher.note_held(updates)
+    for key, res in updates.items():  # as Ledger.record takes them
+        ledger.containers[key].resources, ledger.containers[key].pending = res, True
+    asyncio.run(pusher.push_all(updates))
+    assert runtime.held == {"a": "4-7", "b": "0-3"}
+    assert runtime.overlaps == []
+    assert not any(c.pending for c in ledger.containers.values())
+
+
+def test_what_the_runtime_holds_is_forgotten_with_the_container():
+    ledger = ledger_of({"a": "0-1"})
+    pusher = Pusher(ledger, SlowRuntime({"a": "0-1"}), lambda: None)
+    pusher.note_held({"a": Resources(cpuset_cpus="1")})
+    assert pusher.held == {"a": "0-1"}
+    del ledger.containers["a"]
+    asyncio.run(pusher.push_all([]))
+    assert pusher.held == {}
