@@ -112,7 +112,22 @@ def deb(rel: Release) -> Path:
                  f"the package of {rel.version}")
 
 
+def fetched(commit: str) -> bool:
+    """The commit in this clone, fetched from its origin when the clone is shallow (as CI's may be)."""
+    if in_git(commit):
+        return True
+    git = ["git", "-C", str(ROOT)]
+    shallow = subprocess.run([*git, "rev-parse", "--is-shallow-repository"], capture_output=True, text=True)
+    if shallow.stdout.strip() != "true":
+        return False
+    try:
+        subprocess.run([*git, "fetch", "--quiet", "--unshallow"], capture_output=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return False
+    return in_git(commit)
+
+
 def previous_installed() -> Release | None:
-    """The previous release built, or None when its commit is not in this clone."""
+    """The previous release built, or None when its commit cannot be had in this clone."""
     version, commit = previous()
-    return install(version, commit) if in_git(commit) else None
+    return install(version, commit) if fetched(commit) else None

@@ -43,7 +43,7 @@ def previous_release():
     rel = releases.previous_installed()
     if rel is None:
         version, commit = releases.previous()
-        pytest.skip(f"release {version}'s commit {commit} is not in this clone's history")
+        pytest.skip(f"release {version}'s commit {commit} is not in this clone's history, nor could it be fetched")
     return rel
 
 
