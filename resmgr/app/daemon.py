@@ -12,11 +12,11 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from resmgr import metrics, policies, sockets, telemetry
+from resmgr import metrics, policies, sockets
 from resmgr.app.options import Options
 from resmgr.config import Config, ConfigError, validate
 from resmgr.control import cgroupcpus
@@ -40,8 +40,12 @@ from resmgr.topology.model import Topology
 from resmgr.topology.sysfs import TopologyError, discover
 from resmgr.view import nrt
 from resmgr.view import state as statedoc
+from resmgr.view.address import Address
 from resmgr.view.feed import TopologyFeed
-from resmgr.view.server import Address, ViewServer
+
+if TYPE_CHECKING:  # loaded only when asked for: aiohttp and OpenTelemetry cost memory and start-up time
+    from resmgr import telemetry
+    from resmgr.view.server import ViewServer
 
 log = logging.getLogger("cri-resmgr")
 
@@ -119,6 +123,8 @@ class Daemon:
             return
         if self.opts.otlp_interval <= 0:
             raise StartupError(f"--otlp-interval {self.opts.otlp_interval}: must be more than 0")
+        from resmgr import telemetry
+
         metrics.enable()
         if core.view is not None:
             core.state_gauges = core.view.collector
@@ -289,6 +295,8 @@ class Daemon:
             address = Address.parse(self.opts.metrics_address, self.opts.metrics_allow_remote)
         except ValueError as err:
             raise StartupError(f"--metrics-address {err}") from None
+        from resmgr.view.server import ViewServer
+
         metrics.enable()
         metrics.config_applied(control.config.source, control.generation)
         view = ViewServer(self._snapshot(engine, control), address)

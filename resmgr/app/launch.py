@@ -17,7 +17,7 @@ from resmgr.control.manager import Sources
 from resmgr.engine.store import StateInUse, StateStore, StateTooNew
 from resmgr.options import from_args
 from resmgr.sockets import SocketInUse, prepare
-from resmgr.view.server import Address
+from resmgr.view.address import Address
 
 
 def _reset(args: Options, sources: Sources) -> int:

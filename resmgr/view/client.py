@@ -7,7 +7,7 @@ import json
 import socket
 from typing import Any
 
-from resmgr.view.server import Address
+from resmgr.view.address import Address
 
 
 class _UnixConnection(http.client.HTTPConnection):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from resmgr.view.server import Address
+from resmgr.view.address import Address
 from tests.support.helpers import ROOT
 
 
