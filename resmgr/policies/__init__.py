@@ -1,19 +1,18 @@
-"""Policy registry: maps policy names (and aliases) to implementations."""
+"""Policy registry: maps policy names (and aliases) to implementations.
+
+A policy's module is imported when the policy is first created (or described): a daemon loads
+the one its configuration names, not all six.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from resmgr.policies.balloons import BalloonsPolicy
 from resmgr.policies.base import Decision, Policy, PolicyError, View
-from resmgr.policies.none import NonePolicy
-from resmgr.policies.podpools import PodpoolsPolicy
-from resmgr.policies.static import StaticPolicy
-from resmgr.policies.static_plus import StaticPlusPolicy
 from resmgr.policies.toolkit.options import schema
-from resmgr.policies.topology_aware import TopologyAwarePolicy
 from resmgr.topology.model import Topology
 
 __all__ = ["Decision", "Policy", "PolicyError", "View", "REGISTRY", "create", "names", "describe"]
@@ -22,28 +21,36 @@ __all__ = ["Decision", "Policy", "PolicyError", "View", "REGISTRY", "create", "n
 @dataclass(frozen=True)
 class Entry:
     name: str
-    factory: type[Policy]
-    description: str
+    where: str  # "module:Class"
     aliases: tuple[str, ...] = ()
+
+    @property
+    def factory(self) -> type[Policy]:
+        module, _, cls = self.where.partition(":")
+        factory: type[Policy] = getattr(importlib.import_module(module), cls)
+        return factory
+
+    @property
+    def description(self) -> str:
+        return self.factory.description
 
 
 REGISTRY: dict[str, Entry] = {}
 _ALIASES: dict[str, str] = {}
 
 
-def register(factory: type[Policy], aliases: tuple[str, ...] = ()) -> None:
-    entry = Entry(factory.name, factory, factory.description, aliases)
-    REGISTRY[entry.name] = entry
+def register(name: str, where: str, aliases: tuple[str, ...] = ()) -> None:
+    REGISTRY[name] = Entry(name, where, aliases)
     for alias in aliases:
-        _ALIASES[alias] = entry.name
+        _ALIASES[alias] = name
 
 
-register(NonePolicy, aliases=("null",))
-register(StaticPolicy)
-register(StaticPlusPolicy)
-register(TopologyAwarePolicy)
-register(BalloonsPolicy)
-register(PodpoolsPolicy)
+register("none", "resmgr.policies.none:NonePolicy", aliases=("null",))
+register("static", "resmgr.policies.static:StaticPolicy")
+register("static-plus", "resmgr.policies.static_plus:StaticPlusPolicy")
+register("topology-aware", "resmgr.policies.topology_aware:TopologyAwarePolicy")
+register("balloons", "resmgr.policies.balloons:BalloonsPolicy")
+register("podpools", "resmgr.policies.podpools:PodpoolsPolicy")
 
 
 def canonical(name: str) -> str:

@@ -375,3 +375,22 @@ def test_the_daemon_loads_the_http_endpoint_and_the_otlp_exporter_only_when_aske
     assert "resmgr.app.daemon" in loaded
     assert not {m for m in loaded if m.startswith(("aiohttp", "opentelemetry.sdk", "opentelemetry.exporter",
                                                     "resmgr.view.server"))}
+
+
+def test_a_daemon_loads_only_the_policies_it_runs():
+    root = Path(__file__).resolve().parents[3]
+    script = ("import sys, resmgr.app.daemon\nfrom resmgr import policies\nfrom tests.support.world import machine\n"
+              "policies.create('static', {}, machine('sockets=1,nodes=1,cores=2,threads=1'))\n"
+              "print(' '.join(m for m in sys.modules if m.startswith('resmgr.policies.')))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
+    loaded = set(out.stdout.split())
+    assert "resmgr.policies.static" in loaded, out.stderr
+    assert not {m for m in loaded if m.startswith(("resmgr.policies.topology_aware", "resmgr.policies.balloons",
+                                                    "resmgr.policies.podpools"))}
+
+
+def test_every_registered_name_is_its_policys_own():
+    from resmgr import policies
+
+    assert {name: entry.factory.name for name, entry in policies.REGISTRY.items()} == \
+        {name: name for name in policies.REGISTRY}
