@@ -27,7 +27,7 @@ import yaml
 from resmgr.agent import resources
 from resmgr.agent.apiclient import Client
 from resmgr.agent.kube import Backoff, Cluster, Watcher, one
-from resmgr.agent.topology import Publisher, SliceExporter, TopologyExporter
+from resmgr.agent.publish import Publisher, SliceExporter, TopologyExporter
 from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
 from resmgr.options import duration, on_off, opt, positive_duration
 

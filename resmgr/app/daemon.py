@@ -41,7 +41,7 @@ from resmgr.topology.sysfs import TopologyError, discover
 from resmgr.view import nrt
 from resmgr.view import state as statedoc
 from resmgr.view.address import Address
-from resmgr.view.feed import TopologyFeed
+from resmgr.view.feed import StateFeed
 
 if TYPE_CHECKING:  # loaded only when asked for: aiohttp and OpenTelemetry cost memory and start-up time
     from resmgr import telemetry
@@ -335,10 +335,10 @@ class Daemon:
             engine = core.engine
             if self.topology is not None:
                 snapshot = self._snapshot(engine, control)
-                feed = TopologyFeed(lambda: nrt.build(snapshot()), engine.changes)
+                feed = StateFeed(lambda: nrt.build(snapshot()), engine.changes)
             if self.opts.dra_driver:
                 devices = configlink.Devices(self.opts.dra_driver,
-                                             TopologyFeed(lambda: engine.policy.devices(), engine.changes))
+                                             StateFeed(lambda: engine.policy.devices(), engine.changes))
             return await configlink.serve(control, sockets.path_of(self.opts.config_socket), feed,
                                           self.opts.config_socket_group, devices, front.serving)
         return None

@@ -16,7 +16,7 @@ import grpc
 from resmgr import sockets
 from resmgr.control.manager import ConfigManager, Rejected
 from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
-from resmgr.view.feed import TopologyFeed
+from resmgr.view.feed import StateFeed
 
 log = logging.getLogger("cri-resmgr.config")
 
@@ -45,11 +45,11 @@ class Devices:
     """The DRA driver's name and the feed of the devices its policy offers (a JSON list)."""
 
     driver: str
-    feed: TopologyFeed
+    feed: StateFeed
 
 
 class StatusService(status_pb2_grpc.StatusServicer):
-    def __init__(self, control: ConfigManager, feed: TopologyFeed | None = None,
+    def __init__(self, control: ConfigManager, feed: StateFeed | None = None,
                  devices: Devices | None = None, serving: Callable[[], str] | None = None) -> None:
         self.control = control
         self.feed = feed
@@ -77,7 +77,7 @@ class StatusService(status_pb2_grpc.StatusServicer):
         async for text in self.devices.feed.texts(request.min_interval):
             yield status_pb2.DevicesReply(driver=self.devices.driver, devices=text)
 
-async def serve(control: ConfigManager, path: str, feed: TopologyFeed | None = None,
+async def serve(control: ConfigManager, path: str, feed: StateFeed | None = None,
                 group: int = -1, devices: Devices | None = None,
                 serving: Callable[[], str] | None = None) -> grpc.aio.Server:
     """The link on a root-only socket; group (>= 0): its members may connect too; serving():

@@ -1,9 +1,11 @@
 """Front ends: each translates one protocol to the engine's model calls and back.
 
-The daemon runs any front end the same way (resmgr/app/daemon.py): it is prepared, gives
-the engine its view of the runtime, is bound to the engine, started, runs its loops under
-the daemon's task group, and is stopped and closed. A third front end is one class with
-these methods.
+The runtime's front ends (the CRI relay, the NRI plugin) are run the same way by the daemon
+(resmgr/app/daemon.py): prepared, giving the engine its view of the runtime, bound to the engine,
+started, running their loops under the daemon's task group, stopped and closed (`FrontEnd`
+below); a third would be one class with these methods. kubelet's DRA driver (dra/) is not one
+of them: it runs beside whichever does, started and stopped by the daemon, and asks the engine
+for claims.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ class ChangeCount(Protocol):
 
 
 @dataclass
-class TopologyFeed:
+class StateFeed:
     """The document now (JSON-able), and the changes to wait on."""
 
     document: Callable[[], Any]

@@ -41,7 +41,7 @@ from resmgr.frontends.relay import frames as h2
 from resmgr.frontends.relay.dispatch import Dispatcher
 from resmgr.frontends.relay.local import REPLY_HEADERS, LocalCalls
 from resmgr.frontends.relay.methods import is_image_method
-from resmgr.frontends.relay.tally import Tally
+from resmgr.frontends.relay.passmetrics import PassMetrics
 from resmgr.frontends.relay.writer import Budget, ClientWriter
 
 log = logging.getLogger("cri-resmgr.relay")
@@ -148,7 +148,7 @@ class _Conn(asyncio.Protocol):
         self.max_frame = h2.DEFAULT_MAX_FRAME  # what the runtime accepts, so the client may send
         # runtime -> client
         self.bin = bytearray()
-        self.tally = Tally() if metrics.enabled else None
+        self.passmetrics = PassMetrics() if metrics.enabled else None
         self.connecting: asyncio.Task[None] | None = None
         self.closing: asyncio.Task[None] | None = None
         self.waiter: asyncio.Event | None = None  # set when calls may have ended (see until())
@@ -263,8 +263,8 @@ class _Conn(asyncio.Protocol):
                         pass  # the runtime never saw the stream: nothing goes on
                     elif self.failed is None:
                         self.open.pop(sid, None)
-                        if self.tally is not None:
-                            self.tally.ended(sid, "CANCELLED")  # by the client
+                        if self.passmetrics is not None:
+                            self.passmetrics.ended(sid, "CANCELLED")  # by the client
                         out.append(buf[at:end])
                 elif ftype == h2.PING and (self.failed is not None or not flags & h2.ACK):
                     # Answered here: the runtime would count the client's pings against calls it
@@ -339,8 +339,8 @@ class _Conn(asyncio.Protocol):
             local.begin(sid, path, headers, end_stream, len(self.hdr_buf), self.client_initial_window)
             return
         self.open[sid] = False
-        if self.tally is not None:
-            self.tally.started(sid, path)
+        if self.passmetrics is not None:
+            self.passmetrics.started(sid, path)
         out.append(h2.header_frames(sid, h2.encode_headers(headers), end_stream))
 
     # -- runtime side ----------------------------------------------------------------------
@@ -363,12 +363,12 @@ class _Conn(asyncio.Protocol):
                 if flags & h2.END_STREAM:
                     sid = int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF
                     self.open.pop(sid, None)
-                    if self.tally is not None:
-                        self.tally.ended(sid, "UNKNOWN")  # gRPC ends with trailers; this is no gRPC
+                    if self.passmetrics is not None:
+                        self.passmetrics.ended(sid, "UNKNOWN")  # gRPC ends with trailers; this is no gRPC
             elif ftype == h2.HEADERS or ftype == h2.CONTINUATION:
                 w.back_hdr_open = not flags & h2.END_HEADERS
-                if self.tally is not None:
-                    self.tally.header_frame(ftype, flags, int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF,
+                if self.passmetrics is not None:
+                    self.passmetrics.header_frame(ftype, flags, int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF,
                                             bytes(buf[at + 9:end]))
                 if ftype == h2.HEADERS:
                     sid = int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF
@@ -379,8 +379,8 @@ class _Conn(asyncio.Protocol):
             elif ftype == h2.RST_STREAM:
                 sid = int.from_bytes(buf[at + 5:at + 9], "big") & 0x7FFFFFFF
                 self.open.pop(sid, None)
-                if self.tally is not None:
-                    self.tally.ended(sid, "CANCELLED")
+                if self.passmetrics is not None:
+                    self.passmetrics.ended(sid, "CANCELLED")
             elif ftype == h2.SETTINGS and not flags & h2.ACK:
                 settings = h2.parse_settings(bytes(buf[at + 9:end]))
                 size = settings.get(h2.SETTINGS_HEADER_TABLE_SIZE)

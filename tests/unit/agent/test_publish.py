@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from resmgr.agent.kube import Backoff
-from resmgr.agent.topology import SliceExporter, slice_name
+from resmgr.agent.publish import SliceExporter, slice_name
 from resmgr.generated.config import status_pb2, status_pb2_grpc
 
 DEVICES = [{"name": "numa-0", "attributes": {"kind": "numa", "numaNode": 0, "big": True}, "cpus": 3, "cpuset": "1-3"}]

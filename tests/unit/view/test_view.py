@@ -39,11 +39,11 @@ def test_pass_through_outcomes_follow_the_runtime_header_table():
 
     from resmgr import metrics
     from resmgr.frontends.relay import frames as h2
-    from resmgr.frontends.relay.tally import Tally
+    from resmgr.frontends.relay.passmetrics import PassMetrics
 
     metrics.enable()
     enc = hpack.Encoder()
-    tally = Tally()
+    tally = PassMetrics()
     path = "/runtime.v1.RuntimeService/ContainerStatus"
     before = {code: metrics.CRI_CALLS.labels("ContainerStatus", "passthrough", code)._value.get()
               for code in ("OK", "NOT_FOUND", "UNKNOWN")}

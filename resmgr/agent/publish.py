@@ -23,7 +23,7 @@ from resmgr.agent import resources
 from resmgr.agent.kube import Backoff, Cluster
 from resmgr.generated.config import status_pb2, status_pb2_grpc
 
-log = logging.getLogger("cri-resmgr-agent.topology")
+log = logging.getLogger("cri-resmgr-agent.publish")
 
 
 class Publisher:

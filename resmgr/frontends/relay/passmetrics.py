@@ -2,7 +2,7 @@
 
 Only built when metrics are on. The runtime's header blocks are HPACK-decoded (the
 dynamic table makes every block count, not only trailers) to read each call's
-grpc-status; a block that does not decode stops the tally of that connection rather
+grpc-status; a block that does not decode stops the counting of that connection rather
 than guess.
 """
 
@@ -25,7 +25,7 @@ CODES = {code.value[0]: code.name for code in grpc.StatusCode}
 MAX_CALLS = 10000  # calls in flight one connection keeps track of
 
 
-class Tally:
+class PassMetrics:
     def __init__(self) -> None:
         self.calls: dict[int, tuple[str, float]] = {}  # stream -> method, start
         self.decoder = hpack.Decoder()
@@ -43,7 +43,7 @@ class Tally:
         A block of one-byte indexed fields only reads the dynamic table, so as long as no
         other block changed the table, the same bytes mean the same headers. In steady state
         a runtime sends just such blocks (`:status`, content-type, grpc-status), and decoding
-        them again each time would be most of what the tally costs.
+        them again each time would be most of what the counting costs.
         """
         if 0xFF not in block and all(b & 0x80 for b in block):
             headers = self.cache.get(block)
