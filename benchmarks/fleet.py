@@ -3,7 +3,7 @@
 and be reported, and what it costs the API server.
 
 A real kube-apiserver and etcd (harness/kube.py) with the chart's CRDs and RBAC; N Node objects;
-N agents - the agent's own code for watching, choosing, pushing and reporting (ConfigAgent), each
+N agents - the agent's own code for watching, choosing, pushing and reporting (NodeAgent), each
 with its own API connection and the chart's ServiceAccount token - run in a few worker processes
 (the agent is asyncio without threads, so one process holds hundreds); one stand-in cri-resmgr
 that serves the real config link on one socket for all of them and judges each pushed
@@ -85,7 +85,7 @@ def standin(socket: str) -> None:
 # -- a worker: many agents in one process --------------------------------------------------------
 def worker(args: argparse.Namespace) -> None:
     from resmgr.agent import apiclient
-    from resmgr.agent.agent import ConfigAgent, Settings
+    from resmgr.agent.agent import NodeAgent, Settings
 
     received = [0]  # bytes of watch events
     lines = apiclient.Response.lines
@@ -97,24 +97,24 @@ def worker(args: argparse.Namespace) -> None:
     apiclient.Response.lines = counted  # type: ignore[method-assign]
 
     failed_writes = [0]
-    record = ConfigAgent._record
+    record = NodeAgent._record
 
-    async def recorded(self: ConfigAgent, choice: Any, error: str) -> bool:
+    async def recorded(self: NodeAgent, choice: Any, error: str) -> bool:
         ok = await record(self, choice, error)
         failed_writes[0] += not ok
         print(json.dumps({"node": self.settings.node_name, "name": choice.name, "version": choice.version,
                           "rejected": bool(error), "ok": ok, "t": time.time()}), flush=True)
         return ok
-    ConfigAgent._record = recorded  # type: ignore[method-assign]
+    NodeAgent._record = recorded  # type: ignore[method-assign]
 
     token = Path(args.token_file).read_text().strip()
 
     async def run() -> None:
-        agents: dict[str, tuple[ConfigAgent, asyncio.Task[None], apiclient.Client]] = {}
+        agents: dict[str, tuple[NodeAgent, asyncio.Task[None], apiclient.Client]] = {}
 
         def start(name: str) -> None:
             api = apiclient.Client(apiclient.Credentials(server=args.server, ca_file=args.ca, token=token))
-            agent = ConfigAgent(Settings(node_name=name, config_namespace=NS, config_socket=args.socket), api)
+            agent = NodeAgent(Settings(node_name=name, config_namespace=NS, config_socket=args.socket), api)
             agents[name] = (agent, asyncio.create_task(agent.run()), api)
 
         for name in args.names.split(","):

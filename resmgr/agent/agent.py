@@ -119,7 +119,11 @@ def error_path(error: str, node_name: str, custom: bool) -> str:
     return f"spec.{rest}" if custom else rest
 
 
-class ConfigAgent:
+class NodeAgent:
+    """The agent of one node: its configuration chosen and pushed to cri-resmgr and the outcome
+    recorded, what cri-resmgr reports published (NodeResourceTopology, ResourceSlice), and the
+    Agent service cri-resmgr asks for cluster objects (claims among them)."""
+
     def __init__(self, settings: Settings, api: Client) -> None:
         self.settings = settings
         self.api = api

@@ -27,7 +27,7 @@ import grpc
 
 from resmgr import __version__
 from resmgr.agent import apiclient
-from resmgr.agent.agent import ConfigAgent, Settings
+from resmgr.agent.agent import NodeAgent, Settings
 from resmgr.agent.server import serve
 from resmgr.agent.tally import Tally
 from resmgr.generated.agent import api_pb2, api_pb2_grpc
@@ -81,7 +81,7 @@ def probe(argv: list[str]) -> int:
 
 async def run(settings: Settings, creds: apiclient.Credentials, agent_socket: str, ready_file: str = "") -> int:
     api = apiclient.Client(creds)
-    agent = ConfigAgent(settings, api)
+    agent = NodeAgent(settings, api)
     server = await serve(agent, agent_socket)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 
 from resmgr import sockets
-from resmgr.agent.agent import ConfigAgent
+from resmgr.agent.agent import NodeAgent
 from resmgr.agent.apiclient import ApiError
 from resmgr.agent.kube import get_claim
 from resmgr.generated.agent import api_pb2, api_pb2_grpc, claims_pb2, claims_pb2_grpc
@@ -29,7 +29,7 @@ async def _cluster(context: grpc.aio.ServicerContext, call: Awaitable[Any]) -> A
 
 
 class AgentService(api_pb2_grpc.AgentServicer):
-    def __init__(self, agent: ConfigAgent) -> None:
+    def __init__(self, agent: NodeAgent) -> None:
         self.agent = agent
 
     async def GetNode(self, request: api_pb2.GetNodeRequest,  # noqa: N802 - gRPC method names
@@ -74,7 +74,7 @@ class AgentService(api_pb2_grpc.AgentServicer):
 
 
 class ClaimsService(claims_pb2_grpc.ClaimsServicer):
-    def __init__(self, agent: ConfigAgent) -> None:
+    def __init__(self, agent: NodeAgent) -> None:
         self.agent = agent
 
     async def GetResourceClaim(self, request: claims_pb2.GetResourceClaimRequest,  # noqa: N802
@@ -83,7 +83,7 @@ class ClaimsService(claims_pb2_grpc.ClaimsServicer):
         return claims_pb2.GetResourceClaimReply(claim=json.dumps(claim))
 
 
-async def serve(agent: ConfigAgent, path: str) -> grpc.aio.Server:
+async def serve(agent: NodeAgent, path: str) -> grpc.aio.Server:
     server = grpc.aio.server()
     api_pb2_grpc.add_AgentServicer_to_server(AgentService(agent), server)
     claims_pb2_grpc.add_ClaimsServicer_to_server(ClaimsService(agent), server)

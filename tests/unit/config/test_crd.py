@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 from resmgr.agent import resources as rs
-from resmgr.agent.agent import ConfigAgent, Settings, error_path, spec_data
+from resmgr.agent.agent import NodeAgent, Settings, error_path, spec_data
 from resmgr.config.document import from_map
 from resmgr.config.openapi import canonical_key, convert
 from resmgr.view import nrt
@@ -66,7 +66,7 @@ def _obj(name: str, **body: object) -> dict:
 
 
 def test_the_most_specific_wins_and_a_resource_before_a_configmap():
-    agent = ConfigAgent(Settings(node_name="n1"), api=None)  # type: ignore[arg-type]
+    agent = NodeAgent(Settings(node_name="n1"), api=None)  # type: ignore[arg-type]
     agent.group = "gold"
     agent.maps = {"default": _obj("cri-resmgr-config.default", data={"policy": "Active: none"}),
                   "cr:default": _obj("default", spec={"policy": {"Active": "static"}})}
@@ -86,7 +86,7 @@ def test_the_most_specific_wins_and_a_resource_before_a_configmap():
     agent.maps["cr:default"] = same
     assert agent.choice() == before
     assert agent.map_name("cr:node") == "node.n1" and agent.map_name("node") == "cri-resmgr-config.node.n1"
-    off = ConfigAgent(Settings(node_name="n1", custom_resources=False), api=None)  # type: ignore[arg-type]
+    off = NodeAgent(Settings(node_name="n1", custom_resources=False), api=None)  # type: ignore[arg-type]
     off.maps = dict(agent.maps)
     assert off.choice().kind == "ConfigMap"
 
@@ -155,7 +155,7 @@ def test_an_agent_that_cannot_record_what_its_node_did_says_so_in_its_health():
         async def put_node_status(self, namespace, status, node):
             raise RuntimeError("status is forbidden")
 
-    agent = ConfigAgent(Settings(node_name="n1"), api=None)  # type: ignore[arg-type]
+    agent = NodeAgent(Settings(node_name="n1"), api=None)  # type: ignore[arg-type]
     agent.cluster = Refusing()  # type: ignore[assignment]
     choice = Choice(rs.KIND, "default", "2", {"policy": "Active: none"})
     agent.relay_reachable, agent.reported = True, {"nodeobj", "cr:node", "node", "cr:default", "default"}
@@ -168,7 +168,7 @@ def test_an_agent_that_cannot_record_what_its_node_did_says_so_in_its_health():
 
 
 def test_an_agent_is_not_ready_before_it_reached_cri_resmgr_and_pushed_what_applies():
-    agent = ConfigAgent(Settings(node_name="n1", config_socket="/run/x.sock"), api=None)  # type: ignore[arg-type]
+    agent = NodeAgent(Settings(node_name="n1", config_socket="/run/x.sock"), api=None)  # type: ignore[arg-type]
     assert agent.health() == ("cri-resmgr not reached yet on /run/x.sock; the cluster's configuration for this node "
                               "not read yet")
     agent.relay_reachable = True
