@@ -29,7 +29,7 @@ from resmgr.engine import Engine, statefile
 from resmgr.engine.state import Runtime
 from resmgr.engine.store import StateInUse, StateStore, StateTooNew
 from resmgr.frontends import DumpSink, FrontEnd, StartupError
-from resmgr.frontends.dra.plugin import DraPlugin, agent_fetch
+from resmgr.frontends.dra.plugin import AgentClaims, DraPlugin
 from resmgr.frontends.nri.frontend import NriFrontEnd
 from resmgr.frontends.relay.frontend import RelayFrontEnd
 from resmgr.hooks import Hooks
@@ -263,6 +263,8 @@ class Daemon:
         if self.dra is not None:
             dra, self.dra = self.dra, None
             await dra.stop()
+            if isinstance(dra.node.fetch, AgentClaims):
+                await dra.node.fetch.close()
 
     async def _start_dra(self, engine: Engine) -> DraPlugin | None:
         """kubelet's DRA driver, when a driver name is given."""
@@ -270,7 +272,7 @@ class Daemon:
         if not o.dra_driver:
             return None
         try:
-            fetch = agent_fetch(sockets.path_of(o.agent_socket))
+            fetch = AgentClaims(sockets.path_of(o.agent_socket))
             dra = DraPlugin(o.dra_driver, o.kubelet_dir, o.cdi_dir, engine, fetch)
             await dra.start()
         except (ValueError, OSError, sockets.SocketInUse) as err:

@@ -5,6 +5,7 @@ goes back, as every grant is, so a restart keeps it."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from resmgr.engine.state import EngineState
 from resmgr.engine.store import StateNotWritten
@@ -15,6 +16,14 @@ log = logging.getLogger("cri-resmgr.engine")
 
 
 class Claiming(EngineState):
+    def prepared_claims(self) -> list[tuple[Claim, dict[str, Any] | None]]:
+        """Every prepared claim, by UID, with what the policy holds for it (its CPUs, its users)."""
+        return [(c, self.policy.describe_claim(uid)) for uid, c in sorted(self.ledger.claims.items())]
+
+    def claim_held(self, uid: str) -> dict[str, Any] | None:
+        """What the policy holds for a prepared claim (None: nothing)."""
+        return self.policy.describe_claim(uid)
+
     async def prepare_claims(self, claims: list[Claim]) -> dict[str, str]:
         """Prepare each claim; the errors of those refused, by UID (PolicyError's message).
 

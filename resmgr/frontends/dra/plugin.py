@@ -49,19 +49,30 @@ def check_driver_name(name: str) -> None:
                          "cpu.cri-resource-manager.intel.com")
 
 
-def agent_fetch(agent_socket: str) -> Fetch:
-    """Read a ResourceClaim through the node agent's Claims service."""
-    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+class AgentClaims:
+    """ResourceClaims read through the node agent's Claims service, over one channel (it reconnects
+    by itself when the agent restarts)."""
+
+    def __init__(self, agent_socket: str) -> None:
+        self.socket = agent_socket
+        self._channel: grpc.aio.Channel | None = None
+
+    async def __call__(self, namespace: str, name: str) -> dict[str, Any]:
+        if self._channel is None:  # made on the daemon's loop, at the first claim
+            self._channel = grpc.aio.insecure_channel("unix://" + self.socket)
         try:
-            async with grpc.aio.insecure_channel("unix://" + agent_socket) as channel:
-                reply = await claims_pb2_grpc.ClaimsStub(channel).GetResourceClaim(
-                    claims_pb2.GetResourceClaimRequest(namespace=namespace, name=name), timeout=FETCH_TIMEOUT)
+            reply = await claims_pb2_grpc.ClaimsStub(self._channel).GetResourceClaim(
+                claims_pb2.GetResourceClaimRequest(namespace=namespace, name=name), timeout=FETCH_TIMEOUT)
         except grpc.aio.AioRpcError as err:
             kind = ClaimGone if err.code() == grpc.StatusCode.NOT_FOUND else ClaimError
-            raise kind(f"claim {namespace}/{name}: the node agent on {agent_socket} could not read it "
+            raise kind(f"claim {namespace}/{name}: the node agent on {self.socket} could not read it "
                        f"({err.code().name}: {err.details()})") from None
         return json.loads(reply.claim)
-    return fetch
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
 
 
 class Registration(reg_grpc.RegistrationServicer):
@@ -106,7 +117,7 @@ class NodeService(dra_grpc.DRAPluginServicer):
                 log.warning("%s not prepared: %s", c.who, errors[c.uid])
                 answers[c.uid] = dra.NodePrepareResourceResponse(error=errors[c.uid])
                 continue
-            held = self.engine.policy.describe_claim(c.uid) or {}
+            held = self.engine.claim_held(c.uid) or {}
             await asyncio.to_thread(write_spec, self.cdi_dir, c.uid, str(held.get("cpus", "")))
             answers[c.uid] = dra.NodePrepareResourceResponse(devices=[dra.Device(
                 request_names=c.requests, pool_name=c.pool, device_name=c.device,
@@ -180,15 +191,14 @@ class DraPlugin:
     async def collect_once(self) -> list[str]:
         """One look; the UIDs unprepared."""
         gone = []
-        for uid, c in sorted(self.engine.ledger.claims.items()):
-            held = self.engine.policy.describe_claim(uid)
+        for c, held in self.engine.prepared_claims():
             if held is not None and held.get("users"):
                 continue
             try:
-                claim(await self.node.fetch(c.namespace, c.name), self.driver, uid)
+                claim(await self.node.fetch(c.namespace, c.name), self.driver, c.uid)
             except ClaimGone as err:
                 log.warning("%s: unprepared, as nothing will use it (%s)", c.who, err)
-                gone.append(uid)
+                gone.append(c.uid)
             except (ClaimError, ValueError):
                 continue
         if gone:
@@ -198,7 +208,7 @@ class DraPlugin:
         return gone
 
     def _sync_specs(self) -> None:
-        held = {uid: self.engine.policy.describe_claim(uid) for uid in self.engine.ledger.claims}
+        held = {c.uid: doc for c, doc in self.engine.prepared_claims()}
         for uid, doc in held.items():
             if doc is not None:
                 write_spec(self.cdi_dir, uid, str(doc.get("cpus", "")))
