@@ -17,7 +17,7 @@ IO = ("asyncio", "socket", "subprocess", "os", "pathlib", "shutil", "resmgr.topo
 
 # Engine is made of its steps (engine.py); each works on the state (state.py).
 ENGINE_STEPS = ("resmgr.engine.engine", "resmgr.engine.create", "resmgr.engine.start", "resmgr.engine.update",
-                "resmgr.engine.stop")
+                "resmgr.engine.stop", "resmgr.engine.claims")
 
 RULES = [
     # (modules under, must not import, why)
