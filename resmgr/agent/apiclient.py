@@ -68,6 +68,10 @@ class Credentials:
     cert_file: str = ""
     key_file: str = ""
     tls_server_name: str = ""  # the name the server's certificate is checked against, if not the server's host
+    # A kubeconfig's `*-data`: kept in memory, never left in a file.
+    ca_data: bytes = field(default=b"", repr=False)
+    cert_data: bytes = field(default=b"", repr=False)
+    key_data: bytes = field(default=b"", repr=False)
     _token_read: float = field(default=0.0, repr=False)
 
     def bearer(self) -> str:
@@ -77,23 +81,50 @@ class Credentials:
             self._token_read = time.monotonic()
         return self.token
 
+    def files_stamp(self) -> tuple[float, ...]:
+        """When the CA and client certificate files last changed: a rotation makes a new TLS context."""
+        stamps = []
+        for path in (self.ca_file, self.cert_file, self.key_file):
+            try:
+                stamps.append(os.stat(path).st_mtime if path else 0.0)
+            except OSError:
+                stamps.append(-1.0)
+        return tuple(stamps)
+
     def ssl_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=self.ca_file or None)
+        ctx = ssl.create_default_context(cafile=self.ca_file or None,
+                                         cadata=self.ca_data.decode() if self.ca_data else None)
         if self.insecure:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
-        if self.cert_file:
+        if self.cert_data or self.key_data:
+            _load_chain(ctx, self.cert_data or _read(self.cert_file), self.key_data or _read(self.key_file))
+        elif self.cert_file:
             ctx.load_cert_chain(self.cert_file, self.key_file or None)
         ctx.set_alpn_protocols(["h2", "http/1.1"])
         return ctx
 
 
-def _data_file(data: str, directory: str) -> str:
-    """A kubeconfig's `*-data` (base64) as a file, for the ssl module, which reads files."""
-    fd, path = tempfile.mkstemp(dir=directory)
-    with os.fdopen(fd, "wb") as f:
-        f.write(base64.b64decode(data))
-    return path
+def _read(path: str) -> bytes:
+    if not path:
+        return b""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """A client certificate and key from memory: the ssl module reads only files, so they are in
+    a private directory for the moment it reads them and removed at once."""
+    with tempfile.TemporaryDirectory(prefix="cri-resmgr-agent-") as secrets:
+        os.chmod(secrets, 0o700)
+        cert_path = os.path.join(secrets, "cert")
+        key_path = os.path.join(secrets, "key") if key else None
+        for path, data in ((cert_path, cert), (key_path, key)):
+            if path:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+        ctx.load_cert_chain(cert_path, key_path)
 
 
 def load_kubeconfig(path: str) -> Credentials:
@@ -114,21 +145,22 @@ def load_kubeconfig(path: str) -> Credentials:
     if user.get("exec") or user.get("auth-provider"):
         raise ValueError(f"{path}: exec and auth-provider credentials are not supported; use a token or "
                          "a client certificate")
-    secrets = tempfile.mkdtemp(prefix="kubeconfig-")
-    os.chmod(secrets, 0o700)
 
     def file_of(key: str, where: dict[str, Any]) -> str:
-        if where.get(f"{key}-data"):
-            return _data_file(where[f"{key}-data"], secrets)
         value = where.get(key) or ""
-        return os.path.join(base, value) if value else ""
+        return os.path.join(base, value) if value and not where.get(f"{key}-data") else ""
+
+    def data_of(key: str, where: dict[str, Any]) -> bytes:
+        return base64.b64decode(where[f"{key}-data"]) if where.get(f"{key}-data") else b""
 
     if "server" not in cluster:
         raise ValueError(f"{path}: cluster {ctx.get('cluster')!r} names no server")
     return Credentials(server=cluster["server"].rstrip("/"), ca_file=file_of("certificate-authority", cluster),
+                       ca_data=data_of("certificate-authority", cluster),
                        insecure=bool(cluster.get("insecure-skip-tls-verify")), token=user.get("token") or "",
                        token_file=file_of("tokenFile", user), cert_file=file_of("client-certificate", user),
-                       key_file=file_of("client-key", user), tls_server_name=cluster.get("tls-server-name") or "")
+                       cert_data=data_of("client-certificate", user), key_file=file_of("client-key", user),
+                       key_data=data_of("client-key", user), tls_server_name=cluster.get("tls-server-name") or "")
 
 
 def in_cluster() -> Credentials:
@@ -321,6 +353,7 @@ class Client:
         self.authority = url.netloc
         self.prefix = url.path.rstrip("/")
         self._ssl = creds.ssl_context() if self.tls else None
+        self._ssl_stamp = creds.files_stamp()
         self._h2: _H2 | None = None
         self._no_h2 = False
         self._connecting = asyncio.Lock()
@@ -343,6 +376,12 @@ class Client:
         if wait > 0:
             raise ConnectionError(f"{self.creds.server} could not be reached; the next try in {wait:.1f}s")
         name = self.creds.tls_server_name or self.host
+        if self.tls and (stamp := self.creds.files_stamp()) != self._ssl_stamp:
+            try:  # a rotated CA or client certificate: new connections use it
+                self._ssl, self._ssl_stamp = self.creds.ssl_context(), stamp
+                log.info("the CA or client certificate changed; new connections use the new one")
+            except (OSError, ssl.SSLError, ValueError) as err:  # half written, say: the next dial looks again
+                log.warning("the CA or client certificate changed but cannot be read: %s", err)
         try:
             conn = await asyncio.open_connection(self.host, self.port, ssl=self._ssl,
                                                  server_hostname=name if self.tls else None, limit=1 << 20)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import tempfile
+import time
 from typing import Any
 
 import pytest
@@ -77,7 +80,7 @@ def test_kubeconfig_credentials_from_files_and_data(tmp_path):
     (tmp_path / "kubeconfig").write_text(yaml.safe_dump(doc))
     creds = apiclient.load_kubeconfig(str(tmp_path / "kubeconfig"))
     assert creds.server == "https://10.0.0.1:6443"
-    assert open(creds.ca_file, "rb").read() == b"CA"
+    assert creds.ca_data == b"CA" and creds.ca_file == ""  # in memory, not in a file
     assert creds.bearer() == "from-file"  # a relative token file, next to the kubeconfig
     doc["users"][0]["user"] = {"exec": {"command": "cloud-login"}}
     (tmp_path / "kubeconfig").write_text(yaml.safe_dump(doc))
@@ -151,3 +154,47 @@ async def test_while_the_server_cannot_be_reached_its_watches_do_not_each_try_to
     await asyncio.gather(*(watch() for _ in range(6)))
     assert 1 <= tries <= 4, tries
     server.close()
+
+
+def test_key_material_from_a_kubeconfig_is_never_left_in_a_file(tmp_path, monkeypatch):
+    from harness.kube import Pki
+
+    pki = Pki(tmp_path / "pki")
+    crt, key = pki.issue("agent", "system:node:n")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    doc = {"current-context": "c",
+           "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9",
+                                                  "certificate-authority-data": base64.b64encode(
+                                                      pki.ca.read_bytes()).decode()}}],
+           "users": [{"name": "u", "user": {"client-certificate-data": base64.b64encode(crt.read_bytes()).decode(),
+                                            "client-key-data": base64.b64encode(key.read_bytes()).decode()}}],
+           "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(doc))
+    creds = apiclient.load_kubeconfig(str(tmp_path / "kubeconfig"))
+    assert (creds.cert_file, creds.key_file) == ("", "") and creds.key_data == key.read_bytes()
+    ctx = creds.ssl_context()  # the chain is loaded, and its files are gone at once
+    assert ctx.verify_mode.name == "CERT_REQUIRED"
+    assert list(temp.iterdir()) == []
+
+
+async def test_a_rotated_ca_or_client_certificate_is_used_by_the_next_connection(tmp_path):
+    from harness.kube import Pki
+
+    pki = Pki(tmp_path / "pki")
+    crt, key = pki.issue("agent", "system:node:n")
+    api = Client(Credentials(server="https://127.0.0.1:9", ca_file=str(pki.ca), cert_file=str(crt),
+                             key_file=str(key)))
+    first = api._ssl
+    with pytest.raises(ApiError):
+        await api.request("GET", "/api/v1/nodes")
+    assert api._ssl is first  # nothing changed
+    crt2, key2 = Pki(tmp_path / "pki2").issue("agent", "system:node:n")
+    crt.write_bytes(crt2.read_bytes())
+    key.write_bytes(key2.read_bytes())
+    os.utime(crt, (time.time() + 5, time.time() + 5))  # a rotation within the file system's time resolution
+    api._dial_again = 0.0
+    with pytest.raises(ApiError):
+        await api.request("GET", "/api/v1/nodes")
+    assert api._ssl is not first
