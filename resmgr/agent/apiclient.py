@@ -178,7 +178,10 @@ def in_cluster() -> Credentials:
 class _Stream:
     def __init__(self) -> None:
         self.headers: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
-        self.chunks: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+        # Received data with its flow-controlled length, acknowledged to the server only when read:
+        # the receive window (WINDOW) bounds what waits here for a slow reader.
+        self.chunks: asyncio.Queue[tuple[bytes, int] | BaseException | None] = asyncio.Queue()
+        self.window = asyncio.Event()  # set when the server opens this stream's send window
 
 
 class _H2:
@@ -193,7 +196,6 @@ class _H2:
         self.conn.increment_flow_control_window(16 * WINDOW)
         self.streams: dict[int, _Stream] = {}
         self.usable = True  # no GOAWAY, no error: new streams may start here
-        self.window = asyncio.Event()  # set when the peer opens its window
         self.pong = asyncio.Event()
         self.last_heard = time.monotonic()
         self._flush()
@@ -226,15 +228,20 @@ class _H2:
         if isinstance(event, h2.events.ResponseReceived) and stream:
             stream.headers.set_result({k.decode(): v.decode() for k, v in event.headers})
         elif isinstance(event, h2.events.DataReceived):
-            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             if stream:
-                stream.chunks.put_nowait(event.data)
+                stream.chunks.put_nowait((event.data, event.flow_controlled_length))
+            else:  # a stream given up: its window is of no use, the connection's is
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         elif isinstance(event, h2.events.StreamEnded) and stream:
             self._end(event.stream_id, None)
         elif isinstance(event, h2.events.StreamReset) and stream:
             self._end(event.stream_id, ConnectionError(f"stream reset by the API server ({event.error_code})"))
+        elif isinstance(event, h2.events.WindowUpdated) and getattr(event, "stream_id", 0):
+            if stream:
+                stream.window.set()
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
-            self.window.set()
+            for s in self.streams.values():  # the connection's window, or every stream's initial one
+                s.window.set()
         elif isinstance(event, h2.events.PingAckReceived):
             self.pong.set()
         elif isinstance(event, h2.events.ConnectionTerminated):
@@ -283,8 +290,8 @@ class _H2:
         while body:
             window = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
             if window <= 0:
-                self.window.clear()
-                await self.window.wait()
+                stream.window.clear()
+                await stream.window.wait()
                 if sid not in self.streams:
                     break
                 continue
@@ -294,8 +301,25 @@ class _H2:
         await self.writer.drain()
         return sid, stream
 
-    def cancel(self, stream_id: int) -> None:
-        if self.streams.pop(stream_id, None) is not None and self.usable:
+    def consumed(self, stream_id: int, length: int) -> None:
+        """Data of a stream was read: the server may send as much again."""
+        if self.usable and length:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.conn.acknowledge_received_data(length, stream_id)
+                self._flush()
+
+    def cancel(self, stream_id: int, ended: _Stream | None = None) -> None:
+        """Give a stream up (reset it if still open); what it held unread is acknowledged, or the
+        connection's window would shrink by it for good."""
+        stream = self.streams.pop(stream_id, None)
+        unread = 0
+        for held in {id(x): x for x in (stream, ended) if x is not None}.values():
+            while not held.chunks.empty():
+                item = held.chunks.get_nowait()
+                if isinstance(item, tuple):
+                    unread += item[1]
+        self.consumed(stream_id, unread)
+        if stream is not None and self.usable:
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
                 self._flush()
@@ -426,20 +450,23 @@ class Client:
                 except BaseException:  # timed out or cancelled: the stream is ours to end
                     conn.cancel(sid)
                     raise
-                return Response(int(head[":status"]), "", head, self._h2_chunks(stream), lambda: conn.cancel(sid))
+                return Response(int(head[":status"]), "", head, self._h2_chunks(conn, sid, stream),
+                                lambda: conn.cancel(sid, stream))
             return await self._h11(method, target, headers, data)
         except (OSError, ConnectionError, h2.exceptions.ProtocolError, h11.ProtocolError) as err:
             raise ApiError(0, f"{type(err).__name__}: {err}") from err
 
     @staticmethod
-    async def _h2_chunks(stream: _Stream) -> AsyncIterator[bytes]:
+    async def _h2_chunks(conn: _H2, sid: int, stream: _Stream) -> AsyncIterator[bytes]:
         while True:
             item = await stream.chunks.get()
             if item is None:
                 return
             if isinstance(item, BaseException):
                 raise ApiError(0, str(item))
-            yield item
+            data, length = item
+            conn.consumed(sid, length)
+            yield data
 
     async def _h11(self, method: str, target: str, headers: dict[str, str], data: bytes) -> Response:
         reader, writer = await self._connect()

@@ -1,0 +1,117 @@
+"""The agent's HTTP/2 client against a real HTTP/2 server (the h2 library's state machine over TLS
+on loopback): flow control, GOAWAY and a silent connection found dead by PING."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+
+from harness.kube import Pki
+from resmgr.agent import apiclient
+from resmgr.agent.apiclient import ApiError, Client, Credentials
+
+BODY = 4 << 20
+
+
+class Server:
+    """Answers every GET with BODY bytes, as fast as the client's windows let it."""
+
+    def __init__(self, directory: Path) -> None:
+        pki = Pki(directory)
+        crt, key = pki.issue("server", "localhost", hosts=("127.0.0.1",))
+        self.ca = pki.ca
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(crt, key)
+        self.ctx.set_alpn_protocols(["h2"])
+        self.sent = 0
+        self.connections = 0
+        self.goaway_after_first = False
+        self.stall = False  # stop reading (and so answering PINGs) after the first request
+
+    async def start(self) -> Client:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0, ssl=self.ctx)
+        port = self.server.sockets[0].getsockname()[1]
+        return Client(Credentials(server=f"https://127.0.0.1:{port}", ca_file=str(self.ca)))
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        pending: dict[int, int] = {}
+        try:
+            while data := await reader.read(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        conn.send_headers(event.stream_id, [(b":status", b"200")])
+                        pending[event.stream_id] = BODY
+                    elif isinstance(event, h2.events.StreamReset):
+                        pending.pop(event.stream_id, None)
+                for sid, rest in list(pending.items()):
+                    while rest and (n := min(rest, conn.local_flow_control_window(sid),
+                                             conn.max_outbound_frame_size)) > 0:
+                        conn.send_data(sid, b"x" * n)
+                        self.sent += n
+                        rest -= n
+                    pending[sid] = rest
+                    if not rest:
+                        conn.end_stream(sid)
+                        del pending[sid]
+                        if self.goaway_after_first:
+                            conn.close_connection(last_stream_id=sid)
+                writer.write(conn.data_to_send())
+                await writer.drain()
+                if self.stall and self.connections == 1 and pending:
+                    await asyncio.sleep(3600)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        self.server.close()
+
+
+@pytest.fixture
+async def server(tmp_path):
+    s = Server(tmp_path / "pki")
+    yield s
+    await s.stop()
+
+
+async def test_a_reader_that_does_not_read_holds_the_server_to_the_receive_window(server):
+    api = await server.start()
+    response = await api.open("GET", "/big")
+    await asyncio.sleep(0.5)  # the body unread
+    assert server.sent <= apiclient.WINDOW, server.sent  # not 4 MiB queued in the agent
+    assert len(await response.body()) == BODY
+    assert server.sent == BODY
+    await api.close()
+
+
+async def test_after_goaway_the_next_request_goes_on_a_new_connection(server):
+    server.goaway_after_first = True
+    api = await server.start()
+    for _ in range(2):
+        response = await api.open("GET", "/big")
+        assert len(await response.body()) == BODY
+    assert server.connections == 2
+    await api.close()
+
+
+async def test_a_connection_that_stops_answering_is_found_dead_by_ping(server, monkeypatch):
+    monkeypatch.setattr(apiclient, "PING_IDLE", 0.3)
+    monkeypatch.setattr(apiclient, "PING_TIMEOUT", 0.3)
+    server.stall = True
+    api = await server.start()
+    response = await api.open("GET", "/big")
+    with pytest.raises(ApiError):
+        async with asyncio.timeout(10):
+            await response.body()
+    await api.close()
