@@ -68,20 +68,20 @@ class Calls:
         with tracer.start_as_current_span("RunPodSandbox", attributes=_pod(pod)):
             adj = await self.hooks.pre_run_pod(pod, deadline) if self.hooks is not None else None
             resp, made = await call(adj or None)
-            await self.engine.pod_created(made)
+            await self.engine.creating.pod_created(made)
             return resp
 
     async def stop_pod(self, pod_id: str, call: Callable[[], Awaitable[T]], deadline: float | None = None) -> T:
         with tracer.start_as_current_span("StopPodSandbox", attributes={"pod.id": pod_id}):
             pod = self.engine.pods.get(pod_id)
-            resp = await self.engine.stop_pod(pod_id, call)
+            resp = await self.engine.stopping.stop_pod(pod_id, call)
             if self.hooks is not None and pod is not None:
                 await self.hooks.post_stop_pod(pod, deadline)
             return resp
 
     async def remove_pod(self, pod_id: str, call: Callable[[], Awaitable[T]]) -> T:
         with tracer.start_as_current_span("RemovePodSandbox", attributes={"pod.id": pod_id}):
-            return await self.engine.remove_pod(pod_id, call)
+            return await self.engine.stopping.remove_pod(pod_id, call)
 
     # -- containers ----------------------------------------------------------------------
     async def create_container(self, pod: Pod, c: Container,
@@ -94,7 +94,7 @@ class Calls:
         """
         with tracer.start_as_current_span("CreateContainer", attributes={**_pod(pod), "container.name": c.name}):
             with tracer.start_as_current_span("policy decision") as span:
-                plan = await self.engine.plan_create(pod, c, devices)
+                plan = await self.engine.creating.plan_create(pod, c, devices)
                 if span.is_recording():
                     span.set_attributes(self._decision(plan.container, plan.decided, len(plan.updates)))
             adj = None
@@ -103,17 +103,17 @@ class Calls:
                     with tracer.start_as_current_span("hook plugins"):
                         adj = await self.hooks.pre_create(plan.pod, plan.container, plan.pinned, deadline)
                     if adj:
-                        self.engine.amend_create(plan, adj)
+                        self.engine.creating.amend_create(plan, adj)
             except BaseException as err:
-                await self.engine.abort_create(plan, err, True)  # the runtime was not asked
+                await self.engine.creating.abort_create(plan, err, True)  # the runtime was not asked
                 raise
             try:
                 with tracer.start_as_current_span("runtime"):
                     resp, container_id = await call(plan, adj or None)
             except BaseException as err:
-                await self.engine.abort_create(plan, err, refused(err))
+                await self.engine.creating.abort_create(plan, err, refused(err))
                 raise
-            return resp, await self.engine.commit_create(plan, container_id)
+            return resp, await self.engine.creating.commit_create(plan, container_id)
 
     def _decision(self, c: Container, decided: bool, moved: int) -> dict[str, str | int | bool]:
         """What the policy decided for c, as span attributes."""
@@ -131,7 +131,7 @@ class Calls:
         pod, c = known
         adj = await self.hooks.pre_start(pod, c, self.engine.pins(c), deadline)
         if adj.resources is not None:
-            await self.engine.adjust(c.id, adj.resources)
+            await self.engine.updating.adjust(c.id, adj.resources)
 
     async def after_start(self, container_id: str, known: tuple[Pod, Container] | None,
                           deadline: float | None = None) -> None:
@@ -146,7 +146,7 @@ class Calls:
             if before:
                 await self.before_start(container_id, deadline)
             known = self.engine.context(container_id) if before else None
-            resp = await self.engine.start_container(container_id, call, before, deadline)
+            resp = await self.engine.starting.start_container(container_id, call, before, deadline)
             await self.after_start(container_id, known or self.engine.context(container_id), deadline)
             return resp
 
@@ -162,7 +162,7 @@ class Calls:
         """
         with tracer.start_as_current_span("UpdateContainerResources", attributes={"container.id": container_id}):
             with tracer.start_as_current_span("policy decision") as span:
-                plan = await self.engine.plan_update(container_id, asked, plain)
+                plan = await self.engine.updating.plan_update(container_id, asked, plain)
                 if plan is not None and span.is_recording():
                     c = dataclasses.replace(plan.container, resources=plan.resources or plan.container.resources)
                     span.set_attributes(self._decision(c, plan.resources is not None, len(plan.moved)))
@@ -181,23 +181,23 @@ class Calls:
                 with tracer.start_as_current_span("runtime"):
                     resp, sent = await call(resources, adj)
             except BaseException:
-                await self.engine.abort_update(plan)
+                await self.engine.updating.abort_update(plan)
                 raise
-            await self.engine.commit_update(plan, sent, adj.resources if adj is not None else None)
+            await self.engine.updating.commit_update(plan, sent, adj.resources if adj is not None else None)
             return resp
 
     async def stop_container(self, container_id: str, call: Callable[[], Awaitable[T]],
                              deadline: float | None = None) -> T:
         with tracer.start_as_current_span("StopContainer", attributes={"container.id": container_id}):
             known = self.engine.context(container_id) if self.hooks is not None else None
-            resp = await self.engine.stop_container(container_id, call)
+            resp = await self.engine.stopping.stop_container(container_id, call)
             if self.hooks is not None and known is not None:
                 await self.hooks.post_stop(*known, deadline)
             return resp
 
     async def remove_container(self, container_id: str, call: Callable[[], Awaitable[T]]) -> T:
         with tracer.start_as_current_span("RemoveContainer", attributes={"container.id": container_id}):
-            return await self.engine.remove_container(container_id, call)
+            return await self.engine.stopping.remove_container(container_id, call)
 
 
 def _pod(pod: Pod) -> dict[str, str]:

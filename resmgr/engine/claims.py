@@ -15,75 +15,78 @@ from resmgr.policies.base import PolicyError
 log = logging.getLogger("cri-resmgr.engine")
 
 
-class Claiming(EngineState):
+class Claims:
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+
     def prepared_claims(self) -> list[tuple[Claim, dict[str, Any] | None]]:
         """Every prepared claim, by UID, with what the policy holds for it (its CPUs, its users)."""
-        return [(c, self.policy.describe_claim(uid)) for uid, c in sorted(self.ledger.claims.items())]
+        return [(c, self.state.policy.describe_claim(uid)) for uid, c in sorted(self.state.ledger.claims.items())]
 
     def claim_held(self, uid: str) -> dict[str, Any] | None:
         """What the policy holds for a prepared claim (None: nothing)."""
-        return self.policy.describe_claim(uid)
+        return self.state.policy.describe_claim(uid)
 
     async def prepare_claims(self, claims: list[Claim]) -> dict[str, str]:
         """Prepare each claim; the errors of those refused, by UID (PolicyError's message).
 
         Nothing but the state file remembers a prepared claim, so one that cannot be written is
         refused (kubelet asks again) rather than held in memory only."""
-        await self.until_reconciled()
-        if self.store.failing:
-            return {c.uid: f"not prepared: {self.store.failing}" for c in claims}
+        await self.state.until_reconciled()
+        if self.state.store.failing:
+            return {c.uid: f"not prepared: {self.state.store.failing}" for c in claims}
         errors: dict[str, str] = {}
         decision = Decision()
         prepared: list[Claim] = []
-        async with self.lock:
+        async with self.state.lock:
             for claim in claims:
-                fresh = claim.uid not in self.ledger.claims  # else prepared before, and on disk
+                fresh = claim.uid not in self.state.ledger.claims  # else prepared before, and on disk
                 try:
-                    updates = self.ledger.prepare(claim).updates
+                    updates = self.state.ledger.prepare(claim).updates
                 except PolicyError as err:
                     errors[claim.uid] = str(err)
                     continue
-                self.record(updates)
+                self.state.record(updates)
                 decision.updates.update(updates)
                 if fresh:
                     prepared.append(claim)
         try:
             await self._persist()
         except StateNotWritten as err:
-            async with self.lock:  # undone: what is pushed below is what is desired by then
+            async with self.state.lock:  # undone: what is pushed below is what is desired by then
                 for claim in prepared:
-                    undone = self.ledger.unprepare(claim.uid).updates
-                    self.record(undone)
+                    undone = self.state.ledger.unprepare(claim.uid).updates
+                    self.state.record(undone)
                     decision.updates.update(undone)
                     errors[claim.uid] = f"not prepared: {err}"
-            await self.apply_updates(decision)
+            await self.state.apply_updates(decision)
             return errors
         for claim in claims:
             if claim.uid not in errors:
-                log.info("%s prepared: %s", claim.who, self.policy.describe_claim(claim.uid))
-        await self.apply_updates(decision)
+                log.info("%s prepared: %s", claim.who, self.state.policy.describe_claim(claim.uid))
+        await self.state.apply_updates(decision)
         return errors
 
     async def unprepare_claims(self, uids: list[str]) -> None:
         """Give the claims' CPUs back (a claim not prepared here is no error: kubelet may ask again)."""
-        await self.until_reconciled()
+        await self.state.until_reconciled()
         decision = Decision()
-        async with self.lock:
+        async with self.state.lock:
             for uid in uids:
-                claim = self.ledger.claims.get(uid)
-                updates = self.ledger.unprepare(uid).updates
-                self.record(updates)
+                claim = self.state.ledger.claims.get(uid)
+                updates = self.state.ledger.unprepare(uid).updates
+                self.state.record(updates)
                 decision.updates.update(updates)
                 if claim is not None:
                     log.info("%s unprepared", claim.who)
         # Not strict: should the write fail and the daemon die, the claim comes back from the older
         # state, unused, and is collected as one kubelet will never unprepare.
-        self.changes.bump()
-        await self.store.save(self.snapshot)
-        await self.apply_updates(decision)
+        self.state.changes.bump()
+        await self.state.store.save(self.state.snapshot)
+        await self.state.apply_updates(decision)
 
     async def _persist(self) -> None:
         """On disk before kubelet hears the answer, even where lifecycle answers write behind
         (StateNotWritten if it cannot be)."""
-        self.changes.bump()
-        await self.store.save(self.snapshot, strict=True)
+        self.state.changes.bump()
+        await self.state.store.save(self.state.snapshot, strict=True)

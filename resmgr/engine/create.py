@@ -34,8 +34,9 @@ class CreatePlan:
     holder: Container | None = None
 
 
-class Creating(EngineState):
-    reconciler: Reconciler
+class Create:
+    def __init__(self, state: EngineState, reconciler: Reconciler) -> None:
+        self.state, self.reconciler = state, reconciler
 
     async def pod_created(self, pod: Pod) -> None:
         """The runtime made a pod: record it.
@@ -43,9 +44,9 @@ class Creating(EngineState):
         An older sandbox of the same pod UID stays until the runtime shows it gone (its stop,
         its removal or a reconciliation round): a new sandbox does not prove its containers ended.
         """
-        async with self.lock:
-            self.ledger.add_pod(pod)
-        await self.save()
+        async with self.state.lock:
+            self.state.ledger.add_pod(pod)
+        await self.state.save()
 
     async def plan_create(self, pod: Pod, c: Container, devices: Iterable[str] = ()) -> CreatePlan:
         """Decide where a new container goes (PolicyError, ControllerError: refused, nothing changed).
@@ -54,29 +55,29 @@ class Creating(EngineState):
         The front end creates the container with plan.container.resources, then calls
         commit_create or abort_create.
         """
-        await self.until_reconciled()
-        if c.key in self.ledger.unsettled:
+        await self.state.until_reconciled()
+        if c.key in self.state.ledger.unsettled:
             await self.reconciler.settle(c.pod_id)  # a retry: did the first attempt create it?
         await self._confirm_older(c)
-        c.hints = self.device_hints(list(devices))  # sysfs reads: not under the lock
-        async with self.lock:
-            known = self.pods.get(c.pod_id)
+        c.hints = self.state.device_hints(list(devices))  # sysfs reads: not under the lock
+        async with self.state.lock:
+            known = self.state.pods.get(c.pod_id)
             if known is None:
-                known = self.ledger.add_pod(pod)
+                known = self.state.ledger.add_pod(pod)
             pod = known
-            self.controllers.check(c, pod)  # an annotation naming a class that does not exist
+            self.state.controllers.check(c, pod)  # an annotation naming a class that does not exist
             holder = self._holder(c)
             if holder is not None:
                 return self._successor_plan(pod, c, holder)
             with annotations.recording() as asked:
-                alloc = self.ledger.place(c, pod)
-            self.record(alloc.updates)
+                alloc = self.state.ledger.place(c, pod)
+            self.state.record(alloc.updates)
         unread = annotations.unread(c, pod, asked)
         if unread:  # said, not refused: the annotation may be meant for another policy
             log.warning("container %s/%s/%s: annotation(s) %s have no effect under policy %s", pod.namespace,
-                        pod.name, c.name, ", ".join(unread), self.policy.name)
+                        pod.name, c.name, ", ".join(unread), self.state.policy.name)
         decided = alloc.resources is not None
-        return CreatePlan(pod, c, decided, alloc.updates, decided and self.policy.pins)
+        return CreatePlan(pod, c, decided, alloc.updates, decided and self.state.policy.pins)
 
     async def _confirm_older(self, c: Container) -> None:
         """Ask the runtime about older containers of c's name that we hold as live: a create asking for
@@ -87,43 +88,43 @@ class Creating(EngineState):
         as its CPU manager frees the CPUs of every container that is not running): it gives back its
         grant and waits on the shared CPUs. A running one keeps its grant.
         """
-        older = [o for o in self.containers.values() if o.pod_id == c.pod_id and o.name == c.name and o.id
+        older = [o for o in self.state.containers.values() if o.pod_id == c.pod_id and o.name == c.name and o.id
                  and o.state != ContainerState.EXITED]
         if not older:
             return
-        start_seq = self.ledger.seq
+        start_seq = self.state.ledger.seq
         try:
-            listed = {x.id: x for x in await self.runtime.list_containers(c.pod_id)}
+            listed = {x.id: x for x in await self.state.runtime.list_containers(c.pod_id)}
         except Exception as err:  # unknown: they keep their grants, reconciliation finds out
             log.warning("cannot ask the runtime whether container(s) %s still run: %s",
                         ", ".join(o.id for o in older), brief(err))
             return
-        async with self.lock:
+        async with self.state.lock:
             decision = Decision()
             for o in older:
-                if self.containers.get(o.key) is not o or o.seq > start_seq:
+                if self.state.containers.get(o.key) is not o or o.seq > start_seq:
                     continue  # changed meanwhile: what we heard may be older than that
                 seen = listed.get(o.id)
                 if seen is not None and seen.state == ContainerState.CREATED and o.attempt < c.attempt:
                     decision.updates.update(self._supersede(o))
                 else:
                     decision.updates.update(self.reconciler.ended(o, seen).updates)
-            self.record(decision.updates)
-        await self.apply_updates(decision)
+            self.state.record(decision.updates)
+        await self.state.apply_updates(decision)
 
     def _supersede(self, o: Container) -> dict[str, Resources]:
         """An older attempt that will not be started gives back its grant (caller holds the lock)."""
-        pod = self.pods.get(o.pod_id)
+        pod = self.state.pods.get(o.pod_id)
         if pod is None:
             return {}
         try:
-            decision = self.ledger.demote(o, pod)
+            decision = self.state.ledger.demote(o, pod)
         except PolicyError as err:
             log.error("container %s holds nothing now and stays where it is (%s)", o.id, brief(err))
-            self.ledger.unallocated.add(o.key)
+            self.state.ledger.unallocated.add(o.key)
             return {}
-        self.ledger.unallocated.discard(o.key)
-        self.ledger.degraded.discard(o.key)
+        self.state.ledger.unallocated.discard(o.key)
+        self.state.ledger.degraded.discard(o.key)
         log.info("container %s (%s, attempt %d) was never started and a later attempt is made: its grant is "
                  "given back and it waits on the shared CPUs", o.id, o.name, o.attempt)
         return decision.updates
@@ -131,7 +132,7 @@ class Creating(EngineState):
     def _holder(self, c: Container) -> Container | None:
         """The container we know to hold c's runtime name (same pod, name and attempt): one being
         created, or one the runtime made that has not ended."""
-        for o in self.containers.values():
+        for o in self.state.containers.values():
             if (o.pod_id, o.name, o.attempt) == (c.pod_id, c.name, c.attempt) and \
                     (not o.id or o.state != ContainerState.EXITED):
                 return o
@@ -143,7 +144,7 @@ class Creating(EngineState):
         log.info("create of %s in pod %s asks for the name held by %s; the runtime decides, and the "
                  "holder keeps its grant unless the runtime shows it gone", c.name, pod.id,
                  holder.id or "a create in flight")
-        pinned = self.pins(holder)
+        pinned = self.state.pins(holder)
         if pinned:
             c.resources = dataclasses.replace(holder.resources)
         c.classes = dict(holder.classes)
@@ -155,20 +156,20 @@ class Creating(EngineState):
         c = plan.container
         if plan.holder is not None:  # nothing was granted to it
             if not refused:
-                self.wake()  # made or not: the runtime's listing tells
+                self.state.wake()  # made or not: the runtime's listing tells
             return
         if refused:
-            async with self.lock:
-                undo = self.forget(c) if self.containers.get(c.key) is c else Decision()
-                self.ledger.deferred.pop(c.key, None)
-                self.record(undo.updates)
-            await self.apply_updates(undo)
+            async with self.state.lock:
+                undo = self.state.forget(c) if self.state.containers.get(c.key) is c else Decision()
+                self.state.ledger.deferred.pop(c.key, None)
+                self.state.record(undo.updates)
+            await self.state.apply_updates(undo)
             return
-        self.ledger.unsettled[c.key] = time.monotonic()
+        self.state.ledger.unsettled[c.key] = time.monotonic()
         log.warning("creating container %s in pod %s %s; its grant is kept until the runtime shows whether "
                     "the container exists", c.name, plan.pod.id, failure(err))
-        self.wake()
-        asyncio.get_running_loop().call_later(SETTLE_GRACE, self.wake)
+        self.state.wake()
+        asyncio.get_running_loop().call_later(SETTLE_GRACE, self.state.wake)
 
     def amend_create(self, plan: CreatePlan, adj: Adjustment) -> None:
         """Hook plugins changed the planned create: it is made (and recorded) with their changes.
@@ -187,15 +188,15 @@ class Creating(EngineState):
         c = plan.container
         if plan.holder is not None:
             return await self._commit_successor(plan, container_id)
-        async with self.lock:
+        async with self.state.lock:
             pending_key = c.key
             c.id, c.state = container_id, ContainerState.CREATED
-            late = self.ledger.rename(c, pending_key)
+            late = self.state.ledger.rename(c, pending_key)
             if late is not None:  # the policy moved it while the runtime was creating it
                 c.resources, c.pending = late.overlaid(c.adjusted), True
                 plan.updates[c.key] = c.resources
-        self.apply_soon(Decision(updates=plan.updates), before_start=c.key)
-        await self.save()
+        self.state.apply_soon(Decision(updates=plan.updates), before_start=c.key)
+        await self.state.save()
         return c
 
     async def _commit_successor(self, plan: CreatePlan, container_id: str) -> Container:
@@ -203,22 +204,23 @@ class Creating(EngineState):
         create never happened), so the new container takes over its grant."""
         c, holder = plan.container, plan.holder
         assert holder is not None
-        async with self.lock:
-            known = self.containers.get(container_id)
+        async with self.state.lock:
+            known = self.state.containers.get(container_id)
             if known is not None:  # a reconciliation round adopted it meanwhile
                 return known
             c.id, c.state = container_id, ContainerState.CREATED
-            if self.containers.get(holder.key) is holder and (not holder.id or holder.state != ContainerState.EXITED):
+            if self.state.containers.get(holder.key) is holder and (
+                    not holder.id or holder.state != ContainerState.EXITED):
                 log.info("container %s takes over the grant of %s, which held its name", c.id,
                          holder.id or "a create that did not happen")
-                late = self.ledger.take_over(holder, c)
+                late = self.state.ledger.take_over(holder, c)
                 wanted = late or holder.resources
                 updates = {c.key: wanted} if wanted.overlaid(c.adjusted) != c.resources else {}
             else:  # the holder ended meanwhile: allocated like a container found running
-                self.ledger.enter(c)
-                self.ledger.unallocated.add(c.key)
+                self.state.ledger.enter(c)
+                self.state.ledger.unallocated.add(c.key)
                 updates = self.reconciler.allocate_waiting()
-            self.record(updates)
-        self.apply_soon(Decision(updates=updates), before_start=c.key)
-        await self.save()
+            self.state.record(updates)
+        self.state.apply_soon(Decision(updates=updates), before_start=c.key)
+        await self.state.save()
         return c

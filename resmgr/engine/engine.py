@@ -10,28 +10,29 @@ What a container holds is given back only once the runtime confirms it is gone: 
 remove or create whose runtime call failed or was cancelled may or may not have happened,
 so its grant stays until reconciliation (reconcile.py) has asked the runtime.
 
-Engine is its parts, one module each, all on the state of state.py: create.py (pods and
-containers made), start.py (starts held back until moved containers are off the CPUs),
-update.py (updates and resizes), stop.py (stops, removals, runtime events), claims.py (DRA
-claims prepared and unprepared).
+Engine is the state of state.py and one object per step, each in its own module, each given
+the state (and the reconciler, where a step waits for it): create.py (pods and containers made),
+start.py (starts held back until moved containers are off the CPUs), update.py (updates and
+resizes), stop.py (stops, removals, runtime events), claims.py (DRA claims prepared and
+unprepared). Callers name the step: `engine.creating.plan_create(...)`.
 """
 
 from __future__ import annotations
 
 from resmgr.controllers import Controllers
-from resmgr.engine.claims import Claiming
-from resmgr.engine.create import Creating
+from resmgr.engine.claims import Claims
+from resmgr.engine.create import Create
 from resmgr.engine.reconcile import Reconciler
-from resmgr.engine.start import Starting
-from resmgr.engine.state import Runtime
-from resmgr.engine.stop import Stopping
+from resmgr.engine.start import Start
+from resmgr.engine.state import EngineState, Runtime
+from resmgr.engine.stop import Stop
 from resmgr.engine.store import StateStore
-from resmgr.engine.update import Updating
+from resmgr.engine.update import Update
 from resmgr.policies.base import Policy
 
 
-class Engine(Creating, Starting, Updating, Stopping, Claiming):
-    """The engine the front ends call: every lifecycle step, and reconciliation, on one state."""
+class Engine(EngineState):
+    """The engine the front ends call: its state, its reconciler, and every lifecycle step."""
 
     def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
                  controllers: Controllers | None = None, cgroup_root: str = "", gated: bool = False) -> None:
@@ -39,6 +40,11 @@ class Engine(Creating, Starting, Updating, Stopping, Claiming):
         super().__init__(policy, store, runtime, controllers, cgroup_root, gated)
         self.reconciler = Reconciler(self)
         self.on_wake = self.reconciler.wake
+        self.creating = Create(self, self.reconciler)
+        self.starting = Start(self, self.reconciler)
+        self.updating = Update(self)
+        self.stopping = Stop(self)
+        self.claiming = Claims(self)
 
     async def reconcile(self) -> None:
         """One reconciliation round now."""

@@ -21,8 +21,9 @@ ANSWER_MARGIN = 5.0
 RETRY_FIRST, RETRY_MAX = 0.2, 2.0  # waits between pushes of the moves while the start waits
 
 
-class Starting(EngineState):
-    reconciler: Reconciler
+class Start:
+    def __init__(self, state: EngineState, reconciler: Reconciler) -> None:
+        self.state, self.reconciler = state, reconciler
 
     async def start_container(self, container_id: str, call: Call[T], before: bool = True,
                               deadline: float | None = None) -> T:
@@ -36,39 +37,39 @@ class Starting(EngineState):
         before=False: the runtime has started it already (NRI).
         """
         if before:
-            if container_id not in self.containers and self.reconciled.is_set():
-                await self.reconcile()
-            repin = self.pusher.repins.get(container_id)
+            if container_id not in self.state.containers and self.state.reconciled.is_set():
+                await self.reconciler.reconcile()
+            repin = self.state.pusher.repins.get(container_id)
             if repin is not None:
                 await asyncio.shield(repin)
             await self._clear_the_way(container_id, deadline)
-        starting = self.pusher.starting
+        starting = self.state.pusher.starting
         started = starting.setdefault(container_id, asyncio.Event())
         try:
             resp = await call()
         finally:
-            if container_id in self.pusher.raced:
+            if container_id in self.state.pusher.raced:
                 # Updated while the runtime was starting it: the runtime may have started it with
                 # what it held before (its record says the new CPUs, its cgroup the old ones).
-                await self.pusher.again(container_id)
+                await self.state.pusher.again(container_id)
             if starting.get(container_id) is started:
                 del starting[container_id]
             started.set()
-        async with self.lock:
-            c = self.containers.get(container_id)
+        async with self.state.lock:
+            c = self.state.containers.get(container_id)
             if c is not None and c.state != ContainerState.EXITED:
                 c.state = ContainerState.RUNNING
         if c is not None:
-            await self.controllers_apply(c)
-            await self.save()
+            await self.state.controllers_apply(c)
+            await self.state.save()
         return resp
 
     async def _clear_the_way(self, container_id: str, deadline: float | None) -> None:
-        c = self.containers.get(container_id)
+        c = self.state.containers.get(container_id)
         if c is None:
             return
         others = self._elsewhere(c)
-        starting = [self.pusher.starting[k] for k in others if k in self.pusher.starting]
+        starting = [self.state.pusher.starting[k] for k in others if k in self.state.pusher.starting]
         if starting:  # the runtime is starting them; one updated meanwhile is updated again after
             waits = [asyncio.create_task(e.wait()) for e in starting]
             await asyncio.wait(waits, timeout=START_WAIT)
@@ -81,7 +82,7 @@ class Starting(EngineState):
             left = None if deadline is None else max(0.5, deadline - ANSWER_MARGIN - time.monotonic())
             try:
                 async with asyncio.timeout(left):
-                    await self.pusher.push_all(blocking)
+                    await self.state.pusher.push_all(blocking)
             except TimeoutError:
                 pass  # still pending: refused below, pushed again by reconciliation
             blocking = self._unconfirmed(blocking)
@@ -91,9 +92,9 @@ class Starting(EngineState):
             wait = min(wait * 2, RETRY_MAX)
             blocking = self._unconfirmed(blocking)
         if not blocking:
-            self.held_back.pop(container_id, None)
+            self.state.held_back.pop(container_id, None)
             return
-        since = self.held_back.setdefault(container_id, time.monotonic())
+        since = self.state.held_back.setdefault(container_id, time.monotonic())
         names = ", ".join(k[:12] for k in blocking)
         if time.monotonic() - since < HOLD_BACK_MAX:
             raise NotReady(f"container {container_id} cannot start yet: the runtime has not taken the update "
@@ -101,11 +102,11 @@ class Starting(EngineState):
         # A runtime that keeps refusing those updates must not keep the container from ever running.
         log.error("starting container %s although the runtime has refused for %.0f s to move container(s) %s "
                   "off its CPUs", container_id, time.monotonic() - since, names)
-        self.held_back.pop(container_id, None)
+        self.state.held_back.pop(container_id, None)
 
     def _unconfirmed(self, keys: list[str]) -> list[str]:
         """Those of keys whose last update the runtime has not taken (gone or exited ones aside)."""
-        return [k for k in keys if (o := self.containers.get(k)) is not None and o.pending
+        return [k for k in keys if (o := self.state.containers.get(k)) is not None and o.pending
                 and o.state != ContainerState.EXITED]
 
     def _elsewhere(self, c: Container) -> list[str]:
@@ -115,7 +116,7 @@ class Starting(EngineState):
         if not mine:
             return []
         out = []
-        for key, o in self.containers.items():
+        for key, o in self.state.containers.items():
             if key == c.key or not o.id or o.state == ContainerState.EXITED:
                 continue
             theirs = CPUSet.parse_or_empty(o.resources.cpuset_cpus)

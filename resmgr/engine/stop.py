@@ -11,40 +11,43 @@ from resmgr.model import ContainerEvent, ContainerState, Decision, PodState
 log = logging.getLogger("cri-resmgr.engine")
 
 
-class Stopping(EngineState):
+class Stop:
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+
     async def _call_or_wake(self, what: str, call: Call[T]) -> T:
         """The runtime call of a stop or remove; if it fails, its outcome is left to reconciliation."""
         try:
             return await call()
         except BaseException as err:
             log.warning("%s %s; what it holds stays held until the runtime shows it gone", what, failure(err))
-            self.wake()
+            self.state.wake()
             raise
 
     async def stop_pod(self, pod_id: str, call: Call[T]) -> T:
         """Stop a pod through call(); its containers give back what they hold once it is done."""
         resp = await self._call_or_wake(f"stopping pod {pod_id}", call)
-        async with self.lock:
+        async with self.state.lock:
             decision = Decision()
-            pod = self.pods.get(pod_id)
+            pod = self.state.pods.get(pod_id)
             if pod is not None:
                 pod.state = PodState.NOT_READY
-                for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
-                    decision.updates.update(self.release(c).updates)
-            self.record(decision.updates)
-        await self.apply_updates(decision)
-        await self.save()
+                for c in [c for c in self.state.containers.values() if c.pod_id == pod.id]:
+                    decision.updates.update(self.state.release(c).updates)
+            self.state.record(decision.updates)
+        await self.state.apply_updates(decision)
+        await self.state.save()
         return resp
 
     async def remove_pod(self, pod_id: str, call: Call[T]) -> T:
         """Remove a pod through call(); it and its containers are forgotten once it is done."""
         resp = await self._call_or_wake(f"removing pod {pod_id}", call)
-        async with self.lock:
-            pod = self.pods.get(pod_id)
-            decision = self.drop_pod(pod) if pod is not None else Decision()
-            self.record(decision.updates)
-        await self.apply_updates(decision)
-        await self.save()
+        async with self.state.lock:
+            pod = self.state.pods.get(pod_id)
+            decision = self.state.drop_pod(pod) if pod is not None else Decision()
+            self.state.record(decision.updates)
+        await self.state.apply_updates(decision)
+        await self.state.save()
         return resp
 
     async def stop_container(self, container_id: str, call: Call[T]) -> T:
@@ -57,12 +60,12 @@ class Stopping(EngineState):
 
     async def _end_container(self, what: str, container_id: str, call: Call[T], forget: bool) -> T:
         resp = await self._call_or_wake(what, call)
-        async with self.lock:
-            c = self.containers.get(container_id)
-            decision = Decision() if c is None else self.forget(c) if forget else self.release(c)
-            self.record(decision.updates)
-        self.apply_soon(decision)  # CPUs given back: nobody has to wait for that
-        await self.save()  # also when an event got there first: its save may not be on disk yet
+        async with self.state.lock:
+            c = self.state.containers.get(container_id)
+            decision = Decision() if c is None else self.state.forget(c) if forget else self.state.release(c)
+            self.state.record(decision.updates)
+        self.state.apply_soon(decision)  # CPUs given back: nobody has to wait for that
+        await self.state.save()  # also when an event got there first: its save may not be on disk yet
         return resp
 
     async def container_event(self, kind: ContainerEvent, container_id: str, pod_id: str = "") -> None:
@@ -74,21 +77,21 @@ class Stopping(EngineState):
         if not container_id or container_id == pod_id:
             return  # a pod sandbox's own event: pods hold nothing
         if kind == ContainerEvent.CREATED:
-            if container_id not in self.containers and not self._creating(pod_id):
-                self.wake()  # made behind our back: adopt it
+            if container_id not in self.state.containers and not self._creating(pod_id):
+                self.state.wake()  # made behind our back: adopt it
             return
         if kind not in (ContainerEvent.STOPPED, ContainerEvent.DELETED):
             return
-        async with self.lock:
-            c = self.containers.get(container_id)
+        async with self.state.lock:
+            c = self.state.containers.get(container_id)
             if c is None or c.state == ContainerState.EXITED:
                 return
-            decision = self.release(c)
-            self.record(decision.updates)
+            decision = self.state.release(c)
+            self.state.record(decision.updates)
         log.debug("container %s stopped: released, %d container(s) move", c.id, len(decision.updates))
-        await self.apply_updates(decision)
-        await self.save()
+        await self.state.apply_updates(decision)
+        await self.state.save()
 
     def _creating(self, pod_id: str) -> bool:
         """Whether one of our own creates in that pod has not returned yet."""
-        return any(not c.id and (not pod_id or c.pod_id == pod_id) for c in self.containers.values())
+        return any(not c.id and (not pod_id or c.pod_id == pod_id) for c in self.state.containers.values())

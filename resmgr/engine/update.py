@@ -28,16 +28,19 @@ class UpdatePlan:
     adjusted: Resources | None = None  # hook plugins' earlier changes that still stand
 
 
-class Updating(EngineState):
+class Update:
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+
     async def adjust(self, container_id: str, res: Resources) -> None:
         """Hook plugins changed a created container's resources: push them to the runtime now."""
-        async with self.lock:
-            c = self.containers.get(container_id)
+        async with self.state.lock:
+            c = self.state.containers.get(container_id)
             if c is None or c.state == ContainerState.EXITED:
                 return
             c.adjusted = overlay(c.adjusted, res)
-            self.record({c.key: c.resources})
-        await self.pusher.push(c.key)
+            self.state.record({c.key: c.resources})
+        await self.state.pusher.push(c.key)
 
     async def plan_update(self, container_id: str, asked: Resources, plain: bool) -> UpdatePlan | None:
         """kubelet's updates: an in-place resize re-allocates; the CPU manager's cpusets never win.
@@ -48,10 +51,10 @@ class Updating(EngineState):
         None: not a container the engine manages; the call goes to the runtime as it is.
         PolicyError: a resize that cannot be met; nothing changed.
         """
-        await self.until_reconciled()
-        async with self.lock:
-            c = self.containers.get(container_id)
-            pod = self.pods.get(c.pod_id) if c is not None else None
+        await self.state.until_reconciled()
+        async with self.state.lock:
+            c = self.state.containers.get(container_id)
+            pod = self.state.pods.get(c.pod_id) if c is not None else None
             if c is None or pod is None or c.state == ContainerState.EXITED:
                 return None
             before = c.requested
@@ -59,17 +62,17 @@ class Updating(EngineState):
             resize = requested.cpu() != before.cpu() or \
                 requested.memory_limit_in_bytes != before.memory_limit_in_bytes
             if resize:
-                decision = self.policy.resize(c, pod, requested, self.view())
+                decision = self.state.policy.resize(c, pod, requested, self.state.view())
             else:
-                decision = self.policy.update(c, requested, self.view())
+                decision = self.state.policy.update(c, requested, self.state.view())
             kept = c.adjusted.without(before.differing(requested)) if c.adjusted else None  # kubelet's word wins
             wanted = (decision.resources or requested).overlaid(kept)
             if not resize and plain and self._changes_nothing(asked, c, wanted):
                 log.debug("update of container %s changes nothing; answered without the runtime", c.id)
-                return UpdatePlan(c, pod, before, requested, resize, None, pinned=self.pins(c), adjusted=kept)
-            self.record(decision.updates)  # pushed to the runtime once it took this one
+                return UpdatePlan(c, pod, before, requested, resize, None, pinned=self.state.pins(c), adjusted=kept)
+            self.state.record(decision.updates)  # pushed to the runtime once it took this one
             return UpdatePlan(c, pod, before, requested, resize, wanted, decision.updates,
-                              decision.resources is not None and self.pins(c), kept)
+                              decision.resources is not None and self.state.pins(c), kept)
 
     @staticmethod
     def _changes_nothing(asked: Resources, c: Container, wanted: Resources) -> bool:
@@ -89,14 +92,14 @@ class Updating(EngineState):
     async def commit_update(self, plan: UpdatePlan, sent: Resources, adjusted: Resources | None = None) -> None:
         """The runtime took sent for the container (adjusted: the fields hook plugins changed in it)."""
         c = plan.container
-        async with self.lock:
+        async with self.state.lock:
             c.requested = plan.requested
             c.adjusted = overlay(plan.adjusted, adjusted)
             # Ask again: another decision may have moved this container meanwhile.
-            now = self.policy.update(c, plan.requested, self.view())
+            now = self.state.policy.update(c, plan.requested, self.state.view())
             c.resources = now.resources.overlaid(c.adjusted) if now.resources else sent
             c.pending = c.resources != sent and c.state != ContainerState.EXITED
-            self.ledger.apply(c, Decision(classes=now.classes))
+            self.state.ledger.apply(c, Decision(classes=now.classes))
             updates = dict(plan.moved)
             if c.pending:
                 updates[c.key] = c.resources
@@ -104,21 +107,21 @@ class Updating(EngineState):
             log.info("container %s resized: cpu shares/quota/period %s, memory %d, cpus %s; %d other(s) moved",
                      c.id, "/".join(map(str, plan.requested.cpu())), plan.requested.memory_limit_in_bytes,
                      c.resources.cpuset_cpus or "any", len(plan.moved))
-        await self.apply_updates(Decision(updates=updates))
-        await self.controllers_apply(c)
-        await self.save()
+        await self.state.apply_updates(Decision(updates=updates))
+        await self.state.controllers_apply(c)
+        await self.state.save()
 
     async def _undo_resize(self, c: Container, pod: Pod, before: Resources) -> None:
         """Place the container as it was asked before."""
-        async with self.lock:
+        async with self.state.lock:
             try:
-                undo = self.policy.resize(c, pod, before, self.view())
+                undo = self.state.policy.resize(c, pod, before, self.state.view())
             except Exception as err:
                 log.error("undoing the resize of container %s failed: %s", c.id, brief(err))
                 return
             if undo.resources is not None:
                 c.resources, c.pending = undo.resources.overlaid(c.adjusted), True
                 undo.updates[c.key] = c.resources
-            self.record(undo.updates)
-        self.wake()
-        await self.apply_updates(undo)
+            self.state.record(undo.updates)
+        self.state.wake()
+        await self.state.apply_updates(undo)

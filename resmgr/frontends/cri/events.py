@@ -41,7 +41,7 @@ async def follow(engine: Engine, runtime: RuntimeClient) -> None:
                     following = True
                 kind = EVENTS.get(event.container_event_type)
                 if kind is not None:
-                    await engine.container_event(kind, event.container_id, event.pod_sandbox_status.id)
+                    await engine.stopping.container_event(kind, event.container_id, event.pod_sandbox_status.id)
             if following:
                 log.warning("the runtime ended its container event stream; reconciling and subscribing again")
         except grpc.aio.AioRpcError as err:

@@ -109,7 +109,7 @@ class NodeService(dra_grpc.DRAPluginServicer):
             except (ClaimError, ValueError) as err:
                 answers[asked.uid] = dra.NodePrepareResourceResponse(error=str(err))
         try:
-            errors = await self.engine.prepare_claims(wanted)
+            errors = await self.engine.claiming.prepare_claims(wanted)
         except NotReady as err:
             errors = {c.uid: str(err) for c in wanted}
         for c in wanted:
@@ -117,7 +117,7 @@ class NodeService(dra_grpc.DRAPluginServicer):
                 log.warning("%s not prepared: %s", c.who, errors[c.uid])
                 answers[c.uid] = dra.NodePrepareResourceResponse(error=errors[c.uid])
                 continue
-            held = self.engine.claim_held(c.uid) or {}
+            held = self.engine.claiming.claim_held(c.uid) or {}
             await asyncio.to_thread(write_spec, self.cdi_dir, c.uid, str(held.get("cpus", "")))
             answers[c.uid] = dra.NodePrepareResourceResponse(devices=[dra.Device(
                 request_names=c.requests, pool_name=c.pool, device_name=c.device,
@@ -128,7 +128,7 @@ class NodeService(dra_grpc.DRAPluginServicer):
                                      context: grpc.aio.ServicerContext) -> dra.NodeUnprepareResourcesResponse:
         uids = [c.uid for c in request.claims]
         try:
-            await self.engine.unprepare_claims(uids)
+            await self.engine.claiming.unprepare_claims(uids)
         except NotReady as err:
             return dra.NodeUnprepareResourcesResponse(
                 claims={u: dra.NodeUnprepareResourceResponse(error=str(err)) for u in uids})
@@ -191,7 +191,7 @@ class DraPlugin:
     async def collect_once(self) -> list[str]:
         """One look; the UIDs unprepared."""
         gone = []
-        for c, held in self.engine.prepared_claims():
+        for c, held in self.engine.claiming.prepared_claims():
             if held is not None and held.get("users"):
                 continue
             try:
@@ -202,13 +202,13 @@ class DraPlugin:
             except (ClaimError, ValueError):
                 continue
         if gone:
-            await self.engine.unprepare_claims(gone)
+            await self.engine.claiming.unprepare_claims(gone)
             for uid in gone:
                 await asyncio.to_thread(remove_spec, self.cdi_dir, uid)
         return gone
 
     def _sync_specs(self) -> None:
-        held = {c.uid: doc for c, doc in self.engine.prepared_claims()}
+        held = {c.uid: doc for c, doc in self.engine.claiming.prepared_claims()}
         for uid, doc in held.items():
             if doc is not None:
                 write_spec(self.cdi_dir, uid, str(doc.get("cpus", "")))

@@ -263,7 +263,7 @@ async def test_a_create_refused_for_a_held_name_leaves_the_holder_as_it_was(engi
     assert asked == [] and sent == ["0"]  # nothing granted to it; it carried the holder's grant
     assert set(engine.containers) == {"c1"} and holder.state == ContainerState.CREATED
     assert holder.resources == granted and not holder.pending
-    await engine.start_container("c1", _ok)
+    await engine.starting.start_container("c1", _ok)
     assert holder.state == ContainerState.RUNNING and holder.resources == granted
 
 
@@ -285,7 +285,7 @@ async def test_a_create_the_runtime_takes_for_a_held_name_takes_over_the_grant(e
     async def made(req):
         return cri.CreateContainerResponse(container_id="c2")
 
-    engine._confirm_older = _no_check  # the removal comes after the engine asked about c1
+    engine.creating._confirm_older = _no_check  # the removal comes after the engine asked about c1
     await front(engine).create_container(cri.CreateContainerRequest(
         pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), made)
     assert asked == [] and set(engine.containers) == {"c2"}
@@ -637,7 +637,7 @@ async def test_a_release_while_a_round_observes_is_not_undone_by_it(engine, how)
                 return cri.StopContainerResponse()
             await front(engine).stop_container(cri.StopContainerRequest(container_id="c1"), send)
         else:
-            await engine.container_event(ContainerEvent.STOPPED, "c1", pod_id)
+            await engine.stopping.container_event(ContainerEvent.STOPPED, "c1", pod_id)
         rt.list_containers = original_list
         return listed
 
@@ -652,9 +652,9 @@ async def test_hook_adjustments_outlive_moves_and_updates_that_change_nothing(en
 
     pod_id, cfg = await _run_pod(engine)
     pod = engine.pods[pod_id]
-    plan = await engine.plan_create(pod, engine_container(pod_id, "a"))
-    engine.amend_create(plan, Adjustment(env={"X": "1"}, resources=Resources(cpu_quota=25000)))
-    await engine.commit_create(plan, "c1")
+    plan = await engine.creating.plan_create(pod, engine_container(pod_id, "a"))
+    engine.creating.amend_create(plan, Adjustment(env={"X": "1"}, resources=Resources(cpu_quota=25000)))
+    await engine.creating.commit_create(plan, "c1")
     await _create(engine, pod_id, cfg, cid="c2", name="b")  # the policy moves c1
     await engine.settle_updates()
     c1 = engine.containers["c1"]
@@ -662,9 +662,9 @@ async def test_hook_adjustments_outlive_moves_and_updates_that_change_nothing(en
     pushed = [res for cid, res in engine.runtime.client.updates if cid == "c1"]
     assert pushed and pushed[-1].cpu_quota == 25000
     # An update that changes nothing keeps what the plugins set.
-    plan = await engine.plan_update("c1", Resources(cpu_shares=c1.requested.cpu_shares), plain=True)
+    plan = await engine.updating.plan_update("c1", Resources(cpu_shares=c1.requested.cpu_shares), plain=True)
     assert plan.resources is None and plan.adjusted == Resources(cpu_quota=25000)
-    await engine.commit_update(plan, c1.resources)
+    await engine.updating.commit_update(plan, c1.resources)
     assert engine.containers["c1"].adjusted == Resources(cpu_quota=25000)
 
 
@@ -701,16 +701,16 @@ async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_p
     async def start():
         started.append(True)
 
-    await engine.start_container("c1", start)
+    await engine.starting.start_container("c1", start)
     rt.fail_updates = True  # the runtime goes away while c2's create moves c1 off CPU 2
     await _create(engine, pod_id, cfg, cid="c2", name="b")
     await engine.settle_updates()
     assert engine.containers["c1"].pending and rt.cpusets.get("c1") != "0"
     with pytest.raises(NotReady, match="c1"):
-        await engine.start_container("c2", start)
+        await engine.starting.start_container("c2", start)
     assert started == [True]  # c2 was not started while c1 may still run on its CPU
     rt.fail_updates = False
-    await engine.start_container("c2", start)
+    await engine.starting.start_container("c2", start)
     assert started == [True, True] and rt.cpusets["c1"] == "0" and not engine.containers["c1"].pending
 
 
@@ -733,9 +733,9 @@ async def test_a_runtime_that_never_takes_the_moves_does_not_keep_a_container_fr
         started.append(True)
 
     with pytest.raises(NotReady):
-        await engine.start_container("c2", start)
+        await engine.starting.start_container("c2", start)
     monkeypatch.setattr(starting, "HOLD_BACK_MAX", 0.0)  # refused for longer than that
-    await engine.start_container("c2", start)
+    await engine.starting.start_container("c2", start)
     assert started == [True] and engine.containers["c1"].pending  # started all the same, logged
 
 
@@ -757,10 +757,10 @@ async def test_a_container_updated_while_the_runtime_starts_it_is_updated_again(
     async def start():
         events.append("c2 started")
 
-    first = asyncio.create_task(engine.start_container("c1", slow_start))
+    first = asyncio.create_task(engine.starting.start_container("c1", slow_start))
     await in_runtime.wait()
     await _create(engine, pod_id, cfg, cid="c2", name="b")  # moves c1 off CPU 2 while it starts
-    second = asyncio.create_task(engine.start_container("c2", start))
+    second = asyncio.create_task(engine.starting.start_container("c2", start))
     await asyncio.sleep(0.05)
     assert events == []  # c2 waits for c1's start
     finish.set()
@@ -841,7 +841,7 @@ async def test_a_hint_the_policy_does_not_consult_is_named_in_a_warning(engine, 
     pod = engine.pods["pod-hinted"]
     container = convert.container_from_config("pod-hinted", container_config("a"))
     with caplog.at_level("WARNING", logger="cri-resmgr.engine"):
-        await engine.plan_create(pod, container)
+        await engine.creating.plan_create(pod, container)
     warned = [r.getMessage() for r in caplog.records if "have no effect" in r.getMessage()]
     assert warned == ["container default/hinted/a: annotation(s) prefer-isolated-cpus.resource-policy.nri.io have "
                       "no effect under policy test-pinning"]
@@ -884,14 +884,14 @@ async def test_a_start_held_back_by_a_slow_runtime_waits_for_its_moves_within_th
         started.append(True)
 
     asyncio.get_running_loop().call_later(0.5, setattr, rt, "fail_updates", False)
-    await engine.start_container("c2", start, deadline=time.monotonic() + 10)
+    await engine.starting.start_container("c2", start, deadline=time.monotonic() + 10)
     assert started == [True] and rt.cpusets["c1"] == "0"
 
     rt.fail_updates = True
     await _create(engine, pod_id, cfg, cid="c3", name="c")
     began = time.monotonic()
     with pytest.raises(NotReady):
-        await engine.start_container("c3", start, deadline=time.monotonic() + 1.0)
+        await engine.starting.start_container("c3", start, deadline=time.monotonic() + 1.0)
     assert 0.5 < time.monotonic() - began < 1.0 and started == [True]
 
 
@@ -914,7 +914,7 @@ async def test_a_start_held_back_by_a_runtime_that_does_not_answer_is_refused_be
 
     began = time.monotonic()
     with pytest.raises(NotReady):
-        await engine.start_container("c2", start, deadline=time.monotonic() + 1.5)
+        await engine.starting.start_container("c2", start, deadline=time.monotonic() + 1.5)
     assert time.monotonic() - began < 1.4 and engine.containers["c1"].pending
     hang.set()
 
