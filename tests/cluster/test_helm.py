@@ -186,6 +186,7 @@ def test_helm_install_in_nri_mode_runs_the_plugin_the_agent_and_the_webhook(clus
     state = json.loads((c.state_dir / "cache").read_text())
     assert early.metadata.uid in {p["uid"] for p in state["pods"]}
     c.core.delete_namespaced_pod("early", "default", grace_period_seconds=0)  # the node has 2 CPUs
+    wait_gone_pods(c, "default", 120)  # its exclusive CPU given back before the next pod asks for one
 
     # A Guaranteed pod the scheduler places gets an exclusive CPU outside the reserved one; the
     # webhook's annotation says what it asked for.
