@@ -359,7 +359,7 @@ def test_helm_wait_fails_while_the_plugin_crash_loops_or_cannot_serve(cluster):
     c = cluster
     for args in (["--log-level=LOUD"], ["--nri-socket=/run/nowhere/nri.sock"]):
         out = helm.helm("--kubeconfig", str(c.control.admin_kubeconfig), "upgrade", "cri-resmgr", str(helm.CHART),
-                        "--namespace", NS, "--wait", "--timeout", "30s",
+                        "--namespace", NS, "--wait", "--timeout", "20s",
                         *helm._sets({**c.values, "nri.extraArgs": args, "nri.startupSeconds": 20}))
         assert out.returncode != 0, (args, out.stdout)
         assert release(c)[-1]["status"] == "failed", args
