@@ -236,7 +236,7 @@ class _H2:
             self._end(event.stream_id, None)
         elif isinstance(event, h2.events.StreamReset) and stream:
             self._end(event.stream_id, ConnectionError(f"stream reset by the API server ({event.error_code})"))
-        elif isinstance(event, h2.events.WindowUpdated) and getattr(event, "stream_id", 0):
+        elif isinstance(event, h2.events.WindowUpdated) and event.stream_id:
             if stream:
                 stream.window.set()
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
@@ -312,12 +312,12 @@ class _H2:
         """Give a stream up (reset it if still open); what it held unread is acknowledged, or the
         connection's window would shrink by it for good."""
         stream = self.streams.pop(stream_id, None)
+        held = stream or ended  # the same stream, unless the server ended it already
         unread = 0
-        for held in {id(x): x for x in (stream, ended) if x is not None}.values():
-            while not held.chunks.empty():
-                item = held.chunks.get_nowait()
-                if isinstance(item, tuple):
-                    unread += item[1]
+        while held is not None and not held.chunks.empty():
+            item = held.chunks.get_nowait()
+            if isinstance(item, tuple):
+                unread += item[1]
         self.consumed(stream_id, unread)
         if stream is not None and self.usable:
             with contextlib.suppress(h2.exceptions.ProtocolError):

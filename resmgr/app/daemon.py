@@ -72,6 +72,7 @@ class Daemon:
         self.hooks: Hooks | None = None
         self.topology: Topology | None = None
         self.dra: DraPlugin | None = None
+        self.agent_claims: AgentClaims | None = None  # the DRA driver's channel to the agent
 
     def front_end(self) -> FrontEnd:
         o = self.opts
@@ -263,8 +264,9 @@ class Daemon:
         if self.dra is not None:
             dra, self.dra = self.dra, None
             await dra.stop()
-            if isinstance(dra.node.fetch, AgentClaims):
-                await dra.node.fetch.close()
+        if self.agent_claims is not None:
+            claims, self.agent_claims = self.agent_claims, None
+            await claims.close()
 
     async def _start_dra(self, engine: Engine) -> DraPlugin | None:
         """kubelet's DRA driver, when a driver name is given."""
@@ -272,8 +274,8 @@ class Daemon:
         if not o.dra_driver:
             return None
         try:
-            fetch = AgentClaims(sockets.path_of(o.agent_socket))
-            dra = DraPlugin(o.dra_driver, o.kubelet_dir, o.cdi_dir, engine, fetch)
+            self.agent_claims = AgentClaims(sockets.path_of(o.agent_socket))
+            dra = DraPlugin(o.dra_driver, o.kubelet_dir, o.cdi_dir, engine, self.agent_claims)
             await dra.start()
         except (ValueError, OSError, sockets.SocketInUse) as err:
             raise StartupError(f"--dra-driver {o.dra_driver}: {err}") from None

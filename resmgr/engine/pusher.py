@@ -92,9 +92,11 @@ class Pusher:
         keys = [k for k in keys if (c := containers.get(k)) is not None and c.id]
         for gone in [k for k in self.held if k not in containers]:  # dropped with their pods
             del self.held[gone]
-        first = [k for k in keys if self._gives_up_only(k)]
-        rest = [k for k in keys if k not in first]
-        for wave in (first, rest) if first and rest else (keys,):
+        first: list[str] = []
+        rest: list[str] = []
+        for k in keys:
+            (first if self._gives_up_only(k) else rest).append(k)
+        for wave in (first, rest):
             if wave:
                 await asyncio.gather(*(self.push(k) for k in wave))
 

@@ -30,17 +30,25 @@ def probe(path: Path) -> bool:
 
 def test_the_file_is_there_while_ready_and_gone_when_not_or_stopped(tmp_path):
     path = tmp_path / "ready"
-    answers = iter(["starting", "", "", "runtime gone", ""])
+    why_not = ["starting"]
+
+    async def until(check) -> None:
+        async with asyncio.timeout(5):
+            while not check():
+                await asyncio.sleep(0.01)
 
     async def go() -> None:
-        task = asyncio.create_task(ReadyFile(str(path), "test").keep(lambda: next(answers), period=0.05, waiting=0.05))
-        seen = []
-        for _ in range(5):
-            await asyncio.sleep(0.05)
-            seen.append(path.exists())
+        task = asyncio.create_task(ReadyFile(str(path), "test").keep(lambda: why_not[0], period=0.05, waiting=0.05))
+        await asyncio.sleep(0.1)
+        assert not path.exists()  # judged not ready
+        why_not[0] = ""
+        await until(path.exists)
+        why_not[0] = "runtime gone"
+        await until(lambda: not path.exists())
+        why_not[0] = ""
+        await until(path.exists)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        assert True in seen and False in seen
         assert not path.exists()  # gone with the task
 
     asyncio.run(go())
