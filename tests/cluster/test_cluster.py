@@ -40,7 +40,10 @@ def test_resources_by_level_with_per_node_status_events_and_columns(env):
     assert entry["generation"] == 1 and "error" not in entry and entry["timestamp"]
     status = counts_are(env, "default", 1, 0)
     assert (status["pending"], status["failures"], status["observedGeneration"]) == (0, [], 1)
-    assert env.cluster.tally is not None and env.cluster.tally.ready_file.exists()  # its readiness probe
+    tally = env.cluster.tally
+    assert tally is not None
+    # Ready once the write and its Events are through, a moment after the status is visible.
+    wait_for(lambda: tally.ready_file.exists(), timeout=15, what="the tally's readiness file")  # its probe
     assert env.node_status()["kind"] == rs.KIND and env.node_status()["name"] == f"{NS}/default"
     assert "HTTP/2 connection to https://" in env.agent.log()  # every watch and write on one connection
     owner = env.cluster.node_status_object()["metadata"]["ownerReferences"][0]
