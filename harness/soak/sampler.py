@@ -38,20 +38,18 @@ def read(path: str) -> str:
         return f.read().strip()
 
 
-_COMM: dict[str, str] = {}  # pid -> its command, once it is no longer runc's init (it does not change then)
-
-
 def comm(pid: str) -> str:
-    name = _COMM.get(pid)
-    if name is not None:
-        return name
+    """The process's command now. Never cached: runc's init is "exe" (runc re-executing
+    /proc/self/exe) or "runc:[...]" until it executes the container's own process, and a pid
+    seen once as "exe" would stay a started container's process ever after."""
     try:
-        name = read(f"/proc/{pid}/comm")
+        return read(f"/proc/{pid}/comm")
     except OSError:
         return ""
-    if not name.startswith(INIT_PREFIX):
-        _COMM[pid] = name
-    return name
+
+
+def is_init(name: str) -> bool:
+    return name.startswith(INIT_PREFIX) or name == "exe"
 
 
 def scope(path: str) -> list | None:
@@ -64,8 +62,8 @@ def scope(path: str) -> list | None:
         names = {comm(p) for p in pids} - {""}
         if not names:
             return None
-        runs = ("pause" if names == {"pause"} else "created" if all(n.startswith(INIT_PREFIX) for n in names)
-                else "started")
+        own = {n for n in names if not is_init(n)}  # what the container's image runs
+        runs = "pause" if own == {"pause"} else "started" if own else "created"
         return [os.path.basename(os.path.dirname(path)), read(path + "/cpuset.cpus.effective"),
                 read(path + "/cpuset.mems.effective"), read(path + "/cpu.max"), "", runs]
     except OSError:  # gone while read
@@ -146,9 +144,6 @@ def main() -> int:
             last, last_written = snap, started
         if started - last_proc > PROC_EVERY:
             procs = {name: process(pid) for name, units in UNITS.items() if (pid := main_pid(units))}
-            for pid in list(_COMM):  # forget the ended
-                if not os.path.exists(f"/proc/{pid}"):
-                    del _COMM[pid]
             out.write(json.dumps({"t": started, "kind": "proc", "p": procs, "state": state_bytes()},
                                  separators=(",", ":")) + "\n")
             last_proc = started

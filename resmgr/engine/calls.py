@@ -153,12 +153,14 @@ class Calls:
     async def update_container(self, container_id: str, asked: Resources, plain: bool,
                                call: Callable[[Resources, Adjustment | None], Awaitable[tuple[T, Resources]]],
                                unmanaged: Callable[[], Awaitable[T]], unchanged: Callable[[], T],
-                               deadline: float | None = None) -> T:
+                               deadline: float | None = None, clear: bool = True) -> T:
         """An update of a container's resources (see Engine.plan_update for asked and plain).
 
         call writes what to send (and the hook plugins' other changes) into the request, makes the runtime
         call, and returns the reply and the resources the runtime was sent. unmanaged: a container the
         engine does not manage, the request goes as it is; unchanged: the answer to one that changes nothing.
+        clear: a resize waits until the containers it moves are off the CPUs it gains (False in NRI,
+        where the runtime applies every update from our answer).
         """
         with tracer.start_as_current_span("UpdateContainerResources", attributes={"container.id": container_id}):
             with tracer.start_as_current_span("policy decision") as span:
@@ -173,6 +175,8 @@ class Calls:
                 return unchanged()
             resources = plan.resources or plan.container.resources
             try:
+                if clear:
+                    await self.engine.updating.clear_the_way(plan, deadline)
                 adj = None
                 if self.hooks is not None and hooked:
                     with tracer.start_as_current_span("hook plugins"):

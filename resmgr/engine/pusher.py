@@ -12,13 +12,16 @@ may have started it from what it held before.
 
 Of many pushes at once (a policy switch, a rebalance), those that only take CPUs away go first:
 a container moved onto CPUs another one still runs on would share them with it until both
-pushes land, and on a busy runtime that is seconds.
+pushes land, and on a busy runtime that is seconds. One moved onto CPUs whose container the
+runtime did not take off them waits (pending) until reconciliation pushes both again. A resize
+waits for the moves off the CPUs it gains before it goes to the runtime (update.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
@@ -29,6 +32,10 @@ from resmgr.topology.cpuset import CPUSet
 log = logging.getLogger("cri-resmgr.engine")
 
 PARALLEL = 16  # runtime updates in flight at once
+# A call waiting for moves is answered this long before the caller's deadline, so a refusal
+# reaches it: kubelet makes a refused container anew, which the user sees as a restart.
+ANSWER_MARGIN = 5.0
+RETRY_FIRST, RETRY_MAX = 0.2, 2.0  # waits between pushes of moves a call waits for
 
 
 class Updater(Protocol):
@@ -57,12 +64,15 @@ class Pusher:
             if c is not None and c.id and not c.pending:
                 self.held[key] = c.resources.cpuset_cpus
 
-    def _gives_up_only(self, key: str) -> bool:
-        c = self.ledger.containers.get(key)
+    def _new(self, key: str) -> CPUSet:
+        return CPUSet.parse_or_empty(self.ledger.containers[key].resources.cpuset_cpus)
+
+    def _leaves(self, key: str) -> CPUSet:
+        """The CPUs the runtime runs key on that its desired resources leave (none, where not known)."""
         held = self.held.get(key)
-        if c is None or held is None or not c.resources.cpuset_cpus:
-            return False
-        return CPUSet.parse(c.resources.cpuset_cpus) <= CPUSet.parse(held)
+        if held is None or not self.ledger.containers[key].resources.cpuset_cpus:
+            return CPUSet()
+        return CPUSet.parse_or_empty(held) - self._new(key)
 
     async def push(self, key: str) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())
@@ -88,17 +98,56 @@ class Pusher:
             self._locks.pop(key, None)
 
     async def push_all(self, keys: Iterable[str]) -> None:
+        """Push keys in waves: a container goes once those leaving the CPUs it gets have gone (the
+        runtime took their moves); one whose CPUs a refused move did not free waits, pending."""
         containers = self.ledger.containers
-        keys = [k for k in keys if (c := containers.get(k)) is not None and c.id]
+        todo = [k for k in keys if (c := containers.get(k)) is not None and c.id]
         for gone in [k for k in self.held if k not in containers]:  # dropped with their pods
             del self.held[gone]
-        first: list[str] = []
-        rest: list[str] = []
-        for k in keys:
-            (first if self._gives_up_only(k) else rest).append(k)
-        for wave in (first, rest):
-            if wave:
-                await asyncio.gather(*(self.push(k) for k in wave))
+        tried: list[str] = []
+        while todo:
+            unfreed = CPUSet()
+            for k in self.unconfirmed(tried):
+                unfreed |= self._leaves(k)
+            waiting = [k for k in todo if self._new(k) & unfreed]
+            if waiting:
+                log.info("container(s) %s wait to move: CPUs %s are not given up yet",
+                         ", ".join(containers[k].id[:12] for k in waiting), unfreed)
+                self.wake()
+                todo = [k for k in todo if k not in waiting]
+            leaving = {k: self._leaves(k) for k in todo}
+            wave = [k for k in todo if not any(cpus & self._new(k) for p, cpus in leaving.items() if p != k)]
+            wave = wave or todo  # a swap: no order spares a moment on shared CPUs
+            await asyncio.gather(*(self.push(k) for k in wave))
+            tried += wave
+            todo = [k for k in todo if k not in wave]
+
+    def unconfirmed(self, keys: Iterable[str]) -> list[str]:
+        """Those of keys whose last update the runtime has not taken (gone or exited ones aside)."""
+        containers = self.ledger.containers
+        return [k for k in keys if (c := containers.get(k)) is not None and c.pending
+                and c.state != ContainerState.EXITED]
+
+    async def until_taken(self, keys: list[str], deadline: float | None) -> list[str]:
+        """Push keys again and again until the runtime has taken them all or the caller's deadline
+        (monotonic) is near; returns those it has not taken."""
+        blocking = self.unconfirmed(keys)
+        wait = RETRY_FIRST
+        while blocking:
+            # A push the runtime is slow to answer must not make the answer miss the caller's deadline.
+            left = None if deadline is None else max(0.5, deadline - ANSWER_MARGIN - time.monotonic())
+            try:
+                async with asyncio.timeout(left):
+                    await self.push_all(blocking)
+            except TimeoutError:
+                pass  # still pending: the caller refuses, reconciliation pushes again
+            blocking = self.unconfirmed(blocking)
+            if not blocking or deadline is None or time.monotonic() + wait > deadline - ANSWER_MARGIN:
+                break
+            await asyncio.sleep(wait)  # a runtime slow to take updates: again, while the caller waits
+            wait = min(wait * 2, RETRY_MAX)
+            blocking = self.unconfirmed(blocking)
+        return blocking
 
     async def push_pending(self) -> None:
         await self.push_all([k for k, c in self.ledger.containers.items() if c.pending and c.id])

@@ -15,10 +15,6 @@ log = logging.getLogger("cri-resmgr.engine")
 
 START_WAIT = 10.0  # how long a start waits for the starts of containers moved off its CPUs
 HOLD_BACK_MAX = 60.0  # how long starts are refused while the runtime does not take such moves
-# A start the runtime's moves hold back is answered this long before the caller's deadline, so the
-# refusal reaches it: kubelet makes a refused container anew, which the user sees as a restart.
-ANSWER_MARGIN = 5.0
-RETRY_FIRST, RETRY_MAX = 0.2, 2.0  # waits between pushes of the moves while the start waits
 
 
 class Start:
@@ -75,22 +71,7 @@ class Start:
             await asyncio.wait(waits, timeout=START_WAIT)
             for w in waits:
                 w.cancel()
-        blocking = self._unconfirmed(others)
-        wait = RETRY_FIRST
-        while blocking:
-            # A push the runtime is slow to answer must not make the answer miss the caller's deadline.
-            left = None if deadline is None else max(0.5, deadline - ANSWER_MARGIN - time.monotonic())
-            try:
-                async with asyncio.timeout(left):
-                    await self.state.pusher.push_all(blocking)
-            except TimeoutError:
-                pass  # still pending: refused below, pushed again by reconciliation
-            blocking = self._unconfirmed(blocking)
-            if not blocking or deadline is None or time.monotonic() + wait > deadline - ANSWER_MARGIN:
-                break
-            await asyncio.sleep(wait)  # a runtime slow to take updates: again, while the caller waits
-            wait = min(wait * 2, RETRY_MAX)
-            blocking = self._unconfirmed(blocking)
+        blocking = await self.state.pusher.until_taken(others, deadline)
         if not blocking:
             self.state.held_back.pop(container_id, None)
             return
@@ -103,11 +84,6 @@ class Start:
         log.error("starting container %s although the runtime has refused for %.0f s to move container(s) %s "
                   "off its CPUs", container_id, time.monotonic() - since, names)
         self.state.held_back.pop(container_id, None)
-
-    def _unconfirmed(self, keys: list[str]) -> list[str]:
-        """Those of keys whose last update the runtime has not taken (gone or exited ones aside)."""
-        return [k for k in keys if (o := self.state.containers.get(k)) is not None and o.pending
-                and o.state != ContainerState.EXITED]
 
     def _elsewhere(self, c: Container) -> list[str]:
         """Other live containers given CPUs apart from c's: the runtime may still run one on c's CPUs

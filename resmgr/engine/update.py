@@ -7,8 +7,9 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from resmgr.engine.state import EngineState, brief
+from resmgr.engine.state import EngineState, NotReady, brief
 from resmgr.model import Container, ContainerState, Decision, Pod, Resources, overlay
+from resmgr.topology.cpuset import CPUSet
 
 log = logging.getLogger("cri-resmgr.engine")
 
@@ -83,6 +84,33 @@ class Update:
         asked = dataclasses.replace(asked, cpuset_cpus=c.resources.cpuset_cpus,
                                     cpuset_mems=c.resources.cpuset_mems)
         return c.resources.merged(asked) == c.resources
+
+    async def clear_the_way(self, plan: UpdatePlan, deadline: float | None) -> None:
+        """Before a resize goes to the runtime: the containers it moves off the CPUs it gains have
+        left them, their pushes taken (else NotReady, and kubelet asks for the resize again).
+
+        A resize that only gives CPUs up, or moves nobody, goes at once; the others it moves follow
+        (commit_update)."""
+        if not plan.resize or plan.resources is None or not plan.moved:
+            return
+        c = plan.container
+        pusher = self.state.pusher
+        gained = CPUSet.parse_or_empty(plan.resources.cpuset_cpus) - \
+            CPUSet.parse_or_empty(pusher.held.get(c.key, c.resources.cpuset_cpus))
+        if not gained:
+            return
+        leaving = []
+        for key in plan.moved:
+            o = self.state.containers.get(key)
+            if key == c.key or o is None or CPUSet.parse_or_empty(o.resources.cpuset_cpus) & gained:
+                continue
+            held = pusher.held.get(key)
+            if held is None or CPUSet.parse_or_empty(held) & gained:  # unknown: it may run there
+                leaving.append(key)
+        left = await pusher.until_taken(leaving, deadline)
+        if left:
+            raise NotReady(f"the resize of container {c.id} waits for the runtime to move container(s) "
+                           f"{', '.join(k[:12] for k in left)} off CPUs {gained}; try again")
 
     async def abort_update(self, plan: UpdatePlan) -> None:
         """The runtime refused (or may not have taken) the update: a resize is undone."""

@@ -353,7 +353,7 @@ class NriPlugin:
 
         with collecting() as collector:
             sent = await self.calls.update_container(cid, convert.resources(req.linux_resources), False, call,
-                                                     unmanaged, lambda: None, deadline)
+                                                     unmanaged, lambda: None, deadline, clear=False)
             if sent is None:  # not a container we manage
                 return nri.UpdateContainerResponse()
             await self.engine.settle_updates()

@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from resmgr.engine import Engine, NotReady, reconcile
+from resmgr.engine import pusher as pushing
 from resmgr.engine import start as starting
 from resmgr.engine.store import StateStore
 from resmgr.frontends.cri.lifecycle import CriLifecycle
@@ -876,7 +877,7 @@ async def test_a_start_held_back_by_a_slow_runtime_waits_for_its_moves_within_th
     runtime takes them; only near the deadline is it refused."""
     import time
 
-    monkeypatch.setattr(starting, "ANSWER_MARGIN", 0.2)
+    monkeypatch.setattr(pushing, "ANSWER_MARGIN", 0.2)
     engine, rt, pod_id, cfg = await _held_back(tmp_path)
     started = []
 
@@ -900,7 +901,7 @@ async def test_a_start_held_back_by_a_runtime_that_does_not_answer_is_refused_be
     """An update the runtime takes forever with: the refusal still reaches the caller in time."""
     import time
 
-    monkeypatch.setattr(starting, "ANSWER_MARGIN", 0.3)
+    monkeypatch.setattr(pushing, "ANSWER_MARGIN", 0.3)
     engine, rt, pod_id, cfg = await _held_back(tmp_path)
     hang = asyncio.Event()
 
@@ -959,3 +960,80 @@ async def test_the_state_says_version_2_only_while_a_vanished_pod_is_remembered(
     await engine.reconcile()
     snap = engine.snapshot()
     assert snap["version"] == 2 and list(snap["vanished"]) == [cfg.metadata.uid]
+
+
+class ResizingPolicy(Policy):
+    """Container "g" gets CPU 1, any other CPUs 2-3; g resized to 2 CPUs takes 1-2 and moves the others to 3."""
+
+    name = "test-resizing"
+
+    def allocate(self, container, pod, view):
+        return Decision(resources=Resources(cpuset_cpus="1" if container.name == "g" else "2-3"))
+
+    def resize(self, container, pod, requested, view):
+        grow = requested.cpu_quota > 100000
+        others = {k: Resources(cpuset_cpus="3" if grow else "2-3") for k in view.containers if k != container.key}
+        return Decision(resources=Resources(cpuset_cpus="1-2" if grow else "1"), updates=others)
+
+
+async def test_a_resize_goes_to_the_runtime_only_once_the_containers_it_moves_have_left_its_new_cpus(tmp_path):
+    """A Guaranteed container resized from 1 to 2 CPUs takes CPU 2 from a shared one: the runtime
+    takes the shared one's move first, and while it refuses that move the resize is refused (kubelet
+    asks again) rather than sent, which would run both on CPU 2."""
+    import time
+
+    store = StateStore(tmp_path)
+    store.prepare()
+    engine = Engine(ResizingPolicy(), store, CriRuntime(FakeRuntime()))
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="g")
+    await _create(engine, pod_id, cfg, cid="c2", name="s")
+    rt.cpusets.update(c1="1", c2="2-3")
+    seen = []
+
+    async def send(req):
+        seen.append((req.linux.cpuset_cpus, rt.cpusets["c2"]))
+        return cri.UpdateContainerResourcesResponse()
+
+    def grow():
+        return cri.UpdateContainerResourcesRequest(container_id="c1", linux=cri.LinuxContainerResources(
+            cpu_shares=2048, cpu_quota=200000, cpu_period=100000))
+
+    rt.fail_updates = True
+    with pytest.raises(NotReady, match="c2"):
+        await front(engine).update_container_resources(grow(), send, deadline=time.monotonic() + 1)
+    assert seen == [] and engine.containers["c1"].resources.cpuset_cpus == "1"  # undone
+    rt.fail_updates = False
+    await front(engine).update_container_resources(grow(), send, deadline=time.monotonic() + 10)
+    assert seen == [("1-2", "3")]  # c2 was on CPU 3 alone before c1 was sent CPUs 1-2
+    assert engine.containers["c1"].resources.cpuset_cpus == "1-2" and not engine.containers["c2"].pending
+
+
+async def test_of_many_pushes_none_moves_onto_cpus_a_refused_move_did_not_free(tmp_path):
+    """A rebalance that moves c1 off CPU 0 and c2 onto it: when the runtime refuses c1's move, c2
+    stays where it is (pending) until reconciliation pushes both again."""
+    store = StateStore(tmp_path)
+    store.prepare()
+    engine = Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    await _create(engine, pod_id, cfg, cid="c2", name="b")
+    await engine.settle_updates()
+    assert rt.cpusets == {"c1": "0"} and engine.containers["c2"].resources.cpuset_cpus == "2"
+    async with engine.lock:
+        engine.record({"c1": Resources(cpuset_cpus="1"), "c2": Resources(cpuset_cpus="0")})
+    failing = engine.runtime.update_resources
+
+    async def refuse_c1(cid, res):
+        if cid == "c1":
+            raise RuntimeError("runtime away")
+        await failing(cid, res)
+
+    engine.runtime.update_resources = refuse_c1
+    await engine.apply_updates(Decision(updates={"c1": Resources(), "c2": Resources()}))
+    assert rt.cpusets == {"c1": "0"} and engine.containers["c2"].pending  # c2 not sent onto CPU 0
+    engine.runtime.update_resources = failing
+    await engine.pusher.push_pending()
+    assert rt.cpusets == {"c1": "1", "c2": "0"} and not engine.containers["c2"].pending

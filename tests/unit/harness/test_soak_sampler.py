@@ -1,0 +1,32 @@
+"""The soak's sampler on real processes: what runs in a scope is read anew each time."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from harness.soak import sampler
+
+
+def test_a_process_that_executes_another_program_is_seen_as_that_program():
+    """runc's init is "exe" until it executes the container's process (a sandbox's `pause`): a name
+    read once must not stand for the pid ever after, or every sandbox seen early runs "something"."""
+    proc = subprocess.Popen(["sh", "-c", "read x; exec sleep 30"], stdin=subprocess.PIPE)
+    try:
+        pid = str(proc.pid)
+        assert sampler.comm(pid) == "sh"
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 10
+        while sampler.comm(pid) != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sampler.comm(pid) == "sleep"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_runcs_init_under_any_of_its_names_is_not_the_containers_own_process():
+    assert all(sampler.is_init(n) for n in ("exe", "runc", "runc:[2:INIT]"))
+    assert not any(sampler.is_init(n) for n in ("pause", "sleep", "sh"))
