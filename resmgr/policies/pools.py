@@ -18,7 +18,6 @@ from resmgr.policies.toolkit.allocator import one_thread_per_core
 from resmgr.policies.toolkit.annotations import hide_hyperthreads
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.grants import Grant, Grants
-from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.requests import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
@@ -30,7 +29,7 @@ def grant_in(pool: str, exclusive: CPUSet = EMPTY, milli: int = 0) -> Grant:
     return Grant(pool, exclusive, shared=shared, on_shared=bool(pool), milli=milli)
 
 
-class PoolPolicy(SnapshotMoves, Policy):
+class PoolPolicy(Policy):
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
         self.require_topology()
@@ -111,6 +110,13 @@ class PoolPolicy(SnapshotMoves, Policy):
 
     def _remove(self, key: str) -> Grant | None:
         return self.grants.remove(key)
+
+    def release(self, container: Container, view: View) -> Decision:
+        """The container's grant goes; the users of pools whose CPUs grow move."""
+        before = self._snapshot()
+        if self._remove(container.key) is None:
+            return Decision()
+        return Decision(updates=self._updates(before, view, container.key))
 
     def update(self, container: Container, requested: Resources, view: View) -> Decision:
         cpus = self.cpus_of(container.key)

@@ -1,6 +1,6 @@
 """DRA claims in a policy: the grant key of a claim's own CPUs, which claim a container uses, how
 the containers sharing one split its CPU time, and the bookkeeping every policy offering devices
-shares (ClaimHolder) (docs/dra.md)."""
+shares (ClaimBook) (docs/dra.md)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from resmgr.model import Claim, Container, Decision, Pod, Resources, View
+from resmgr.model import Claim, Container, Pod
 from resmgr.policies.toolkit.errors import PolicyError
-from resmgr.policies.toolkit.moves import SnapshotMoves
 from resmgr.requests import milli_to_shares
 
 PREFIX = "claim:"
@@ -61,73 +60,60 @@ def export(claims: Mapping[str, Claim], unprepared: Iterable[str]) -> dict[str, 
     return out
 
 
-class ClaimHolder(SnapshotMoves):
-    """Prepare, unprepare and release for a policy that holds each claim's CPUs as an entry of its
-    own (keyed key(uid): a grant, a balloon member), listed before Policy among its bases. The
-    policy sets `claims` and `unprepared` and gives _hold (take a claim's CPUs), _claim_users,
-    _user_claim and _user_resources, besides SnapshotMoves' _snapshot, _remove and _updates."""
+class ClaimBook:
+    """The claims a policy holds CPUs for, by UID, and those kubelet unprepared while containers still
+    run on their CPUs (given back when the last of them goes). The policy holds the CPUs; the book
+    says when to take and when to give them back."""
 
-    claims: dict[str, Claim]  # prepared, by UID
-    unprepared: set[str]  # unprepared while containers still run on their CPUs
+    def __init__(self) -> None:
+        self.claims: dict[str, Claim] = {}  # prepared, with the CPUs held (Claim.cpus)
+        self.unprepared: set[str] = set()
 
-    def _hold(self, claim: Claim) -> int:
-        """Take the claim's CPUs on its device and return how many (PolicyError: nothing taken)."""
-        raise NotImplementedError
+    def usable(self) -> dict[str, Claim]:
+        """Claims a new container may run on: prepared and not unprepared."""
+        return {u: c for u, c in self.claims.items() if u not in self.unprepared}
 
-    def _claim_users(self, uid: str) -> list[str]:
-        """The keys of the containers running on the claim."""
-        raise NotImplementedError
-
-    def _user_claim(self, key: str) -> str:
-        """The claim a container runs on ("": none)."""
-        raise NotImplementedError
-
-    def _user_resources(self, key: str, c: Container) -> Resources:
-        """What a container running on a claim has now."""
-        raise NotImplementedError
-
-    def prepare_claim(self, claim: Claim, view: View) -> Decision:
+    def is_new(self, claim: Claim) -> bool:
+        """Whether the claim's CPUs are to be taken: False when it is held already (prepared again
+        after kubelet unprepared it while in use, it is in use again). PolicyError: held on another device."""
         held = self.claims.get(claim.uid)
-        if held is not None:
-            if held.device != claim.device:
-                raise PolicyError(f"{claim.who} is prepared on device {held.device}, not {claim.device}")
-            self.unprepared.discard(claim.uid)
-            return Decision()
-        before = self._snapshot()
-        count = self._hold(claim)
-        self.claims[claim.uid] = replace(claim, cpus=count)
-        return Decision(updates=self._updates(before, view, ""))
+        if held is None:
+            return True
+        if held.device != claim.device:
+            raise PolicyError(f"{claim.who} is prepared on device {held.device}, not {claim.device}")
+        self.unprepared.discard(claim.uid)
+        return False
 
-    def unprepare_claim(self, uid: str, view: View) -> Decision:
+    def hold(self, claim: Claim, cpus: int) -> None:
+        self.claims[claim.uid] = replace(claim, cpus=cpus)
+
+    def give_back_now(self, uid: str, users: list[str]) -> bool:
+        """kubelet unprepared the claim: whether its CPUs go now (False: none held, or containers
+        still run on them and they go with the last, see last_user_gone)."""
         if uid not in self.claims:
-            return Decision()
-        if self._claim_users(uid):  # still running on its CPUs: they go with the last of them
+            return False
+        if users:
             self.unprepared.add(uid)
-            return Decision()
-        return self._drop_claim(uid, view)
+            return False
+        return True
 
-    def _drop_claim(self, uid: str, view: View) -> Decision:
-        before = self._snapshot()
-        self._remove(key(uid))
+    def last_user_gone(self, uid: str, users: list[str]) -> bool:
+        """A container on the claim went: whether the claim's CPUs go now (unprepared, nobody left)."""
+        return not users and uid in self.unprepared
+
+    def drop(self, uid: str) -> None:
         self.claims.pop(uid, None)
         self.unprepared.discard(uid)
-        return Decision(updates=self._updates(before, view, ""))
 
-    def _sharers(self, uid: str, view: View, skip: str = "") -> dict[str, Resources]:
-        """The claim's users but skip, with their new part of its CPU time."""
-        out = {}
-        for k in self._claim_users(uid):
-            c = view.containers.get(k)
-            if k != skip and c is not None:
-                out[k] = self._user_resources(k, c)
-        return out
+    def describe(self, uid: str) -> dict[str, Any]:
+        claim = self.claims[uid]
+        return {"device": claim.device, "unprepared": uid in self.unprepared}
 
-    def release(self, container: Container, view: View) -> Decision:
-        uid = self._user_claim(container.key)
-        decision = super().release(container, view)
-        if not uid:
-            return decision
-        if not self._claim_users(uid) and uid in self.unprepared:
-            decision.updates.update(self._drop_claim(uid, view).updates)
-        decision.updates.update(self._sharers(uid, view))  # the rest of them get its CPU time
-        return decision
+    def export(self) -> dict[str, Any]:
+        return export(self.claims, self.unprepared)
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        self.claims, self.unprepared = restore(data)
+
+    def clear(self) -> None:
+        self.claims, self.unprepared = {}, set()

@@ -14,17 +14,21 @@ def test_a_process_that_executes_another_program_is_seen_as_that_program():
     proc = subprocess.Popen(["sh", "-c", "read x; exec sleep 30"], stdin=subprocess.PIPE)
     try:
         pid = str(proc.pid)
-        assert sampler.comm(pid) == "sh"
+        assert _becomes(pid, "sh")  # once the forked child has executed sh
         assert proc.stdin is not None
         proc.stdin.write(b"go\n")
         proc.stdin.flush()
-        deadline = time.monotonic() + 10
-        while sampler.comm(pid) != "sleep" and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert sampler.comm(pid) == "sleep"
+        assert _becomes(pid, "sleep")
     finally:
         proc.kill()
         proc.wait()
+
+
+def _becomes(pid: str, name: str) -> bool:
+    deadline = time.monotonic() + 10
+    while sampler.comm(pid) != name and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return sampler.comm(pid) == name
 
 
 def test_runcs_init_under_any_of_its_names_is_not_the_containers_own_process():

@@ -214,7 +214,7 @@ class BalloonChurn(RuleBasedStateMachine):
     def balloons_are_disjoint_and_sized(self):
         p = self.w.policy
         seen = CPUSet()
-        for b in p.balloons:
+        for b in p.fleet.balloons:
             assert b.cpus.isdisjoint(seen) and b.cpus.isdisjoint(p.reserved)
             seen |= b.cpus
             if not b.type.on_reserved:
@@ -238,7 +238,7 @@ def test_load_classes_keep_loaded_balloons_off_each_others_cores():
               topology=machine("sockets=2,cores=8,threads=2"),
               loadClasses=[{"name": "avx", "level": "core", "overloadsLevelInBalloon": True}])
     topo = w.policy.topo
-    ai = [b for b in w.policy.balloons if b.type.name == "ai-inference"]
+    ai = [b for b in w.policy.fleet.balloons if b.type.name == "ai-inference"]
     cores = [{topo.core_of[c] for c in b.cpus} for b in ai]
     assert all(len(c) == 4 for c in cores) and cores[0].isdisjoint(cores[1])  # a thread per core, apart
     video = w.add(G, 3000, namespace="video")
@@ -355,7 +355,7 @@ def test_the_reserved_balloon_grows_past_the_reserved_cpus_as_nri_plugins_lets_i
     system = [w.add(B, 1500, namespace="kube-system") for _ in range(3)]  # 4500m: 5 CPUs
     cpus = w.cpus(system[0])
     assert len(cpus) == 5 and CPUSet.parse("0") <= cpus and all(w.cpus(c) == cpus for c in system)
-    assert w.policy.free().isdisjoint(cpus)  # the CPUs it grew by are no other balloon's
+    assert w.policy.fleet.free().isdisjoint(cpus)  # the CPUs it grew by are no other balloon's
     assert w.policy.fallback() == []
     w.remove(system[0])
     w.remove(system[1])

@@ -156,7 +156,7 @@ def test_balloon_types_marked_for_dra_are_devices() -> None:
     assert offered["dra-numa-1"]["attributes"] == {"kind": "balloon", "balloonType": "dra-numa", "instance": 1}
     assert offered["dra-numa-0"]["cpus"] == 4 and offered["fixed-size-0"]["cpus"] == 4
     # Without a minimum a DRA balloon holds nothing until claimed.
-    assert [len(b.cpus) for b in w.policy.balloons if b.type.name == "dra-numa"] == [0, 0]
+    assert [len(b.cpus) for b in w.policy.fleet.balloons if b.type.name == "dra-numa"] == [0, 0]
 
 
 @pytest.mark.parametrize("dra_type, error", [
@@ -184,13 +184,13 @@ def test_a_claim_inflates_its_balloon_and_its_release_deflates_it() -> None:
     assert w.containers[a.key].resources.cpu_shares == 3072
     w.remove(w.containers[a.key])
     w.unprepare("u")
-    assert [len(b.cpus) for b in w.policy.balloons if b.type.name == "dra-numa"] == [0, 0]
+    assert [len(b.cpus) for b in w.policy.fleet.balloons if b.type.name == "dra-numa"] == [0, 0]
     # A claim naming no amount takes the whole balloon; one with a minimum keeps it.
     w.prepare(claim("whole", "dra-numa-0"))
     assert len(CPUSet.parse(w.policy.describe_claim("whole")["cpus"])) == 4
     w.prepare(claim("f", "fixed-size-0", 1))
     w.unprepare("f")
-    assert len(next(b for b in w.policy.balloons if b.type.name == "fixed").cpus) == 2
+    assert len(next(b for b in w.policy.fleet.balloons if b.type.name == "fixed").cpus) == 2
 
 
 def test_contradicting_requests_are_refused_by_name() -> None:

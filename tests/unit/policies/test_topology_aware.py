@@ -532,10 +532,10 @@ class TopologyAwareMachine(RuleBasedStateMachine):
         # The machine's never; a pool's only after exclusive CPUs were taken by the machine's capacity
         # (the scheduler admitted the pod), and then a notice names it.
         policy = self.world.policy
-        assert policy._shared_free(policy.pools[0]) >= 0
+        assert policy.accounts.shared_free(policy.pools[0]) >= 0
         notices = " ".join(policy.fallback())
         for pool in policy.pools:
-            own = 1000 * len(policy.sharable(pool)) - policy._milli[pool.id]
+            own = 1000 * len(policy.sharable(pool)) - policy.accounts.milli[pool.id]
             assert own >= 0 or not policy.sharable(pool) or f"pool {pool.name}:" in notices
 
     def teardown(self):
