@@ -104,11 +104,23 @@ class Accounts:
         return min(1000 * len(self._sharable[a.id]) - self.subtree_milli(a) for a in scope)
 
     def memory_free(self, pool: Pool, types: frozenset[MemoryType]) -> int:
+        """Memory a new grant of these types can still have at the pool (min over it and its ancestors).
+
+        A grant that may use several types (DRAM and PMEM, the default) is not charged in full to
+        each: the grants fit as long as, for every set S of types, those that may use only types of
+        S fit S's memory (Hall's condition). A new grant of types T changes only the sets that hold
+        T, so what it can have is the least room left over those."""
         free = None
+        wider = [t for t in MemoryType if t not in types]
         for a in pool.ancestors:
-            used = sum(v for q in a.subtree for t, v in self._mem[q.id].items() if t & types)
-            left = a.memory_of(types) - used
-            free = left if free is None else min(free, left)
+            used: dict[frozenset[MemoryType], int] = {}
+            for q in a.subtree:
+                for t, v in self._mem[q.id].items():
+                    used[t] = used.get(t, 0) + v
+            for extra in _subsets(wider):
+                s = types | extra
+                left = a.memory_of(s) - sum(v for t, v in used.items() if t <= s)
+                free = left if free is None else min(free, left)
         return free or 0
 
     def fallback(self) -> list[str]:
@@ -145,3 +157,10 @@ class Accounts:
     def claim_room(self, pool: Pool) -> int:
         """CPUs a new claim may still take from the pool (each ancestor keeping what its users need)."""
         return max(min([self.spare(pool)] + [self.spare_own(a) for a in pool.ancestors[1:]]), 0)
+
+
+def _subsets(items: list[MemoryType]) -> list[frozenset[MemoryType]]:
+    out = [frozenset[MemoryType]()]
+    for item in items:
+        out += [x | {item} for x in out]
+    return out

@@ -292,6 +292,21 @@ def test_memory_types():
         World(TA, SNC).add(G, 1000, annotations={PMEM: "pmem"})
 
 
+def test_memory_of_a_grant_that_may_use_two_types_is_not_charged_in_full_to_both():
+    """A DRAM+PMEM grant (the default) of 12 GiB on a node of 16 GiB DRAM and 64 GiB PMEM leaves
+    room for a DRAM-only grant of 12 GiB there: the first can live in PMEM. Charged in full to DRAM
+    too, the second was refused ("no pool can take ... MiB") while the node had room of one type."""
+    w = World(TA, machine("sockets=1,nodes=1,cores=4,threads=2,mem=16G,pmem=1x64G"))
+    both = w.add(G, 1000, memory=12 * GiB)
+    dram = w.add(G, 1000, memory=12 * GiB, annotations={PMEM: "dram"})
+    assert pool_of(w, both) == pool_of(w, dram)
+    with pytest.raises(PolicyError, match="no pool can take"):  # DRAM alone is full: 12 + 12 + 8 > 16 + 0
+        w.add(G, 1000, memory=8 * GiB, annotations={PMEM: "dram"})
+    w.add(G, 1000, memory=40 * GiB)  # the default types still have PMEM room: 12 + 12 + 40 <= 80
+    with pytest.raises(PolicyError, match="no pool can take"):
+        w.add(G, 1000, memory=20 * GiB)  # 84 > 80
+
+
 def test_memory_guard_widens_a_grant_that_outgrows_its_pool():
     w = World(TA, SNC)
     c = w.add(G, 1000, memory=8 * GiB)
