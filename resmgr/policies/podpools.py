@@ -9,7 +9,9 @@ annotated `pool.podpools.cri-resource-manager.intel.com: <type>` (or `pooltype.`
 its containers, to the instance of that type with the most free room (`FillOrder:
 Balanced`) or the least (`Packed`); kube-system (ReservedPoolNamespaces) to the reserved
 CPUs; the rest to the default pool: every CPU neither reserved nor in an instance (the
-reserved CPUs when none is left), or as many as a `default` type's `CPU` says.
+reserved CPUs when none is left), or as many as a `default` type's `CPU` says. A pod annotated
+for a type the configuration has not (misspelt, or dropped while the pod runs) goes to the default
+pool, as cri-resource-manager places it, and a notice says so.
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ class PodpoolsPolicy(Policy):
         self.default = free or self.reserved or cpus.general
         self.where: dict[str, str] = {}  # container key -> pool name
         self.pod_of: dict[str, str] = {}  # container key -> pod ID (for instances)
+        self.orphans: dict[str, str] = {}  # container key -> the pool type it is annotated for and is not
 
     def _pool_cpus(self, name: str) -> CPUSet:
         if name == RESERVED:
@@ -158,20 +161,15 @@ class PodpoolsPolicy(Policy):
         return next(i.cpus for i in self.instances if i.name == name)
 
     def _choose(self, container: Container, pod: Pod) -> str:
-        wanted = None
-        for hint in ("pool.podpools", "pooltype.podpools"):
-            found = annotations.hint(container, pod, hint)
-            if found is not None:
-                wanted = str(found[1]).strip()
-                break
+        """The pool's name; DEFAULT also for a type not configured (see _wanted)."""
+        wanted = self._wanted(container, pod)
         if wanted is None:
             if in_namespaces(pod.namespace, self.reserved_namespaces):
                 return RESERVED
             return DEFAULT
         mine = [i for i in self.instances if i.type == wanted]
         if not mine:
-            raise PolicyError(f"pod {pod.namespace}/{pod.name}: pool type {wanted!r} does not exist "
-                              f"(types: {', '.join(self.fill) or 'none'})")
+            return DEFAULT
         holding = next((i for i in mine if pod.id in i.pods), None)
         if holding is not None:
             return holding.name
@@ -186,6 +184,15 @@ class PodpoolsPolicy(Policy):
         packed = self.fill[wanted] == "Packed"
         return min(room, key=lambda i: ((1 if packed else -1) * (i.max_pods - len(i.pods) if i.max_pods
                                                                   else -len(i.pods)), i.index)).name
+
+    @staticmethod
+    def _wanted(container: Container, pod: Pod) -> str | None:
+        """The pool type the pod is annotated for (None: none)."""
+        for hint in ("pool.podpools", "pooltype.podpools"):
+            found = annotations.hint(container, pod, hint)
+            if found is not None:
+                return str(found[1]).strip()
+        return None
 
     def _resources(self, base: Resources, pool: str) -> Resources:
         cpus = self._pool_cpus(pool)
@@ -202,6 +209,9 @@ class PodpoolsPolicy(Policy):
         self.release(container, view)
         self.where[container.key] = pool
         self.pod_of[container.key] = pod.id
+        wanted = self._wanted(container, pod)
+        if wanted is not None and all(i.type != wanted for i in self.instances):
+            self.orphans[container.key] = wanted
         for i in self.instances:
             if i.name == pool:
                 i.pods.add(pod.id)
@@ -211,6 +221,7 @@ class PodpoolsPolicy(Policy):
         return Decision(resources=resources, classes=classes)
 
     def release(self, container: Container, view: View) -> Decision:
+        self.orphans.pop(container.key, None)
         pool = self.where.pop(container.key, None)
         pod = self.pod_of.pop(container.key, None)
         if pool is not None and pod is not None and pod not in self.pod_of.values():
@@ -226,6 +237,16 @@ class PodpoolsPolicy(Policy):
         if old_key in self.where:
             self.where[new_key] = self.where.pop(old_key)
             self.pod_of[new_key] = self.pod_of.pop(old_key)
+        if old_key in self.orphans:
+            self.orphans[new_key] = self.orphans.pop(old_key)
+
+    def fallback(self) -> list[str]:
+        out = []
+        for wanted in sorted(set(self.orphans.values())):
+            count = sum(1 for x in self.orphans.values() if x == wanted)
+            out.append(f"pool type {wanted} is not configured (types: {', '.join(self.fill) or 'none'}): "
+                       f"{count} container(s) annotated for it run in the default pool")
+        return out
 
     def describe_pools(self) -> list[dict[str, Any]]:
         pools = [(RESERVED, self._pool_cpus(RESERVED)), (DEFAULT, self.default)]

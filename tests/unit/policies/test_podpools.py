@@ -78,3 +78,21 @@ def test_the_default_pools_cpus_are_set_aside_before_a_percentage_is_taken():
         policies.create("podpools", {"podpools": {"Pools": [{"Name": "default", "CPU": 3},
                                                             {"Name": "x", "CPU": 1, "Instances": "15 CPUs"}]}},
                         DESKTOP)
+
+
+def test_a_pod_annotated_for_a_type_not_configured_runs_in_the_default_pool_with_a_notice():
+    """As cri-resource-manager places it: a misspelt type, or one a new configuration dropped while
+    the pod runs (re-placed under the new configuration), is not a refusal."""
+    w = World("podpools", DESKTOP, **CONFIG)
+    typo = w.add(QOSClass.BURSTABLE, 250, annotations={POOL: "singelcpu"})
+    assert w.policy.describe_grant(typo.key)["pool"] == "default"
+    assert w.policy.fallback() == ["pool type singelcpu is not configured (types: singlecpu, dualcpu): 1 container(s) "
+                                   "annotated for it run in the default pool"]
+    w.policy.release(typo, None)
+    assert w.policy.fallback() == []
+
+    dropped = {**CONFIG, "podpools": {"Pools": CONFIG["podpools"]["Pools"][1:]}}  # singlecpu gone
+    after = World("podpools", DESKTOP, **dropped)
+    running = after.add(QOSClass.BURSTABLE, 250, annotations={POOL: "singlecpu"})
+    assert after.policy.describe_grant(running.key)["pool"] == "default"
+    assert "pool type singlecpu is not configured" in after.policy.fallback()[0]
