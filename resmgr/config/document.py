@@ -128,6 +128,8 @@ _CLASSES = "nri-plugins' CPU classes (frequencies), not applied here"
 LEFT_OUT = {
     ("cpu",): "cri-resource-manager's CPU classes (frequencies, energy preference), not applied here",
     ("logger", "Klog"): "klog's own settings; cri-resmgr logs through Python's logging",
+    ("resource-manager.control", "page-migration"): "cri-resource-manager's page migration (idle pages moved "
+    "between DRAM and PMEM by a scanner), not done here; memory nodes are still pinned by memory type",
     # A misspelling in cri-resource-manager's own balloons samples, which its loader ignores.
     ("policy", "balloons", "BalloonTypes", "*", "PreferNewBalloon"): "not an option (PreferNewBalloons is); "
     "cri-resource-manager ignores it",

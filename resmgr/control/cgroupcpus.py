@@ -1,7 +1,8 @@
 """`cgroup:<path>` CPU values in the policy section, resolved to CPU sets when a configuration is loaded.
 
 A policy never reads the node: it gets `cpuset:<list>` in place of `cgroup:<path>`. The
-path is below the cgroup root; cgroup v1 keeps cpusets in its `cpuset` hierarchy, v2 in
+path is below the cgroup root (a bare `/path` too, as cri-resource-manager writes it, unless it is
+a cgroup directory itself, as nri-plugins writes it); cgroup v1 keeps cpusets in its `cpuset` hierarchy, v2 in
 the unified one, where `cpuset.cpus.effective` says what the group really gets.
 """
 
@@ -55,9 +56,20 @@ def resolve(section: dict[str, Any], cgroup_root: str) -> dict[str, Any]:
                 except ConfigError as err:
                     raise ConfigError(f"policy.{name}.{key}: {err}") from None
             elif isinstance(value, str) and value.strip().startswith("/"):
-                # nri-plugins' form: the cgroup's directory itself (its mount point included).
-                res[key] = f"cpuset:{read_cgroup_dir(value.strip(), f'policy.{name}.{key}')}"
+                res[key] = f"cpuset:{read_cgroup_path(value.strip(), cgroup_root, f'policy.{name}.{key}')}"
     return out
+
+
+def read_cgroup_path(path: str, cgroup_root: str, what: str) -> CPUSet:
+    """A bare directory: nri-plugins' form, the cgroup's own directory (its mount point included),
+    else cri-resource-manager's, a cgroup below the cpuset hierarchy (`/my-cpus`)."""
+    try:
+        return read_cgroup_dir(path, what)
+    except ConfigError as err:
+        try:
+            return read_cgroup_cpus(cgroup_root, path)
+        except ConfigError:
+            raise ConfigError(f"{err}, nor a cgroup below {cgroup_root}") from None
 
 
 def read_cgroup_dir(path: str, what: str) -> CPUSet:

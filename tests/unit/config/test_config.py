@@ -161,7 +161,11 @@ def test_cgroup_cpu_values_are_resolved_at_load_under_the_cgroup_root(tmp_path, 
     # nri-plugins' form: the cgroup's own directory, mount point included.
     assert cpus.resolve({"AvailableResources": {"cpu": str(group)}}, "/nowhere")["AvailableResources"] == \
         {"cpu": "cpuset:1-2"}
-    with pytest.raises(ConfigError, match=r"policy.AvailableResources.cpu: .*/missing: not a cgroup directory"):
+    # cri-resource-manager's form: a bare path below the cpuset hierarchy.
+    assert cpus.resolve({"AvailableResources": {"cpu": "/kube/reserved"}}, str(tmp_path))["AvailableResources"] == \
+        {"cpu": "cpuset:1-2"}
+    with pytest.raises(ConfigError, match=r"policy.AvailableResources.cpu: .*/missing: not a cgroup directory.*"
+                                          r"nor a cgroup below"):
         cpus.resolve({"AvailableResources": {"cpu": str(tmp_path / "missing")}}, str(tmp_path))
 
 
@@ -175,6 +179,11 @@ def test_cri_resource_managers_own_sections_are_left_out_with_a_warning(caplog):
     assert doc["logger"]["Klog"] == {"skip_headers": True}  # the caller's document is not changed
     with pytest.raises(ConfigError, match="unknown section 'cpus'"):  # a typo is still one
         validate({"cpus": {}})
+    migrating = {"policy": {"Active": "topology-aware"}, "resource-manager.control": {
+        "page-migration": {"PageScanInterval": "5s", "MaxPageMoveCount": 1024}, "rdt": {"Mode": "relaxed"}}}
+    config = validate(migrating, "pmem.cfg")
+    assert config.policy_name == "topology-aware"
+    assert "pmem.cfg: resource-manager.control.page-migration left out" in caplog.text
 
 
 def test_a_misspelling_cri_resource_manager_ignores_is_left_out_and_others_still_refused(caplog):
