@@ -110,14 +110,17 @@ class Placement:
             sticky = -pool.depth if r.previous and r.previous <= pool.cpus else 1
             # A Burstable container goes no deeper than what it may burst to allows.
             narrow = not r.bursts_in(pool)
+            # A pool it would fill exactly loses to one that keeps room, as cri-resource-manager and
+            # nri-plugins rank them: the next request there could only go up the tree.
+            exhausts = not isolated and left <= 0
             # As nri-plugins ranks them: exclusive CPUs where most shared capacity is left; shared ones
             # where fewest containers are, then most capacity, so they spread over the pools.
             # A pool running containers that ask for no CPU time counts 1m less, as nri-plugins has it.
             if any(self.accounts.idle[q.id] for q in pool.subtree):
                 left -= 1
             spread = (-left, 0) if r.exclusive else (self.accounts.colocated[pool.id], -left)
-            ranked.append(((elsewhere, sticky, -affinity, narrow, not all_types, -hinted, not preferred_cpu, split,
-                            -pool.depth, *spread, pool.id), pool))
+            ranked.append(((elsewhere, sticky, exhausts, -affinity, narrow, not all_types, -hinted, not preferred_cpu,
+                            split, -pool.depth, *spread, pool.id), pool))
         if not ranked:
             raise PolicyError(f"container {r.who}: no pool can take {r.describe() or 'it'}; free: {self.free()}")
         best = min(ranked, key=lambda x: x[0])[1]

@@ -374,6 +374,21 @@ def test_colocate_pods_option():
     assert pool_of(spread, spread.add(G, 1000, pod=pod, name="b")) != pool_of(spread, first)
 
 
+def test_a_pool_a_shared_request_would_fill_exactly_loses_to_one_that_keeps_room():
+    """As cri-resource-manager and nri-plugins rank pools: a pod's second container, drawn to its
+    first's NUMA node (ColocatePods), does not take that node's last shared CPU time while another
+    pool has room: it goes up to the socket, which still holds its partner's node."""
+    w = World(TA, SNC, **{TA: {"ColocatePods": True}})
+    pod = w.pod(B)
+    first = w.add(B, 7000, pod=pod, name="a")
+    node = pool_of(w, first)
+    assert w.policy.by_name[node].depth == 2  # a NUMA node of 8 CPUs
+    second = w.add(B, 1000, pod=pod, name="b")
+    assert pool_of(w, second) == w.policy.by_name[node].parent.name
+    third = w.add(B, 500, pod=pod, name="c")  # room left at the node: colocated there
+    assert pool_of(w, third) == node
+
+
 @pytest.mark.parametrize("annotations, message", [
     ({"cri-resource-manager.intel.com/affinity": "app: [unclosed"}, "not valid YAML"),
     ({"cri-resource-manager.intel.com/affinity": "- a\n- b\n"}, "expected a mapping of container name"),
