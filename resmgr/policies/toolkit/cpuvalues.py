@@ -38,9 +38,11 @@ def parse(value: object, what: str) -> CPUSet | int:
         raise PolicyError(f"{what}: {err}") from None
 
 
-def resolve(value: object, what: str, topology: Topology, within: CPUSet) -> CPUSet:
-    """A cpuset within `within`; a quantity is rounded up and taken topology-compactly;
-    `exclude-cpuset:LIST` is `within` without LIST."""
+def resolve(value: object, what: str, topology: Topology, within: CPUSet, first: bool = False) -> CPUSet:
+    """A cpuset within `within`; a quantity is rounded up and taken topology-compactly (first: from
+    the first NUMA node that holds it, as cri-resource-manager takes reserved CPUs, not next to the
+    kernel-isolated ones the allocator would pack it against); `exclude-cpuset:LIST` is `within`
+    without LIST."""
     text = value.strip() if isinstance(value, str) else ""
     if text.startswith("exclude-cpuset:"):
         try:
@@ -55,6 +57,12 @@ def resolve(value: object, what: str, topology: Topology, within: CPUSet) -> CPU
                               f"(available: {within or 'none'})")
         return parsed
     count = -(-parsed // 1000)
+    if first:
+        for node in sorted(topology.nodes):
+            here = within & topology.node_cpus(node)
+            if len(here) >= count:
+                within = here
+                break
     try:
         return take_cpus(topology, within, count)
     except AllocationError as err:
@@ -95,6 +103,6 @@ def resolve_cpus(config: Mapping[str, Any], topology: Topology) -> CPUs:
         if avail_cfg is not None else online
     isolated = available & topology.isolated
     reserved_cfg = cpu_resources(config, "ReservedResources")
-    reserved = resolve(reserved_cfg, "policy.ReservedResources.cpu", topology, available - isolated) \
+    reserved = resolve(reserved_cfg, "policy.ReservedResources.cpu", topology, available - isolated, first=True) \
         if reserved_cfg is not None else CPUSet()
     return CPUs(available, isolated, reserved)

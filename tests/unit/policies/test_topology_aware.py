@@ -272,6 +272,16 @@ def test_memory_follows_the_cpus_a_container_really_has():
     assert w.mems(up) == CPUSet.parse("1")
 
 
+def test_a_reserved_quantity_is_taken_from_the_first_cpus_not_next_to_the_isolated_ones():
+    """As cri-resource-manager takes them: packing the reserved CPUs against kernel-isolated ones (on
+    socket 1 here) shrank that node's shared pool twice over."""
+    topo = machine("sockets=2,nodes=1,cores=4,threads=2,isolated=4-5")
+    w = World(TA, topo, ReservedResources={"cpu": 2})
+    assert w.policy.reserved == CPUSet.parse("0,8")  # core 0 of socket 0
+    assert pools(w.policy)["socket #1"]["shared"] == "6-7,12-15"  # only the isolated CPUs are off it
+    assert pools(w.policy)["socket #0"]["shared"] == "1-3,9-11"
+
+
 def test_memory_types():
     topo = machine("sockets=2,nodes=2,cores=4,threads=2,pmem=2x64G,hbm=2x4G")
     kinds = {n.id: n.kind.value for n in topo.nodes.values()}
