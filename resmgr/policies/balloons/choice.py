@@ -98,17 +98,13 @@ class Choice:
         req = container_requirements(container, pod)
         hide = bool(annotations.hide_hyperthreads(container, pod))
         return Member(req.cpu_request, pod.id, pod.namespace, hide,
-                      pin_cpu=not self._preserve(container, pod, "cpu"),
-                      pin_memory=not self._preserve(container, pod, "memory"),
+                      pin_cpu=not annotations.preserve(container, pod, "cpu"),
+                      pin_memory=not annotations.preserve(container, pod, "memory"),
                       mem_types=self._memory_types(container, pod))
 
     def _memory_types(self, container: Container, pod: Pod) -> frozenset[MemoryType]:
         """The memory-type annotation, ours or nri-plugins' (`memory-type.resource-policy.nri.io`)."""
         return annotations.memory_types(container, pod) or frozenset()
-
-    def _preserve(self, container: Container, pod: Pod, what: str) -> bool:
-        value = hint(container, pod, f"{what}.preserve")
-        return value is not None and annotations.to_bool(f"{what}.preserve", container.name, value)
 
     def group(self, t: BalloonType, container: Container, pod: Pod) -> str:
         return substitute(t.group_by, container, pod) if t.group_by else ""

@@ -183,6 +183,12 @@ def core_kind(container: Container, pod: Pod) -> CoreKind | None:
     return CoreKind(word)
 
 
+def preserve(container: Container, pod: Pod, what: str) -> bool:
+    """The `cpu.preserve` / `memory.preserve` hint (nri-plugins'): the container's CPUs or memory
+    nodes are left as they are, not written, though its grant still counts."""
+    return bool(bool_hint(container, pod, f"{what}.preserve"))
+
+
 def hide_hyperthreads(container: Container, pod: Pod) -> bool | None:
     """The hide-hyperthreads hint: run on one thread of each core of the grant."""
     return bool_hint(container, pod, HIDE_HYPERTHREADS)

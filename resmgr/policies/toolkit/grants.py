@@ -34,6 +34,8 @@ class Grant:
     mem_pool: str = ""  # whose memory nodes it uses, when not its pool's (moved up for room)
     hide_ht: bool = False  # runs on one thread of each core
     claim: str = ""  # the DRA claim (UID) whose CPUs it runs on (a claim's own grant: "")
+    pin_cpu: bool = True  # False: its CPUs are left as they are (cpu.preserve), though the grant counts
+    pin_memory: bool = True  # False: its memory nodes are left as they are (memory.preserve)
 
     @property
     def memory_pool(self) -> str:
@@ -54,7 +56,8 @@ class Grant:
                              "shared": self.shared, "on_shared": self.on_shared}
         for name, value, default in (("reserved", self.reserved, False), ("memory", self.memory, 0),
                                      ("mem_pool", self.mem_pool, ""), ("hide_ht", self.hide_ht, False),
-                                     ("claim", self.claim, "")):
+                                     ("claim", self.claim, ""), ("pin_cpu", self.pin_cpu, True),
+                                     ("pin_memory", self.pin_memory, True)):
             if value != default:
                 d[name] = value
         if self.mem_types != DEFAULT_MEMORY:
@@ -73,7 +76,8 @@ class Grant:
         return cls(pool, exclusive, shared, on_shared, bool(d.get("reserved", False)),
                    milli or shared + 1000 * len(exclusive), int(d.get("memory", 0)),
                    frozenset(MemoryType(t) for t in types) if types else DEFAULT_MEMORY,
-                   str(d.get("mem_pool", "")), bool(d.get("hide_ht", False)), str(d.get("claim", "")))
+                   str(d.get("mem_pool", "")), bool(d.get("hide_ht", False)), str(d.get("claim", "")),
+                   bool(d.get("pin_cpu", True)), bool(d.get("pin_memory", True)))
 
 
 Change = Callable[[str, Grant, int], None]

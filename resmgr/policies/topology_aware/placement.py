@@ -149,7 +149,7 @@ class Placement:
         exclusive = EMPTY
         if r.reserved:
             return Grant(pool.name, reserved=True, milli=r.shared, memory=r.memory, mem_types=r.mem_types,
-                         hide_ht=r.hide_ht)
+                         hide_ht=r.hide_ht, pin_cpu=r.pin_cpu, pin_memory=r.pin_memory)
         if r.exclusive:
             free_iso = pool.isolated - self.accounts.taken
             if r.isolated and len(free_iso) >= r.exclusive:
@@ -157,7 +157,8 @@ class Placement:
             else:
                 exclusive = self.slice(pool, r.exclusive, r.prefer)
         return Grant(pool.name, exclusive, shared=r.shared if r.on_shared else 0, on_shared=r.on_shared,
-                     milli=1000 * r.exclusive + r.shared, memory=r.memory, mem_types=r.mem_types, hide_ht=r.hide_ht)
+                     milli=1000 * r.exclusive + r.shared, memory=r.memory, mem_types=r.mem_types, hide_ht=r.hide_ht,
+                     pin_cpu=r.pin_cpu, pin_memory=r.pin_memory)
 
     def slice(self, pool: Pool, count: int, prefer: Preferences) -> CPUSet:
         """count CPUs off the pool's shared set, spread over children as their spare allows."""

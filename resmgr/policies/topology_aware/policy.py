@@ -147,10 +147,10 @@ class TopologyAwarePolicy(Policy):
 
     def _resources(self, base: Resources, g: Grant) -> Resources:
         cpus, mems = self._placed(g)
-        out = base.with_cpus(str(cpus)) if self.pin_cpu or g.claim else base.with_cpus(base.cpuset_cpus)
+        out = base.with_cpus(str(cpus)) if self.pin_cpu and g.pin_cpu or g.claim else base.with_cpus(base.cpuset_cpus)
         if g.claim:
             out.cpu_shares = claims.shares(len(cpus), len(self.dra.users(g.claim)))
-        if self.pin_memory:
+        if self.pin_memory and g.pin_memory:
             if mems:
                 out.cpuset_mems = str(mems)
         return out
@@ -169,7 +169,9 @@ class TopologyAwarePolicy(Policy):
             for key in sorted(self.accounts.users[pool.id]):
                 c = view.containers.get(key)
                 if key != skip and c is not None:
-                    updates[key] = self._resources(c.resources, self.grants[key])
+                    now = self._resources(c.resources, self.grants[key])
+                    if now != c.resources:  # a preserved container's may not change
+                        updates[key] = now
         return updates
 
     # -- the policy interface -------------------------------------------------------------

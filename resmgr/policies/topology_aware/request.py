@@ -53,6 +53,8 @@ class Request:
     affinity: dict[str, float] = field(default_factory=dict)  # container key -> weight
     prefer: Preferences = ANY  # what kind of exclusive CPUs
     hide_ht: bool = False
+    pin_cpu: bool = True  # False: cpu.preserve
+    pin_memory: bool = True  # False: memory.preserve
     previous: CPUSet = EMPTY  # where the pod's container of this name ran before: its pool first
     burst_limit: int = 0  # a Burstable container's CPU limit (milli): pools with that many CPUs first
     burst_level: int | None = None  # a Burstable container without one: pools this wide or wider first
@@ -99,6 +101,8 @@ class Asking:
                     mem_types=types if types is not None else annotations.DEFAULT_MEMORY,
                     explicit_types=types is not None, hints=container.hints,
                     hide_ht=bool(annotations.hide_hyperthreads(container, pod)),
+                    pin_cpu=not annotations.preserve(container, pod, "cpu"),
+                    pin_memory=not annotations.preserve(container, pod, "memory"),
                     previous=CPUSet.parse_or_empty(container.previous))
         reserved_hint = annotations.bool_hint(container, pod, annotations.PREFER_RESERVED)
         in_reserved_namespace = in_namespaces(pod.namespace, self.settings.reserved_namespaces)

@@ -282,6 +282,18 @@ def test_a_reserved_quantity_is_taken_from_the_first_cpus_not_next_to_the_isolat
     assert pools(w.policy)["socket #0"]["shared"] == "1-3,9-11"
 
 
+def test_cpu_and_memory_preserve_leave_a_containers_cpus_or_memory_as_they_are_while_its_grant_counts():
+    """nri-plugins honours cpu.preserve and memory.preserve in topology-aware as in balloons."""
+    w = World(TA, SNC)
+    kept = w.add(G, 2000, annotations={"cpu.preserve.resource-policy.nri.io": "true"})
+    assert w.cpus(kept) == CPUSet() and w.mems(kept)  # its CPUs as kubelet left them; its memory pinned
+    assert len(w.policy.grants[kept.key].exclusive) == 2  # still counted: nobody else gets them
+    mem = w.add(B, 500, annotations={"memory.preserve.resource-policy.nri.io/container.app": "true"})
+    assert w.cpus(mem) and w.mems(mem) == CPUSet()
+    other = w.add(G, 4000)  # moves the shared ones: the preserved CPUs are still not written
+    assert w.cpus(kept) == CPUSet() and w.cpus(other).isdisjoint(w.policy.grants[kept.key].exclusive)
+
+
 def test_memory_types():
     topo = machine("sockets=2,nodes=2,cores=4,threads=2,pmem=2x64G,hbm=2x4G")
     kinds = {n.id: n.kind.value for n in topo.nodes.values()}
