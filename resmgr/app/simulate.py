@@ -291,7 +291,8 @@ class SimulateOptions:
     machine: str = opt("", "--machine", group=MACHINE, exclusive="machine", metavar="SPEC",
                        help="generate a machine: sockets=N,dies=N,nodes=N,cores=N,threads=N,mem=SIZE,"
                             "pmem=NxSIZE,hbm=NxSIZE,isolated=LIST,offline=LIST (';' separates list items), "
-                            "numbering=linear, ecores=N,ecluster=N (hybrid), l3=N (cores per L3 domain)")
+                            "numbering=linear, ecores=N,ecluster=N (hybrid), l3=N (cores per L3 domain), "
+                            "l2=N (cores per L2 cluster)")
     config: str = opt("", "--config", metavar="FILE", help="YAML configuration (policy section); default: none policy")
     pods: str = opt("", "--pods", metavar="FILE", required=True,
                     help="YAML list of pods to place, in order, and of steps ({delete: [names]}, {config: {...}})")

@@ -46,6 +46,9 @@ class MachineSpec:
     # Performance (or only) cores per L3 domain within a node (core complexes, as on AMD EPYC);
     # 0: one L3 per die.
     l3: int = 0
+    # Performance (or only) cores per L2 cache within a node (cache clusters, as on Arm servers and
+    # in nri-plugins' cache-cluster tests); 0: an L2 per core.
+    l2: int = 0
 
     @property
     def cpu_nodes(self) -> int:
@@ -66,13 +69,13 @@ class MachineSpec:
 
 
 _SPEC_KEYS = {"sockets": "sockets", "dies": "dies", "nodes": "nodes_per_die", "cores": "cores_per_node",
-              "threads": "threads", "ecores": "ecores", "ecluster": "ecluster", "l3": "l3"}
+              "threads": "threads", "ecores": "ecores", "ecluster": "ecluster", "l3": "l3", "l2": "l2"}
 
 
 def parse_spec(text: str) -> MachineSpec:
     """'sockets=2,nodes=2,cores=14,threads=2,mem=96G,pmem=2x512G,hbm=..,isolated=..,offline=..';
     a hybrid desktop: 'cores=8,threads=2,ecores=8,ecluster=4,numbering=linear'; a server with four L3
-    domains (core complexes) per NUMA node: 'sockets=2,cores=32,l3=8'."""
+    domains (core complexes) per NUMA node: 'sockets=2,cores=32,l3=8'; L2 clusters of 2 cores: 'l2=2'."""
     spec = MachineSpec()
     for item in filter(None, (s.strip() for s in re.split(r",(?=[a-z][a-z0-9]*=)", text))):
         key, _, value = item.partition("=")
@@ -142,8 +145,14 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
         return 1 if core >= spec.cores else spec.threads
 
     siblings = {g: CPUSet(cpu_id(g, t) for t in range(threads(g))) for g in range(len(layout))}
-    # L2: a core's own, or its cluster of efficient cores in the same node.
+    # L2: a core's own, its cluster of l2 cores in the same node, or its cluster of efficient cores.
     l2, l2_id = dict(siblings), {g: g for g in siblings}
+    if spec.l2:
+        for g in range(spec.cores):
+            node_first = g - g % spec.cores_per_node
+            first = node_first + (g - node_first) // spec.l2 * spec.l2
+            last = min(first + spec.l2, node_first + spec.cores_per_node)
+            l2[g], l2_id[g] = CPUSet(c for h in range(first, last) for c in siblings[h]), first
     for g in range(spec.cores, len(layout)):
         node_first = g - (g - spec.cores) % spec.ecores  # the node's first efficient core
         first = node_first + (g - node_first) // spec.ecluster * spec.ecluster

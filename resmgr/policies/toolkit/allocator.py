@@ -10,7 +10,9 @@ node, L3 domain, L2 cluster, core). A choice is judged, in this order, by:
    node, as prefer-align-cpus-by-uncorecache and better);
 3. idle cores it breaks (a lone thread comes from a core already in use);
 4. packing: the tightest domain that holds it (big free blocks stay whole), or with
-   `balance` the one with the most free CPUs (balloons' allocatorTopologyBalancing);
+   `balance` the one with the most free CPUs (balloons' allocatorTopologyBalancing), which
+   then comes before 3: balancing spreads first, and a balloon sharing its idle siblings
+   (shareIdleCPUsInSame) gets a core of its own rather than the last thread of a used one;
 5. lowest CPU IDs. Deterministic for the same inputs.
 
 The search descends the tree: at each domain it weighs every child that can hold the
@@ -206,7 +208,10 @@ class _Search:
 
     def _rank(self, option: tuple[CPUSet, int, int]) -> tuple[object, ...]:
         chosen, room, spilled = option
-        return self.score(chosen), spilled, -room if self.balance else room, chosen.bits & -chosen.bits
+        partial, spans, broken = self.score(chosen)
+        if self.balance:  # the emptiest domain first, even if that breaks an idle core there
+            return partial, spans, spilled, -room, broken, chosen.bits & -chosen.bits
+        return partial, spans, broken, spilled, room, chosen.bits & -chosen.bits
 
     def _spill(self, kids: list[_Domain], count: int) -> CPUSet:
         """Whole children, most free first, then the rest from the best child that holds it."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.replay import Replay, outcome
+from tests.support.replay import N4C16, Replay, outcome
 
 TA_DEFAULTS = {"ReservedResources": "{cpu: 750m}", "ColocatePods": "false", "ColocateNamespaces": "false",
                "extra": ""}
@@ -621,6 +621,55 @@ def balloons_allocator_options() -> Replay:
     return r
 
 
+def balloons_cache_clusters_of_4() -> Replay:
+    """balloons test13-cacheclusters, first part: nri-plugins overrides the machine's caches so that
+    the two cores of each NUMA node share an L2 (`l2=2` here)."""
+    config = BALLOONS_RESOURCE + """  allocatorTopologyBalancing: true
+  reservedResources: {cpu: 750m}
+  pinCPU: true
+  pinMemory: true
+  balloonTypes:
+    - {name: l2burst, minCPUs: 1, maxCPUs: 4, shareIdleCPUsInSame: l2cache, preferSpreadingPods: true,
+       preferNewBalloons: true}
+    - {name: l2pack, allocatorTopologyBalancing: false, shareIdleCPUsInSame: l2cache, maxCPUs: 1}
+"""
+    r = Replay("balloons/test13", config, spec=N4C16 + ",l2=2")
+    r.create("guaranteed", contcount=3, cpu="1500m", annotations=of("l2burst"))  # pod0: one per free L2
+    r.verify("len(cpus['pod0c0']) == 4", "len(cpus['pod0c1']) == 4",
+             "apart(nodes['pod0c0'], nodes['pod0c1'], nodes['pod0c2'])")
+    r.create("guaranteed", cpu="2", annotations=of("l2burst"))  # pod1: the L2 the reserved CPU is in
+    r.verify("len(cpus['pod1c0']) == 3", "apart(cpus['pod1c0'], cpus['pod0c0'], cpus['pod0c1'], cpus['pod0c2'])")
+    r.delete_all()
+    r.create("guaranteed", contcount=4, cpu="500m", annotations=of("l2pack"))  # pod2: two per balloon, one L2
+    r.verify(*(f"len(cpus['pod2c{i}']) == 2" for i in range(4)),
+             "len(cpus['pod2c0'] & cpus['pod2c1'] & cpus['pod2c2'] & cpus['pod2c3']) == 1",
+             "len(cpus['pod2c0'] | cpus['pod2c1'] | cpus['pod2c2'] | cpus['pod2c3']) == 3",
+             "nodes['pod2c0'] == nodes['pod2c1'] == nodes['pod2c2'] == nodes['pod2c3']")
+    return r
+
+
+def balloons_cache_clusters_of_2() -> Replay:
+    """balloons test13-cacheclusters, second part: an L2 per core (the generated machine's own)."""
+    config = BALLOONS_RESOURCE + """  allocatorTopologyBalancing: true
+  reservedResources: {cpu: 750m}
+  balloonTypes:
+    - {name: l2burst, minCPUs: 1, maxCPUs: 4, shareIdleCPUsInSame: l2cache, preferSpreadingPods: true,
+       preferNewBalloons: true}
+"""
+    r = Replay("balloons/test13-l2core", config)
+    r.reset()
+    r.count = 4
+    r.create("guaranteed", contcount=4, cpu="500m", annotations=of("l2burst"))  # pod4: one per free L2
+    r.verify(*(f"len(cpus['pod4c{i}']) == 2" for i in range(4)),
+             "apart(cpus['pod4c0'], cpus['pod4c1'], cpus['pod4c2'], cpus['pod4c3'])",
+             "apart(nodes['pod4c0'], nodes['pod4c1'], nodes['pod4c2'], nodes['pod4c3'])")
+    r.create("guaranteed", contcount=3, cpu="500m", annotations=of("l2burst"))  # pod5: three more L2s
+    r.verify(*(f"len(cpus['pod5c{i}']) == 2" for i in range(3)),
+             "apart(cpus['pod5c0'], cpus['pod5c1'], cpus['pod5c2'], cpus['pod4c0'], cpus['pod4c1'], "
+             "cpus['pod4c2'], cpus['pod4c3'])")
+    return r
+
+
 def balloons_match_expressions() -> Replay:
     """balloons test11-match-expression."""
     r = Replay("balloons/test11", BALLOONS_RESOURCE + """  reservedResources: {cpu: 750m}
@@ -737,7 +786,8 @@ SCENARIOS = (ta_basic_placement, ta_always_fits, ta_shrink_and_grow_shared, ta_s
              ta_global_shared_preference, ta_busy_shared_pools, ta_idle_shared_pools,
              balloons_basic_placement, balloons_reserved, balloons_group_by, balloons_namespace,
              balloons_max_balloons, balloons_numa, balloons_composite, balloons_allocator_options,
-             balloons_match_expressions, balloons_available_cpus, balloons_update_config, balloons_isolated)
+             balloons_match_expressions, balloons_available_cpus, balloons_update_config, balloons_isolated,
+             balloons_cache_clusters_of_4, balloons_cache_clusters_of_2)
 
 # Checks that miss, each with the reason docs/limitations.md gives.
 KNOWN: dict[str, str] = {

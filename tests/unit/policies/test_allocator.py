@@ -91,6 +91,17 @@ def test_core_kind_preference_and_l2_clusters():
     assert take_cpus(HYBRID, CPUSet.parse("0-1,16,20"), 3, p) == CPUSet.parse("0-1,16")
 
 
+def test_l2_cache_clusters_of_a_generated_machine_are_placed_by():
+    """`--machine ...,l2=2`: two cores of a node share an L2 (nri-plugins' cache-cluster machines)."""
+    clusters = machine("sockets=1,nodes=2,cores=4,threads=2,l2=2")  # node 0: cores 0-3, node 1: 4-7
+    assert sorted(str(c) for c in set(clusters.l2_of.values())) == ["0-1,8-9", "2-3,10-11", "4-5,12-13",
+                                                                    "6-7,14-15"]
+    assert "l2" in [lv.name for lv in clusters.hierarchy]
+    assert take_cpus(clusters, clusters.online, 4) == CPUSet.parse("0-1,8-9")  # one whole cluster
+    assert take_cpus(clusters, clusters.online - CPUSet([0]), 4) == CPUSet.parse("2-3,10-11")
+    assert take_cpus(clusters, clusters.online - CPUSet([0]), 2) == CPUSet.parse("1,9")  # its other core
+
+
 def test_one_l3_domain_before_spreading():
     assert take_cpus(CCX, CCX.online, 8) == CPUSet.parse("0-3,32-35")
     # The fullest domain that still holds the request: 6 CPUs fit the one with 7 free.
