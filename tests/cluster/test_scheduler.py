@@ -193,10 +193,14 @@ def test_a_guaranteed_pod_goes_to_the_node_that_can_align_it(cluster: Cluster) -
 CLAIMS = ("resource.k8s.io", "v1", NAMESPACE, "resourceclaims")
 
 
-def make_claim(cluster: Cluster, name: str, cpus: str = "", kind: str = "numa") -> None:
-    """A claim for CPUs of one device of the kind (cpus "": as many as the device has)."""
+def make_claim(cluster: Cluster, name: str, cpus: str = "", kind: str = "numa", numa: int | None = None) -> None:
+    """A claim for CPUs of one device of the kind (cpus "": as many as the device has), on NUMA node
+    numa by the standard attribute other drivers' devices carry too (None: any)."""
     exactly: dict[str, Any] = {"deviceClassName": DRIVER, "selectors": [
         {"cel": {"expression": f'device.attributes["{DRIVER}"].kind == "{kind}"'}}]}
+    if numa is not None:
+        exactly["selectors"].append(
+            {"cel": {"expression": f'device.attributes["resource.kubernetes.io"].numaNode == {numa}'}})
     if cpus:
         exactly["capacity"] = {"requests": {"cpu": cpus}}
     cluster.custom.create_namespaced_custom_object(*CLAIMS, {
@@ -256,7 +260,7 @@ def test_cpus_of_one_numa_node_claimed_through_dra(cluster: Cluster) -> None:
 
     # Two CPUs of one NUMA node: the scheduler allocates them on the wide node only, kubelet has
     # cri-resmgr prepare the claim, and the container runs on exactly its CPUs and memory node.
-    make_claim(cluster, "two", "2")
+    make_claim(cluster, "two", "2", numa=0)  # by KEP-6072's attribute, as another driver's device aligns
     submit_claiming(cluster, "dra-claimed", "two")
     pod = cluster.placed("dra-claimed", WIDE)
     assert pod.spec.node_name == WIDE

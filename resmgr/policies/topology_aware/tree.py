@@ -175,9 +175,14 @@ def _attach_memory(topology: Topology, pools: list[Pool], node_cpus: dict[int, C
         home.memory[node.kind] = home.memory.get(node.kind, 0) + node.memory
 
 
+# Kubernetes' standard attribute (KEP-6072): another driver's device on the same NUMA node matches it.
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+
+
 def devices(topology: Topology, pools: list[Pool]) -> dict[str, tuple[Pool, dict[str, int | str]]]:
     """The DRA devices of the tree, by name: one per NUMA node with CPUs (the deepest pool holding
-    them: its own, or its socket's where it is the socket's only node) and one per L3 pool."""
+    them: its own, or its socket's where it is the socket's only node) and one per L3 pool. Each
+    confined to one NUMA node carries the standard numaNode attribute beside ours."""
     out: dict[str, tuple[Pool, dict[str, int | str]]] = {}
     root_cpus = pools[0].cpus
     for node in sorted(topology.nodes.values(), key=lambda n: n.id):
@@ -185,11 +190,15 @@ def devices(topology: Topology, pools: list[Pool]) -> dict[str, tuple[Pool, dict
         if not cpus:
             continue
         package = topology.cpus[min(cpus)].package
-        out[f"numa-{node.id}"] = (owner(pools, cpus), {"kind": "numa", "numaNode": node.id, "package": package})
+        out[f"numa-{node.id}"] = (owner(pools, cpus), {"kind": "numa", "numaNode": node.id, "package": package,
+                                                       NUMA_NODE: node.id})
     for pool in pools:
         if pool.level == 4:  # "L3 cache #<id>"
             first = topology.cpus[min(pool.cpus)]
             cache = int(pool.name.rsplit("#", 1)[1])
-            out[f"l3-{cache}"] = (pool, {"kind": "l3", "l3Cache": cache, "numaNode": first.node,
-                                         "package": first.package})
+            attrs: dict[str, int | str] = {"kind": "l3", "l3Cache": cache, "numaNode": first.node,
+                                           "package": first.package}
+            if all(topology.cpus[c].node == first.node for c in pool.cpus):
+                attrs[NUMA_NODE] = first.node
+            out[f"l3-{cache}"] = (pool, attrs)
     return out

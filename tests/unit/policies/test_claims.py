@@ -42,7 +42,8 @@ def test_devices_are_the_numa_nodes_and_l3_domains() -> None:
     w = World(TA, SNC)
     offered = devices(w)
     assert sorted(offered) == ["numa-0", "numa-1", "numa-2", "numa-3"]
-    assert offered["numa-2"]["attributes"] == {"kind": "numa", "numaNode": 2, "package": 1}
+    assert offered["numa-2"]["attributes"] == {"kind": "numa", "numaNode": 2, "package": 1,
+                                               "resource.kubernetes.io/numaNode": 2}  # KEP-6072's, to align by
     assert offered["numa-2"]["cpus"] == 8
     assert CPUSet.parse(offered["numa-2"]["cpuset"]) == SNC.nodes[2].cpus
     # One node folded into its socket keeps its NUMA device; its L3 pools are devices of their own.
@@ -50,6 +51,7 @@ def test_devices_are_the_numa_nodes_and_l3_domains() -> None:
     l3 = sorted(n for n in offered if n.startswith("l3-"))
     assert len(offered) == 3 and len(l3) == 2
     assert offered[l3[1]]["attributes"]["kind"] == "l3" and offered[l3[1]]["cpus"] == 4
+    assert offered[l3[1]]["attributes"]["resource.kubernetes.io/numaNode"] == 0  # within one node
 
 
 def test_a_claim_holds_cpus_of_its_device_and_its_users_run_there() -> None:
