@@ -325,3 +325,28 @@ class View:
         self.pods: Mapping[str, Pod] = MappingProxyType(pods) if isinstance(pods, dict) else pods
         self.containers: Mapping[str, Container] = \
             MappingProxyType(containers) if isinstance(containers, dict) else containers
+
+
+@dataclass(frozen=True)
+class SchedulingClass:
+    """A scheduling class (nri-plugins'): the Linux scheduling policy, priority, nice value and I/O
+    priority a container's threads get (policies name them; resmgr/policies/toolkit/scheduling.py)."""
+
+    name: str
+    policy: str = "none"  # none, other, fifo, rr, batch, idle or deadline; none: left as it is
+    priority: int | None = None
+    nice: int | None = None
+    flags: tuple[str, ...] = ()
+    runtime: int = 0  # deadline parameters, in microseconds
+    deadline: int = 0
+    period: int = 0
+    io_class: str = "none"  # none, rt, be or idle; none: the I/O priority is left as it is
+    io_priority: int | None = None
+
+    @property
+    def changes_scheduling(self) -> bool:
+        return self.policy != "none" or self.nice is not None
+
+    @property
+    def changes_io(self) -> bool:
+        return self.io_class != "none"

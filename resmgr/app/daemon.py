@@ -25,6 +25,7 @@ from resmgr.control.manager import ConfigManager, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers
 from resmgr.controllers.blockio import BlockIOController
 from resmgr.controllers.rdt import RDTController
+from resmgr.controllers.sched import SchedController
 from resmgr.engine import Engine, statefile
 from resmgr.engine.state import Runtime
 from resmgr.engine.store import StateInUse, StateStore, StateTooNew
@@ -235,8 +236,9 @@ class Daemon:
             policy = policies.create(self.config.policy_name, section, self.topology)
         except (TopologyError, PolicyError, ConfigError) as err:
             raise StartupError(f"{self.config.policy_name} policy ({self.config.source}): {err}") from None
+        sched = SchedController(self.opts.cgroup_root)
         controllers = Controllers([BlockIOController(self.opts.cgroup_root),
-                                   RDTController(self.opts.resctrl_root, self.opts.cgroup_root)])
+                                   RDTController(self.opts.resctrl_root, self.opts.cgroup_root), sched])
         try:
             controllers.prepare(self.config.data)()
         except ControllerError as err:
@@ -244,6 +246,7 @@ class Daemon:
         engine = Engine(policy, store, runtime, controllers, cgroup_root=self.opts.cgroup_root,
                         gated=True)
         engine.device_hints = functools.partial(device_hints, host_root=self.opts.host_root)
+        sched.lookup = engine.scheduling_class
         persisted = ((state or {}).get("policy") or {}).get("name")
         if self.opts.disable_policy_switch and persisted and persisted != policy.name:
             raise StartupError(f"the containers were allocated by the {persisted} policy and {self.config.source} "

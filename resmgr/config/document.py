@@ -123,7 +123,6 @@ def _check(module: str, section: dict[str, Any], origin: str) -> None:
 
 # What cri-resource-manager's own files define and cri-resmgr does not act on: left out with a
 # warning that names it, so those files load as they are (a typo anywhere else is still an error).
-_SCHEDULING = "nri-plugins' scheduling classes (Linux scheduling policy, I/O priority), not applied here"
 _CLASSES = "nri-plugins' CPU classes (frequencies), not applied here"
 LEFT_OUT = {
     ("cpu",): "cri-resource-manager's CPU classes (frequencies, energy preference), not applied here",
@@ -136,20 +135,15 @@ LEFT_OUT = {
     # One in nri-plugins' own test configuration, which its loader ignores too.
     ("policy", "balloons", "BalloonTypes", "*", "AllocationPriority"): "not an option (AllocatorPriority is); "
     "nri-plugins ignores it",
-    # nri-plugins' options that cannot move a placement here: scheduling classes (Linux scheduling
-    # policy and I/O priority), CPU priorities and CPU classes (frequencies).
+    # nri-plugins' options that cannot move a placement here: CPU priorities and CPU classes
+    # (frequencies).
     **{("policy", policy, key): why for policy, key, why in (
-        ("balloons", "SchedulingClasses", _SCHEDULING),
-        ("topology-aware", "SchedulingClasses", _SCHEDULING),
-        ("topology-aware", "NamespaceSchedulingClasses", _SCHEDULING),
-        ("topology-aware", "PodQoSSchedulingClasses", _SCHEDULING),
         ("topology-aware", "DefaultCPUPriority", "CPU priorities (performance and efficient cores) are chosen by "
          "the prefer-core-type annotation here"),
         ("topology-aware", "CPUClasses", _CLASSES),
         ("topology-aware", "DefaultExclusiveCPUClass", _CLASSES),
         ("topology-aware", "SharedPoolCPUClass", _CLASSES),
         ("topology-aware", "ReservedPoolCPUClass", _CLASSES))},
-    ("policy", "balloons", "BalloonTypes", "*", "SchedulingClass"): _SCHEDULING,
 }
 
 

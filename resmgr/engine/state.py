@@ -18,7 +18,7 @@ from resmgr.controllers import Controllers
 from resmgr.engine.ledger import Ledger
 from resmgr.engine.pusher import Pusher
 from resmgr.engine.store import StateStore
-from resmgr.model import Claim, Container, ContainerState, Decision, Pod, Resources, View
+from resmgr.model import Claim, Container, ContainerState, Decision, Pod, Resources, SchedulingClass, View
 from resmgr.policies.base import Policy
 
 log = logging.getLogger("cri-resmgr.engine")
@@ -139,6 +139,10 @@ class EngineState:
         c = self.containers.get(container_id)
         pod = self.pods.get(c.pod_id) if c is not None else None
         return None if c is None or pod is None else (pod, c)
+
+    def scheduling_class(self, name: str) -> SchedulingClass | None:
+        """A scheduling class of the policy in force (containers name theirs in classes["sched"])."""
+        return self.policy.scheduling_class(name)
 
     def pins(self, c: Container) -> bool:
         """Whether the container's CPUs and memory nodes are the policy's."""

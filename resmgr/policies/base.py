@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from resmgr.model import Claim, Container, Decision, Pod, Resources, View
+from resmgr.model import Claim, Container, Decision, Pod, Resources, SchedulingClass, View
 from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.policies.toolkit.options import Option, read
 from resmgr.requests import RequirementError, Requirements, class_names, requirements
@@ -120,6 +120,10 @@ class Policy:
         pool's or the reserved CPUs because exclusive grants took all of its own).
         """
         return []
+
+    def scheduling_class(self, name: str) -> SchedulingClass | None:
+        """A scheduling class the policy names for containers (Decision.classes["sched"]), or None."""
+        return None
 
     def fallback(self) -> list[str]:
         """Conditions in which containers run somewhere other than they normally would (shared

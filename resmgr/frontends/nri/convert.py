@@ -6,7 +6,15 @@ from collections.abc import Mapping
 
 from resmgr import cdi
 from resmgr.generated.nri import api_pb2 as nri
-from resmgr.model import Adjustment, Container, ContainerState, Pod, Resources, qos_class_from_cgroup_parent
+from resmgr.model import (
+    Adjustment,
+    Container,
+    ContainerState,
+    Pod,
+    Resources,
+    SchedulingClass,
+    qos_class_from_cgroup_parent,
+)
 
 _STATES = {nri.CONTAINER_CREATED: ContainerState.CREATED, nri.CONTAINER_RUNNING: ContainerState.RUNNING,
            nri.CONTAINER_PAUSED: ContainerState.RUNNING, nri.CONTAINER_STOPPED: ContainerState.EXITED}
@@ -98,18 +106,47 @@ def container(c: nri.Container) -> Container:
 
 
 def adjustment(res: Resources, requested: Resources, adj: Adjustment | None,
-               classes: Mapping[str, str] | None = None) -> nri.ContainerAdjustment:
-    """What a create changes: the resources that differ from the request, and the hook plugins'
-    annotations and environment."""
+               classes: Mapping[str, str] | None = None,
+               sched: SchedulingClass | None = None) -> nri.ContainerAdjustment:
+    """What a create changes: the resources that differ from the request, the hook plugins'
+    annotations and environment, and the scheduling class's parameters (the runtime sets them
+    before the container's process starts)."""
     out = nri.ContainerAdjustment()
     linux = to_nri(res, requested, classes)
     if linux.ByteSize():
         out.linux.resources.CopyFrom(linux)
+    if sched is not None:
+        scheduling(sched, out.linux)
     if adj is not None:
         out.annotations.update(adj.annotations)
         for key, value in adj.env.items():
             out.env.add(key=key, value=value)
     return out
+
+
+_POLICIES = {"other": nri.SCHED_OTHER, "fifo": nri.SCHED_FIFO, "rr": nri.SCHED_RR, "batch": nri.SCHED_BATCH,
+             "idle": nri.SCHED_IDLE, "deadline": nri.SCHED_DEADLINE}
+_FLAGS = {"reset-on-fork": nri.SCHED_FLAG_RESET_ON_FORK, "reclaim": nri.SCHED_FLAG_RECLAIM,
+          "dl-overrun": nri.SCHED_FLAG_DL_OVERRUN, "keep-policy": nri.SCHED_FLAG_KEEP_POLICY,
+          "keep-params": nri.SCHED_FLAG_KEEP_PARAMS, "util-clamp-min": nri.SCHED_FLAG_UTIL_CLAMP_MIN,
+          "util-clamp-max": nri.SCHED_FLAG_UTIL_CLAMP_MAX}
+_IO = {"rt": nri.IOPRIO_CLASS_RT, "be": nri.IOPRIO_CLASS_BE, "idle": nri.IOPRIO_CLASS_IDLE}
+
+
+def scheduling(sched: SchedulingClass, linux: nri.LinuxContainerAdjustment) -> None:
+    """A scheduling class as the OCI spec's process.scheduler and process.ioPriority."""
+    if sched.changes_scheduling:
+        # A nice value alone: a container's process starts under SCHED_OTHER, which keeps it.
+        linux.scheduler.policy = _POLICIES["other" if sched.policy == "none" else sched.policy]
+        linux.scheduler.priority = sched.priority or 0
+        linux.scheduler.nice = sched.nice or 0
+        linux.scheduler.flags.extend(_FLAGS[f] for f in sched.flags)
+        linux.scheduler.runtime = sched.runtime * 1000  # nanoseconds, as the kernel takes them
+        linux.scheduler.deadline = sched.deadline * 1000
+        linux.scheduler.period = (sched.period or sched.deadline) * 1000
+    if sched.io_class != "none":
+        linux.io_priority.CopyFrom(nri.LinuxIOPriority(**{"class": _IO[sched.io_class]},
+                                                       priority=sched.io_priority or 0))
 
 
 def update(container_id: str, res: Resources, base: Resources | None = None) -> nri.ContainerUpdate:

@@ -337,7 +337,8 @@ class NriPlugin:
         self.runtime.seen_container(req.container, nri.CONTAINER_CREATED)
         self.runtime.applied(cid, res)
         resp = nri.CreateContainerResponse(update=self._updates(collector, cid))
-        resp.adjust.CopyFrom(convert.adjustment(res, requested, adj))
+        sched = self.engine.scheduling_class(created.classes.get("sched", ""))
+        resp.adjust.CopyFrom(convert.adjustment(res, requested, adj, sched=sched))
         return resp
 
     async def _update_container(self, req: nri.UpdateContainerRequest, deadline: float | None) -> Message:

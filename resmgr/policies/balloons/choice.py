@@ -114,6 +114,10 @@ class Choice:
         classes = class_names(container, pod)
         merged = annotations.merged(container, pod)
         for controller, named in t.classes.items():
-            if named and effective_annotation(merged, CLASS_ANNOTATIONS[controller], container.name) is None:
+            if named and controller in CLASS_ANNOTATIONS and \
+                    effective_annotation(merged, CLASS_ANNOTATIONS[controller], container.name) is None:
                 classes[controller] = named
+        sched = self.settings.scheduling.of(container, pod) or t.classes.get("sched", "")
+        if sched:
+            classes["sched"] = sched
         return classes

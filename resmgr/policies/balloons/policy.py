@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from resmgr.model import Claim, Container, Pod, QOSClass, Resources
+from resmgr.model import Claim, Container, Pod, QOSClass, Resources, SchedulingClass
 from resmgr.policies.balloons.choice import Choice
 from resmgr.policies.balloons.fleet import Fleet
 from resmgr.policies.balloons.model import BALLOON, Balloon, Member, Saved, hint, union
@@ -272,6 +272,9 @@ class BalloonsPolicy(Policy):
         return {**self.book.describe(uid), "balloon": b.name, "cpus": str(b.cpus),
                 "mems": str(self.fleet.mems(b.cpus, b.type.memory_types or annotations.DEFAULT_MEMORY)),
                 "users": self._claim_users(uid)}
+
+    def scheduling_class(self, name: str) -> SchedulingClass | None:
+        return self.settings.scheduling.classes.get(name)
 
     # -- members -----------------------------------------------------------------------------
     def _put(self, key: str, b: Balloon, m: Member) -> None:

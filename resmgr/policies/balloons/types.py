@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resmgr.policies.base import PolicyError
+from resmgr.policies.toolkit import scheduling
 from resmgr.policies.toolkit.expressions import Expression, parse_expression
 from resmgr.policies.toolkit.options import Option, read, reserved_namespaces
 from resmgr.topology.model import CoreKind, MemoryType
@@ -104,6 +105,7 @@ TYPE_OPTIONS = (
     Option("ShowContainersInNrt", "boolean", False, "accepted, no effect"),
     Option("AllocatorTopologyBalancing", "any", None, "new balloons of this type where most CPUs are free "
            "(default: the policy's)"),
+    Option("SchedulingClass", "string", "", "scheduling class of its containers (an annotation wins)"),
     Option("RdtClass", "string", "", "RDT class of its containers (an annotation wins)"),
     Option("BlockioClass", "string", "", "block-I/O class of its containers (an annotation wins)"),
     Option("Loads", "strings", [], "load classes (LoadClasses) its containers put on cores or L2 caches"),
@@ -127,6 +129,8 @@ POLICY_OPTIONS = (
            "packing them"),
     Option("PreferSpreadOnPhysicalCores", "boolean", False, "one thread per core first, for every type"),
     Option("BalloonTypes", "objects", [], "the balloon types, in order of preference", items=TYPE_OPTIONS),
+    Option("SchedulingClasses", "objects", [], "scheduling classes (Linux scheduling policy, priority, nice, "
+           "I/O priority) balloon types and annotations name", items=scheduling.OPTIONS),
     Option("Preserve", "object", None, "{matchExpressions: [...]}: containers the policy leaves alone"),
     Option("ShowContainersInNrt", "boolean", False, "accepted, no effect"),
     Option("LoadClasses", "objects", [], "{name, level: core | l2cache, overloadsLevelInBalloon}: CPUs for "
@@ -187,6 +191,7 @@ class Settings:
     types: list[BalloonType] = field(default_factory=list)
     preserve: tuple[Expression, ...] = ()
     idle_class: str = ""
+    scheduling: scheduling.Scheduling = scheduling.NONE
 
 
 def _bool_or(value: Any, default: bool, where: str) -> bool:
@@ -223,6 +228,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
     s = Settings(pin_cpu=raw["PinCPU"], pin_memory=raw["PinMemory"], balance=raw["AllocatorTopologyBalancing"],
                  idle_class=raw["IdleCPUClass"])
     s.reserved_namespaces = tuple(reserved_namespaces(raw["ReservedPoolNamespaces"]))
+    s.scheduling = scheduling.Scheduling.read(raw["SchedulingClasses"], None, None, where)
     preserve = read(raw["Preserve"], (Option("MatchExpressions", "objects", []),), f"{where}.Preserve")
     s.preserve = tuple(parse_expression(e, f"{where}.Preserve.MatchExpressions[{i}]")
                        for i, e in enumerate(preserve["MatchExpressions"]))
@@ -250,6 +256,8 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
         if t["MaxBalloons"] and t["MinBalloons"] > t["MaxBalloons"]:
             raise PolicyError(f"{at}: MinBalloons {t['MinBalloons']} is more than MaxBalloons {t['MaxBalloons']}")
         dra = _dra(t["DRA"], t, name, f"{at}.DRA")
+        classes = {"rdt": t["RdtClass"], "blockio": t["BlockioClass"],
+                   "sched": scheduling.named(s.scheduling.classes, t["SchedulingClass"], f"{at}.SchedulingClass")}
         s.types.append(BalloonType(
             name=name, namespaces=tuple(t["Namespaces"]),
             match=tuple(parse_expression(e, f"{at}.MatchExpressions[{j}]")
@@ -265,7 +273,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
                              f"{at}.AllocatorTopologyBalancing"),
             pin_memory=_bool_or(t["PinMemory"], raw["PinMemory"], f"{at}.PinMemory"),
             memory_types=t["MemoryTypes"] or frozenset(), hide_ht=t["HideHyperthreads"],
-            isolated=t["PreferIsolCpus"], classes={"rdt": t["RdtClass"], "blockio": t["BlockioClass"]}, order=i,
+            isolated=t["PreferIsolCpus"], classes=classes, order=i,
             loads=tuple(loads[n] for n in t["Loads"]),
             near_nodes=tuple(int(m.group(1)) for d in t["PreferCloseToDevices"]
                              for m in [_NODE.fullmatch(d.rstrip("/"))] if m),

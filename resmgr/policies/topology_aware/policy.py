@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from resmgr.model import Claim, Container, Pod, Resources
+from resmgr.model import Claim, Container, Pod, Resources, SchedulingClass
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
-from resmgr.policies.toolkit import claims, cpuvalues
+from resmgr.policies.toolkit import claims, cpuvalues, scheduling
 from resmgr.policies.toolkit.allocator import one_thread_per_core
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.grants import Grant
@@ -46,6 +46,11 @@ OPTIONS = (
     Option("ExclusiveInOneLeaf", "boolean", True, "exclusive CPUs no leaf can give by its own accounting come "
            "from one leaf by the machine's capacity (its shared containers run on the parent's shared CPUs "
            "meanwhile); false: sliced over several leaves of a parent, as nri-plugins does"),
+    Option("SchedulingClasses", "objects", [], "scheduling classes (Linux scheduling policy, priority, nice, "
+           "I/O priority) a container gets by annotation, namespace or QoS class", items=scheduling.OPTIONS),
+    Option("NamespaceSchedulingClasses", "object", None, "namespace -> scheduling class"),
+    Option("PodQoSSchedulingClasses", "object", None, "QoS class (Guaranteed, Burstable, BestEffort) -> "
+           "scheduling class"),
     Option("UnlimitedBurstable", "string", "package", "the widest pool a Burstable container without a CPU "
            "limit may go to (system, package, die or numa; the unlimited-burstable annotation overrides it)",
            choices=LEVELS),
@@ -63,6 +68,9 @@ class TopologyAwarePolicy(Policy):
         self.require_topology()
         options = self.read_options()
         self.pin_cpu, self.pin_memory = options["PinCPU"], options["PinMemory"]
+        self.scheduling = scheduling.Scheduling.read(
+            options["SchedulingClasses"], options["NamespaceSchedulingClasses"], options["PodQoSSchedulingClasses"],
+            f"policy.{self.name}")
         settings = Settings(
             prefer_isolated=options["PreferIsolatedCPUs"], prefer_shared=options["PreferSharedCPUs"],
             colocate_pods=options["ColocatePods"], colocate_namespaces=options["ColocateNamespaces"],
@@ -195,11 +203,22 @@ class TopologyAwarePolicy(Policy):
             if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
                 grant = self.placement.keep(container.key, grant, keep)
             self.grants.add(container.key, grant)
-        classes = class_names(container, pod)
+        classes = self._classes(container, pod)
         resources = self._resources(container.requested, grant)
         resources.cpu_shares = milli_to_shares(req.cpu_request)
         return Decision(resources=resources, classes=classes,
                         updates=self._updates(before, view, container.key))
+
+    def _classes(self, container: Container, pod: Pod) -> dict[str, str]:
+        """Its RDT and block-I/O classes, and its scheduling class where it has one."""
+        classes = class_names(container, pod)
+        sched = self.scheduling.of(container, pod)
+        if sched:
+            classes["sched"] = sched
+        return classes
+
+    def scheduling_class(self, name: str) -> SchedulingClass | None:
+        return self.scheduling.classes.get(name)
 
     def update(self, container: Container, requested: Resources, view: View) -> Decision:
         g = self.grants.get(container.key)
@@ -394,7 +413,7 @@ class TopologyAwarePolicy(Policy):
             self.grants.add(container.key, Grant(pool.name, memory=req.memory_limit or req.memory_request,
                                                  claim=claim.uid))
         return Decision(resources=self._resources(container.requested, self.grants[container.key]),
-                        classes=class_names(container, pod), updates=self._sharers(claim.uid, view, container.key))
+                        classes=self._classes(container, pod), updates=self._sharers(claim.uid, view, container.key))
 
     def _sharers(self, uid: str, view: View, skip: str) -> dict[str, Resources]:
         """The claim's users but skip, with their new part of its CPU time."""

@@ -216,17 +216,22 @@ def test_an_nri_plugins_policy_resource_is_a_configuration_wherever_one_is_taken
 
 
 def test_nri_plugins_options_that_cannot_move_a_placement_are_left_out_with_a_warning(caplog):
-    """A TopologyAwarePolicy or BalloonsPolicy nri-plugins accepts is never refused for its scheduling
-    classes, CPU priority or CPU classes: each is named in a warning."""
+    """A TopologyAwarePolicy or BalloonsPolicy nri-plugins accepts is never refused for its CPU
+    priority or CPU classes: each is named in a warning. Scheduling classes are taken."""
     ta = {"apiVersion": "config.nri/v1alpha1", "kind": "TopologyAwarePolicy",
           "spec": {"reservedResources": {"cpu": "750m"}, "defaultCPUPriority": "high", "sharedPoolCPUClass": "slow",
-                   "schedulingClasses": [{"name": "rt", "policy": "fifo"}]}}
-    assert validate(ta, "ta").policy_name == "topology-aware"
-    for key in ("defaultCPUPriority", "sharedPoolCPUClass", "schedulingClasses"):
+                   "schedulingClasses": [{"name": "rt", "policy": "fifo", "priority": 10}]}}
+    config = validate(ta, "ta")
+    assert config.policy_name == "topology-aware"
+    for key in ("defaultCPUPriority", "sharedPoolCPUClass"):
         assert f"ta: policy.topology-aware.{key} left out" in caplog.text
+    assert "schedulingClasses left out" not in caplog.text
+    assert config.data["policy"]["topology-aware"]["schedulingClasses"] == [{"name": "rt", "policy": "fifo",
+                                                                              "priority": 10}]
     b = {"apiVersion": "config.nri/v1alpha1", "kind": "BalloonsPolicy",
-         "spec": {"reservedResources": {"cpu": "750m"}, "balloonTypes": [{"name": "a", "schedulingClass": "rt"}]}}
+         "spec": {"reservedResources": {"cpu": "750m"}, "schedulingClasses": [{"name": "rt", "nice": -5}],
+                  "balloonTypes": [{"name": "a", "schedulingClass": "rt"}]}}
     assert validate(b, "b").policy_name == "balloons"
-    assert "b: policy.balloons.balloonTypes.0.schedulingClass left out" in caplog.text
+    assert "schedulingClass left out" not in caplog.text
     with pytest.raises(ConfigError, match="defaultCPUPriorty"):  # a typo is still one
         validate({**ta, "spec": {"defaultCPUPriorty": "high"}}, "ta")
