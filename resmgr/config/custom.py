@@ -3,9 +3,10 @@
 A file holding a `BalloonsPolicy` or `TopologyAwarePolicy` resource, as nri-plugins'
 documentation writes them, becomes the `policy` section: `availableResources` and
 `reservedResources` go to `policy.AvailableResources` / `ReservedResources`, the rest of
-`spec` to `policy.<name>` (whose keys match in any letter case). What configures
-nri-plugins' own process (`agent`, `instrumentation`, `log`) and CPU classes (`control`) has
-no counterpart here: it is left out and named, so nothing is dropped silently.
+`spec` to `policy.<name>` (whose keys match in any letter case), `control.cpu` (CPU classes) to
+the `cpu` section. What configures nri-plugins' own process (`agent`, `instrumentation`, `log`)
+and its other controls has no counterpart here: it is left out and named, so nothing is dropped
+silently.
 """
 
 from __future__ import annotations
@@ -37,14 +38,21 @@ def translate(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         raise NotAPolicy(f"{kind}: spec must be a mapping")
     section: dict[str, Any] = {"Active": policy}
     options: dict[str, Any] = {}
+    out: dict[str, Any] = {"policy": section}
     left_out = []
     for key, value in spec.items():
         lowered = str(key).lower()
         if lowered in RESOURCES:
             section[RESOURCES[lowered]] = value
+        elif lowered == "control" and isinstance(value, dict):
+            for name, control in value.items():
+                if str(name).lower() == "cpu":
+                    out["cpu"] = control
+                else:
+                    left_out.append(f"{key}.{name}")
         elif lowered in LEFT_OUT:
             left_out.append(str(key))
         else:
             options[key] = value
     section[policy] = options
-    return {"policy": section}, left_out
+    return out, left_out

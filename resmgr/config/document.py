@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 SCHEMA_DIR = next((d for d in (Path(__file__).resolve().parents[2] / "config" / "schemas",
                                Path(sys.prefix) / "share" / "cri-resmgr" / "schemas") if d.is_dir()),
                   Path(sys.prefix) / "share" / "cri-resmgr" / "schemas")
-MODULES = ("policy", "dump", "logger", "rdt", "blockio", "hooks", "instrumentation", "resource-manager.control")
+MODULES = ("policy", "dump", "logger", "rdt", "blockio", "cpu", "hooks", "instrumentation", "resource-manager.control")
 
 DEFAULTS: dict[str, Any] = {
     "policy": {"Active": "none", "AvailableResources": {}, "ReservedResources": {}},
@@ -123,9 +123,8 @@ def _check(module: str, section: dict[str, Any], origin: str) -> None:
 
 # What cri-resource-manager's own files define and cri-resmgr does not act on: left out with a
 # warning that names it, so those files load as they are (a typo anywhere else is still an error).
-_CLASSES = "nri-plugins' CPU classes (frequencies), not applied here"
+_CLASSES = "nri-plugins' per-container CPU class map; the pool classes (SharedPoolCPUClass, ...) are applied"
 LEFT_OUT = {
-    ("cpu",): "cri-resource-manager's CPU classes (frequencies, energy preference), not applied here",
     ("logger", "Klog"): "klog's own settings; cri-resmgr logs through Python's logging",
     ("resource-manager.control", "page-migration"): "cri-resource-manager's page migration (idle pages moved "
     "between DRAM and PMEM by a scanner), not done here; memory nodes are still pinned by memory type",
@@ -135,15 +134,12 @@ LEFT_OUT = {
     # One in nri-plugins' own test configuration, which its loader ignores too.
     ("policy", "balloons", "BalloonTypes", "*", "AllocationPriority"): "not an option (AllocatorPriority is); "
     "nri-plugins ignores it",
-    # nri-plugins' options that cannot move a placement here: CPU priorities and CPU classes
-    # (frequencies).
+    # nri-plugins' options that cannot move a placement here: CPU priorities and the per-container
+    # CPU class map.
     **{("policy", policy, key): why for policy, key, why in (
         ("topology-aware", "DefaultCPUPriority", "CPU priorities (performance and efficient cores) are chosen by "
          "the prefer-core-type annotation here"),
-        ("topology-aware", "CPUClasses", _CLASSES),
-        ("topology-aware", "DefaultExclusiveCPUClass", _CLASSES),
-        ("topology-aware", "SharedPoolCPUClass", _CLASSES),
-        ("topology-aware", "ReservedPoolCPUClass", _CLASSES))},
+        ("topology-aware", "CPUClasses", _CLASSES))},
 }
 
 

@@ -9,6 +9,7 @@ from resmgr.model import Claim, Container, Decision, Pod, Resources, SchedulingC
 from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.policies.toolkit.options import Option, read
 from resmgr.requests import RequirementError, Requirements, class_names, requirements
+from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.model import Topology
 
 __all__ = ["Decision", "View", "Policy", "PolicyError", "class_names", "container_requirements"]
@@ -120,6 +121,10 @@ class Policy:
         pool's or the reserved CPUs because exclusive grants took all of its own).
         """
         return []
+
+    def cpu_classes(self) -> dict[str, CPUSet]:
+        """The CPUs each CPU class holds now (the cpu controller puts the class on them)."""
+        return {}
 
     def scheduling_class(self, name: str) -> SchedulingClass | None:
         """A scheduling class the policy names for containers (Decision.classes["sched"]), or None."""

@@ -198,8 +198,21 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
             _write(topo / "package_cpus_list", str(package_cpus[s] & online))
             _write(topo / "die_cpus_list", str(die_cpus & online))
             if spec.cpufreq:
-                _write(base / "cpufreq" / "base_frequency", "2100000" if g < spec.cores else "1500000")
-                _write(base / "cpufreq" / "cpuinfo_max_freq", "3900000" if g < spec.cores else "2800000")
+                top = "3900000" if g < spec.cores else "2800000"
+                freq = base / "cpufreq"
+                _write(freq / "base_frequency", "2100000" if g < spec.cores else "1500000")
+                _write(freq / "cpuinfo_max_freq", top)
+                # What the CPU controller writes (intel_pstate's files), as the kernel lays them out.
+                for name, value in (("cpuinfo_min_freq", "800000"), ("scaling_min_freq", "800000"),
+                                    ("scaling_max_freq", top), ("scaling_governor", "powersave"),
+                                    ("scaling_available_governors", "performance powersave"),
+                                    ("energy_performance_preference", "balance_performance")):
+                    _write(freq / name, value)
+                for i, (name, latency) in enumerate((("POLL", 0), ("C1", 2), ("C1E", 10), ("C6", 170))):
+                    state = base / "cpuidle" / f"state{i}"
+                    _write(state / "name", name)
+                    _write(state / "latency", str(latency))
+                    _write(state / "disable", "0")
             if spec.caches:
                 l3_cpus, l3_id = l3_domain(g, die_cpus, die_key)
                 for idx, (level, kind, shared, cache_id, size) in enumerate((
@@ -214,6 +227,14 @@ def generate(spec: MachineSpec, root: str | Path) -> Path:
             link = base / f"node{node}"
             if not link.exists():
                 os.symlink(os.path.relpath(node_root / f"node{node}", base), link)
+
+    if spec.cpufreq:  # intel_uncore_frequency: one directory per package and die
+        for s_id in range(spec.sockets):
+            for d_id in range(spec.dies):
+                die = cpu_root / "intel_uncore_frequency" / f"package_{s_id:02d}_die_{d_id:02d}"
+                for name, value in (("initial_min_freq_khz", "800000"), ("initial_max_freq_khz", "2400000"),
+                                    ("min_freq_khz", "800000"), ("max_freq_khz", "2400000")):
+                    _write(die / name, value)
 
     if spec.ecores:  # Intel hybrid parts list each kind's CPUs as a PMU device
         performance = CPUSet(range(spec.cpus)) & online

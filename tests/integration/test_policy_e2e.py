@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -193,4 +194,43 @@ def test_best_effort_runs_on_the_reserved_cpu_while_the_other_is_exclusive(conta
         for pod in pods:
             via.remove_pod(pod)
         via.close()
+        relay.stop()
+
+
+@pytest.mark.skipif(ONLINE != CPUSet.parse("0-1"), reason="the generated machine's CPUs must exist here")
+def test_cpu_classes_follow_the_cpus_of_the_grants_and_go_back_with_them(containerd, workdir):
+    """The daemon's CPU classes on a generated machine's cpufreq files: an exclusive grant's CPU in
+    the exclusive class, back in the shared class when it goes, and as it was once no class holds it
+    (a restart with a configuration without classes)."""
+    root = generate(parse_spec("sockets=1,nodes=1,cores=2,threads=1"), workdir / "host")
+    max_freq = str(root / "sys/devices/system/cpu/cpu{}/cpufreq/scaling_max_freq")
+    config = workdir / "ta.yaml"
+    config.write_text("policy:\n  Active: topology-aware\n  topology-aware:\n    PinMemory: false\n"
+                      "    SharedPoolCPUClass: normal\n    DefaultExclusiveCPUClass: turbo\n"
+                      "cpu:\n  Classes:\n    normal: {MaxFreq: 2000000}\n"
+                      "    turbo: {MaxFreq: 3500000, MinFreq: 3000000}\n")
+    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config), "--host-root", str(root)).start()
+    via = Cri(relay.socket)
+    pods = []
+    try:
+        wait_until(lambda: [Path(max_freq.format(c)).read_text().strip() for c in (0, 1)] == ["2000000"] * 2,
+                   what="every CPU in the shared class")
+        g_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pods.append(via.run_pod(g_cfg))
+        g = via.run_container(pods[-1], g_cfg, container_config(resources=resources(1000, True)))
+        cpu = min(cgroup_cpus(g_cfg, g))
+        wait_until(lambda: Path(max_freq.format(cpu)).read_text().strip() == "3500000", what="the turbo class")
+        via.remove_pod(pods.pop())
+        wait_until(lambda: Path(max_freq.format(cpu)).read_text().strip() == "2000000", what="the shared class again")
+    finally:
+        for p in pods:
+            via.remove_pod(p)
+        via.close()
+        relay.stop()
+    config.write_text("policy:\n  Active: topology-aware\n  topology-aware:\n    PinMemory: false\n")
+    relay = RelayProcess(workdir, containerd.socket, "--force-config", str(config), "--host-root", str(root)).start()
+    try:
+        wait_until(lambda: [Path(max_freq.format(c)).read_text().strip() for c in (0, 1)] == ["3900000"] * 2,
+                   what="the CPUs as they were before any class")
+    finally:
         relay.stop()

@@ -273,6 +273,19 @@ class BalloonsPolicy(Policy):
                 "mems": str(self.fleet.mems(b.cpus, b.type.memory_types or annotations.DEFAULT_MEMORY)),
                 "users": self._claim_users(uid)}
 
+    def cpu_classes(self) -> dict[str, CPUSet]:
+        """Each balloon's CPUs in its type's CPUClass; the CPUs in no balloon in IdleCPUClass."""
+        out: dict[str, CPUSet] = {}
+        for b in self.fleet.balloons:
+            name = b.type.cpu_class
+            if name:
+                cpus = self.reserved | b.cpus if b.type.on_reserved else union(x.cpus for x in b.leaves)
+                out[name] = out.get(name, EMPTY) | cpus
+        idle = self.settings.idle_class
+        if idle:
+            out[idle] = out.get(idle, EMPTY) | (self.allocatable - self.fleet.owned())
+        return out
+
     def scheduling_class(self, name: str) -> SchedulingClass | None:
         return self.settings.scheduling.classes.get(name)
 

@@ -88,7 +88,7 @@ TYPE_OPTIONS = (
     Option("AllocatorPriority", "any", None, "0 high (performance cores first), 1 normal, 2 low (efficient "
            "cores first), 3 none; types with min balloons get CPUs in this order (unset: high, and the core "
            "kind follows the container: performance for Guaranteed ones)", check=_priority),
-    Option("CPUClass", "string", "", "CPU class name (shown, not applied)"),
+    Option("CPUClass", "string", "", "the CPU class (cpu.Classes) of its balloons' CPUs"),
     Option("PreferNewBalloons", "boolean", False, "a new balloon for each container while CPUs last"),
     Option("PreferSpreadingPods", "boolean", False, "containers of one pod in different balloons"),
     Option("PreferPerNamespaceBalloon", "boolean", False, "one namespace's containers in the same balloons"),
@@ -122,7 +122,7 @@ TYPE_OPTIONS = (
 POLICY_OPTIONS = (
     Option("PinCPU", "boolean", True, "pin containers to their balloon's CPUs"),
     Option("PinMemory", "boolean", True, "pin containers to the memory nodes of their balloon's CPUs"),
-    Option("IdleCPUClass", "string", "", "CPU class of CPUs in no balloon (shown, not applied)"),
+    Option("IdleCPUClass", "string", "", "the CPU class (cpu.Classes) of CPUs in no balloon"),
     Option("ReservedPoolNamespaces", "strings", [], "namespaces (globs) on the reserved balloon; kube-system "
            "always is"),
     Option("AllocatorTopologyBalancing", "boolean", False, "new balloons where most CPUs are free instead of "

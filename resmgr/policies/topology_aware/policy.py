@@ -46,6 +46,9 @@ OPTIONS = (
     Option("ExclusiveInOneLeaf", "boolean", True, "exclusive CPUs no leaf can give by its own accounting come "
            "from one leaf by the machine's capacity (its shared containers run on the parent's shared CPUs "
            "meanwhile); false: sliced over several leaves of a parent, as nri-plugins does"),
+    Option("ReservedPoolCPUClass", "string", "", "the CPU class (cpu.Classes) of the reserved CPUs"),
+    Option("SharedPoolCPUClass", "string", "", "the CPU class of the shared CPUs (every pool's)"),
+    Option("DefaultExclusiveCPUClass", "string", "", "the CPU class of exclusive CPUs"),
     Option("SchedulingClasses", "objects", [], "scheduling classes (Linux scheduling policy, priority, nice, "
            "I/O priority) a container gets by annotation, namespace or QoS class", items=scheduling.OPTIONS),
     Option("NamespaceSchedulingClasses", "object", None, "namespace -> scheduling class"),
@@ -68,6 +71,8 @@ class TopologyAwarePolicy(Policy):
         self.require_topology()
         options = self.read_options()
         self.pin_cpu, self.pin_memory = options["PinCPU"], options["PinMemory"]
+        self.cpu_class_of = {"reserved": options["ReservedPoolCPUClass"], "shared": options["SharedPoolCPUClass"],
+                             "exclusive": options["DefaultExclusiveCPUClass"]}
         self.scheduling = scheduling.Scheduling.read(
             options["SchedulingClasses"], options["NamespaceSchedulingClasses"], options["PodQoSSchedulingClasses"],
             f"policy.{self.name}")
@@ -216,6 +221,16 @@ class TopologyAwarePolicy(Policy):
         if sched:
             classes["sched"] = sched
         return classes
+
+    def cpu_classes(self) -> dict[str, CPUSet]:
+        """The reserved, shared and exclusive CPUs in their pool classes."""
+        cpus = {"reserved": self.reserved, "exclusive": self.accounts.taken,
+                "shared": self.accounts.sharable(self.pools[0])}
+        out: dict[str, CPUSet] = {}
+        for kind, name in self.cpu_class_of.items():
+            if name:
+                out[name] = out.get(name, EMPTY) | cpus[kind]
+        return out
 
     def scheduling_class(self, name: str) -> SchedulingClass | None:
         return self.scheduling.classes.get(name)

@@ -170,12 +170,14 @@ def test_cgroup_cpu_values_are_resolved_at_load_under_the_cgroup_root(tmp_path, 
 
 
 def test_cri_resource_managers_own_sections_are_left_out_with_a_warning(caplog):
-    """Its test configurations carry CPU classes and klog settings: they load, and say what was left out."""
+    """Its test configurations carry CPU classes and klog settings: they load, the CPU classes as
+    the cpu section, and the rest is named in a warning."""
     doc = {"policy": {"Active": "balloons"}, "logger": {"Debug": "policy", "Klog": {"skip_headers": True}},
            "cpu": {"classes": {"default": {"minFreq": 800, "maxFreq": 2800}}}}
     config = validate(doc, "cri-resmgr.cfg")
     assert config.policy_name == "balloons" and config.debug_sources == ["policy"]
-    assert "cri-resmgr.cfg: cpu left out" in caplog.text and "cri-resmgr.cfg: logger.Klog left out" in caplog.text
+    assert config.data["cpu"] == {"classes": {"default": {"minFreq": 800, "maxFreq": 2800}}}
+    assert "cri-resmgr.cfg: logger.Klog left out" in caplog.text and "cpu left out" not in caplog.text
     assert doc["logger"]["Klog"] == {"skip_headers": True}  # the caller's document is not changed
     with pytest.raises(ConfigError, match="unknown section 'cpus'"):  # a typo is still one
         validate({"cpus": {}})
@@ -223,8 +225,8 @@ def test_nri_plugins_options_that_cannot_move_a_placement_are_left_out_with_a_wa
                    "schedulingClasses": [{"name": "rt", "policy": "fifo", "priority": 10}]}}
     config = validate(ta, "ta")
     assert config.policy_name == "topology-aware"
-    for key in ("defaultCPUPriority", "sharedPoolCPUClass"):
-        assert f"ta: policy.topology-aware.{key} left out" in caplog.text
+    assert "ta: policy.topology-aware.defaultCPUPriority left out" in caplog.text
+    assert config.data["policy"]["topology-aware"]["sharedPoolCPUClass"] == "slow"  # a pool's CPU class
     assert "schedulingClasses left out" not in caplog.text
     assert config.data["policy"]["topology-aware"]["schedulingClasses"] == [{"name": "rt", "policy": "fifo",
                                                                               "priority": 10}]
