@@ -139,6 +139,9 @@ class CPUController:
         """Make the CPUs' files say what the classes assigned to them say; CPUs in no class (or in
         one not configured) get back what they held before."""
         self.assigned = dict(assigned)
+        if not self.classes and not self.in_force:
+            return  # nothing configured, nothing to put back
+        before = dict(self.saved)
         wanted: dict[int, str] = {}
         for name, cpus in sorted(assigned.items()):
             if name in self.classes:
@@ -159,7 +162,8 @@ class CPUController:
             touched = True
         if touched or any(c.uncore for c in self.classes.values()):
             self._uncore(wanted)
-        self._persist()
+        if self.saved != before:
+            self._persist()
 
     def _put(self, cpu: int, c: CPUClass) -> None:
         freq = f"cpu{cpu}/cpufreq"
