@@ -9,6 +9,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from resmgr.topology.cpuset import CPUSet
+
 
 class QOSClass(StrEnum):
     GUARANTEED = "Guaranteed"
@@ -350,3 +352,20 @@ class SchedulingClass:
     @property
     def changes_io(self) -> bool:
         return self.io_class != "none"
+
+
+@dataclass(frozen=True)
+class IrqPlan:
+    """Where interrupts go, as a policy says it (the irq controller writes /proc/irq): those whose
+    description matches a claim's patterns to the claim's CPUs; the others to the sink CPUs where
+    there are any, else off the isolated CPUs, else left as they were. Patterns are shell globs
+    over /proc/interrupts' description of the interrupt ("IO-APIC 8-edge rtc0": `*rtc0*`)."""
+
+    claims: tuple[tuple[tuple[str, ...], CPUSet], ...] = ()
+    sink: CPUSet = field(default_factory=CPUSet)
+    isolate: CPUSet = field(default_factory=CPUSet)
+    controllable: tuple[str, ...] = ()  # only interrupts matching these may be touched (none: every one)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.claims or self.sink or self.isolate)

@@ -22,9 +22,10 @@ from resmgr.config import Config, ConfigError, validate
 from resmgr.control import cgroupcpus
 from resmgr.control import link as configlink
 from resmgr.control.manager import ConfigManager, Rejected, Sources
-from resmgr.controllers import ControllerError, Controllers
+from resmgr.controllers import ControllerError, Controllers, follow
 from resmgr.controllers.blockio import BlockIOController
 from resmgr.controllers.cpu import CPUController
+from resmgr.controllers.irq import IRQController
 from resmgr.controllers.rdt import RDTController
 from resmgr.controllers.sched import SchedController
 from resmgr.engine import Engine, statefile
@@ -157,8 +158,10 @@ class Daemon:
                 loops = [tg.create_task(engine.run_reconciler(self.opts.reconcile_interval)),
                          tg.create_task(engine.keep_written()),
                          tg.create_task(core.control.keep_written()),
-                         tg.create_task(self.cpu_classes.follow(engine.changes.after, lambda: engine.changes.count,
-                                                                lambda: engine.policy.cpu_classes())),
+                         tg.create_task(follow(engine.changes.after, lambda: engine.changes.count,
+                                               lambda: engine.policy.cpu_classes(), self.cpu_classes.sync)),
+                         tg.create_task(follow(engine.changes.after, lambda: engine.changes.count,
+                                               lambda: engine.policy.irq_plan(), self.interrupts.sync)),
                          *(tg.create_task(loop) for loop in front.loops())]
                 if self.opts.rebalance_interval > 0:
                     loops.append(tg.create_task(self._rebalance(engine)))
@@ -241,6 +244,7 @@ class Daemon:
             raise StartupError(f"{self.config.policy_name} policy ({self.config.source}): {err}") from None
         sched = SchedController(self.opts.cgroup_root)
         self.cpu_classes = CPUController(self.opts.host_root, self.opts.state_dir)
+        self.interrupts = IRQController(self.opts.host_root, self.opts.state_dir)
         controllers = Controllers([BlockIOController(self.opts.cgroup_root),
                                    RDTController(self.opts.resctrl_root, self.opts.cgroup_root), sched,
                                    self.cpu_classes])

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from resmgr.model import Container, Pod
 
@@ -84,3 +84,21 @@ class Controllers:
                 c.apply(container, pod)
             except Exception as err:  # one container's trouble must not break its lifecycle call
                 log.error("%s: cannot put container %s into its class: %s", c.name, container.id, err)
+
+
+T = TypeVar("T")
+
+
+async def follow(changed: Callable[[int], Awaitable[None]], count: Callable[[], int], wanted: Callable[[], T],
+                 apply: Callable[[T], None]) -> None:
+    """For the daemon's life: after each change of the engine's state (changed(seen) returns once
+    count() moved past seen), what the policy wants of the node now (CPU classes, interrupts)
+    applied off the event loop when it differs from the last."""
+    seen, last = -1, None
+    while True:
+        await changed(seen)
+        seen = count()
+        now = wanted()
+        if now != last:
+            await asyncio.to_thread(apply, now)
+            last = now

@@ -14,11 +14,10 @@ CPU leaving every class gets it back, also after a restart.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,19 +121,6 @@ class CPUController:
         pass  # classes are the CPUs', not the containers'
 
     # -- the CPUs' classes ------------------------------------------------------------------
-    async def follow(self, changed: Callable[[int], Awaitable[None]], count: Callable[[], int],
-                     assigned: Callable[[], Mapping[str, CPUSet]]) -> None:
-        """For the daemon's life: after each change of the engine's state (changed(seen) returns
-        once the count moved past seen), the classes' CPUs as the policy says them now."""
-        seen, last = -1, None
-        while True:
-            await changed(seen)
-            seen = count()
-            now = dict(assigned())
-            if now != last:
-                await asyncio.to_thread(self.sync, now)
-                last = now
-
     def sync(self, assigned: Mapping[str, CPUSet]) -> None:
         """Make the CPUs' files say what the classes assigned to them say; CPUs in no class (or in
         one not configured) get back what they held before."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from resmgr.model import Claim, Container, Decision, Pod, Resources, SchedulingClass, View
+from resmgr.model import Claim, Container, Decision, IrqPlan, Pod, Resources, SchedulingClass, View
 from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.policies.toolkit.options import Option, read
 from resmgr.requests import RequirementError, Requirements, class_names, requirements
@@ -121,6 +121,10 @@ class Policy:
         pool's or the reserved CPUs because exclusive grants took all of its own).
         """
         return []
+
+    def irq_plan(self) -> IrqPlan:
+        """Where interrupts go (the irq controller writes their affinity)."""
+        return IrqPlan()
 
     def cpu_classes(self) -> dict[str, CPUSet]:
         """The CPUs each CPU class holds now (the cpu controller puts the class on them)."""

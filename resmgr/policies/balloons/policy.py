@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from resmgr.model import Claim, Container, Pod, QOSClass, Resources, SchedulingClass
+from resmgr.model import Claim, Container, IrqPlan, Pod, QOSClass, Resources, SchedulingClass
 from resmgr.policies.balloons.choice import Choice
 from resmgr.policies.balloons.fleet import Fleet
 from resmgr.policies.balloons.model import BALLOON, Balloon, Member, Saved, hint, union
@@ -285,6 +285,22 @@ class BalloonsPolicy(Policy):
         if idle:
             out[idle] = out.get(idle, EMPTY) | (self.allocatable - self.fleet.owned())
         return out
+
+    def irq_plan(self) -> IrqPlan:
+        """Claimed interrupts on their types' balloons' CPUs; the others on the sink balloons' CPUs,
+        or off the isolating ones."""
+        claims: dict[tuple[str, ...], CPUSet] = {}
+        sink, isolate = EMPTY, EMPTY
+        for b in self.fleet.balloons:
+            t = b.type
+            cpus = union(x.cpus for x in b.leaves)
+            if t.irq_claim:
+                claims[t.irq_claim] = claims.get(t.irq_claim, EMPTY) | cpus
+            if t.irq_mode == "sink":
+                sink |= cpus
+            elif t.irq_mode == "isolate":
+                isolate |= cpus
+        return IrqPlan(tuple(sorted(claims.items())), sink, isolate, self.settings.controllable_irqs)
 
     def scheduling_class(self, name: str) -> SchedulingClass | None:
         return self.settings.scheduling.classes.get(name)

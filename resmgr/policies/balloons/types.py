@@ -106,6 +106,10 @@ TYPE_OPTIONS = (
     Option("AllocatorTopologyBalancing", "any", None, "new balloons of this type where most CPUs are free "
            "(default: the policy's)"),
     Option("SchedulingClass", "string", "", "scheduling class of its containers (an annotation wins)"),
+    Option("IrqClaim", "strings", [], "interrupts (globs over their /proc/interrupts description) handled "
+           "by this type's balloons' CPUs"),
+    Option("IrqMode", "string", "", "sink: interrupts nobody claims go to its balloons' CPUs; isolate: they are "
+           "kept off them", choices=("", "sink", "isolate")),
     Option("RdtClass", "string", "", "RDT class of its containers (an annotation wins)"),
     Option("BlockioClass", "string", "", "block-I/O class of its containers (an annotation wins)"),
     Option("Loads", "strings", [], "load classes (LoadClasses) its containers put on cores or L2 caches"),
@@ -129,6 +133,8 @@ POLICY_OPTIONS = (
            "packing them"),
     Option("PreferSpreadOnPhysicalCores", "boolean", False, "one thread per core first, for every type"),
     Option("BalloonTypes", "objects", [], "the balloon types, in order of preference", items=TYPE_OPTIONS),
+    Option("ControllableInterrupts", "strings", [], "the interrupts (globs) balloon types may claim, sink or "
+           "isolate (none: every one)"),
     Option("SchedulingClasses", "objects", [], "scheduling classes (Linux scheduling policy, priority, nice, "
            "I/O priority) balloon types and annotations name", items=scheduling.OPTIONS),
     Option("Preserve", "object", None, "{matchExpressions: [...]}: containers the policy leaves alone"),
@@ -180,6 +186,8 @@ class BalloonType:
     on_reserved: bool = False  # the built-in default type: runs on the reserved CPUs, owns none
     order: int = 0  # position in the configuration
     dra: str = ""  # published as DRA devices: the devices' name prefix ("": not published)
+    irq_claim: tuple[str, ...] = ()  # interrupts (globs) its balloons' CPUs handle
+    irq_mode: str = ""  # sink or isolate: what its CPUs are to interrupts nobody claims
 
 
 @dataclass
@@ -192,6 +200,7 @@ class Settings:
     preserve: tuple[Expression, ...] = ()
     idle_class: str = ""
     scheduling: scheduling.Scheduling = scheduling.NONE
+    controllable_irqs: tuple[str, ...] = ()
 
 
 def _bool_or(value: Any, default: bool, where: str) -> bool:
@@ -229,6 +238,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
                  idle_class=raw["IdleCPUClass"])
     s.reserved_namespaces = tuple(reserved_namespaces(raw["ReservedPoolNamespaces"]))
     s.scheduling = scheduling.Scheduling.read(raw["SchedulingClasses"], None, None, where)
+    s.controllable_irqs = tuple(raw["ControllableInterrupts"])
     preserve = read(raw["Preserve"], (Option("MatchExpressions", "objects", []),), f"{where}.Preserve")
     s.preserve = tuple(parse_expression(e, f"{where}.Preserve.MatchExpressions[{i}]")
                        for i, e in enumerate(preserve["MatchExpressions"]))
@@ -280,6 +290,7 @@ def parse(section: Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
             components=tuple(_component(c, f"{at}.Components[{j}]") for j, c in enumerate(t["Components"])),
             balance_components=t["ComponentCreation"] == "balance-balloons",
             grows=name == RESERVED and bool(t["MinCPUs"] or t["MaxCPUs"]), dra=dra,
+            irq_claim=tuple(t["IrqClaim"]), irq_mode=t["IrqMode"].lower(),
             # The reserved balloon is the reserved CPUs; so is the default one without MinCPUs or
             # MaxCPUs of its own (cri-resmgr's rule) unless it groups its containers: its groups need
             # balloons of their own.

@@ -1,0 +1,135 @@
+"""The interrupt controller: interrupt CPU affinity as the policy's IrqPlan says it.
+
+After every change it reads /proc/interrupts, and for each interrupt it may touch (the plan's
+`controllable` patterns; every one when there are none) writes /proc/irq/N/smp_affinity_list:
+a claimed interrupt goes to its claim's CPUs, the others to the sink CPUs, or off the isolated
+ones. What an affinity was before it was first written is kept in the state directory: an
+interrupt no rule wants any more gets it back, also after a restart. An interrupt the kernel does
+not let move (per-CPU, managed) is left alone.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+from resmgr.model import IrqPlan
+from resmgr.topology.cpuset import CPUSet, CPUSetError
+
+log = logging.getLogger("cri-resmgr.controllers.irq")
+
+_LINE = re.compile(r"^\s*(\d+):((?:\s+\d+)*)\s*(.*)$")
+
+
+def interrupts(text: str) -> dict[int, str]:
+    """/proc/interrupts: each numbered interrupt's description (chip, hardware IRQ, type,
+    handlers), its columns joined by one space."""
+    out = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m:
+            out[int(m.group(1))] = " ".join(m.group(3).split())
+    return out
+
+
+def matches(patterns: tuple[str, ...], description: str) -> bool:
+    return any(fnmatch.fnmatchcase(description, p) for p in patterns)
+
+
+class IRQController:
+    def __init__(self, host_root: str = "/", state_dir: str = "") -> None:
+        self.proc = Path(host_root) / "proc"
+        self.saved_path = Path(state_dir) / "irq-affinity.json" if state_dir else None
+        self.saved: dict[int, str] = {}  # interrupt -> its affinity before it was first written
+        self.denied: set[tuple[int, str]] = set()  # (interrupt, pattern) said once
+        self._load()
+
+    def sync(self, plan: IrqPlan) -> None:
+        if plan.empty and not self.saved:
+            return
+        before = dict(self.saved)
+        try:
+            described = interrupts((self.proc / "interrupts").read_text())
+        except OSError as err:
+            log.error("interrupts: cannot read %s: %s", self.proc / "interrupts", err.strerror)
+            return
+        for irq, description in sorted(described.items()):
+            wanted = self._wanted(plan, irq, description)
+            if wanted is None:
+                if irq in self.saved:
+                    self._write(irq, self.saved.pop(irq))
+                continue
+            current = self._read(irq)
+            if current is None:
+                continue
+            if irq not in self.saved:
+                self.saved[irq] = current
+            if wanted and wanted != _parse(current):
+                if not self._write(irq, str(wanted)):
+                    self.saved.pop(irq, None)  # the kernel keeps it where it is
+        for irq in [i for i in self.saved if i not in described]:  # gone (a device removed)
+            del self.saved[irq]
+        if self.saved != before:
+            self._persist()
+
+    def _wanted(self, plan: IrqPlan, irq: int, description: str) -> CPUSet | None:
+        """The affinity the plan wants (None: no rule, as it was)."""
+        claim = next((cpus for patterns, cpus in plan.claims if cpus and matches(patterns, description)), None)
+        if plan.controllable and not matches(plan.controllable, description):
+            if claim is not None and (irq, description) not in self.denied:
+                self.denied.add((irq, description))
+                log.error("interrupt %d (%s) is claimed but not controllable (ControllableInterrupts): left alone",
+                          irq, description)
+            return None
+        if claim is not None:
+            return claim
+        if plan.sink:
+            return plan.sink
+        if plan.isolate:
+            base = self.saved.get(irq) or self._read(irq) or ""
+            return _parse(base) - plan.isolate or None
+        return None
+
+    def _read(self, irq: int) -> str | None:
+        try:
+            return (self.proc / "irq" / str(irq) / "smp_affinity_list").read_text().strip()
+        except OSError:
+            return None
+
+    def _write(self, irq: int, cpus: str) -> bool:
+        try:
+            (self.proc / "irq" / str(irq) / "smp_affinity_list").write_text(cpus + "\n")
+            return True
+        except OSError as err:  # EIO: a per-CPU or managed interrupt the kernel does not let move
+            log.debug("interrupt %d: cannot set its CPUs to %s: %s", irq, cpus, err.strerror)
+            return False
+
+    def _load(self) -> None:
+        if self.saved_path is None:
+            return
+        try:
+            data = json.loads(self.saved_path.read_text())
+            self.saved = {int(k): str(v) for k, v in (data.get("saved") or {}).items()}
+        except (OSError, ValueError, AttributeError):
+            return
+
+    def _persist(self) -> None:
+        if self.saved_path is None:
+            return
+        tmp = self.saved_path.with_name(f".{self.saved_path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps({"saved": {str(k): v for k, v in sorted(self.saved.items())}}))
+            os.replace(tmp, self.saved_path)
+        except OSError as err:
+            log.error("interrupts: cannot keep their earlier CPUs in %s: %s", self.saved_path, err)
+
+
+def _parse(text: str) -> CPUSet:
+    try:
+        return CPUSet.parse(text)
+    except CPUSetError:
+        return CPUSet()

@@ -1,0 +1,89 @@
+"""Interrupt affinity as balloons' irqClaim and irqMode say it, on /proc files laid out as the
+kernel's (nri-plugins' test25-irq steps): claimed interrupts on the claimers' CPUs, the others on a
+sink's or off an isolating balloon's, and every affinity back once nothing wants it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from resmgr.controllers.irq import IRQController, interrupts
+from resmgr.model import IrqPlan, QOSClass
+from resmgr.topology.cpuset import CPUSet
+from tests.support.world import World, machine
+
+PROC = """           CPU0       CPU1       CPU2       CPU3
+  4:          0         15          0          0  IO-APIC   4-edge      ttyS0
+  8:          0          0          0          0  IO-APIC   8-edge      rtc0
+  9:          0          0          0          0  IO-APIC   9-fasteoi   acpi
+ 24:       2020          0          0          0  PCI-MSIX-0000:00:01.0   4-edge      virtio0-req.0
+NMI:          0          0          0          0   Non-maskable interrupts
+"""
+ALL = "0-15"
+N4C16 = machine("sockets=2,nodes=2,cores=2,threads=2,numbering=linear")
+
+
+def proc(tmp: Path) -> Path:
+    (tmp / "proc").mkdir()
+    (tmp / "proc" / "interrupts").write_text(PROC)
+    for irq in (4, 8, 9, 24):
+        d = tmp / "proc" / "irq" / str(irq)
+        d.mkdir(parents=True)
+        (d / "smp_affinity_list").write_text(ALL + "\n")
+    return tmp
+
+
+def affinity(root: Path, irq: int) -> str:
+    return (root / "proc" / "irq" / str(irq) / "smp_affinity_list").read_text().strip()
+
+
+def balloons(*types: dict, **policy: object) -> World:
+    return World("balloons", N4C16, ReservedResources={"cpu": "1000m"},
+                 **{"balloons": {"BalloonTypes": list(types), **policy}})
+
+
+def test_proc_interrupts_descriptions():
+    assert interrupts(PROC) == {4: "IO-APIC 4-edge ttyS0", 8: "IO-APIC 8-edge rtc0", 9: "IO-APIC 9-fasteoi acpi",
+                                24: "PCI-MSIX-0000:00:01.0 4-edge virtio0-req.0"}
+
+
+def test_claimed_interrupts_go_to_the_claimers_cpus_and_back_when_it_goes(tmp_path):
+    root = proc(tmp_path)
+    w = balloons({"Name": "claimer", "MinCPUs": 2, "MaxCPUs": 2, "IrqClaim": ["*ttyS0*", "*rtc0*"]})
+    c = w.add(QOSClass.GUARANTEED, 1000, annotations={"balloon.balloons.resource-policy.nri.io": "claimer"})
+    irq = IRQController(str(root), str(tmp_path))
+    irq.sync(w.policy.irq_plan())
+    assert affinity(root, 4) == affinity(root, 8) == str(w.cpus(c)) and affinity(root, 9) == ALL
+    w.policy.release(w.containers[c.key], w.view())
+    again = IRQController(str(root), str(tmp_path))  # a restart meanwhile: what they were is on disk
+    again.sync(w.policy.irq_plan())
+    assert affinity(root, 4) == affinity(root, 8) == ALL
+
+
+def test_isolate_keeps_unclaimed_interrupts_off_the_balloon_and_sink_draws_them(tmp_path):
+    root = proc(tmp_path)
+    w = balloons({"Name": "isolate", "MinCPUs": 2, "MaxCPUs": 2, "IrqMode": "isolate"},
+                 {"Name": "sink", "MinCPUs": 2, "MaxCPUs": 2, "IrqMode": "sink"},
+                 {"Name": "claimer", "MinCPUs": 2, "MaxCPUs": 2, "IrqClaim": ["*ttyS0*"]})
+    iso = w.add(QOSClass.GUARANTEED, 1000, annotations={"balloon.balloons.resource-policy.nri.io": "isolate"})
+    irq = IRQController(str(root), str(tmp_path))
+    irq.sync(w.policy.irq_plan())
+    assert CPUSet.parse(affinity(root, 8)) == CPUSet.parse(ALL) - w.cpus(iso)
+    sink = w.add(QOSClass.GUARANTEED, 1000, annotations={"balloon.balloons.resource-policy.nri.io": "sink"})
+    claimer = w.add(QOSClass.GUARANTEED, 1000, annotations={"balloon.balloons.resource-policy.nri.io": "claimer"})
+    irq.sync(w.policy.irq_plan())
+    assert affinity(root, 4) == str(w.cpus(claimer)) and affinity(root, 8) == affinity(root, 9) == str(w.cpus(sink))
+    for c in (iso, sink, claimer):
+        w.policy.release(w.containers[c.key], w.view())
+    irq.sync(w.policy.irq_plan())
+    assert [affinity(root, i) for i in (4, 8, 9, 24)] == [ALL] * 4
+
+
+def test_only_controllable_interrupts_are_touched(tmp_path):
+    root = proc(tmp_path)
+    plan = IrqPlan(claims=((("*ttyS0*",), CPUSet.parse("2-3")),), sink=CPUSet.parse("4-5"),
+                   controllable=("*acpi*", "*rtc0*"))
+    irq = IRQController(str(root), str(tmp_path))
+    irq.sync(plan)
+    assert affinity(root, 4) == ALL  # claimed, but not controllable: left alone (and logged)
+    assert affinity(root, 8) == affinity(root, 9) == "4-5"
+    assert affinity(root, 24) == ALL  # not controllable
