@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -184,18 +185,37 @@ class _Stream:
         self.window = asyncio.Event()  # set when the server opens this stream's send window
 
 
+REFUSED_RETRIES = 3  # a request a GOAWAY left unprocessed is sent again this often
+
+class _Refused(ConnectionError):
+    """The server did not process the stream (above a GOAWAY's last stream, or REFUSED_STREAM):
+    it is safe to send again, whatever the method (RFC 9113, 8.7)."""
+
+
+class _Draining(h2.connection.H2ConnectionStateMachine):
+    """The h2 library takes a GOAWAY as the connection's end and refuses every frame after it, but
+    the server still finishes the streams up to its last_stream_id (RFC 9113, 6.8): the connection
+    stays open for them (no new stream starts on it: _H2.usable)."""
+
+    _transitions = {**h2.connection.H2ConnectionStateMachine._transitions,
+                    (h2.connection.ConnectionState.CLIENT_OPEN, h2.connection.ConnectionInputs.RECV_GOAWAY):
+                        (None, h2.connection.ConnectionState.CLIENT_OPEN)}
+
+
 class _H2:
     """One HTTP/2 connection; requests are streams on it."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, authority: str) -> None:
         self.reader, self.writer, self.authority = reader, writer, authority
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.conn.state_machine = _Draining()
         self.conn.local_settings = h2.settings.Settings(client=True, initial_values={
             h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW, h2.settings.SettingCodes.ENABLE_PUSH: 0})
         self.conn.initiate_connection()
         self.conn.increment_flow_control_window(16 * WINDOW)
         self.streams: dict[int, _Stream] = {}
         self.usable = True  # no GOAWAY, no error: new streams may start here
+        self.closed = False
         self.pong = asyncio.Event()
         self.last_heard = time.monotonic()
         self._flush()
@@ -235,7 +255,8 @@ class _H2:
         elif isinstance(event, h2.events.StreamEnded) and stream:
             self._end(event.stream_id, None)
         elif isinstance(event, h2.events.StreamReset) and stream:
-            self._end(event.stream_id, ConnectionError(f"stream reset by the API server ({event.error_code})"))
+            kind = _Refused if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM else ConnectionError
+            self._end(event.stream_id, kind(f"stream reset by the API server ({event.error_code})"))
         elif isinstance(event, h2.events.WindowUpdated) and event.stream_id:
             if stream:
                 stream.window.set()
@@ -247,7 +268,7 @@ class _H2:
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.usable = False  # GOAWAY: streams above last_stream_id were not processed
             for sid in [s for s in self.streams if s > (event.last_stream_id or 0)]:
-                self._end(sid, ConnectionError("the API server is going away"))
+                self._end(sid, _Refused("the API server is going away"))
 
     def _end(self, stream_id: int, error: BaseException | None) -> None:
         stream = self.streams.pop(stream_id, None)
@@ -273,7 +294,7 @@ class _H2:
                 return
 
     def close(self, error: BaseException) -> None:
-        self.usable = False
+        self.usable, self.closed = False, True
         for sid in list(self.streams):
             self._end(sid, error)
         self.pinger.cancel()
@@ -303,7 +324,7 @@ class _H2:
 
     def consumed(self, stream_id: int, length: int) -> None:
         """Data of a stream was read: the server may send as much again."""
-        if self.usable and length:
+        if not self.closed and length:  # a going connection still finishes the streams it keeps
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.conn.acknowledge_received_data(length, stream_id)
                 self._flush()
@@ -319,7 +340,7 @@ class _H2:
             if isinstance(item, tuple):
                 unread += item[1]
         self.consumed(stream_id, unread)
-        if stream is not None and self.usable:
+        if stream is not None and not self.closed:
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
                 self._flush()
@@ -441,18 +462,24 @@ class Client:
         data = b"" if body is None else json.dumps(body).encode()
         headers = self._headers(content_type if body is not None else "")
         try:
-            conn = await self._h2_conn()
-            if conn is not None:
+            for attempt in range(REFUSED_RETRIES + 1):
+                conn = await self._h2_conn()
+                if conn is None:
+                    return await self._h11(method, target, headers, data)
                 sid, stream = await conn.open(method, target, {**headers, "content-length": str(len(data))}
                                               if body is not None else headers, data)
                 try:
                     head = await stream.headers
+                except _Refused:  # not processed: again, on a new connection (this one is going)
+                    if attempt == REFUSED_RETRIES:
+                        raise
+                    continue
                 except BaseException:  # timed out or cancelled: the stream is ours to end
                     conn.cancel(sid)
                     raise
                 return Response(int(head[":status"]), "", head, self._h2_chunks(conn, sid, stream),
-                                lambda: conn.cancel(sid, stream))
-            return await self._h11(method, target, headers, data)
+                                functools.partial(conn.cancel, sid, stream))
+            raise AssertionError("unreachable")
         except (OSError, ConnectionError, h2.exceptions.ProtocolError, h11.ProtocolError) as err:
             raise ApiError(0, f"{type(err).__name__}: {err}") from err
 

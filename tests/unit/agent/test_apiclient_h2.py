@@ -10,6 +10,7 @@ from pathlib import Path
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import pytest
 
 from harness.kube import Pki
@@ -17,6 +18,15 @@ from resmgr.agent import apiclient
 from resmgr.agent.apiclient import ApiError, Client, Credentials
 
 BODY = 4 << 20
+
+
+class Finishing(h2.connection.H2ConnectionStateMachine):
+    """A server that sends GOAWAY and still finishes the streams up to its last one, as
+    kube-apiserver does (the h2 library alone would close the connection at once)."""
+
+    _transitions = {**h2.connection.H2ConnectionStateMachine._transitions,
+                    (h2.connection.ConnectionState.SERVER_OPEN, h2.connection.ConnectionInputs.SEND_GOAWAY):
+                        (None, h2.connection.ConnectionState.SERVER_OPEN)}
 
 
 class Server:
@@ -32,6 +42,8 @@ class Server:
         self.sent = 0
         self.connections = 0
         self.goaway_after_first = False
+        self.refuse_after_first = False  # the first connection: GOAWAY on its first request, the others unanswered
+        self.goaway_mid_response = False  # the first connection: GOAWAY before the bodies of its first two requests
         self.stall = False  # stop reading (and so answering PINGs) after the first request
 
     async def start(self) -> Client:
@@ -45,12 +57,22 @@ class Server:
         conn.initiate_connection()
         writer.write(conn.data_to_send())
         pending: dict[int, int] = {}
+        draining = self.goaway_mid_response and self.connections == 1
+        if draining:
+            conn.state_machine = Finishing()
+            conn.state_machine.state = h2.connection.ConnectionState.SERVER_OPEN
+        refusing, answered = self.refuse_after_first and self.connections == 1, 0
         try:
             while data := await reader.read(65536):
                 for event in conn.receive_data(data):
                     if isinstance(event, h2.events.RequestReceived):
+                        if (refusing and answered) or (draining and answered >= 2):
+                            continue  # above the (coming) GOAWAY's last stream: not processed
                         conn.send_headers(event.stream_id, [(b":status", b"200")])
                         pending[event.stream_id] = BODY
+                        answered += 1
+                        if draining and answered == 2:
+                            conn.close_connection(last_stream_id=event.stream_id)
                     elif isinstance(event, h2.events.StreamReset):
                         pending.pop(event.stream_id, None)
                 for sid, rest in list(pending.items()):
@@ -63,14 +85,14 @@ class Server:
                     if not rest:
                         conn.end_stream(sid)
                         del pending[sid]
-                        if self.goaway_after_first:
+                        if self.goaway_after_first or refusing:
                             conn.close_connection(last_stream_id=sid)
                 writer.write(conn.data_to_send())
                 await writer.drain()
                 if self.stall and self.connections == 1 and pending:
                     await asyncio.sleep(3600)
-        except (ConnectionError, asyncio.CancelledError):
-            pass
+        except (ConnectionError, asyncio.CancelledError, h2.exceptions.ProtocolError):
+            pass  # (frames the client sent before it heard the GOAWAY)
         finally:
             writer.close()
 
@@ -101,6 +123,36 @@ async def test_after_goaway_the_next_request_goes_on_a_new_connection(server):
     for _ in range(2):
         response = await api.open("GET", "/big")
         assert len(await response.body()) == BODY
+    assert server.connections == 2
+    await api.close()
+
+
+async def test_requests_a_goaway_left_unprocessed_are_sent_again_on_a_new_connection(server):
+    """kube-apiserver's --goaway-chance (as API servers behind load balancers run) refuses the
+    streams above the GOAWAY's last one: they were not processed, so they are sent again, as
+    client-go does, instead of failing (1 in 10 requests under 16 at once, measured)."""
+    server.refuse_after_first = True
+    api = await server.start()
+
+    async def get() -> int:
+        response = await api.open("GET", "/big")
+        return len(await response.body())
+
+    assert await asyncio.gather(get(), get(), get()) == [BODY] * 3
+    assert server.connections == 2
+    await api.close()
+
+
+async def test_the_streams_a_goaway_keeps_are_finished_on_the_going_connection(server):
+    """After a GOAWAY the API server still answers the streams up to its last one: their bodies are
+    read to the end (the h2 library alone refused every frame after a GOAWAY, failing them), and the
+    third request goes on a new connection."""
+    server.goaway_mid_response = True
+    api = await server.start()
+    first = await api.open("GET", "/big")
+    second = await api.open("GET", "/big")
+    third = await api.open("GET", "/big")
+    assert [len(await r.body()) for r in (first, second, third)] == [BODY] * 3
     assert server.connections == 2
     await api.close()
 
