@@ -39,13 +39,16 @@ def read(path: str) -> str:
 
 
 def comm(pid: str) -> str:
-    """The process's command now. Never cached: runc's init is "exe" (runc re-executing
-    /proc/self/exe) or "runc:[...]" until it executes the container's own process, and a pid
-    seen once as "exe" would stay a started container's process ever after."""
+    """The process's command now ("" for one gone or dead: a zombie runs nothing). Never cached:
+    runc's init is "exe" (runc re-executing /proc/self/exe) or "runc:[...]" until it executes the
+    container's own process, and a pid seen once as "exe" would stay a started container's
+    process ever after."""
     try:
-        return read(f"/proc/{pid}/comm")
+        stat = read(f"/proc/{pid}/stat")
     except OSError:
         return ""
+    name, _, rest = stat.partition("(")[2].rpartition(")")
+    return "" if rest.split()[:1] in (["Z"], ["X"]) else name
 
 
 def is_init(name: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 from harness.soak import sampler
 
@@ -34,3 +35,14 @@ def _becomes(pid: str, name: str) -> bool:
 def test_runcs_init_under_any_of_its_names_is_not_the_containers_own_process():
     assert all(sampler.is_init(n) for n in ("exe", "runc", "runc:[2:INIT]"))
     assert not any(sampler.is_init(n) for n in ("pause", "sleep", "sh"))
+
+
+def test_a_zombie_runs_nothing():
+    """A container whose processes have exited but are not reaped yet runs nothing: its CPUs are
+    free to be someone else's."""
+    proc = subprocess.Popen(["sleep", "0"])
+    deadline = time.monotonic() + 10
+    while sampler.comm(str(proc.pid)) and time.monotonic() < deadline:  # exited, not reaped: a zombie
+        time.sleep(0.02)
+    assert sampler.comm(str(proc.pid)) == "" and Path(f"/proc/{proc.pid}").exists()
+    proc.wait()
