@@ -286,12 +286,14 @@ class Decision:
     `resources` replaces the container's resources (None: leave the request as is);
     `updates` holds every *other* container whose resources changed, by container key.
     `classes` names the container's class by controller name; a controller it does not
-    name (or names with "") leaves the container's class as it was.
+    name (or names with "") leaves the container's class as it was. `warm_after`: a cold start,
+    after which the engine asks the policy to `warm` the container.
     """
 
     resources: Resources | None = None
     classes: dict[str, str] = field(default_factory=dict)
     updates: dict[str, Resources] = field(default_factory=dict)
+    warm_after: float = 0.0  # cold start: seconds after which the engine asks the policy to warm it
 
 
 @dataclass
@@ -358,14 +360,16 @@ class SchedulingClass:
 class IrqPlan:
     """Where interrupts go, as a policy says it (the irq controller writes /proc/irq): those whose
     description matches a claim's patterns to the claim's CPUs; the others to the sink CPUs where
-    there are any, else off the isolated CPUs, else left as they were. Patterns are shell globs
+    there are any, else off the isolated CPUs, else left as they were; an unclaimed interrupt
+    matching a mask is kept off the mask's CPUs too. Patterns are shell globs
     over /proc/interrupts' description of the interrupt ("IO-APIC 8-edge rtc0": `*rtc0*`)."""
 
     claims: tuple[tuple[tuple[str, ...], CPUSet], ...] = ()
+    masks: tuple[tuple[tuple[str, ...], CPUSet], ...] = ()  # CPUs kept off the interrupts matching
     sink: CPUSet = field(default_factory=CPUSet)
     isolate: CPUSet = field(default_factory=CPUSet)
     controllable: tuple[str, ...] = ()  # only interrupts matching these may be touched (none: every one)
 
     @property
     def empty(self) -> bool:
-        return not (self.claims or self.sink or self.isolate)
+        return not (self.claims or self.masks or self.sink or self.isolate)

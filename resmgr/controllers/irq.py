@@ -3,9 +3,9 @@
 After every change it reads /proc/interrupts, and for each interrupt it may touch (the plan's
 `controllable` patterns; every one when there are none) writes /proc/irq/N/smp_affinity_list:
 a claimed interrupt goes to its claim's CPUs, the others to the sink CPUs, or off the isolated
-ones. What an affinity was before it was first written is kept in the state directory: an
-interrupt no rule wants any more gets it back, also after a restart. An interrupt the kernel does
-not let move (per-CPU, managed) is left alone.
+ones and the CPUs of the masks they match. What an affinity was before it was first written is
+kept in the state directory: an interrupt no rule wants any more gets it back, also after a
+restart. An interrupt the kernel does not let move (per-CPU, managed) is left alone.
 """
 
 from __future__ import annotations
@@ -87,12 +87,14 @@ class IRQController:
             return None
         if claim is not None:
             return claim
-        if plan.sink:
-            return plan.sink
-        if plan.isolate:
-            base = self.saved.get(irq) or self._read(irq) or ""
-            return _parse(base) - plan.isolate or None
-        return None
+        masked = CPUSet()
+        for patterns, cpus in plan.masks:
+            if matches(patterns, description):
+                masked |= cpus
+        if not (plan.sink or plan.isolate or masked):
+            return None
+        base = plan.sink or _parse(self.saved.get(irq) or self._read(irq) or "")
+        return base - plan.isolate - masked or None
 
     def _read(self, irq: int) -> str | None:
         try:

@@ -32,6 +32,7 @@ class CreatePlan:
     # The container we know to hold this name (pod, name, attempt), if any. The runtime decides: it
     # refuses the name while that one exists, and a container it makes anyway takes over its grant.
     holder: Container | None = None
+    warm_after: float = 0.0  # a cold start: the policy warms it this long after it is made
 
 
 class Create:
@@ -77,7 +78,8 @@ class Create:
             log.warning("container %s/%s/%s: annotation(s) %s have no effect under policy %s", pod.namespace,
                         pod.name, c.name, ", ".join(unread), self.state.policy.name)
         decided = alloc.resources is not None
-        return CreatePlan(pod, c, decided, alloc.updates, decided and self.state.policy.pins)
+        return CreatePlan(pod, c, decided, alloc.updates, decided and self.state.policy.pins,
+                          warm_after=alloc.warm_after)
 
     async def _confirm_older(self, c: Container) -> None:
         """Ask the runtime about older containers of c's name that we hold as live: a create asking for
@@ -196,6 +198,8 @@ class Create:
                 c.resources, c.pending = late.overlaid(c.adjusted), True
                 plan.updates[c.key] = c.resources
         self.state.apply_soon(Decision(updates=plan.updates), before_start=c.key)
+        if plan.warm_after:
+            self.state.warm_later(c.key, plan.warm_after)
         await self.state.save()
         return c
 

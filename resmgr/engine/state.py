@@ -116,6 +116,7 @@ class EngineState:
         self._fallback: list[str] = []  # the policy's fallback conditions last logged
         self.held_back: dict[str, float] = {}  # starts refused since, by container
         self._saves: set[asyncio.Task[None]] = set()
+        self._warming: set[asyncio.Task[None]] = set()  # cold starts ending
         self.changes = Changes()  # bumped with every state write
 
     # -- state -------------------------------------------------------------
@@ -176,6 +177,7 @@ class EngineState:
         if pdata.get("name") == self.policy.name:
             try:
                 self.policy.restore_state(pdata.get("data") or {})
+                self._warm_restored()
                 return
             except Exception as err:
                 log.error("persisted %s policy data is unusable (%s); re-allocating every container",
@@ -185,6 +187,12 @@ class EngineState:
                         pdata.get("name"), self.policy.name)
         self.ledger.unallocate_all()
         self.ledger.reprepare(self.policy)
+
+    def _warm_restored(self) -> None:
+        """Cold starts a restart cut short end now (their timers went with the process): the
+        memory they get is pending, pushed by the first reconciliation."""
+        for key in self.policy.cold():
+            self.record(self.policy.warm(key, self.view()).updates)
 
     async def save(self) -> None:
         """Persist the state; with write_behind, soon, without waiting for the disk."""
@@ -272,6 +280,29 @@ class EngineState:
     async def settle_updates(self) -> None:
         """Wait for the updates pushed in the background (at shutdown, in tests)."""
         await self.pusher.settle()
+
+    def warm_later(self, key: str, seconds: float) -> None:
+        """A cold start: after seconds, the policy gives the container its memory as it normally is."""
+        loop = asyncio.get_running_loop()
+
+        def start() -> None:
+            task = loop.create_task(self._warm(key))
+            self._warming.add(task)
+            task.add_done_callback(self._warming.discard)
+
+        loop.call_later(seconds, start)
+
+    async def _warm(self, key: str) -> None:
+        async with self.lock:
+            if key not in self.containers:
+                return
+            decision = self.policy.warm(key, self.view())
+            self.record(decision.updates)
+        if decision.updates:
+            log.info("container %s: cold start over, its memory on %s", key,
+                     decision.updates[key].cpuset_mems if key in decision.updates else "as before")
+        await self.apply_updates(decision)
+        await self.save()
 
     def wake(self) -> None:
         """Reconcile soon: something happened whose outcome only the runtime knows."""

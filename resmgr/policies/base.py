@@ -122,6 +122,15 @@ class Policy:
         """
         return []
 
+    def warm(self, key: str, view: View) -> Decision:
+        """A cold start is over (Decision.warm_after): the container's memory as it normally is
+        (in updates, by its key)."""
+        return Decision()
+
+    def cold(self) -> list[str]:
+        """Containers whose cold start has not ended (after a restart the engine warms them)."""
+        return []
+
     def irq_plan(self) -> IrqPlan:
         """Where interrupts go (the irq controller writes their affinity)."""
         return IrqPlan()

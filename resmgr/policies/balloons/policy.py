@@ -300,7 +300,8 @@ class BalloonsPolicy(Policy):
                 sink |= cpus
             elif t.irq_mode == "isolate":
                 isolate |= cpus
-        return IrqPlan(tuple(sorted(claims.items())), sink, isolate, self.settings.controllable_irqs)
+        return IrqPlan(tuple(sorted(claims.items())), sink=sink, isolate=isolate,
+                       controllable=self.settings.controllable_irqs)
 
     def scheduling_class(self, name: str) -> SchedulingClass | None:
         return self.settings.scheduling.classes.get(name)

@@ -9,6 +9,7 @@ PolicyError naming the annotation and the container, never a crash.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -192,3 +193,58 @@ def preserve(container: Container, pod: Pod, what: str) -> bool:
 def hide_hyperthreads(container: Container, pod: Pod) -> bool | None:
     """The hide-hyperthreads hint: run on one thread of each core of the grant."""
     return bool_hint(container, pod, HIDE_HYPERTHREADS)
+
+
+COLD_START = "cold-start"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def duration(text: str, where: str) -> float:
+    """Seconds of a Go-style duration (`60s`, `1m30s`, `500ms`)."""
+    text = text.strip()
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise PolicyError(f"{where}: {text!r} is not a duration like 60s or 1m30s")
+    return sum(float(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for n, u in parts)
+
+
+def cold_start(container: Container, pod: Pod) -> float:
+    """The cold-start hint's duration in seconds (0: none): `duration: 60s`."""
+    found = hint(container, pod, COLD_START)
+    if found is None:
+        return 0.0
+    key, value = found
+    where = f"annotation {key} of container {container.name}"
+    try:
+        doc = yaml.safe_load(str(value)) if isinstance(value, str) else value
+    except yaml.YAMLError as err:
+        raise PolicyError(f"{where}: not valid YAML: {err}") from None
+    if not isinstance(doc, dict) or "duration" not in doc:
+        raise PolicyError(f"{where}: expected duration: <time>, e.g. duration: 60s")
+    return duration(str(doc["duration"]), where)
+
+
+IRQ_AFFINITY = "irq-affinity"
+
+
+def irq_affinity(container: Container, pod: Pod) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The irq-affinity hint: the interrupts (globs) the container's exclusive CPUs claim, and
+    those kept off them (`claim: [...]`, `mask: [...]`); ((), ()) when absent."""
+    found = hint(container, pod, IRQ_AFFINITY)
+    if found is None:
+        return (), ()
+    key, value = found
+    where = f"invalid IRQ affinity in annotation {key} of container {container.name}"
+    try:
+        doc = yaml.safe_load(str(value)) if isinstance(value, str) else value
+    except yaml.YAMLError as err:
+        raise PolicyError(f"{where}: not valid YAML: {err}") from None
+    if not isinstance(doc, dict) or set(doc) - {"claim", "mask"}:
+        raise PolicyError(f"{where}: expected claim: [globs] and/or mask: [globs]")
+    out = []
+    for field in ("claim", "mask"):
+        globs = doc.get(field) or []
+        if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+            raise PolicyError(f"{where}: {field} is a list of interrupt globs, e.g. [\"*ttyS0*\"]")
+        out.append(tuple(globs))
+    return out[0], out[1]

@@ -36,6 +36,9 @@ class Grant:
     claim: str = ""  # the DRA claim (UID) whose CPUs it runs on (a claim's own grant: "")
     pin_cpu: bool = True  # False: its CPUs are left as they are (cpu.preserve), though the grant counts
     pin_memory: bool = True  # False: its memory nodes are left as they are (memory.preserve)
+    cold: bool = False  # a cold start: its memory on the PMEM nodes only, until the policy warms it
+    irq_claim: tuple[str, ...] = ()  # interrupts (globs) its exclusive CPUs handle
+    irq_mask: tuple[str, ...] = ()  # interrupts (globs) kept off its exclusive CPUs
 
     @property
     def memory_pool(self) -> str:
@@ -57,7 +60,8 @@ class Grant:
         for name, value, default in (("reserved", self.reserved, False), ("memory", self.memory, 0),
                                      ("mem_pool", self.mem_pool, ""), ("hide_ht", self.hide_ht, False),
                                      ("claim", self.claim, ""), ("pin_cpu", self.pin_cpu, True),
-                                     ("pin_memory", self.pin_memory, True)):
+                                     ("pin_memory", self.pin_memory, True), ("cold", self.cold, False),
+                                     ("irq_claim", list(self.irq_claim), []), ("irq_mask", list(self.irq_mask), [])):
             if value != default:
                 d[name] = value
         if self.mem_types != DEFAULT_MEMORY:
@@ -77,7 +81,8 @@ class Grant:
                    milli or shared + 1000 * len(exclusive), int(d.get("memory", 0)),
                    frozenset(MemoryType(t) for t in types) if types else DEFAULT_MEMORY,
                    str(d.get("mem_pool", "")), bool(d.get("hide_ht", False)), str(d.get("claim", "")),
-                   bool(d.get("pin_cpu", True)), bool(d.get("pin_memory", True)))
+                   bool(d.get("pin_cpu", True)), bool(d.get("pin_memory", True)), bool(d.get("cold", False)),
+                   tuple(map(str, d.get("irq_claim") or ())), tuple(map(str, d.get("irq_mask") or ())))
 
 
 Change = Callable[[str, Grant, int], None]

@@ -130,6 +130,12 @@ class Placement:
             best = best.parent
         return best
 
+    @staticmethod
+    def _cold(pool: Pool, r: Request) -> bool:
+        """A cold start where its pool has both DRAM and PMEM of the types it asked for (nri-plugins')."""
+        return bool(r.cold) and {MemoryType.DRAM, MemoryType.PMEM} <= r.mem_types and \
+            bool(pool.mems_of((MemoryType.PMEM,))) and bool(pool.mems_of((MemoryType.DRAM,)))
+
     def _split(self, pool: Pool, r: Request) -> int:
         """1 when the pool's shared CPUs lack the whole cores an exclusive slice needs (whole cores first)."""
         sharable = self.accounts.sharable(pool)
@@ -158,7 +164,8 @@ class Placement:
                 exclusive = self.slice(pool, r.exclusive, r.prefer)
         return Grant(pool.name, exclusive, shared=r.shared if r.on_shared else 0, on_shared=r.on_shared,
                      milli=1000 * r.exclusive + r.shared, memory=r.memory, mem_types=r.mem_types, hide_ht=r.hide_ht,
-                     pin_cpu=r.pin_cpu, pin_memory=r.pin_memory)
+                     pin_cpu=r.pin_cpu, pin_memory=r.pin_memory, cold=self._cold(pool, r),
+                     irq_claim=r.irq_claim, irq_mask=r.irq_mask)
 
     def slice(self, pool: Pool, count: int, prefer: Preferences) -> CPUSet:
         """count CPUs off the pool's shared set, spread over children as their spare allows."""

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from resmgr.model import Claim, Container, Pod, Resources, SchedulingClass
+from resmgr.model import Claim, Container, IrqPlan, Pod, Resources, SchedulingClass
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
 from resmgr.policies.toolkit import claims, cpuvalues, scheduling
 from resmgr.policies.toolkit.allocator import one_thread_per_core
@@ -32,7 +32,7 @@ from resmgr.policies.topology_aware.request import LEVELS, Asking, Settings
 from resmgr.policies.topology_aware.tree import Pool, TreeError, build, owner
 from resmgr.requests import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
-from resmgr.topology.model import Topology
+from resmgr.topology.model import MemoryType, Topology
 
 OPTIONS = (
     Option("PinCPU", "boolean", True, "write the containers' cpusets"),
@@ -49,6 +49,8 @@ OPTIONS = (
     Option("ReservedPoolCPUClass", "string", "", "the CPU class (cpu.Classes) of the reserved CPUs"),
     Option("SharedPoolCPUClass", "string", "", "the CPU class of the shared CPUs (every pool's)"),
     Option("DefaultExclusiveCPUClass", "string", "", "the CPU class of exclusive CPUs"),
+    Option("ControllableInterrupts", "strings", [], "the interrupts (globs) the irq-affinity annotation may "
+           "claim or mask (none: every one)"),
     Option("SchedulingClasses", "objects", [], "scheduling classes (Linux scheduling policy, priority, nice, "
            "I/O priority) a container gets by annotation, namespace or QoS class", items=scheduling.OPTIONS),
     Option("NamespaceSchedulingClasses", "object", None, "namespace -> scheduling class"),
@@ -71,6 +73,7 @@ class TopologyAwarePolicy(Policy):
         self.require_topology()
         options = self.read_options()
         self.pin_cpu, self.pin_memory = options["PinCPU"], options["PinMemory"]
+        self.controllable_irqs = tuple(options["ControllableInterrupts"])
         self.cpu_class_of = {"reserved": options["ReservedPoolCPUClass"], "shared": options["SharedPoolCPUClass"],
                              "exclusive": options["DefaultExclusiveCPUClass"]}
         self.scheduling = scheduling.Scheduling.read(
@@ -140,6 +143,8 @@ class TopologyAwarePolicy(Policy):
     def mems_of_grant(self, g: Grant, cpus: CPUSet | None = None) -> CPUSet:
         """Its memory nodes; cpus: the grant's CPUs when the caller has them already."""
         pool = self.accounts.by_name[g.memory_pool]
+        if g.cold:  # a cold start: its memory allocated on PMEM, where it need not be migrated to
+            return pool.mems_of((MemoryType.PMEM,))
         mems = pool.mems_of(g.mem_types) or pool.all_mems
         if g.mem_pool:  # moved up for room: the wider pool's memory on purpose
             return mems
@@ -211,8 +216,8 @@ class TopologyAwarePolicy(Policy):
         classes = self._classes(container, pod)
         resources = self._resources(container.requested, grant)
         resources.cpu_shares = milli_to_shares(req.cpu_request)
-        return Decision(resources=resources, classes=classes,
-                        updates=self._updates(before, view, container.key))
+        return Decision(resources=resources, classes=classes, updates=self._updates(before, view, container.key),
+                        warm_after=r.cold if grant.cold else 0.0)
 
     def _classes(self, container: Container, pod: Pod) -> dict[str, str]:
         """Its RDT and block-I/O classes, and its scheduling class where it has one."""
@@ -221,6 +226,17 @@ class TopologyAwarePolicy(Policy):
         if sched:
             classes["sched"] = sched
         return classes
+
+    def irq_plan(self) -> IrqPlan:
+        """Interrupts the irq-affinity annotations claim on, or mask off, the containers' exclusive CPUs."""
+        claims: list[tuple[tuple[str, ...], CPUSet]] = []
+        masks: list[tuple[tuple[str, ...], CPUSet]] = []
+        for _, g in sorted(self.grants.items()):
+            if g.irq_claim and g.exclusive:
+                claims.append((g.irq_claim, g.exclusive))
+            if g.irq_mask and g.exclusive:
+                masks.append((g.irq_mask, g.exclusive))
+        return IrqPlan(tuple(claims), tuple(masks), controllable=self.controllable_irqs)
 
     def cpu_classes(self) -> dict[str, CPUSet]:
         """The reserved, shared and exclusive CPUs in their pool classes."""
@@ -284,6 +300,20 @@ class TopologyAwarePolicy(Policy):
         if g.claim:
             updates.update(self._sharers(g.claim, view, container.key))
         return Decision(updates=updates)
+
+    def warm(self, key: str, view: View) -> Decision:
+        g = self.grants.get(key)
+        c = view.containers.get(key)
+        if g is None or not g.cold:
+            return Decision()
+        self.grants.remove(key)
+        self.grants.add(key, replace(g, cold=False))
+        if c is None:
+            return Decision()
+        return Decision(updates={key: self._resources(c.resources, self.grants[key])})
+
+    def cold(self) -> list[str]:
+        return sorted(k for k, g in self.grants.items() if g.cold)
 
     def rename(self, old_key: str, new_key: str) -> None:
         g = self.grants.remove(old_key)

@@ -55,6 +55,9 @@ class Request:
     hide_ht: bool = False
     pin_cpu: bool = True  # False: cpu.preserve
     pin_memory: bool = True  # False: memory.preserve
+    cold: float = 0.0  # cold-start seconds (its memory on PMEM first)
+    irq_claim: tuple[str, ...] = ()  # interrupts its exclusive CPUs are to handle
+    irq_mask: tuple[str, ...] = ()  # interrupts to keep off them
     previous: CPUSet = EMPTY  # where the pod's container of this name ran before: its pool first
     burst_limit: int = 0  # a Burstable container's CPU limit (milli): pools with that many CPUs first
     burst_level: int | None = None  # a Burstable container without one: pools this wide or wider first
@@ -103,6 +106,7 @@ class Asking:
                     hide_ht=bool(annotations.hide_hyperthreads(container, pod)),
                     pin_cpu=not annotations.preserve(container, pod, "cpu"),
                     pin_memory=not annotations.preserve(container, pod, "memory"),
+                    cold=annotations.cold_start(container, pod),
                     previous=CPUSet.parse_or_empty(container.previous))
         reserved_hint = annotations.bool_hint(container, pod, annotations.PREFER_RESERVED)
         in_reserved_namespace = in_namespaces(pod.namespace, self.settings.reserved_namespaces)
@@ -117,6 +121,9 @@ class Asking:
             # places it, rather than overcommitting the reserved ones.
             r.shared, r.lift = req.cpu_request, len(self.accounts.pools)
             return r
+        irqs = annotations.irq_affinity(container, pod)
+        if any(irqs) and req.qos != QOSClass.GUARANTEED:
+            raise PolicyError(f"container {who}: invalid IRQ affinity, QoS class {req.qos.value} is not Guaranteed")
         r.affinity = self.affinity(container, pod, view)
         shared_hint, r.lift = annotations.prefer_shared(container, pod)
         all_shared = shared_hint if shared_hint is not None else self.settings.prefer_shared
@@ -125,6 +132,8 @@ class Asking:
         # unless the pod explicitly says prefer-shared-cpus: false.
         if (req.qos != QOSClass.GUARANTEED or whole == 0 or all_shared
                 or (whole >= 2 and fraction and shared_hint is not False)):
+            if any(irqs):
+                raise PolicyError(f"container {who}: IRQ affinity is invalid without exclusive CPUs")
             r.shared = req.cpu_request
             if req.qos == QOSClass.BURSTABLE:
                 if not req.cpu_limit:
@@ -133,6 +142,7 @@ class Asking:
                     r.burst_limit = req.cpu_limit
             return r
         r.exclusive, r.shared, r.on_shared = whole, fraction, bool(fraction)
+        r.irq_claim, r.irq_mask = irqs
         r.prefer = preferences(container, pod, self.topology)
         iso_hint = annotations.prefer_isolated(container, pod)
         r.isolated = iso_hint if iso_hint is not None else (self.settings.prefer_isolated and whole == 1)

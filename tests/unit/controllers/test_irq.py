@@ -87,3 +87,36 @@ def test_only_controllable_interrupts_are_touched(tmp_path):
     assert affinity(root, 4) == ALL  # claimed, but not controllable: left alone (and logged)
     assert affinity(root, 8) == affinity(root, 9) == "4-5"
     assert affinity(root, 24) == ALL  # not controllable
+
+
+def test_topology_aware_irq_affinity_claims_and_masks_on_exclusive_cpus(tmp_path):
+    """nri-plugins' topology-aware irq-affinity annotation (its test steps): claimed interrupts on
+    the container's exclusive CPUs, masked ones kept off them, all back when the pod goes."""
+    import pytest
+
+    from resmgr.policies import PolicyError
+
+    root = proc(tmp_path)
+    w = World("topology-aware", N4C16, ReservedResources={"cpu": "750m"})
+    pod = w.pod(QOSClass.GUARANTEED, annotations={
+        "irq-affinity.resource-policy.nri.io/container.c0": 'claim: ["*ttyS0*"]\nmask: ["*"]\n',
+        "irq-affinity.resource-policy.nri.io/container.c1": 'mask: ["*rtc0*"]\n'})
+    c0 = w.add(QOSClass.GUARANTEED, 2000, pod=pod, name="c0")
+    c1 = w.add(QOSClass.GUARANTEED, 2000, pod=pod, name="c1")
+    irq = IRQController(str(root), str(tmp_path))
+    irq.sync(w.policy.irq_plan())
+    assert affinity(root, 4) == str(w.cpus(c0))
+    assert CPUSet.parse(affinity(root, 8)) == CPUSet.parse(ALL) - w.cpus(c0) - w.cpus(c1)
+    assert CPUSet.parse(affinity(root, 24)) == CPUSet.parse(ALL) - w.cpus(c0)  # "*": every interrupt
+    for c in (c0, c1):
+        w.policy.release(w.containers[c.key], w.view())
+    irq.sync(w.policy.irq_plan())
+    assert [affinity(root, i) for i in (4, 8, 9, 24)] == [ALL] * 4
+
+    claim = {"irq-affinity.resource-policy.nri.io": 'claim: ["*ttyS0*"]'}
+    with pytest.raises(PolicyError, match="QoS class Burstable is not Guaranteed"):
+        w.add(QOSClass.BURSTABLE, 1000, annotations=claim)
+    with pytest.raises(PolicyError, match="invalid without exclusive CPUs"):
+        w.add(QOSClass.GUARANTEED, 250, annotations=claim)
+    with pytest.raises(PolicyError, match="invalid IRQ affinity"):
+        w.add(QOSClass.GUARANTEED, 1000, annotations={"irq-affinity.resource-policy.nri.io": "claim: xyzzy"})

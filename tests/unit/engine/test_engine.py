@@ -1037,3 +1037,58 @@ async def test_of_many_pushes_none_moves_onto_cpus_a_refused_move_did_not_free(t
     engine.runtime.update_resources = failing
     await engine.pusher.push_pending()
     assert rt.cpusets == {"c1": "1", "c2": "0"} and not engine.containers["c2"].pending
+
+
+class ColdPolicy(Policy):
+    """Every container starts on memory node 1 and is warmed (nodes 0-1) after 0.2 s."""
+
+    name = "test-cold"
+
+    def __init__(self, config=None, topology=None):
+        super().__init__(config, topology)
+        self.cold_keys: set[str] = set()
+
+    def allocate(self, container, pod, view):
+        self.cold_keys.add(container.key)
+        return Decision(resources=Resources(cpuset_cpus="0", cpuset_mems="1"), warm_after=0.2)
+
+    def rename(self, old_key, new_key):
+        if old_key in self.cold_keys:
+            self.cold_keys.discard(old_key)
+            self.cold_keys.add(new_key)
+
+    def warm(self, key, view):
+        if key not in self.cold_keys:
+            return Decision()
+        self.cold_keys.discard(key)
+        return Decision(updates={key: Resources(cpuset_cpus="0", cpuset_mems="0-1")})
+
+    def cold(self):
+        return sorted(self.cold_keys)
+
+    def export_state(self):
+        return {"cold": sorted(self.cold_keys)}
+
+    def restore_state(self, data):
+        self.cold_keys = set(data.get("cold") or [])
+
+
+async def test_a_cold_start_ends_with_the_memory_pushed_and_a_restart_cuts_it_short(tmp_path):
+    store = StateStore(tmp_path)
+    store.prepare()
+    engine = Engine(ColdPolicy(), store, CriRuntime(FakeRuntime()))
+    rt = engine.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    assert engine.containers["c1"].resources.cpuset_mems == "1"
+    await asyncio.sleep(0.5)
+    await engine.settle_updates()
+    assert [(cid, r.cpuset_mems) for cid, r in rt.updates] == [("c1", "0-1")]
+    assert engine.containers["c1"].resources.cpuset_mems == "0-1" and not engine.containers["c1"].pending
+
+    await _create(engine, pod_id, cfg, cid="c2", name="b")  # cold, and the daemon restarts at once
+    snapshot = engine.snapshot()
+    again = Engine(ColdPolicy(), store, CriRuntime(FakeRuntime()))
+    again.restore(snapshot)
+    c2 = again.containers["c2"]
+    assert c2.pending and c2.resources.cpuset_mems == "0-1" and again.policy.cold() == []

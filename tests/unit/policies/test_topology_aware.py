@@ -851,3 +851,22 @@ def test_exclusive_cpus_next_to_busy_pools_stay_in_one_leaf_unless_told(one_leaf
     nodes = {w.policy.topology.cpus[c].node for c in w.cpus(big)}
     assert len(w.cpus(big)) == 4 and len(nodes) == (1 if one_leaf else 2)
     assert all(w.cpus(c) and w.cpus(c).isdisjoint(w.cpus(big)) for c in idle)
+
+
+def test_a_cold_start_puts_memory_on_pmem_first_and_dram_after():
+    """nri-plugins' cold start: a container that may use DRAM and PMEM gets the PMEM node only until
+    its duration is over (the engine then asks the policy to warm it)."""
+    topo = machine("sockets=1,nodes=1,cores=4,threads=2,pmem=1x64G")
+    kinds = {n.id: n.kind.value for n in topo.nodes.values()}
+    w = World(TA, topo)
+    c = w.add(G, 1000, annotations={f"{PMEM}/container.app": "dram,pmem",
+                                    "cold-start.resource-policy.nri.io/container.app": "{ duration: 3s }"})
+    assert [kinds[n] for n in w.mems(c)] == ["pmem"] and w.policy.cold() == [c.key]
+    decision = w.policy.warm(c.key, w.view())
+    assert {kinds[n] for n in CPUSet.parse(decision.updates[c.key].cpuset_mems)} == {"dram", "pmem"}
+    assert w.policy.cold() == [] and w.policy.warm(c.key, w.view()).updates == {}
+    dram = w.add(G, 1000, annotations={"cold-start.resource-policy.nri.io": "duration: 1m",
+                                       f"{PMEM}/container.app": "dram"})
+    assert [kinds[n] for n in w.mems(dram)] == ["dram"] and w.policy.cold() == []  # nothing on PMEM to start
+    with pytest.raises(PolicyError, match="not a duration"):
+        w.add(G, 1000, annotations={"cold-start.resource-policy.nri.io": "duration: soon"})
