@@ -76,6 +76,9 @@ class Daemon:
         self.topology: Topology | None = None
         self.dra: DraPlugin | None = None
         self.agent_claims: AgentClaims | None = None  # the DRA driver's channel to the agent
+        # CPU classes and interrupts: what the policy wants of the node (made with the engine)
+        self.cpu_classes = CPUController()
+        self.interrupts = IRQController()
 
     def front_end(self) -> FrontEnd:
         o = self.opts

@@ -14,15 +14,14 @@ CPU leaving every class gets it back, also after a restart.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from resmgr.controllers import ControllerError
+from resmgr.controllers.originals import Originals
 from resmgr.model import Container, Pod
 from resmgr.topology.cpuset import CPUSet
 
@@ -87,11 +86,12 @@ class CPUController:
 
     def __init__(self, host_root: str = "/", state_dir: str = "") -> None:
         self.base = Path(host_root) / "sys" / "devices" / "system" / "cpu"
-        self.saved_path = Path(state_dir) / "cpu-classes.json" if state_dir else None
+        self.originals = Originals(state_dir, "cpu-classes.json")
         self.classes: dict[str, CPUClass] = {}
         self.assigned: dict[str, CPUSet] = {}  # what the policy said last
         self.in_force: dict[int, str] = {}  # CPU -> the class its files hold
         self.saved: dict[str, str] = {}  # file (below base) -> what it held before we wrote it
+        self._dies: dict[str, set[int]] | None = None  # uncore directory name -> its CPUs
         self._load()
 
     # -- the Controller protocol ----------------------------------------------------------
@@ -149,7 +149,7 @@ class CPUController:
         if touched or any(c.uncore for c in self.classes.values()):
             self._uncore(wanted)
         if self.saved != before:
-            self._persist()
+            self.originals.keep(self.saved)
 
     def _put(self, cpu: int, c: CPUClass) -> None:
         freq = f"cpu{cpu}/cpufreq"
@@ -190,13 +190,18 @@ class CPUController:
                     self._restore(f"{rel}/{file}")
 
     def _die_cpus(self, die: str) -> set[int]:
-        _, package, _, number = die.split("_")
-        out = set()
-        for topo in self.base.glob("cpu[0-9]*/topology"):
-            if self._read(str((topo / "physical_package_id").relative_to(self.base))) == str(int(package)) and \
-                    self._read(str((topo / "die_id").relative_to(self.base))) in (str(int(number)), ""):
-                out.add(int(topo.parent.name[3:]))
-        return out
+        """The CPUs of an uncore directory's package and die (read from sysfs once: the CPUs'
+        packages and dies do not change under a running daemon)."""
+        if self._dies is None:
+            self._dies = {}
+            for topo in self.base.glob("cpu[0-9]*/topology"):
+                cpu = topo.parent.name
+                package = self._read(f"{cpu}/topology/physical_package_id")
+                number = self._read(f"{cpu}/topology/die_id") or "0"
+                if package.isdigit() and number.isdigit():
+                    key = f"package_{int(package):02d}_die_{int(number):02d}"
+                    self._dies.setdefault(key, set()).add(int(cpu[3:]))
+        return self._dies.get(die, set())
 
     # -- files ----------------------------------------------------------------------------
     def _read(self, rel: str) -> str:
@@ -230,22 +235,6 @@ class CPUController:
     def _load(self) -> None:
         """What the files held before an earlier run changed them: those CPUs are put back on
         the first sync unless their class still holds them."""
-        if self.saved_path is None:
-            return
-        try:
-            data = json.loads(self.saved_path.read_text())
-        except (OSError, ValueError):
-            return
-        self.saved = {str(k): str(v) for k, v in (data.get("saved") or {}).items()}
+        self.saved = self.originals.load()
         cpus = {r.split("/")[0][3:] for r in self.saved if r.startswith("cpu")}
         self.in_force = {int(k): STALE for k in cpus if k.isdigit()}
-
-    def _persist(self) -> None:
-        if self.saved_path is None:
-            return
-        tmp = self.saved_path.with_name(f".{self.saved_path.name}.tmp")
-        try:
-            tmp.write_text(json.dumps({"saved": self.saved}, sort_keys=True))
-            os.replace(tmp, self.saved_path)
-        except OSError as err:
-            log.error("CPU classes: cannot keep the CPUs' earlier settings in %s: %s", self.saved_path, err)

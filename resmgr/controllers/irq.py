@@ -11,12 +11,11 @@ restart. An interrupt the kernel does not let move (per-CPU, managed) is left al
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
-import os
 import re
 from pathlib import Path
 
+from resmgr.controllers.originals import Originals
 from resmgr.model import IrqPlan
 from resmgr.topology.cpuset import CPUSet, CPUSetError
 
@@ -43,10 +42,10 @@ def matches(patterns: tuple[str, ...], description: str) -> bool:
 class IRQController:
     def __init__(self, host_root: str = "/", state_dir: str = "") -> None:
         self.proc = Path(host_root) / "proc"
-        self.saved_path = Path(state_dir) / "irq-affinity.json" if state_dir else None
-        self.saved: dict[int, str] = {}  # interrupt -> its affinity before it was first written
+        self.originals = Originals(state_dir, "irq-affinity.json")
+        # interrupt -> its affinity before it was first written (an earlier run's too)
+        self.saved = {int(k): v for k, v in self.originals.load().items() if k.isdigit()}
         self.denied: set[tuple[int, str]] = set()  # (interrupt, pattern) said once
-        self._load()
 
     def sync(self, plan: IrqPlan) -> None:
         if plan.empty and not self.saved:
@@ -74,7 +73,7 @@ class IRQController:
         for irq in [i for i in self.saved if i not in described]:  # gone (a device removed)
             del self.saved[irq]
         if self.saved != before:
-            self._persist()
+            self.originals.keep({str(k): v for k, v in self.saved.items()})
 
     def _wanted(self, plan: IrqPlan, irq: int, description: str) -> CPUSet | None:
         """The affinity the plan wants (None: no rule, as it was)."""
@@ -109,25 +108,6 @@ class IRQController:
         except OSError as err:  # EIO: a per-CPU or managed interrupt the kernel does not let move
             log.debug("interrupt %d: cannot set its CPUs to %s: %s", irq, cpus, err.strerror)
             return False
-
-    def _load(self) -> None:
-        if self.saved_path is None:
-            return
-        try:
-            data = json.loads(self.saved_path.read_text())
-            self.saved = {int(k): str(v) for k, v in (data.get("saved") or {}).items()}
-        except (OSError, ValueError, AttributeError):
-            return
-
-    def _persist(self) -> None:
-        if self.saved_path is None:
-            return
-        tmp = self.saved_path.with_name(f".{self.saved_path.name}.tmp")
-        try:
-            tmp.write_text(json.dumps({"saved": {str(k): v for k, v in sorted(self.saved.items())}}))
-            os.replace(tmp, self.saved_path)
-        except OSError as err:
-            log.error("interrupts: cannot keep their earlier CPUs in %s: %s", self.saved_path, err)
 
 
 def _parse(text: str) -> CPUSet:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import yaml
 
@@ -208,21 +209,28 @@ def duration(text: str, where: str) -> float:
     return sum(float(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for n, u in parts)
 
 
-def cold_start(container: Container, pod: Pod) -> float:
-    """The cold-start hint's duration in seconds (0: none): `duration: 60s`."""
-    found = hint(container, pod, COLD_START)
+def _object_hint(container: Container, pod: Pod, name: str, what: str) -> tuple[str, Any] | None:
+    """(where, document) of a hint whose value is a YAML object; None when absent."""
+    found = hint(container, pod, name)
     if found is None:
-        return 0.0
+        return None
     key, value = found
-    where = f"annotation {key} of container {container.name}"
+    where = f"{what}annotation {key} of container {container.name}"
     try:
-        doc = yaml.safe_load(str(value)) if isinstance(value, str) else value
+        return where, yaml.safe_load(value) if isinstance(value, str) else value
     except yaml.YAMLError as err:
         raise PolicyError(f"{where}: not valid YAML: {err}") from None
+
+
+def cold_start(container: Container, pod: Pod) -> float:
+    """The cold-start hint's duration in seconds (0: none): `duration: 60s`."""
+    found = _object_hint(container, pod, COLD_START, "")
+    if found is None:
+        return 0.0
+    where, doc = found
     if not isinstance(doc, dict) or "duration" not in doc:
         raise PolicyError(f"{where}: expected duration: <time>, e.g. duration: 60s")
     return duration(str(doc["duration"]), where)
-
 
 IRQ_AFFINITY = "irq-affinity"
 
@@ -230,15 +238,10 @@ IRQ_AFFINITY = "irq-affinity"
 def irq_affinity(container: Container, pod: Pod) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The irq-affinity hint: the interrupts (globs) the container's exclusive CPUs claim, and
     those kept off them (`claim: [...]`, `mask: [...]`); ((), ()) when absent."""
-    found = hint(container, pod, IRQ_AFFINITY)
+    found = _object_hint(container, pod, IRQ_AFFINITY, "invalid IRQ affinity in ")
     if found is None:
         return (), ()
-    key, value = found
-    where = f"invalid IRQ affinity in annotation {key} of container {container.name}"
-    try:
-        doc = yaml.safe_load(str(value)) if isinstance(value, str) else value
-    except yaml.YAMLError as err:
-        raise PolicyError(f"{where}: not valid YAML: {err}") from None
+    where, doc = found
     if not isinstance(doc, dict) or set(doc) - {"claim", "mask"}:
         raise PolicyError(f"{where}: expected claim: [globs] and/or mask: [globs]")
     out = []

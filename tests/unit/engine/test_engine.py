@@ -686,10 +686,11 @@ class TakingPolicy(Policy):
         return Decision(resources=Resources(cpuset_cpus=str(n)), updates=others)
 
 
-def taking_engine(tmp_path) -> Engine:
+def taking_engine(tmp_path, policy: Policy | None = None) -> Engine:
+    """An engine on a fresh state directory and a fake runtime (the policy: TakingPolicy)."""
     store = StateStore(tmp_path)
     store.prepare()
-    return Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+    return Engine(policy or TakingPolicy(), store, CriRuntime(FakeRuntime()))
 
 
 async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_path):
@@ -982,9 +983,7 @@ async def test_a_resize_goes_to_the_runtime_only_once_the_containers_it_moves_ha
     asks again) rather than sent, which would run both on CPU 2."""
     import time
 
-    store = StateStore(tmp_path)
-    store.prepare()
-    engine = Engine(ResizingPolicy(), store, CriRuntime(FakeRuntime()))
+    engine = taking_engine(tmp_path, ResizingPolicy())
     rt = engine.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="g")
@@ -1013,9 +1012,7 @@ async def test_a_resize_goes_to_the_runtime_only_once_the_containers_it_moves_ha
 async def test_of_many_pushes_none_moves_onto_cpus_a_refused_move_did_not_free(tmp_path):
     """A rebalance that moves c1 off CPU 0 and c2 onto it: when the runtime refuses c1's move, c2
     stays where it is (pending) until reconciliation pushes both again."""
-    store = StateStore(tmp_path)
-    store.prepare()
-    engine = Engine(TakingPolicy(), store, CriRuntime(FakeRuntime()))
+    engine = taking_engine(tmp_path)
     rt = engine.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
@@ -1074,9 +1071,7 @@ class ColdPolicy(Policy):
 
 
 async def test_a_cold_start_ends_with_the_memory_pushed_and_a_restart_cuts_it_short(tmp_path):
-    store = StateStore(tmp_path)
-    store.prepare()
-    engine = Engine(ColdPolicy(), store, CriRuntime(FakeRuntime()))
+    engine = taking_engine(tmp_path, ColdPolicy())
     rt = engine.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
@@ -1088,7 +1083,7 @@ async def test_a_cold_start_ends_with_the_memory_pushed_and_a_restart_cuts_it_sh
 
     await _create(engine, pod_id, cfg, cid="c2", name="b")  # cold, and the daemon restarts at once
     snapshot = engine.snapshot()
-    again = Engine(ColdPolicy(), store, CriRuntime(FakeRuntime()))
+    again = Engine(ColdPolicy(), engine.store, CriRuntime(FakeRuntime()))
     again.restore(snapshot)
     c2 = again.containers["c2"]
     assert c2.pending and c2.resources.cpuset_mems == "0-1" and again.policy.cold() == []
