@@ -1076,7 +1076,10 @@ async def test_a_cold_start_ends_with_the_memory_pushed_and_a_restart_cuts_it_sh
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     assert engine.containers["c1"].resources.cpuset_mems == "1"
-    await asyncio.sleep(0.5)
+    assert not rt.updates  # still cold
+    async with asyncio.timeout(5):
+        while not rt.updates:  # the policy's 0.2 s
+            await asyncio.sleep(0.02)
     await engine.settle_updates()
     assert [(cid, r.cpuset_mems) for cid, r in rt.updates] == [("c1", "0-1")]
     assert engine.containers["c1"].resources.cpuset_mems == "0-1" and not engine.containers["c1"].pending
