@@ -205,8 +205,10 @@ def _wait(what: str, ready: Any, proc: Process, timeout: float) -> None:
 class ControlPlane:
     """etcd and kube-apiserver (RBAC, Node authorizer), and an admin client of it."""
 
-    def __init__(self, workdir: Path | None = None, controllers: bool = False) -> None:
+    def __init__(self, workdir: Path | None = None, controllers: bool = False, gates: str = "") -> None:
+        """gates: feature gates (A=true,B=false) of the API server, controller manager and scheduler."""
         self._own = workdir is None
+        self.gates = [f"--feature-gates={gates}"] if gates else []
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="crirm-k8s-"))
         self.pki = Pki(self.dir / "pki")
         self.port = free_port()
@@ -244,7 +246,7 @@ class ControlPlane:
             "--enable-aggregator-routing=true", "--profiling=false", "--v=1",
             # Every request, who made it and its answer: what the tests check least privilege with.
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={self.audit_log}",
-            "--audit-log-mode=blocking"], self.dir / "apiserver.log")
+            "--audit-log-mode=blocking", *self.gates], self.dir / "apiserver.log")
         self._admin = tuple(map(str, self.pki.issue("admin", "admin", ("system:masters",))))
         self.admin_kubeconfig = write_kubeconfig(self.dir / "admin.kubeconfig", self.server, self.pki.ca,
                                                  {"client-certificate": self._admin[0], "client-key": self._admin[1]})
@@ -263,10 +265,10 @@ class ControlPlane:
                 "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false",
                 # No node IPAM (the CNI plugin hands out pod addresses), no certificate signing.
                 "--controllers=*,-nodeipam,-csrsigning,-bootstrapsigner,-tokencleaner",
-                "--v=1"], self.dir / "controller-manager.log"),
+                "--v=1", *self.gates], self.dir / "controller-manager.log"),
             Process("kube-scheduler", [
-                str(TOOLS_BIN / "kube-scheduler"), f"--config={scheduler_config}", "--secure-port=0", "--v=1"],
-                self.dir / "scheduler.log"),
+                str(TOOLS_BIN / "kube-scheduler"), f"--config={scheduler_config}", "--secure-port=0", "--v=1",
+                *self.gates], self.dir / "scheduler.log"),
         ]
 
     def scheduler_config(self, name: str, **settings: Any) -> Path:

@@ -27,7 +27,7 @@ import yaml
 from resmgr.agent import resources
 from resmgr.agent.apiclient import Client
 from resmgr.agent.kube import Backoff, Cluster, Watcher, one
-from resmgr.agent.publish import Publisher, SliceExporter, TopologyExporter
+from resmgr.agent.publish import Publisher, SliceExporter, SliceShape, TopologyExporter
 from resmgr.generated.config import api_pb2, api_pb2_grpc, status_pb2, status_pb2_grpc
 from resmgr.options import duration, on_off, opt, positive_duration
 
@@ -62,6 +62,14 @@ class Settings:
                                help="publish this node's ResourceSlice (resource.k8s.io/v1): the DRA devices "
                                     "cri-resmgr offers as a DRA driver (--dra-driver), at most once per "
                                     "--topology-interval (default: off)")
+    dra_node_allocatable: bool = opt(False, "--dra-node-allocatable", type=on_off, metavar="on|off",
+                                     help="map the CPUs claimed of each published device to the node's allocatable "
+                                          "cpu (nodeAllocatableResources, KEP-5517), so kubelet and the scheduler "
+                                          "count them; for clusters with the alpha DRANodeAllocatableResources "
+                                          "gate, where a claim cannot be shared by pods (default: off)")
+    dra_numa_list: bool = opt(False, "--dra-numa-list", type=on_off, metavar="on|off",
+                              help="publish resource.kubernetes.io/numaNode as an integer list, for clusters "
+                                   "with the DRAListTypeAttributes gate (default: off, a scalar)")
     config_socket: str = opt("/var/run/cri-resmgr/cri-resmgr-config.sock", "--config-socket",
                              "--cri-resmgr-socket", metavar="PATH",
                              help="cri-resmgr's configuration socket, where configurations are pushed "
@@ -141,10 +149,13 @@ class NodeAgent:
         self.problems: list[str] = []  # what cri-resmgr last reported wrong beyond its configuration
         self._recording = asyncio.Lock()
         self._changed = asyncio.Event()
-        self.publishers: list[Publisher] = [
-            kind(self.cluster, settings.config_socket, settings.topology_interval, lambda: self.node, self._backoff)
-            for kind, wanted in ((TopologyExporter, settings.export_topology),
-                                 (SliceExporter, settings.export_devices)) if wanted]
+        common = (self.cluster, settings.config_socket, settings.topology_interval, lambda: self.node, self._backoff)
+        self.publishers: list[Publisher] = []
+        if settings.export_topology:
+            self.publishers.append(TopologyExporter(*common))
+        if settings.export_devices:
+            self.publishers.append(SliceExporter(*common, shape=SliceShape(
+                node_allocatable=settings.dra_node_allocatable, numa_list=settings.dra_numa_list)))
 
     # -- watching ------------------------------------------------------------------------------
     def map_name(self, slot: str) -> str:

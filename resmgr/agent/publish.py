@@ -15,6 +15,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -131,12 +132,29 @@ def _attribute(value: int | str | bool) -> dict[str, Any]:
     return {"int": value} if isinstance(value, int) else {"string": str(value)}
 
 
-def device(d: dict[str, Any]) -> dict[str, Any]:
+NUMA_NODE = "resource.kubernetes.io/numaNode"  # Kubernetes' standard attribute (KEP-6072)
+
+
+@dataclass(frozen=True)
+class SliceShape:
+    """What the cluster's feature gates let a slice say beyond the stable API."""
+
+    node_allocatable: bool = False  # KEP-5517: claimed CPUs count against the node's allocatable cpu
+    numa_list: bool = False  # DRAListTypeAttributes: the standard numaNode attribute as a list
+
+
+def device(d: dict[str, Any], shape: SliceShape = SliceShape()) -> dict[str, Any]:
     """A device of a ResourceSlice (resource.k8s.io/v1) from one cri-resmgr offers: its free CPUs
     are capacity that many claims share; a request that names no amount takes all of it (which a
     request policy would replace by its default, so there is none)."""
-    return {"name": d["name"], "attributes": {k: _attribute(v) for k, v in sorted(d["attributes"].items())},
-            "capacity": {"cpu": {"value": str(d["cpus"])}}, "allowMultipleAllocations": True}
+    attributes = {k: _attribute(v) for k, v in sorted(d["attributes"].items())}
+    if shape.numa_list and NUMA_NODE in attributes:
+        attributes[NUMA_NODE] = {"ints": [d["attributes"][NUMA_NODE]]}
+    out = {"name": d["name"], "attributes": attributes, "capacity": {"cpu": {"value": str(d["cpus"])}},
+           "allowMultipleAllocations": True}
+    if shape.node_allocatable:
+        out["nodeAllocatableResources"] = {"cpu": {"mapping": {"capacityKey": "cpu", "capacityMultiplier": "1"}}}
+    return out
 
 
 def slice_name(node: str, driver: str) -> str:
@@ -150,6 +168,10 @@ class SliceExporter(Publisher):
 
     what = resources.SLICE_KIND
 
+    def __init__(self, *args: Any, shape: SliceShape = SliceShape()) -> None:
+        super().__init__(*args)
+        self.shape = shape
+
     def stream(self, stub: status_pb2_grpc.StatusStub) -> AsyncIterator[Any]:
         return stub.WatchDevices(status_pb2.WatchDevicesRequest(min_interval=self.interval))
 
@@ -162,7 +184,7 @@ class SliceExporter(Publisher):
                 "metadata": self.metadata(slice_name(node, doc["driver"])),
                 "spec": {"driver": doc["driver"], "nodeName": node,
                          "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
-                         "devices": [device(d) for d in doc["devices"]]}}
+                         "devices": [device(d, self.shape) for d in doc["devices"]]}}
 
     generation = 0
 

@@ -5,7 +5,8 @@ topology-aware) whose agent exports the node's NodeResourceTopology and its Reso
   as a second scheduler beside kube-scheduler;
 - kube-scheduler allocating ResourceClaims from the DRA devices cri-resmgr offers as kubelet's DRA
   driver, which kubelet then has cri-resmgr prepare (docs/dra.md; tests/cluster/test_helm.py does
-  the same with the chart's NRI plugin pod).
+  the same with the chart's NRI plugin pod): claims of CPUs alone, CPUs aligned with a second
+  driver's device by `resource.kubernetes.io/numaNode`, and a DeviceClass's extended resource.
 
 Both nodes have this machine's CPUs 0 and 1, and kubelet counts the same allocatable CPUs on both;
 only their topology differs, as each cri-resmgr reads it from a generated sysfs: one NUMA node of
@@ -16,129 +17,35 @@ a claim of two CPUs of one NUMA node: only the wide node has a device that big."
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sys
+import uuid
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
-from harness.kube import (
-    TOPOLOGY_SCHEDULER,
-    ControlPlane,
-    Process,
-    container_ids,
-    pod_manifest,
-    start_topology_scheduler,
-)
+from harness.kube import Process, container_ids, pod_manifest
 from resmgr.agent import resources as rs
 from resmgr.topology.cpuset import CPUSet
-from resmgr.topology.generate import generate, parse_spec
-from tests.support.agentenv import (
-    NS,
-    AgentProcess,
-    attrs,
-    cpu,
-    install_agent_rbac,
-    install_crds,
-    matches_status,
-    node_topology,
-    status_doc,
-    wait_for,
-    zones,
+from tests.support.agentenv import NS, attrs, cpu, status_doc, wait_for, zones
+from tests.support.dracluster import (
+    CLAIMS,
+    DRIVER,
+    EXTENDED,
+    MACHINES,
+    SPLIT,
+    WIDE,
+    Cluster,
+    make_claim,
+    submit_claiming,
 )
 from tests.support.helpers import ONLINE, cgroup_cpuset, container_cgroup, wait_socket
-from tests.support.kubenode import NAMESPACE, KubeNode, done_with, scratch
+from tests.support.kubenode import NAMESPACE, KubeNode
 
 pytestmark = [pytest.mark.skipif(not CPUSet.parse("0-1") <= ONLINE, reason="the generated CPUs must exist here"),
               pytest.mark.timeout(600)]
-
-WIDE, SPLIT = "crirm-wide", "crirm-split"
-MACHINES = {WIDE: "nodes=1,cores=2,threads=1", SPLIT: "nodes=2,cores=1,threads=1"}
-# No reserved CPUs (the pod takes both); memory not pinned: the split machine's node 1 is not this one's.
-CONFIG = {"policy": {"Active": "topology-aware", "topology-aware": {"PinMemory": False}}}
-DRIVER = "cpu.cri-resource-manager.intel.com"
-
-
-class Cluster:
-    def __init__(self) -> None:
-        self.control = ControlPlane(controllers=True).start()
-        self.core = self.control.core()
-        self.custom = client.CustomObjectsApi(self.control.api_client())
-        self.nodes: dict[str, KubeNode] = {}
-        self.agents: list[AgentProcess] = []
-        self.scheduler: Process | None = None
-
-    def start(self) -> Cluster:
-        install_agent_rbac(self.control, dra=True)
-        install_crds(self.control)
-        self.custom.create_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, {
-            "apiVersion": f"{rs.GROUP}/{rs.VERSION}", "kind": rs.KIND, "metadata": {"name": "default"},
-            "spec": CONFIG})
-        kubeconfig = str(self.control.kubeconfig_for(NS, "cri-resmgr-agent"))
-        for name, machine in MACHINES.items():
-            work = scratch()
-            root = generate(parse_spec(machine), work / "host")
-            fallback = work / "fallback.yaml"
-            fallback.write_text(yaml.safe_dump(CONFIG))
-            agent = AgentProcess(work, name, kubeconfig, str(work / "config.sock"))
-            self.nodes[name] = KubeNode(self.control, work, policy="", node=name, relay_args=(
-                "--host-root", str(root), "--cgroup-root", "/sys/fs/cgroup", "--fallback-config", str(fallback),
-                *self.node_args(work, agent)))
-            self.nodes[name].start()
-            self.agents.append(agent.start("--export-topology", "on", "--export-devices", "on",
-                                           "--topology-interval", "0.2"))
-        self.scheduler = start_topology_scheduler(self.control)
-        return self
-
-    @staticmethod
-    def node_args(work: Any, agent: AgentProcess) -> tuple[str, ...]:
-        """cri-resmgr serving the state `cri-resmgr status` prints, and as the DRA driver of the node's
-        kubelet, its CDI specs where its containerd reads them."""
-        return ("--metrics-address", f"unix:{work / 'view.sock'}",
-                "--dra-driver", DRIVER, "--kubelet-dir", str(work / "kubelet" / "root"),
-                "--cdi-dir", str(work / "ctrd" / "cdi"), "--agent-socket", agent.socket)
-
-    def config_socket(self, node: str) -> str:
-        return str(self.nodes[node].workdir / "config.sock")
-
-    def topology(self, node: str) -> dict[str, Any] | None:
-        return node_topology(self.custom, node)
-
-    def agreed(self, node: str) -> dict[str, Any] | None:
-        """The node's NodeResourceTopology once it says what its cri-resmgr says."""
-        nrt = self.topology(node)
-        return nrt if nrt and matches_status(nrt, status_doc(self.config_socket(node))) else None
-
-    def submit(self, name: str, cpus: str) -> None:
-        """A Guaranteed pod for the second scheduler, on no node yet."""
-        manifest = pod_manifest(name, "", cpu=cpus, memory="64Mi", limits=True)
-        del manifest["spec"]["nodeName"]
-        manifest["spec"]["schedulerName"] = TOPOLOGY_SCHEDULER
-        self.core.create_namespaced_pod(NAMESPACE, manifest)
-
-    def unschedulable(self, name: str) -> str:
-        """The message of the scheduler's FailedScheduling Event for the pod ("" if none yet)."""
-        events = self.core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={name}").items
-        return next((e.message for e in events if e.reason == "FailedScheduling"), "")
-
-    def placed(self, name: str, node: str, timeout: float = 90) -> Any:
-        """The pod once it runs on the node (the scheduler still running)."""
-        try:
-            return self.nodes[node].wait_running(name, timeout)
-        finally:
-            assert self.scheduler is not None
-            self.scheduler.check()
-
-    def stop(self) -> None:
-        if self.scheduler is not None:
-            self.scheduler.stop()
-        for agent in self.agents:
-            agent.stop()
-        for node in self.nodes.values():
-            node.stop()
-            done_with(node.workdir)
-        self.control.stop()
 
 
 @pytest.fixture(scope="module")
@@ -190,36 +97,6 @@ def test_a_guaranteed_pod_goes_to_the_node_that_can_align_it(cluster: Cluster) -
 
 
 # -- DRA: CPUs as devices ---------------------------------------------------------------------------
-CLAIMS = ("resource.k8s.io", "v1", NAMESPACE, "resourceclaims")
-
-
-def make_claim(cluster: Cluster, name: str, cpus: str = "", kind: str = "numa", numa: int | None = None) -> None:
-    """A claim for CPUs of one device of the kind (cpus "": as many as the device has), on NUMA node
-    numa by the standard attribute other drivers' devices carry too (None: any)."""
-    exactly: dict[str, Any] = {"deviceClassName": DRIVER, "selectors": [
-        {"cel": {"expression": f'device.attributes["{DRIVER}"].kind == "{kind}"'}}]}
-    if numa is not None:
-        exactly["selectors"].append(
-            {"cel": {"expression": f'device.attributes["resource.kubernetes.io"].numaNode == {numa}'}})
-    if cpus:
-        exactly["capacity"] = {"requests": {"cpu": cpus}}
-    cluster.custom.create_namespaced_custom_object(*CLAIMS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "cpus", "exactly": exactly}]}}})
-
-
-def submit_claiming(cluster: Cluster, name: str, *claims: str, node: str = "") -> None:
-    """A best-effort pod for kube-scheduler whose one container takes its CPUs from the claims."""
-    manifest = pod_manifest(name, "")
-    del manifest["spec"]["nodeName"]
-    if node:
-        manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
-    manifest["spec"]["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
-    manifest["spec"]["containers"][0].setdefault("resources", {})["claims"] = [
-        {"name": f"c{i}"} for i in range(len(claims))]
-    cluster.core.create_namespaced_pod(NAMESPACE, manifest)
-
-
 def published(cluster: Cluster, node: str) -> dict[str, int]:
     """The node's ResourceSlice of our driver: device name -> its CPU capacity."""
     slices = cluster.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
@@ -376,3 +253,115 @@ def test_a_balloon_type_as_dra_devices(cluster: Cluster) -> None:
         cluster.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, f"node.{WIDE}")
     assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "the NUMA node published again")
 
+
+
+def test_an_extended_resource_gets_a_device_without_a_claim(cluster: Cluster) -> None:
+    # A pod asking for one of the DeviceClass's extended resource: kube-scheduler makes and allocates
+    # a claim for it, kubelet has cri-resmgr prepare it, and the container runs on the device's CPUs.
+    manifest = pod_manifest("dra-extended", "")
+    del manifest["spec"]["nodeName"]
+    manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": WIDE}
+    manifest["spec"]["containers"][0]["resources"] = {"limits": {EXTENDED: "1"}}
+    cluster.core.create_namespaced_pod(NAMESPACE, manifest)
+    pod = cluster.placed("dra-extended", WIDE)
+    assert not pod.spec.resource_claims
+    wide = cluster.nodes[WIDE]
+    assert wide.cpus("dra-extended") == {"c0": CPUSet.parse("0-1")}
+    [held] = status_doc(cluster.config_socket(WIDE))["dra"]["claims"]
+    assert (held["device"], held["cpus"]) == ("numa-0", "0-1")
+    made = cluster.custom.list_namespaced_custom_object(*CLAIMS)["items"]
+    assert [c["metadata"]["name"] for c in made if any(
+        o["name"] == "dra-extended" for o in c["metadata"].get("ownerReferences", []))] == [held["name"]]
+
+    # The pod gone, its claim goes with it and the CPUs are back.
+    wide.delete("dra-extended", 60)
+    wait_for(lambda: not status_doc(cluster.config_socket(WIDE))["dra"]["claims"], 60, "the claim unprepared")
+
+
+# -- DRA: CPUs aligned with another driver's device -----------------------------------------------
+NIC = "nic.test.cri-resource-manager.intel.com"
+
+
+def nic_driver(cluster: Cluster, node: str, **devices: int) -> Process:
+    """The test DRA driver on the node's kubelet, publishing NICs on the given NUMA nodes."""
+    work = cluster.nodes[node].workdir
+    proc = Process(f"nic-driver-{node}", [
+        sys.executable, "-m", "tests.support.dradriver", "--driver", NIC, "--node", node,
+        "--kubelet-dir", str(work / "kubelet" / "root"), "--kubeconfig", str(cluster.control.admin_kubeconfig),
+        *(f"--device={name}={numa}" for name, numa in devices.items())],
+        work / f"nic-driver-{uuid.uuid4().hex[:6]}.log")
+    proc.start()
+    wait_for(lambda: "published" in proc.log(), 60, f"the NIC driver registered with {node}'s kubelet")
+    return proc
+
+
+def make_aligned_claim(cluster: Cluster, name: str, cpus: str) -> None:
+    """CPUs of one NUMA node and a NIC, both on the same NUMA node by the standard attribute."""
+    numa = {"cel": {"expression": f'device.attributes["{DRIVER}"].kind == "numa"'}}
+    cluster.custom.create_namespaced_custom_object(*CLAIMS, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "spec": {"devices": {
+            "requests": [
+                {"name": "cpus", "exactly": {"deviceClassName": DRIVER, "capacity": {"requests": {"cpu": cpus}},
+                                             "selectors": [numa]}},
+                {"name": "nic", "exactly": {"deviceClassName": NIC}}],
+            "constraints": [{"matchAttribute": "resource.kubernetes.io/numaNode"}]}}})
+
+
+def allocated(cluster: Cluster, claim: str) -> dict[str, str]:
+    """The claim's devices: request name -> device name."""
+    doc = cluster.custom.get_namespaced_custom_object(*CLAIMS, claim)
+    return {r["request"]: r["device"] for r in doc["status"]["allocation"]["devices"]["results"]}
+
+
+def test_cpus_aligned_with_another_drivers_device(cluster: Cluster) -> None:
+    cluster.custom.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": NIC},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NIC}"'}}]}})
+    # The split node's NICs are both on its NUMA node 1, the wide node's on its only NUMA node.
+    drivers = [nic_driver(cluster, SPLIT, **{"nic-0": 1, "nic-1": 1}), nic_driver(cluster, WIDE, **{"nic-0": 0})]
+    claims = ("aligned-one", "aligned-two", "unaligned")
+    try:
+        # One CPU with a NIC on the split node: the CPU of the NIC's NUMA node, not the first one.
+        make_aligned_claim(cluster, "aligned-one", "1")
+        submit_claiming(cluster, "dra-nic-one", "aligned-one", node=SPLIT)
+        cluster.placed("dra-nic-one", SPLIT)
+        assert allocated(cluster, "aligned-one") == {"cpus": "numa-1", "nic": "nic-0"}
+        assert cluster.nodes[SPLIT].cpus("dra-nic-one") == {"c0": CPUSet.parse("1")}
+        assert "prepare default/aligned-one nic-0" in drivers[0].log()
+
+        # Two CPUs with a NIC align only on the wide node (the split node's NUMA nodes have one CPU each).
+        make_aligned_claim(cluster, "aligned-two", "2")
+        submit_claiming(cluster, "dra-nic-two", "aligned-two")
+        pod = cluster.placed("dra-nic-two", WIDE)
+        assert pod.spec.node_name == WIDE
+        assert cluster.nodes[WIDE].cpus("dra-nic-two") == {"c0": CPUSet.parse("0-1")}
+
+        # The split node still has a free CPU (NUMA node 0) and a free NIC (NUMA node 1): they do not
+        # align, so the pod waits with the scheduler's reason.
+        make_aligned_claim(cluster, "unaligned", "1")
+        submit_claiming(cluster, "dra-nic-unaligned", "unaligned", node=SPLIT)
+        message = wait_for(lambda: cluster.unschedulable("dra-nic-unaligned"), 60, "the pod found unschedulable")
+        assert "cannot allocate all claims" in message, message
+
+        # The aligned pod gone, its CPU and NIC are free again: the waiting claim aligns on NUMA node 1.
+        cluster.nodes[SPLIT].delete("dra-nic-one", 60)
+        cluster.custom.delete_namespaced_custom_object(*CLAIMS, "aligned-one")
+        cluster.placed("dra-nic-unaligned", SPLIT, 120)
+        assert allocated(cluster, "unaligned")["cpus"] == "numa-1"
+        assert cluster.nodes[SPLIT].cpus("dra-nic-unaligned") == {"c0": CPUSet.parse("1")}
+        wait_for(lambda: "unprepare default/aligned-one" in drivers[0].log(), 60, "the NIC unprepared")
+    finally:
+        for pod, node in (("dra-nic-one", SPLIT), ("dra-nic-two", WIDE), ("dra-nic-unaligned", SPLIT)):
+            with contextlib.suppress(client.ApiException):
+                cluster.nodes[node].delete(pod, 60)
+        for name in claims:
+            with contextlib.suppress(client.ApiException):
+                cluster.custom.delete_namespaced_custom_object(*CLAIMS, name)
+        for proc in drivers:
+            proc.stop()
+        for node in (SPLIT, WIDE):
+            with contextlib.suppress(client.ApiException):
+                cluster.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
+                                                            f"{node}-{NIC}")
+        cluster.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", NIC)

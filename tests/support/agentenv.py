@@ -224,10 +224,11 @@ def node_topology(custom: client.CustomObjectsApi, node: str) -> dict | None:
         raise
 
 
-def install_agent_rbac(control: ControlPlane, dra: bool = False) -> None:
+def install_agent_rbac(control: ControlPlane, dra: bool = False, extended_resource: str = "") -> None:
     """The chart's RBAC of the agent (exporting the topology; dra: publishing DRA devices too, and the
-    chart's DeviceClass), as it installs it (once per server)."""
-    values: dict[str, Any] = {"nodeResourceTopology.export": True, "dra.enabled": dra}
+    chart's DeviceClass, answering extended_resource if given), as it installs it (once per server)."""
+    values: dict[str, Any] = {"nodeResourceTopology.export": True, "dra.enabled": dra,
+                              "dra.extendedResourceName": extended_resource}
     objects = helm.render(values, namespace=NS, only="templates/agent-rbac.yaml")
     if dra:
         objects += helm.render(values, namespace=NS, only="templates/dra-deviceclass.yaml")

@@ -103,9 +103,14 @@ class NodeService(dra_grpc.DRAPluginServicer):
                                    context: grpc.aio.ServicerContext) -> dra.NodePrepareResourcesResponse:
         answers: dict[str, dra.NodePrepareResourceResponse] = {}
         wanted: list[Claim] = []
-        for asked in request.claims:
+        # A pod's claims read at once over the one channel: kubelet's deadline is for them all.
+        fetched = await asyncio.gather(*(self.fetch(a.namespace, a.name) for a in request.claims),
+                                       return_exceptions=True)
+        for asked, doc in zip(request.claims, fetched, strict=True):
             try:
-                wanted.append(claim(await self.fetch(asked.namespace, asked.name), self.driver, asked.uid))
+                if isinstance(doc, BaseException):
+                    raise doc
+                wanted.append(claim(doc, self.driver, asked.uid))
             except (ClaimError, ValueError) as err:
                 answers[asked.uid] = dra.NodePrepareResourceResponse(error=str(err))
         try:

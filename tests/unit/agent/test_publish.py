@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from resmgr.agent.kube import Backoff
-from resmgr.agent.publish import SliceExporter, slice_name
+from resmgr.agent.publish import NUMA_NODE, SliceExporter, SliceShape, device, slice_name
 from resmgr.generated.config import status_pb2, status_pb2_grpc
 
 DEVICES = [{"name": "numa-0", "attributes": {"kind": "numa", "numaNode": 0, "big": True}, "cpus": 3, "cpuset": "1-3"}]
@@ -79,3 +79,17 @@ async def test_the_slice_is_written_again_after_cri_resmgr_comes_back(socket_pat
                                                                  "numaNode": {"int": 0}},
                                 "capacity": {"cpu": {"value": "3"}}, "allowMultipleAllocations": True}]
     assert writes.bodies[1]["spec"]["pool"]["generation"] > spec["pool"]["generation"]
+
+
+def test_a_device_as_gated_clusters_take_it() -> None:
+    d = {"name": "numa-1", "attributes": {"kind": "numa", NUMA_NODE: 1}, "cpus": 4}
+    assert device(d)["attributes"][NUMA_NODE] == {"int": 1}
+    assert "nodeAllocatableResources" not in device(d)
+    gated = device(d, SliceShape(node_allocatable=True, numa_list=True))
+    assert gated["attributes"] == {"kind": {"string": "numa"}, NUMA_NODE: {"ints": [1]}}
+    # Each claimed CPU is one CPU of the node's allocatable.
+    assert gated["nodeAllocatableResources"] == {
+        "cpu": {"mapping": {"capacityKey": "cpu", "capacityMultiplier": "1"}}}
+    # A device spanning NUMA nodes has no standard attribute to turn into a list.
+    assert device({**d, "attributes": {"kind": "l3"}}, SliceShape(numa_list=True))["attributes"] == {
+        "kind": {"string": "l3"}}

@@ -4,6 +4,7 @@ the relay's reading of a container's claim from its CDI devices, and a restart k
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import tempfile
@@ -177,3 +178,28 @@ async def test_claims_nobody_will_unprepare_are_collected(root: Path) -> None:
         assert not (root / "cdi" / cdi.spec_file("u-deallocated")).exists()
     finally:
         await node.plugin.stop()
+
+
+async def test_a_pods_claims_are_read_together(root: Path) -> None:
+    claims = {n: claim_doc(f"u-{n}", n, "numa-1", "1") for n in ("a", "b")}
+    node = Node(root, claims)
+    reading, most = 0, 0
+    plain = node.plugin.node.fetch
+
+    async def slow(namespace: str, name: str) -> dict:
+        nonlocal reading, most
+        reading += 1
+        most = max(most, reading)
+        await asyncio.sleep(0.05)
+        reading -= 1
+        return await plain(namespace, name)
+    node.plugin.node.fetch = slow
+    await node.plugin.start()
+    try:
+        answers = await node.prepare("a", "b", "gone")
+        assert most == 3
+        assert [answers[u].error for u in ("u-a", "u-b")] == ["", ""]
+        assert "claim default/gone: not found" in answers["gone"].error
+    finally:
+        await node.plugin.stop()
+        await node.engine.flush()
