@@ -11,6 +11,7 @@ restart. An interrupt the kernel does not let move (per-CPU, managed) is left al
 from __future__ import annotations
 
 import fnmatch
+import functools
 import logging
 import re
 from pathlib import Path
@@ -35,6 +36,7 @@ def interrupts(text: str) -> dict[int, str]:
     return out
 
 
+@functools.lru_cache(maxsize=8192)  # each sync asks of every interrupt again: descriptions seldom change
 def matches(patterns: tuple[str, ...], description: str) -> bool:
     return any(fnmatch.fnmatchcase(description, p) for p in patterns)
 
