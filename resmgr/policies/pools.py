@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from resmgr.model import Container, Pod, Resources
+from resmgr.model import Claim, Container, Pod, Resources
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
+from resmgr.policies.pool_devices import PoolDevices
+from resmgr.policies.toolkit import claims
 from resmgr.policies.toolkit.allocator import one_thread_per_core
 from resmgr.policies.toolkit.annotations import hide_hyperthreads
 from resmgr.policies.toolkit.describe import pool_entry
@@ -34,6 +36,15 @@ class PoolPolicy(Policy):
         super().__init__(config, topology)
         self.require_topology()
         self.grants = Grants()
+        self._dra: PoolDevices | None = None
+
+    @property
+    def dra(self) -> PoolDevices:
+        """The DRA devices (made at first use: the subclass knows its CPUs once its own __init__ ran)."""
+        if self._dra is None:
+            assert self.topology is not None
+            self._dra = PoolDevices(self.topology, self.grants, self.exclusive_sources, self.exclusive_base())
+        return self._dra
 
     # -- to be provided ------------------------------------------------------------------
     def pool_cpus(self) -> dict[str, CPUSet]:
@@ -47,6 +58,10 @@ class PoolPolicy(Policy):
         """The free CPU sets exclusive grants are taken from, each with how many CPUs it must keep."""
         raise NotImplementedError
 
+    def exclusive_base(self) -> CPUSet:
+        """Every CPU exclusive grants may take, before any took one."""
+        raise NotImplementedError
+
     # -- common --------------------------------------------------------------------------
     def taken(self) -> CPUSet:
         """Every CPU held exclusively."""
@@ -54,6 +69,8 @@ class PoolPolicy(Policy):
 
     def _visible(self, g: Grant, pools: Mapping[str, CPUSet]) -> CPUSet:
         """The CPUs a grant's container runs on."""
+        if g.claim:
+            return self.dra.cpus(g.claim)
         cpus = g.exclusive | pools.get(g.pool, EMPTY)
         return one_thread_per_core(self.topology, cpus) if g.hide_ht else cpus
 
@@ -86,6 +103,9 @@ class PoolPolicy(Policy):
     def _allocate(self, container: Container, pod: Pod, view: View, keep: CPUSet) -> Decision:
         """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""
         req = container_requirements(container, pod)
+        claim = claims.claim_of(container, pod, self.dra.book.usable())
+        if claim is not None:
+            return self._on_claim(container, pod, req, claim, view)
         hide = bool(hide_hyperthreads(container, pod))
         before = self.pool_cpus()  # before the old grant goes: a re-allocation may free CPUs
         with self.grants.transaction():  # a failed re-allocation keeps what it had
@@ -105,18 +125,64 @@ class PoolPolicy(Policy):
                         classes=classes,
                         updates=self._updates(before, view, container.key))
 
-    def _snapshot(self) -> dict[str, CPUSet]:
-        return self.pool_cpus()
+    def _on_claim(self, container: Container, pod: Pod, req: Requirements, claim: Claim, view: View) -> Decision:
+        """A container on a claim's CPUs; the other users of the claim get their new share of its CPU time."""
+        with self.grants.transaction():
+            self.grants.remove(container.key)
+            self.grants.add(container.key, Grant("", milli=req.cpu_request, claim=claim.uid))
+        resources = container.requested.with_cpus(str(self.dra.cpus(claim.uid)))
+        resources.cpu_shares = self._claim_shares(claim.uid)
+        return Decision(resources=resources, classes=class_names(container, pod),
+                        updates=self._sharers(claim.uid, view, container.key))
 
-    def _remove(self, key: str) -> Grant | None:
-        return self.grants.remove(key)
+    def _claim_shares(self, uid: str) -> int:
+        return claims.shares(len(self.dra.cpus(uid)), len(self.dra.users(uid)))
+
+    def _sharers(self, uid: str, view: View, skip: str) -> dict[str, Resources]:
+        """The claim's users but skip, with their new part of its CPU time."""
+        out = {}
+        for key in self.dra.users(uid):
+            c = view.containers.get(key)
+            if key != skip and c is not None:
+                out[key] = replace(c.resources, cpu_shares=self._claim_shares(uid))
+        return out
 
     def release(self, container: Container, view: View) -> Decision:
-        """The container's grant goes; the users of pools whose CPUs grow move."""
-        before = self._snapshot()
-        if self._remove(container.key) is None:
+        """The container's grant goes; the users of pools whose CPUs grow move; a claim's other users
+        get its CPU time, and an unprepared claim's CPUs go with its last user."""
+        before = self.pool_cpus()
+        g = self.grants.remove(container.key)
+        if g is None:
             return Decision()
-        return Decision(updates=self._updates(before, view, container.key))
+        if g.claim and self.dra.book.last_user_gone(g.claim, self.dra.users(g.claim)):
+            self.dra.give_back(g.claim)
+        updates = self._updates(before, view, container.key)
+        if g.claim:
+            updates.update(self._sharers(g.claim, view, container.key))
+        return Decision(updates=updates)
+
+    # -- DRA claims (docs/dra.md; pool_devices.py) -------------------------------------------
+    def devices(self) -> list[dict[str, Any]]:
+        return self.dra.listed()
+
+    def prepare_claim(self, claim: Claim, view: View) -> Decision:
+        """Hold the claim's CPUs; the users of pools they are taken from move."""
+        if not self.dra.book.is_new(claim):
+            return Decision()
+        before = self.pool_cpus()
+        self.dra.hold(claim)
+        return Decision(updates=self._updates(before, view, ""))
+
+    def unprepare_claim(self, uid: str, view: View) -> Decision:
+        """Give the claim's CPUs back, or, while containers run on them, once the last one goes."""
+        if not self.dra.book.give_back_now(uid, self.dra.users(uid)):
+            return Decision()
+        before = self.pool_cpus()
+        self.dra.give_back(uid)
+        return Decision(updates=self._updates(before, view, ""))
+
+    def describe_claim(self, uid: str) -> dict[str, Any] | None:
+        return self.dra.describe(uid)
 
     def update(self, container: Container, requested: Resources, view: View) -> Decision:
         cpus = self.cpus_of(container.key)
@@ -155,7 +221,7 @@ class PoolPolicy(Policy):
         elsewhere = self.shared_elsewhere()
         out = []
         for name, base in bases.items():
-            grants = [g for g in self.grants.values() if self._source(g, bases) == name]
+            grants = [g for k, g in self.grants.items() if self._source(g, bases) == name and not claims.is_claim(k)]
             requested = sum(g.shared for g in grants if g.pool == name)
             shared = now.get(name, EMPTY) if name != "isolated" and name not in elsewhere else EMPTY
             out.append(pool_entry(self.topology, name, base, shared, reserved=base & reserved,
@@ -173,6 +239,9 @@ class PoolPolicy(Policy):
         g = self.grants.get(key)
         if g is None:
             return None
+        if g.claim:
+            return {"pool": "", "exclusive": str(self.dra.cpus(g.claim)), "shared_milli": 0, "kind": "claim",
+                    "claim": g.claim}
         kind = "mixed" if g.exclusive and g.pool else "exclusive" if g.exclusive else \
             "reserved" if g.pool == "reserved" else "shared"
         doc = {"pool": self._source(g, self.pool_bases()), "exclusive": str(g.exclusive),
@@ -182,7 +251,7 @@ class PoolPolicy(Policy):
         return doc
 
     def export_state(self) -> dict[str, Any]:
-        return {"grants": {k: g.to_dict() for k, g in sorted(self.grants.items())}}
+        return {"grants": {k: g.to_dict() for k, g in sorted(self.grants.items())}, **self.dra.book.export()}
 
     def restore_state(self, data: Mapping[str, Any]) -> None:
         # A grant of a create still in flight when the state was saved is not restored: if the
@@ -190,9 +259,14 @@ class PoolPolicy(Policy):
         grants = {k: Grant.from_dict(v) for k, v in (data.get("grants") or {}).items()
                   if not k.startswith("pending:")}
         online = self.topology.online
+        book = claims.ClaimBook()
+        book.restore(data)
         for k, g in grants.items():
             if not g.exclusive <= online:
                 raise PolicyError(f"persisted grant of {k} uses CPUs {g.exclusive - online} not online now")
+            if g.claim and g.claim not in book.claims:
+                raise PolicyError(f"grant of {k} uses claim {g.claim}, which is not prepared")
         self.grants.clear()
         for k, g in grants.items():
             self.grants.add(k, g)
+        self.dra.book.restore(data)

@@ -50,6 +50,9 @@ class StaticPolicy(PoolPolicy):
     def reserved_cpus(self) -> CPUSet:
         return self.reserved
 
+    def exclusive_base(self) -> CPUSet:
+        return self.isolated | (self.available - self.reserved)
+
     def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
         taken = self.taken()
         return [(self.isolated - taken, 0), (self.available - taken - self.reserved, 0 if self.reserved else 1)]

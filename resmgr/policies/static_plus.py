@@ -60,6 +60,9 @@ class StaticPlusPolicy(PoolPolicy):
     def reserved_cpus(self) -> CPUSet:
         return self.reserved
 
+    def exclusive_base(self) -> CPUSet:
+        return self.isolated | self.shared_base
+
     def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
         taken = self.taken()
         return [(self.isolated - taken, 0), (self.shared_base - taken, self._shared_need())]

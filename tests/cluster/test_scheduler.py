@@ -255,6 +255,31 @@ def test_a_balloon_type_as_dra_devices(cluster: Cluster) -> None:
 
 
 
+def test_the_static_policy_offers_its_numa_nodes(cluster: Cluster) -> None:
+    # The wide node's own configuration: static, no CPU reserved, so its default set keeps one CPU.
+    cluster.custom.create_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, {
+        "apiVersion": f"{rs.GROUP}/{rs.VERSION}", "kind": rs.KIND, "metadata": {"name": f"node.{WIDE}"},
+        "spec": {"policy": {"Active": "static"}}})
+    wide = cluster.nodes[WIDE]
+    try:
+        assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 1}, 60, "the static devices published")
+        make_claim(cluster, "static-one", "1")
+        submit_claiming(cluster, "dra-static", "static-one", node=WIDE)
+        cluster.placed("dra-static", WIDE)
+        [held] = status_doc(cluster.config_socket(WIDE))["dra"]["claims"]
+        assert wide.cpus("dra-static") == {"c0": CPUSet.parse(held["cpus"])} and len(CPUSet.parse(held["cpus"])) == 1
+        # A best-effort pod runs on the default set, which no longer has the claim's CPU.
+        wide.run("static-shared")
+        assert wide.cpus("static-shared")["c0"].isdisjoint(CPUSet.parse(held["cpus"]))
+        wide.delete("static-shared", 60)
+        wide.delete("dra-static", 60)
+        cluster.custom.delete_namespaced_custom_object(*CLAIMS, "static-one")
+        wait_for(lambda: not status_doc(cluster.config_socket(WIDE))["dra"]["claims"], 60, "the claim unprepared")
+    finally:
+        cluster.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, f"node.{WIDE}")
+    assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "topology-aware's devices again")
+
+
 def test_an_extended_resource_gets_a_device_without_a_claim(cluster: Cluster) -> None:
     # A pod asking for one of the DeviceClass's extended resource: kube-scheduler makes and allocates
     # a claim for it, kubelet has cri-resmgr prepare it, and the container runs on the device's CPUs.

@@ -13,6 +13,8 @@ from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.requests import milli_to_shares
 
 PREFIX = "claim:"
+# Kubernetes' standard attribute (KEP-6072): another driver's device on the same NUMA node matches it.
+NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 
 def key(uid: str) -> str:

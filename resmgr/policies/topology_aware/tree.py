@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from resmgr.policies.toolkit import claims
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import MemoryType, Topology
 
@@ -175,10 +176,6 @@ def _attach_memory(topology: Topology, pools: list[Pool], node_cpus: dict[int, C
         home.memory[node.kind] = home.memory.get(node.kind, 0) + node.memory
 
 
-# Kubernetes' standard attribute (KEP-6072): another driver's device on the same NUMA node matches it.
-NUMA_NODE = "resource.kubernetes.io/numaNode"
-
-
 def devices(topology: Topology, pools: list[Pool]) -> dict[str, tuple[Pool, dict[str, int | str]]]:
     """The DRA devices of the tree, by name: one per NUMA node with CPUs (the deepest pool holding
     them: its own, or its socket's where it is the socket's only node) and one per L3 pool. Each
@@ -191,7 +188,7 @@ def devices(topology: Topology, pools: list[Pool]) -> dict[str, tuple[Pool, dict
             continue
         package = topology.cpus[min(cpus)].package
         out[f"numa-{node.id}"] = (owner(pools, cpus), {"kind": "numa", "numaNode": node.id, "package": package,
-                                                       NUMA_NODE: node.id})
+                                                       claims.NUMA_NODE: node.id})
     for pool in pools:
         if pool.level == 4:  # "L3 cache #<id>"
             first = topology.cpus[min(pool.cpus)]
@@ -199,6 +196,6 @@ def devices(topology: Topology, pools: list[Pool]) -> dict[str, tuple[Pool, dict
             attrs: dict[str, int | str] = {"kind": "l3", "l3Cache": cache, "numaNode": first.node,
                                            "package": first.package}
             if all(topology.cpus[c].node == first.node for c in pool.cpus):
-                attrs[NUMA_NODE] = first.node
+                attrs[claims.NUMA_NODE] = first.node
             out[f"l3-{cache}"] = (pool, attrs)
     return out

@@ -227,3 +227,58 @@ def test_balloon_claims_survive_export_and_restore() -> None:
     other = policies.create("balloons", {"Active": "balloons", "balloons": {**BALLOONS, "BalloonTypes": types}}, SNC)
     with pytest.raises(PolicyError, match="was on a balloon this configuration has not"):
         other.restore_state(w.policy.export_state())
+
+
+# -- static and static-plus -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["static", "static-plus"])
+def test_pool_policies_offer_their_numa_nodes(name: str) -> None:
+    w = World(name, SNC, ReservedResources={"cpu": "cpuset:0"})
+    offered = devices(w)
+    assert sorted(offered) == ["numa-0", "numa-1", "numa-2", "numa-3"]
+    assert offered["numa-1"]["attributes"] == {"kind": "numa", "numaNode": 1, "package": 0,
+                                               "resource.kubernetes.io/numaNode": 1}
+    # The reserved CPU is no device's; the shared pool keeps what its users need.
+    assert offered["numa-1"]["cpus"] == 8
+    assert CPUSet.parse(offered["numa-0"]["cpuset"]) == SNC.nodes[0].cpus - CPUSet((0,))
+    shared = w.add(BE, 0)
+    before = w.cpus(shared)
+
+    # A claim takes CPUs of its node off the shared pool (its containers move), its users run there.
+    w.record(w.prepare(claim("u", "numa-1", 3)).updates)
+    held = CPUSet.parse(w.policy.describe_claim("u")["cpus"])
+    assert len(held) == 3 and held <= SNC.nodes[1].cpus
+    assert w.cpus(shared) == before - held and w.containers[shared.key].pending
+    assert devices(w)["numa-1"]["cpus"] == 8  # what it holds counts: the scheduler subtracts its claims
+    a, b = user(w, "u"), user(w, "u")
+    assert w.cpus(a) == w.cpus(b) == held
+    assert w.containers[a.key].resources.cpu_shares == w.containers[b.key].resources.cpu_shares == 1536
+    assert w.policy.describe_grant(a.key)["kind"] == "claim"
+
+    # It survives a restart, with its users.
+    fresh = policies.create(name, {"Active": name, "ReservedResources": {"cpu": "cpuset:0"}}, SNC)
+    fresh.restore_state(w.policy.export_state())
+    assert fresh.describe_claim("u") == w.policy.describe_claim("u")
+    assert fresh.devices() == w.policy.devices()
+    assert fresh.cpus_of(a.key) == held
+
+    # Unprepared while used, the CPUs stay until the last user goes; then the shared pool has them back.
+    w.record(w.unprepare("u").updates)
+    w.remove(w.containers[a.key])
+    assert w.containers[b.key].resources.cpu_shares == 3072
+    assert held <= w.policy.grants.taken
+    w.remove(w.containers[b.key])
+    assert w.policy.describe_claim("u") is None and w.cpus(shared) == before
+
+
+def test_a_pool_policy_refuses_what_its_devices_cannot_give() -> None:
+    w = World("static", SNC, ReservedResources={"cpu": "cpuset:0"})
+    with pytest.raises(PolicyError, match="device numa-0 can give 7 CPU\\(s\\), the claim asks for 8"):
+        w.prepare(claim("big", "numa-0", 8))
+    with pytest.raises(PolicyError, match="no device numa-9"):
+        w.prepare(claim("x", "numa-9", 1))
+    w.prepare(claim("whole", "numa-2"))  # no amount: the whole node
+    assert len(CPUSet.parse(w.policy.describe_claim("whole")["cpus"])) == 8
+    assert devices(w)["numa-2"]["cpus"] == 8
+    # A Guaranteed container does not get the claim's CPUs.
+    g = w.add(QOSClass.GUARANTEED, 2000)
+    assert w.cpus(g).isdisjoint(CPUSet.parse(w.policy.describe_claim("whole")["cpus"]))
