@@ -219,7 +219,7 @@ class Cluster:
                          f"{self.node_name}", body)
 
     async def put_slice(self, body: dict[str, Any]) -> None:
-        """Create or replace this node's ResourceSlice, in one request."""
+        """Create or replace one of this node's ResourceSlices, in one request."""
         await self.apply(f"/apis/{resources.DRA_GROUP}/{resources.DRA_VERSION}/resourceslices/"
                          f"{body['metadata']['name']}", body)
 

@@ -154,7 +154,25 @@ def device(d: dict[str, Any], shape: SliceShape = SliceShape()) -> dict[str, Any
            "allowMultipleAllocations": True}
     if shape.node_allocatable:
         out["nodeAllocatableResources"] = {"cpu": {"mapping": {"capacityKey": "cpu", "capacityMultiplier": "1"}}}
+    if d.get("consumes"):
+        out["consumesCounters"] = [{"counterSet": cset, "counters": _counters(c)}
+                                   for cset, c in sorted(d["consumes"].items())]
     return out
+
+
+def shared_counters(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The counter sets the devices consume from (KEP-4815), each counter as big as its biggest
+    consumer: the CPUs of the part of the node the devices overlap on."""
+    sets: dict[str, dict[str, int]] = {}
+    for d in devices:
+        for cset, counters in (d.get("consumes") or {}).items():
+            for name, value in counters.items():
+                sets.setdefault(cset, {})[name] = max(sets.get(cset, {}).get(name, 0), value)
+    return [{"name": cset, "counters": _counters(c)} for cset, c in sorted(sets.items())]
+
+
+def _counters(counters: dict[str, int]) -> dict[str, Any]:
+    return {k: {"value": str(v)} for k, v in sorted(counters.items())}
 
 
 def slice_name(node: str, driver: str) -> str:
@@ -162,15 +180,25 @@ def slice_name(node: str, driver: str) -> str:
     return re.sub(r"[^a-z0-9.-]", "-", f"{node}-{driver}".lower())[:253].strip("-.")
 
 
+def counters_name(node: str, driver: str) -> str:
+    """The node's slice of the counters its devices share."""
+    return slice_name(node, driver)[:244].strip("-.") + "-counters"
+
+
 class SliceExporter(Publisher):
     """This node's ResourceSlice: one pool named after the node, the devices cri-resmgr offers. The
-    pool's generation grows with every write, so the scheduler takes the newest."""
+    pool's generation grows with every write, so the scheduler takes the newest. Where devices
+    overlap (a NUMA node and its L3 domains) the counters they share are a second slice of the pool
+    (a slice holds devices or counters, not both), written first. Once not needed it is left to
+    the scheduler to ignore (a pool's older generation) and to kubelet and the Node to collect: the
+    agent may not delete slices, which would let it delete other drivers'."""
 
     what = resources.SLICE_KIND
 
     def __init__(self, *args: Any, shape: SliceShape = SliceShape()) -> None:
         super().__init__(*args)
         self.shape = shape
+        self.generation = 0
 
     def stream(self, stub: status_pb2_grpc.StatusStub) -> AsyncIterator[Any]:
         return stub.WatchDevices(status_pb2.WatchDevicesRequest(min_interval=self.interval))
@@ -179,18 +207,21 @@ class SliceExporter(Publisher):
         return {"driver": reply.driver, "devices": json.loads(reply.devices)}
 
     def body(self, doc: dict[str, Any]) -> dict[str, Any]:
-        node = self.cluster.node_name
-        return {"apiVersion": f"{resources.DRA_GROUP}/{resources.DRA_VERSION}", "kind": resources.SLICE_KIND,
-                "metadata": self.metadata(slice_name(node, doc["driver"])),
-                "spec": {"driver": doc["driver"], "nodeName": node,
-                         "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
-                         "devices": [device(d, self.shape) for d in doc["devices"]]}}
+        node, driver = self.cluster.node_name, doc["driver"]
+        counters = shared_counters(doc["devices"])
+        pool = {"name": node, "generation": 0, "resourceSliceCount": 2 if counters else 1}
 
-    generation = 0
+        def one(name: str, **spec: Any) -> dict[str, Any]:
+            return {"apiVersion": f"{resources.DRA_GROUP}/{resources.DRA_VERSION}", "kind": resources.SLICE_KIND,
+                    "metadata": self.metadata(name), "spec": {"driver": driver, "nodeName": node, "pool": pool, **spec}}
+        devices = one(slice_name(node, driver), devices=[device(d, self.shape) for d in doc["devices"]])
+        if not counters:
+            return {"slices": [devices]}
+        return {"slices": [one(counters_name(node, driver), sharedCounters=counters), devices]}
 
     async def put(self, body: dict[str, Any]) -> None:
         # Milliseconds since the epoch, and above the last: newer than any slice an agent wrote before.
         self.generation = max(time.time_ns() // 1_000_000, self.generation + 1)
-        body = json.loads(json.dumps(body))
-        body["spec"]["pool"]["generation"] = self.generation
-        await self.cluster.put_slice(body)
+        for one in json.loads(json.dumps(body["slices"])):
+            one["spec"]["pool"]["generation"] = self.generation
+            await self.cluster.put_slice(one)

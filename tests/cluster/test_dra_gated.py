@@ -1,8 +1,9 @@
 """DRA devices as a cluster with alpha gates takes them: every component with DRANodeAllocatableResources
-(KEP-5517) and DRAListTypeAttributes on, one node of one NUMA node and two CPUs (the "wide" node of
-tests/support/dracluster.py), its agent publishing with --dra-node-allocatable and --dra-numa-list.
-CPUs a claim takes then count against the node's allocatable cpu, for kube-scheduler and for
-kubelet's admission alike."""
+(KEP-5517) and DRAListTypeAttributes on, one node of one NUMA node and two CPUs, each its own L3
+domain (tests/support/dracluster.py), its agent publishing with --dra-node-allocatable and
+--dra-numa-list. CPUs a claim takes then count against the node's allocatable cpu, for kube-scheduler
+and for kubelet's admission alike; the NUMA node's device and its L3 domains' share counters
+(partitionable devices, KEP-4815, beta and on by default), so the scheduler never allocates both."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from harness.kube import pod_manifest
 from resmgr.topology.cpuset import CPUSet
-from tests.support.agentenv import wait_for
+from tests.support.agentenv import status_doc, wait_for
 from tests.support.dracluster import (
     CLAIMS,
     DRIVER,
@@ -34,22 +35,26 @@ NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 @pytest.fixture(scope="module")
 def gated():
-    c = Cluster({WIDE: MACHINES[WIDE]}, GATES, ("--dra-node-allocatable", "on", "--dra-numa-list", "on"))
+    c = Cluster({WIDE: MACHINES[WIDE] + ",l3=1"}, GATES, ("--dra-node-allocatable", "on", "--dra-numa-list", "on"))
     try:
         yield c.start()
     finally:
         c.stop()
 
 
-def devices(cluster: Cluster) -> list[dict[str, Any]]:
-    slices = cluster.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
-    return [d for s in slices if s["spec"]["driver"] == DRIVER for d in s["spec"].get("devices") or []]
+def slices(cluster: Cluster) -> list[dict[str, Any]]:
+    return [s for s in cluster.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
+            if s["spec"]["driver"] == DRIVER]
+
+
+def devices(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in slices(cluster) for d in s["spec"].get("devices") or []}
 
 
 def test_claimed_cpus_count_against_the_node(gated: Cluster) -> None:
     # The API server takes the slice as the gates shape it: the standard attribute a list, the
     # device's cpu capacity mapped to the node's cpu.
-    [numa] = wait_for(lambda: devices(gated), 60, "the node's slice")
+    numa = wait_for(lambda: devices(gated), 60, "the node's slice")["numa-0"]
     assert numa["attributes"][NUMA_NODE] == {"ints": [0]}
     assert numa["nodeAllocatableResources"] == {"cpu": {"mapping": {"capacityKey": "cpu", "capacityMultiplier": "1"}}}
 
@@ -80,3 +85,30 @@ def test_claimed_cpus_count_against_the_node(gated: Cluster) -> None:
     gated.custom.delete_namespaced_custom_object(*CLAIMS, "all")
     gated.placed("asking", WIDE, 120)
     node.delete("asking", 60)
+
+
+def test_a_numa_node_and_its_l3_domains_are_never_allocated_together(gated: Cluster) -> None:
+    # The counters are a slice of their own in the node's pool; the NUMA node consumes both domains.
+    assert wait_for(lambda: len(slices(gated)) == 2, 60, "the counters' slice")
+    [counters] = [s for s in slices(gated) if "sharedCounters" in s["spec"]]
+    assert {k: v["value"] for k, v in counters["spec"]["sharedCounters"][0]["counters"].items()} == \
+        {name: "1" for name in devices(gated) if name.startswith("l3-")}
+
+    # One CPU of the NUMA node claimed: an L3 domain's claim waits, though the other CPU is free.
+    make_claim(gated, "numa-one", "1")
+    submit_claiming(gated, "on-numa", "numa-one")
+    gated.placed("on-numa", WIDE)
+    make_claim(gated, "l3-one", "1", kind="l3")
+    submit_claiming(gated, "on-l3", "l3-one")
+    message = wait_for(lambda: gated.unschedulable("on-l3"), 60, "the L3 claim unschedulable")
+    assert "cannot allocate all claims" in message, message
+
+    # The NUMA node's claim gone, the domain's is allocated and its pod runs on the domain's CPU.
+    node = gated.nodes[WIDE]
+    node.delete("on-numa", 60)
+    gated.custom.delete_namespaced_custom_object(*CLAIMS, "numa-one")
+    gated.placed("on-l3", WIDE, 120)
+    [held] = status_doc(gated.config_socket(WIDE))["dra"]["claims"]
+    assert held["device"].startswith("l3-") and node.cpus("on-l3") == {"c0": CPUSet.parse(held["cpus"])}
+    node.delete("on-l3", 60)
+    gated.custom.delete_namespaced_custom_object(*CLAIMS, "l3-one")

@@ -16,10 +16,36 @@ from resmgr.policies.topology_aware.placement import Placement
 from resmgr.policies.topology_aware.tree import Pool, devices
 from resmgr.topology.model import Topology
 
+MAX_COUNTERS = 32  # per counter set (resource.k8s.io/v1)
+
+
+def counters(offered: dict[str, tuple[Pool, dict[str, int | str]]]) -> dict[str, dict]:
+    """What each device consumes of the shared counters (KEP-4815) by name: {set: {counter: CPUs}}.
+    A NUMA node's device and its L3 domains' overlap, so each L3 domain is a counter (its CPUs) both
+    consume, and the scheduler never allocates the node and one of its domains at once. One counter
+    set per package (a device may consume from one); a package of more domains than a set holds
+    gets none."""
+    by_package: dict[int, list[tuple[str, Pool, dict[str, int | str]]]] = {}
+    for name, (pool, attrs) in offered.items():
+        if attrs["kind"] == "l3":
+            by_package.setdefault(int(attrs["package"]), []).append((name, pool, attrs))
+    out: dict[str, dict] = {}
+    for package, domains in by_package.items():
+        if len(domains) > MAX_COUNTERS:
+            continue
+        cset = f"package-{package}"
+        for name, pool, attrs in domains:
+            out[name] = {cset: {name: len(pool.cpus)}}
+            numa = f"numa-{attrs['numaNode']}"
+            if numa in offered and pool.cpus <= offered[numa][0].cpus:
+                out.setdefault(numa, {cset: {}})[cset][name] = len(pool.cpus)
+    return out
+
 
 class Devices:
     def __init__(self, topology: Topology, pools: list[Pool], accounts: Accounts, placement: Placement) -> None:
         self.offered = devices(topology, pools)
+        self.consumes = counters(self.offered)
         self.accounts, self.placement = accounts, placement
         self.book = claims.ClaimBook()
 
@@ -37,8 +63,11 @@ class Devices:
         for name, (pool, attrs) in self.offered.items():
             held = sum(len(grants[claims.key(u)].exclusive) for u, c in self.book.claims.items()
                        if c.device == name and claims.key(u) in grants)
-            out.append({"name": name, "attributes": attrs, "cpus": held + self.accounts.claim_room(pool),
-                        "cpuset": str(pool.cpus)})
+            doc = {"name": name, "attributes": attrs, "cpus": held + self.accounts.claim_room(pool),
+                   "cpuset": str(pool.cpus)}
+            if name in self.consumes:
+                doc["consumes"] = self.consumes[name]
+            out.append(doc)
         return out
 
     def hold(self, claim: Claim) -> None:

@@ -81,6 +81,23 @@ async def test_the_slice_is_written_again_after_cri_resmgr_comes_back(socket_pat
     assert writes.bodies[1]["spec"]["pool"]["generation"] > spec["pool"]["generation"]
 
 
+def test_overlapping_devices_share_counters_in_a_slice_of_their_own() -> None:
+    numa = {"name": "numa-0", "attributes": {"kind": "numa"}, "cpus": 8,
+            "consumes": {"package-0": {"l3-0": 4, "l3-4": 4}}}
+    l3 = {"name": "l3-0", "attributes": {"kind": "l3"}, "cpus": 4, "consumes": {"package-0": {"l3-0": 4}}}
+    exporter = SliceExporter(Writes(), "", 1, lambda: None, lambda: Backoff(0.01, 0.02))  # type: ignore[arg-type]
+    body = exporter.body({"driver": "cpu.example.com", "devices": [numa, l3]})
+    counters, devices = body["slices"]
+    assert counters["metadata"]["name"] == "node-a-cpu.example.com-counters"
+    assert counters["spec"]["sharedCounters"] == [
+        {"name": "package-0", "counters": {"l3-0": {"value": "4"}, "l3-4": {"value": "4"}}}]
+    assert "devices" not in counters["spec"] and "sharedCounters" not in devices["spec"]
+    assert counters["spec"]["pool"] == devices["spec"]["pool"] == {"name": "node-a", "generation": 0,
+                                                                   "resourceSliceCount": 2}
+    assert devices["spec"]["devices"][0]["consumesCounters"] == [
+        {"counterSet": "package-0", "counters": {"l3-0": {"value": "4"}, "l3-4": {"value": "4"}}}]
+
+
 def test_a_device_as_gated_clusters_take_it() -> None:
     d = {"name": "numa-1", "attributes": {"kind": "numa", NUMA_NODE: 1}, "cpus": 4}
     assert device(d)["attributes"][NUMA_NODE] == {"int": 1}

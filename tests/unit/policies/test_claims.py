@@ -54,6 +54,16 @@ def test_devices_are_the_numa_nodes_and_l3_domains() -> None:
     assert offered[l3[1]]["attributes"]["resource.kubernetes.io/numaNode"] == 0  # within one node
 
 
+def test_a_node_and_its_l3_domains_share_counters() -> None:
+    offered = devices(World(TA, L3))
+    l3 = sorted(n for n in offered if n.startswith("l3-"))
+    # Each domain a counter of its CPUs; the node consumes them all, so the scheduler never
+    # allocates the node and one of its domains at once (KEP-4815).
+    assert offered["numa-0"]["consumes"] == {"package-0": {l3[0]: 4, l3[1]: 4}}
+    assert [offered[n]["consumes"] for n in l3] == [{"package-0": {l3[0]: 4}}, {"package-0": {l3[1]: 4}}]
+    assert all("consumes" not in d for d in devices(World(TA, SNC)).values())  # nothing overlaps there
+
+
 def test_a_claim_holds_cpus_of_its_device_and_its_users_run_there() -> None:
     w = World(TA, SNC)
     w.prepare(claim("u1", "numa-1", 4))
