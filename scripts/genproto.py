@@ -22,7 +22,7 @@ TARGETS = {"cri/api.proto": "resmgr.generated.cri", "config/api.proto": "resmgr.
            "agent/claims.proto": "resmgr.generated.agent",
            "hooks/api.proto": "resmgr.generated.hooks",
            "nri/api.proto": "resmgr.generated.nri", "ttrpc/request.proto": "resmgr.generated.ttrpc",
-           "dra/api.proto": "resmgr.generated.dra",
+           "dra/api.proto": "resmgr.generated.dra", "dra/health.proto": "resmgr.generated.dra",
            "pluginregistration/api.proto": "resmgr.generated.pluginregistration"}
 
 

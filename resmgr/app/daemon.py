@@ -40,7 +40,7 @@ from resmgr.policies import PolicyError
 from resmgr.readyfile import ReadyFile
 from resmgr.topology.hints import hints as device_hints
 from resmgr.topology.model import Topology
-from resmgr.topology.sysfs import TopologyError, discover
+from resmgr.topology.sysfs import TopologyError, discover, online_cpus
 from resmgr.view import nrt
 from resmgr.view import state as statedoc
 from resmgr.view.address import Address
@@ -290,7 +290,8 @@ class Daemon:
             return None
         try:
             self.agent_claims = AgentClaims(sockets.path_of(o.agent_socket))
-            dra = DraPlugin(o.dra_driver, o.kubelet_dir, o.cdi_dir, engine, self.agent_claims)
+            dra = DraPlugin(o.dra_driver, o.kubelet_dir, o.cdi_dir, engine, self.agent_claims,
+                            online=lambda: online_cpus(o.host_root))
             await dra.start()
         except (ValueError, OSError, sockets.SocketInUse) as err:
             raise StartupError(f"--dra-driver {o.dra_driver}: {err}") from None

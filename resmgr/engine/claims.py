@@ -23,6 +23,10 @@ class Claims:
         """Every prepared claim, by UID, with what the policy holds for it (its CPUs, its users)."""
         return [(c, self.state.policy.describe_claim(uid)) for uid, c in sorted(self.state.ledger.claims.items())]
 
+    def devices(self) -> list[dict[str, Any]]:
+        """The DRA devices the policy in force offers (Policy.devices)."""
+        return self.state.policy.devices()
+
     def claim_held(self, uid: str) -> dict[str, Any] | None:
         """What the policy holds for a prepared claim (None: nothing)."""
         return self.state.policy.describe_claim(uid)

@@ -65,6 +65,11 @@ def _size(text: str) -> int:
     return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
 
 
+def online_cpus(host_root: str | Path = "/") -> CPUSet:
+    """The CPUs online now (OSError or ValueError if the kernel's list cannot be read)."""
+    return CPUSet.parse((Path(host_root) / "sys/devices/system/cpu/online").read_text().strip())
+
+
 def discover(host_root: str | Path = "/") -> Topology:
     """Read the topology below host_root (which holds `sys/`)."""
     sysdir = Path(host_root) / "sys" / "devices" / "system"

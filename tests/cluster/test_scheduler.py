@@ -18,6 +18,7 @@ a claim of two CPUs of one NUMA node: only the wide node has a device that big."
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sys
 import uuid
@@ -125,6 +126,13 @@ def container_file(node: KubeNode, pod: str, name: str) -> str:
     return open(f"/sys/fs/cgroup/cpu/{parent.lstrip('/')}/{leaf}/{name}").read().strip()
 
 
+def device_health(cluster: Cluster, pod: str) -> list[str]:
+    """The health kubelet reports of the devices the pod's containers use (allocatedResourcesStatus)."""
+    doc = json.loads(cluster.core.read_namespaced_pod(pod, NAMESPACE, _preload_content=False).data)
+    return [r.get("health", "") for s in doc["status"].get("containerStatuses") or []
+            for a in s.get("allocatedResourcesStatus") or [] for r in a.get("resources") or []]
+
+
 def waiting_message(cluster: Cluster, pod: str) -> str:
     st = cluster.core.read_namespaced_pod(pod, NAMESPACE).status.container_statuses or []
     return " ".join(s.state.waiting.message or "" for s in st if s.state and s.state.waiting)
@@ -152,6 +160,16 @@ def test_cpus_of_one_numa_node_claimed_through_dra(cluster: Cluster) -> None:
     state = status_doc(cluster.config_socket(WIDE))["dra"]["claims"]
     assert [(c["name"], c["device"], c["cpus"]) for c in state] == [("two", "numa-0", "0-1")]
     assert len(list((wide.workdir / "ctrd" / "cdi").glob("*.json"))) == 1
+
+    # A CPU of the device offline: kubelet hears it from the driver's health stream and says so in
+    # the container's status; back online, healthy again.
+    online = cluster.roots[WIDE] / "sys/devices/system/cpu/online"
+    online.write_text("0\n")
+    try:
+        assert wait_for(lambda: "Unhealthy" in device_health(cluster, "dra-claimed"), 90, "the device unhealthy")
+    finally:
+        online.write_text("0-1\n")
+    assert wait_for(lambda: device_health(cluster, "dra-claimed") == ["Healthy"], 90, "the device healthy again")
 
     # Another such claim has no node: the wide node's device is taken, the split node's are too small.
     make_claim(cluster, "two-more", "2")

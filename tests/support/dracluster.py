@@ -8,6 +8,7 @@ it from a generated sysfs: one NUMA node of two CPUs ("wide") and two NUMA nodes
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -45,6 +46,7 @@ class Cluster:
         self.core = self.control.core()
         self.custom = client.CustomObjectsApi(self.control.api_client())
         self.nodes: dict[str, KubeNode] = {}
+        self.roots: dict[str, Path] = {}  # each node's generated sysfs (cri-resmgr's --host-root)
         self.agents: list[AgentProcess] = []
         self.scheduler: Process | None = None
 
@@ -58,6 +60,7 @@ class Cluster:
         for name, machine in self.machines.items():
             work = scratch()
             root = generate(parse_spec(machine), work / "host")
+            self.roots[name] = root
             fallback = work / "fallback.yaml"
             fallback.write_text(yaml.safe_dump(CONFIG))
             agent = AgentProcess(work, name, kubeconfig, str(work / "config.sock"))

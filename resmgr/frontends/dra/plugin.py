@@ -15,7 +15,8 @@ import json
 import logging
 import os
 import re
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,19 @@ from resmgr.frontends.dra.allocation import ClaimError, ClaimGone, claim
 from resmgr.generated.agent import claims_pb2, claims_pb2_grpc
 from resmgr.generated.dra import api_pb2 as dra
 from resmgr.generated.dra import api_pb2_grpc as dra_grpc
+from resmgr.generated.dra import health_pb2 as health
+from resmgr.generated.dra import health_pb2_grpc as health_grpc
 from resmgr.generated.pluginregistration import api_pb2 as reg
 from resmgr.generated.pluginregistration import api_pb2_grpc as reg_grpc
 from resmgr.model import Claim
+from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.sysfs import online_cpus
 
 log = logging.getLogger("cri-resmgr.dra")
 
 SERVICE = "v1.DRAPlugin"  # the DRA service version kubelet is told this driver serves
+HEALTH_SERVICE = "v1.DRAResourceHealth"  # and the optional device health stream
+HEALTH_INTERVAL = 10.0  # seconds between two health reports (kubelet takes 3 missed ones as unknown)
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 FETCH_TIMEOUT = 10.0
 COLLECT_INTERVAL = 300.0  # seconds between two looks for claims nobody will unprepare
@@ -83,7 +90,7 @@ class Registration(reg_grpc.RegistrationServicer):
     async def GetInfo(self, request: reg.InfoRequest,  # noqa: N802 - gRPC method names
                       context: grpc.aio.ServicerContext) -> reg.PluginInfo:
         return reg.PluginInfo(type="DRAPlugin", name=self.driver, endpoint=self.endpoint,
-                              supported_versions=[SERVICE])
+                              supported_versions=[SERVICE, HEALTH_SERVICE])
 
     async def NotifyRegistrationStatus(self, request: reg.RegistrationStatus,  # noqa: N802
                                        context: grpc.aio.ServicerContext) -> reg.RegistrationStatusResponse:
@@ -142,6 +149,50 @@ class NodeService(dra_grpc.DRAPluginServicer):
         return dra.NodeUnprepareResourcesResponse(claims={u: dra.NodeUnprepareResourceResponse() for u in uids})
 
 
+class Health(health_grpc.DRAResourceHealthServicer):
+    """The devices of the claims prepared here, each unhealthy while CPUs it had when the daemon
+    started are offline (the kernel's online CPUs read anew for every report). A device is named
+    in the pool of its claims: the pool kubelet knows it by."""
+
+    def __init__(self, engine: Engine, online: Callable[[], CPUSet], interval: float = HEALTH_INTERVAL) -> None:
+        self.engine, self.online, self.interval = engine, online, interval
+
+    def _online(self) -> CPUSet | str:
+        """The CPUs online now, or why they cannot be read (off the event loop: a file read)."""
+        try:
+            return self.online()
+        except (OSError, ValueError) as err:
+            return f"the online CPUs cannot be read: {err}"
+
+    def report(self, online: CPUSet | str) -> health.NodeWatchResourcesResponse:
+        cpus = {d["name"]: CPUSet.parse(d.get("cpuset", "")) for d in self.engine.claiming.devices()}
+        now = int(time.time())
+        out = []
+        for pool, name in sorted({(c.pool, c.device) for c, _ in self.engine.claiming.prepared_claims() if c.pool}):
+            state, message = _health(name, cpus.get(name), online)
+            out.append(health.DeviceHealth(device=health.DeviceIdentifier(pool_name=pool, device_name=name),
+                                           health=state, last_updated_time=now, message=message,
+                                           health_check_timeout_seconds=max(int(3 * self.interval), 1)))
+        return health.NodeWatchResourcesResponse(devices=out)
+
+    async def NodeWatchResources(self, request: health.NodeWatchResourcesRequest,  # noqa: N802
+                                 context: grpc.aio.ServicerContext) -> AsyncIterator[health.NodeWatchResourcesResponse]:
+        while True:
+            yield self.report(await asyncio.to_thread(self._online))
+            await asyncio.sleep(self.interval)
+
+
+def _health(name: str, cpus: CPUSet | None, online: CPUSet | str) -> tuple[int, str]:
+    """A device's health and why, from its CPUs (None: not offered now) and the CPUs online."""
+    if isinstance(online, str):
+        return health.UNKNOWN, online
+    if cpus is None:
+        return health.UNHEALTHY, f"the policy in force offers no device {name}"
+    if gone := cpus - online:
+        return health.UNHEALTHY, f"CPUs {gone} of device {name} are offline"
+    return health.HEALTHY, ""
+
+
 def write_spec(directory: Path, uid: str, cpus: str) -> None:
     """The claim's CDI spec, written whole or not at all."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -158,13 +209,16 @@ def remove_spec(directory: Path, uid: str) -> None:
 class DraPlugin:
     """Both services, and the CDI specs kept to the claims the engine holds."""
 
-    def __init__(self, driver: str, kubelet_dir: str, cdi_dir: str, engine: Engine, fetch: Fetch) -> None:
+    def __init__(self, driver: str, kubelet_dir: str, cdi_dir: str, engine: Engine, fetch: Fetch,
+                 online: Callable[[], CPUSet] | None = None, health_interval: float = HEALTH_INTERVAL) -> None:
+        """online: the CPUs online now (default: this machine's, from sysfs)."""
         check_driver_name(driver)
         self.driver, self.engine, self.cdi_dir = driver, engine, Path(cdi_dir)
         self.registry_socket = os.path.join(kubelet_dir, "plugins_registry", f"{driver}-reg.sock")
         self.endpoint = os.path.join(kubelet_dir, "plugins", driver, "dra.sock")
         self.registration = Registration(driver, self.endpoint)
         self.node = NodeService(driver, engine, fetch, cdi_dir)
+        self.health = Health(engine, online or (lambda: online_cpus("/")), health_interval)
         self._servers: list[grpc.aio.Server] = []
 
     async def start(self) -> None:
@@ -173,6 +227,7 @@ class DraPlugin:
         await asyncio.to_thread(self._sync_specs)
         node = grpc.aio.server()
         dra_grpc.add_DRAPluginServicer_to_server(self.node, node)
+        health_grpc.add_DRAResourceHealthServicer_to_server(self.health, node)
         await sockets.start_private(node, self.endpoint)
         self._servers.append(node)
         registry = grpc.aio.server()

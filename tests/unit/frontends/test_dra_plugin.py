@@ -23,6 +23,8 @@ from resmgr.frontends.dra.plugin import DraPlugin, check_driver_name
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.generated.dra import api_pb2 as dra
 from resmgr.generated.dra import api_pb2_grpc as dra_grpc
+from resmgr.generated.dra import health_pb2 as health
+from resmgr.generated.dra import health_pb2_grpc as health_grpc
 from resmgr.generated.pluginregistration import api_pb2 as reg
 from resmgr.generated.pluginregistration import api_pb2_grpc as reg_grpc
 from resmgr.topology.cpuset import CPUSet
@@ -77,7 +79,9 @@ class Node:
             if name not in self.claims:  # as the agent's NOT_FOUND reads
                 raise ClaimGone(f"claim {namespace}/{name}: not found")
             return self.claims[name]
-        self.plugin = DraPlugin(DRIVER, str(root / "kubelet"), str(root / "cdi"), self.engine, fetch)
+        self.online = SNC.online
+        self.plugin = DraPlugin(DRIVER, str(root / "kubelet"), str(root / "cdi"), self.engine, fetch,
+                                online=lambda: self.online, health_interval=0.05)
 
     async def prepare(self, *names: str) -> dict[str, dra.NodePrepareResourceResponse]:
         async with grpc.aio.insecure_channel("unix://" + self.plugin.endpoint) as channel:
@@ -103,7 +107,7 @@ async def test_kubelet_prepares_claims_and_the_container_runs_on_their_cpus(root
         async with grpc.aio.insecure_channel("unix://" + node.plugin.registry_socket) as channel:
             info = await reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest())
         assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == \
-            ("DRAPlugin", DRIVER, node.plugin.endpoint, ["v1.DRAPlugin"])
+            ("DRAPlugin", DRIVER, node.plugin.endpoint, ["v1.DRAPlugin", "v1.DRAResourceHealth"])
         assert node.plugin.registry_socket == str(root / "kubelet" / "plugins_registry" / f"{DRIVER}-reg.sock")
 
         answers = await node.prepare("two", "big", "gone")
@@ -200,6 +204,37 @@ async def test_a_pods_claims_are_read_together(root: Path) -> None:
         assert most == 3
         assert [answers[u].error for u in ("u-a", "u-b")] == ["", ""]
         assert "claim default/gone: not found" in answers["gone"].error
+    finally:
+        await node.plugin.stop()
+        await node.engine.flush()
+
+
+async def test_kubelet_hears_a_device_unhealthy_while_its_cpus_are_offline(root: Path) -> None:
+    node = Node(root, {"two": claim_doc("u-two", "two", "numa-1", "2")})
+    await node.plugin.start()
+    try:
+        async with grpc.aio.insecure_channel("unix://" + node.plugin.endpoint) as channel:
+            stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(health.NodeWatchResourcesRequest())
+            first = await stream.read()
+            assert list(first.devices) == []  # nothing prepared: no device of a pool kubelet knows
+            await node.prepare("two")
+
+            async def next_of(want: int) -> health.DeviceHealth:
+                async with asyncio.timeout(5):
+                    while True:
+                        reply = await stream.read()
+                        if reply.devices and reply.devices[0].health == want:
+                            return reply.devices[0]
+            now = await next_of(health.HEALTHY)
+            assert (now.device.pool_name, now.device.device_name) == ("node-a", "numa-1")
+            assert now.health_check_timeout_seconds >= 1 and now.last_updated_time > 0
+
+            node.online = SNC.online - CPUSet.parse("5")  # a CPU of NUMA node 1 goes offline
+            sick = await next_of(health.UNHEALTHY)
+            assert sick.message == "CPUs 5 of device numa-1 are offline"
+            node.online = SNC.online
+            await next_of(health.HEALTHY)
+            stream.cancel()
     finally:
         await node.plugin.stop()
         await node.engine.flush()
