@@ -158,9 +158,10 @@ class Fleet:
             b.cpus = take_cpus(self.topo, b.cpus, want, self.prefer(b.type)) if want else EMPTY
 
     def new_balloon(self, t: BalloonType, size: int, group: str = "", guaranteed: bool = False,
-                     previous: CPUSet = EMPTY) -> Balloon:
-        used = {b.index for b in self.balloons if b.type is t}
-        index = next(i for i in range(len(used) + 1) if i not in used)
+                    previous: CPUSet = EMPTY, index: int | None = None) -> Balloon:
+        """A balloon of type t with size CPUs, numbered index (default: the lowest its type has free)."""
+        if index is None:
+            index = self.free_indexes(t, 1)[0]
         b = Balloon(t, index, group=group)
         self.balloons.append(b)
         self._fill(b, size, guaranteed, previous)
@@ -186,6 +187,11 @@ class Fleet:
             b.parts.append(part)
             self._fill(part, max(share, t.min_cpus), guaranteed)
             b.cpus = union(p.cpus for p in b.parts)
+
+    def free_indexes(self, t: BalloonType, count: int) -> list[int]:
+        """The lowest count instance numbers no balloon of type t has."""
+        used = {b.index for b in self.balloons if b.type is t}
+        return [i for i in range(len(used) + count) if i not in used][:count]
 
     def in_use(self, t: BalloonType) -> int:
         """Balloons of type t, composites' parts at any depth included; for a composite type, those of

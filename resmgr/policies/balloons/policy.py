@@ -30,7 +30,7 @@ from resmgr.model import Claim, Container, IrqPlan, Pod, QOSClass, Resources, Sc
 from resmgr.policies.balloons.choice import Choice
 from resmgr.policies.balloons.fleet import Fleet
 from resmgr.policies.balloons.model import BALLOON, Balloon, Member, Saved, hint, union
-from resmgr.policies.balloons.types import POLICY_OPTIONS, RESERVED, parse
+from resmgr.policies.balloons.types import POLICY_OPTIONS, RESERVED, BalloonType, parse
 from resmgr.policies.base import Decision, Policy, PolicyError, View, container_requirements
 from resmgr.policies.toolkit import annotations, claims, cpuvalues
 from resmgr.policies.toolkit.allocator import take_cpus
@@ -205,26 +205,50 @@ class BalloonsPolicy(Policy):
         """The balloons published as DRA devices, by device name."""
         return {f"{b.type.dra}-{b.index}": b for b in self.fleet.balloons if b.type.dra}
 
+    def _dra_to_come(self) -> dict[str, tuple[BalloonType, int]]:
+        """The balloons a claim may yet make (a type's MaxBalloons not reached), by device name: the
+        type and instance number each would have."""
+        out = {}
+        for t in self.settings.types:
+            if t.dra and t.max_balloons:
+                have = sum(1 for b in self.fleet.balloons if b.type is t)
+                for index in self.fleet.free_indexes(t, max(t.max_balloons - have, 0)):
+                    out[f"{t.dra}-{index}"] = (t, index)
+        return out
+
     def devices(self) -> list[dict[str, Any]]:
-        return [{"name": name, "attributes": {"kind": "balloon", "balloonType": b.type.name, "instance": b.index},
-                 "cpus": b.type.max_cpus, "cpuset": str(b.cpus)} for name, b in sorted(self._dra_balloons().items())]
+        made = {name: (b.type, b.index, b.cpus) for name, b in self._dra_balloons().items()}
+        to_come = {name: (t, index, EMPTY) for name, (t, index) in self._dra_to_come().items()}
+        return [{"name": name, "attributes": {"kind": "balloon", "balloonType": t.name, "instance": index},
+                 "cpus": t.max_cpus, "cpuset": str(cpus)}
+                for name, (t, index, cpus) in sorted({**made, **to_come}.items())]
 
     def prepare_claim(self, claim: Claim, view: View) -> Decision:
-        """Grow the claim's balloon by the claim's CPUs, a member of its own."""
+        """Grow the claim's balloon by the claim's CPUs, a member of its own; a balloon still to come
+        is made for it."""
         if not self.book.is_new(claim):
             return Decision()
         before = self._snapshot()
         b = self._dra_balloons().get(claim.device)
-        if b is None:
+        to_come = self._dra_to_come()
+        if b is not None:
+            t, milli, held, group = b.type, b.milli, len(b.cpus), b.group
+        elif claim.device in to_come:
+            t, milli, held, group = to_come[claim.device][0], 0, 0, ""
+        else:
             raise PolicyError(f"{claim.who}: this node has no device {claim.device} (it offers "
-                              f"{', '.join(sorted(self._dra_balloons())) or 'none'})")
-        count = claim.cpus or b.type.max_cpus
-        size = self.fleet.size(b.type, b.milli + 1000 * count, True)
-        if size is None or size - len(b.cpus) > len(self.fleet.free(b.type)):
-            raise PolicyError(f"{claim.who}: balloon {b.name} cannot grow by {count} CPU(s) "
-                              f"({self.choice.no_room(b.type, b.group, Member(1000 * count, '', ''))})")
-        self.fleet.resize(b, size)
-        self._put(claims.key(claim.uid), b, Member(1000 * count, "", ""))
+                              f"{', '.join(d['name'] for d in self.devices()) or 'none'})")
+        count = claim.cpus or t.max_cpus
+        member = Member(1000 * count, "", "")
+        size = self.fleet.size(t, milli + 1000 * count, True)
+        if size is None or size - held > len(self.fleet.free(t)):
+            what = f"balloon {b.name} cannot grow by" if b is not None else f"a new {t.name} balloon cannot take"
+            raise PolicyError(f"{claim.who}: {what} {count} CPU(s) ({self.choice.no_room(t, group, member)})")
+        if b is None:
+            b = self.fleet.new_balloon(t, size, index=to_come[claim.device][1])
+        else:
+            self.fleet.resize(b, size)
+        self._put(claims.key(claim.uid), b, member)
         self.book.hold(claim, count)
         return Decision(updates=self._updates(before, view, ""))
 

@@ -116,8 +116,8 @@ TYPE_OPTIONS = (
     Option("Components", "objects", [], "a composite balloon: its CPUs are those of a hidden balloon of each "
            "listed type, sized evenly", items=(Option("BalloonType", "string", ""),)),
     Option("DRA", "object", None, "{deviceName}: publish its balloons as DRA devices (docs/dra.md); only "
-           "containers using a claim on one of them run there. Needs MinBalloons and MaxCPUs (the published "
-           "capacity); no Namespaces, MatchExpressions or Components"),
+           "containers using a claim on one of them run there. Needs MinBalloons or MaxBalloons (claims make "
+           "balloons up to it) and MaxCPUs (the published capacity); no Namespaces, MatchExpressions or Components"),
     Option("ComponentCreation", "string", "all", "which component balloons a composite balloon is made of: all "
            "(one of each type), or balance-balloons (one, of the first type in fewest balloons)",
            choices=("", "all", "balance-balloons")),
@@ -225,8 +225,9 @@ def _dra(doc: Any, t: Mapping[str, Any], name: str, where: str) -> str:
     wrong = [k for k in ("Namespaces", "MatchExpressions", "Components") if t[k]]
     if wrong:
         raise PolicyError(f"{where}: its containers come only from claims, so it cannot have {wrong[0]}")
-    if not t["MinBalloons"] or not t["MaxCPUs"]:
-        raise PolicyError(f"{where}: needs MinBalloons (the devices published) and MaxCPUs (their capacity)")
+    if not (t["MinBalloons"] or t["MaxBalloons"]) or not t["MaxCPUs"]:
+        raise PolicyError(f"{where}: needs MinBalloons or MaxBalloons (the devices published: the balloons kept, "
+                          "and those claims may make) and MaxCPUs (their capacity)")
     return prefix
 
 

@@ -292,3 +292,32 @@ def test_a_pool_policy_refuses_what_its_devices_cannot_give() -> None:
     # A Guaranteed container does not get the claim's CPUs.
     g = w.add(QOSClass.GUARANTEED, 2000)
     assert w.cpus(g).isdisjoint(CPUSet.parse(w.policy.describe_claim("whole")["cpus"]))
+
+
+def test_claims_make_balloons_up_to_max_balloons() -> None:
+    types = [{"Name": "on-demand", "MaxBalloons": 2, "MaxCPUs": 4, "DRA": {}}]
+    w = World("balloons", SNC, ReservedResources={"cpu": "cpuset:0"}, balloons={"BalloonTypes": types})
+    # No balloon yet: each one a claim may make is a device.
+    assert not [b for b in w.policy.fleet.balloons if b.type.name == "on-demand"]
+    assert {n: (d["cpus"], d["cpuset"]) for n, d in devices(w).items()} == {"on-demand-0": (4, ""),
+                                                                             "on-demand-1": (4, "")}
+    w.prepare(claim("b", "on-demand-1", 2))  # the second, though the first is not made
+    made = [(b.index, len(b.cpus)) for b in w.policy.fleet.balloons if b.type.name == "on-demand"]
+    assert made == [(1, 2)] and w.policy.describe_claim("b")["balloon"] == "on-demand[1]"
+    assert CPUSet.parse(devices(w)["on-demand-1"]["cpuset"]) == CPUSet.parse(w.policy.describe_claim("b")["cpus"])
+    a = user(w, "b")
+    assert w.cpus(a) == CPUSet.parse(w.policy.describe_claim("b")["cpus"])
+    # It survives a restart.
+    fresh = policies.create("balloons", {"Active": "balloons", "ReservedResources": {"cpu": "cpuset:0"},
+                                         "balloons": {"BalloonTypes": types}}, SNC)
+    fresh.restore_state(w.policy.export_state())
+    assert fresh.describe_claim("b") == w.policy.describe_claim("b") and fresh.devices() == w.policy.devices()
+    # Its claim and user gone, the balloon goes: the device is one to come again.
+    w.unprepare("b")
+    w.remove(w.containers[a.key])
+    assert not [b for b in w.policy.fleet.balloons if b.type.name == "on-demand"]
+    assert devices(w)["on-demand-1"]["cpuset"] == ""
+    with pytest.raises(PolicyError, match="no device on-demand-2 .*on-demand-0, on-demand-1"):
+        w.prepare(claim("c", "on-demand-2", 1))
+    with pytest.raises(PolicyError, match="a new on-demand balloon cannot take 9 CPU"):
+        w.prepare(claim("d", "on-demand-0", 9))
