@@ -11,6 +11,7 @@ servers behind load balancers are run), counting the requests that failed. httpx
 this benchmark only, under ~/.cache/cri-resmgr/bench-httpx (PyPI).
 
     python benchmarks/apiclient.py [--requests 2000] [--goaway-chance 0.02]
+    python benchmarks/apiclient.py --rounds 10   # the own client's RSS over 10 x 1000 GETs with GOAWAYs
 """
 
 from __future__ import annotations
@@ -92,6 +93,50 @@ print(json.dumps(out))
 '''
 
 
+ROUNDS = r'''
+import asyncio, gc, sys
+sys.path.insert(0, sys.argv[3])
+from resmgr.agent.apiclient import Client, load_kubeconfig, _H2
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:")) / 1024
+
+async def main():
+    client = Client(load_kubeconfig(sys.argv[1]))
+    for r in range(int(sys.argv[2])):
+        failed = 0
+        for _ in range(1000):
+            try:
+                await client.request("GET", sys.argv[4])
+            except Exception:
+                failed += 1
+        gc.collect()
+        alive = sum(1 for o in gc.get_objects() if isinstance(o, _H2) and not o.closed)
+        print(f"after {1000 * (r + 1):>6} GETs: RSS {rss():5.1f} MB, connections open {alive}, failed {failed}",
+              flush=True)
+    await client.close()
+
+asyncio.run(main())
+'''
+
+
+def rounds(count: int, goaway: float) -> None:
+    """The own client's RSS, round after round of GETs, as GOAWAYs make it reconnect."""
+    from harness.kube import ControlPlane
+    control = ControlPlane(Path(tempfile.mkdtemp(prefix="crirm-bench-api-")))
+    control.apiserver.args.append(f"--goaway-chance={goaway}")
+    control.start()
+    try:
+        control.core().create_namespaced_config_map("default", {"metadata": {"name": "bench"},
+                                                                "data": {"k": "v" * 512}})
+        print(f"the own client, GETs of a ConfigMap one at a time, GOAWAY on {goaway:.0%} of requests:")
+        subprocess.run([sys.executable, "-c", ROUNDS, str(control.admin_kubeconfig), str(count), str(ROOT), PATH],
+                       check=True, timeout=1800)
+    finally:
+        control.stop()
+
+
 def httpx_path() -> Path:
     if not (HTTPX / "httpx").is_dir():
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(HTTPX), "httpx[http2]"],
@@ -111,7 +156,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--goaway-chance", type=float, default=0.02)
+    parser.add_argument("--rounds", type=int, default=0, help="only the own client's RSS over this many rounds "
+                                                              "of 1000 GETs with GOAWAYs")
     args = parser.parse_args()
+    if args.rounds:
+        rounds(args.rounds, args.goaway_chance)
+        return
     from harness.kube import ControlPlane
 
     results: dict[str, dict[str, dict]] = {}

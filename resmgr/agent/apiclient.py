@@ -269,6 +269,7 @@ class _H2:
             self.usable = False  # GOAWAY: streams above last_stream_id were not processed
             for sid in [s for s in self.streams if s > (event.last_stream_id or 0)]:
                 self._end(sid, _Refused("the API server is going away"))
+            self._close_if_drained()
 
     def _end(self, stream_id: int, error: BaseException | None) -> None:
         stream = self.streams.pop(stream_id, None)
@@ -277,6 +278,13 @@ class _H2:
         if not stream.headers.done():
             stream.headers.set_exception(error or ConnectionError("stream ended without a response"))
         stream.chunks.put_nowait(error)
+        self._close_if_drained()
+
+    def _close_if_drained(self) -> None:
+        """A going connection whose last stream ended is closed by us: the server may keep it open a
+        while, and its buffers with it."""
+        if not self.usable and not self.closed and not self.streams:
+            self.writer.close()  # the reader ends and closes the rest
 
     async def _ping(self) -> None:
         while True:

@@ -45,6 +45,7 @@ class Server:
         self.refuse_after_first = False  # the first connection: GOAWAY on its first request, the others unanswered
         self.goaway_mid_response = False  # the first connection: GOAWAY before the bodies of its first two requests
         self.stall = False  # stop reading (and so answering PINGs) after the first request
+        self.ended_by_client = 0  # connections the client closed
 
     async def start(self) -> Client:
         self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0, ssl=self.ctx)
@@ -91,6 +92,7 @@ class Server:
                 await writer.drain()
                 if self.stall and self.connections == 1 and pending:
                     await asyncio.sleep(3600)
+            self.ended_by_client += 1
         except (ConnectionError, asyncio.CancelledError, h2.exceptions.ProtocolError):
             pass  # (frames the client sent before it heard the GOAWAY)
         finally:
@@ -154,6 +156,10 @@ async def test_the_streams_a_goaway_keeps_are_finished_on_the_going_connection(s
     third = await api.open("GET", "/big")
     assert [len(await r.body()) for r in (first, second, third)] == [BODY] * 3
     assert server.connections == 2
+    # The going connection's last stream done, the client closes it (the server would keep it).
+    async with asyncio.timeout(5):
+        while server.ended_by_client < 1:
+            await asyncio.sleep(0.01)
     await api.close()
 
 
