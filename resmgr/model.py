@@ -358,18 +358,20 @@ class SchedulingClass:
 
 @dataclass(frozen=True)
 class IrqPlan:
-    """Where interrupts go, as a policy says it (the irq controller writes /proc/irq): those whose
-    description matches a claim's patterns to the claim's CPUs; the others to the sink CPUs where
-    there are any, else off the isolated CPUs, else left as they were; an unclaimed interrupt
-    matching a mask is kept off the mask's CPUs too. Patterns are shell globs
-    over /proc/interrupts' description of the interrupt ("IO-APIC 8-edge rtc0": `*rtc0*`)."""
+    """Where interrupts go, as a policy says it (the irq controller writes /proc/irq): those
+    matching claims to the union of the claims' CPUs; the others to the sink CPUs where there are
+    any, else off the isolated CPUs, else left as they were; an unclaimed interrupt matching a mask
+    is kept off the mask's CPUs too, and any interrupt matching a late mask (irq-affinity mode
+    claim-first) off its CPUs, claimed or not. A pattern is an interrupt's number or a shell glob
+    over /proc/interrupts' description of it ("IO-APIC 8-edge rtc0": `*rtc0*`)."""
 
     claims: tuple[tuple[tuple[str, ...], CPUSet], ...] = ()
-    masks: tuple[tuple[tuple[str, ...], CPUSet], ...] = ()  # CPUs kept off the interrupts matching
+    masks: tuple[tuple[tuple[str, ...], CPUSet], ...] = ()  # CPUs kept off the unclaimed interrupts matching
     sink: CPUSet = field(default_factory=CPUSet)
     isolate: CPUSet = field(default_factory=CPUSet)
     controllable: tuple[str, ...] = ()  # only interrupts matching these may be touched (none: every one)
+    late_masks: tuple[tuple[tuple[str, ...], CPUSet], ...] = ()  # CPUs kept off the interrupts matching, claimed too
 
     @property
     def empty(self) -> bool:
-        return not (self.claims or self.masks or self.sink or self.isolate)
+        return not (self.claims or self.masks or self.sink or self.isolate or self.late_masks)

@@ -2,10 +2,11 @@
 
 After every change it reads /proc/interrupts, and for each interrupt it may touch (the plan's
 `controllable` patterns; every one when there are none) writes /proc/irq/N/smp_affinity_list:
-a claimed interrupt goes to its claim's CPUs, the others to the sink CPUs, or off the isolated
-ones and the CPUs of the masks they match. What an affinity was before it was first written is
-kept in the state directory: an interrupt no rule wants any more gets it back, also after a
-restart. An interrupt the kernel does not let move (per-CPU, managed) is left alone.
+a claimed interrupt goes to its claims' CPUs, the others to the sink CPUs, or off the isolated
+ones and the CPUs of the masks they match; late masks (claim-first) keep claimed ones off too.
+What an affinity was before it was first written is kept in the state directory: an interrupt no
+rule wants any more gets it back, also after a restart. An interrupt the kernel does not let
+move (per-CPU, managed) is left alone.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import fnmatch
 import functools
 import logging
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from resmgr.controllers.originals import Originals
@@ -37,8 +39,9 @@ def interrupts(text: str) -> dict[int, str]:
 
 
 @functools.lru_cache(maxsize=8192)  # each sync asks of every interrupt again: descriptions seldom change
-def matches(patterns: tuple[str, ...], description: str) -> bool:
-    return any(fnmatch.fnmatchcase(description, p) for p in patterns)
+def matches(patterns: tuple[str, ...], description: str, irq: int = -1) -> bool:
+    """Whether a pattern is the interrupt's number or a glob matching its description."""
+    return any(p == str(irq) or fnmatch.fnmatchcase(description, p) for p in patterns)
 
 
 class IRQController:
@@ -78,20 +81,19 @@ class IRQController:
             self.originals.keep({str(k): v for k, v in self.saved.items()})
 
     def _wanted(self, plan: IrqPlan, irq: int, description: str) -> CPUSet | None:
-        """The affinity the plan wants (None: no rule, as it was)."""
-        claim = next((cpus for patterns, cpus in plan.claims if cpus and matches(patterns, description)), None)
-        if plan.controllable and not matches(plan.controllable, description):
-            if claim is not None and (irq, description) not in self.denied:
+        """The affinity the plan wants (None: no rule, as it was). Claims set it to their CPUs
+        together, over masks; late masks (claim-first) take their CPUs off it all the same."""
+        claim = _union(cpus for patterns, cpus in plan.claims if cpus and matches(patterns, description, irq))
+        late = _union(cpus for patterns, cpus in plan.late_masks if matches(patterns, description, irq))
+        if plan.controllable and not matches(plan.controllable, description, irq):
+            if claim and (irq, description) not in self.denied:
                 self.denied.add((irq, description))
                 log.error("interrupt %d (%s) is claimed but not controllable (ControllableInterrupts): left alone",
                           irq, description)
             return None
-        if claim is not None:
-            return claim
-        masked = CPUSet()
-        for patterns, cpus in plan.masks:
-            if matches(patterns, description):
-                masked |= cpus
+        if claim and claim - late:
+            return claim - late
+        masked = late | _union(cpus for patterns, cpus in plan.masks if matches(patterns, description, irq))
         if not (plan.sink or plan.isolate or masked):
             return None
         base = plan.sink or _parse(self.saved.get(irq) or self._read(irq) or "")
@@ -110,6 +112,13 @@ class IRQController:
         except OSError as err:  # EIO: a per-CPU or managed interrupt the kernel does not let move
             log.debug("interrupt %d: cannot set its CPUs to %s: %s", irq, cpus, err.strerror)
             return False
+
+
+def _union(sets: Iterable[CPUSet]) -> CPUSet:
+    out = CPUSet()
+    for cpus in sets:
+        out |= cpus
+    return out
 
 
 def _parse(text: str) -> CPUSet:

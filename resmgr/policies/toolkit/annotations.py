@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -235,19 +235,35 @@ def cold_start(container: Container, pod: Pod) -> float:
 IRQ_AFFINITY = "irq-affinity"
 
 
-def irq_affinity(container: Container, pod: Pod) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The irq-affinity hint: the interrupts (globs) the container's exclusive CPUs claim, and
-    those kept off them (`claim: [...]`, `mask: [...]`); ((), ()) when absent."""
+class IrqAffinity(NamedTuple):
+    claim: tuple[str, ...] = ()  # interrupts (numbers or globs) the exclusive CPUs handle
+    mask: tuple[str, ...] = ()  # interrupts kept off them
+    claim_first: bool = False  # mode claim-first: its masks win over claims (mask-first: claims win)
+
+    def __bool__(self) -> bool:
+        return bool(self.claim or self.mask)
+
+
+IRQ_MODES = {"": False, "mask-first": False, "claim-first": True}
+
+
+def irq_affinity(container: Container, pod: Pod) -> IrqAffinity:
+    """The irq-affinity hint: the interrupts (numbers, or globs over /proc/interrupts' description)
+    the container's exclusive CPUs claim, those kept off them, and the mode (`claim: [...]`,
+    `mask: [...]`, `mode: mask-first|claim-first`); empty when absent."""
     found = _object_hint(container, pod, IRQ_AFFINITY, "invalid IRQ affinity in ")
     if found is None:
-        return (), ()
+        return IrqAffinity()
     where, doc = found
-    if not isinstance(doc, dict) or set(doc) - {"claim", "mask"}:
-        raise PolicyError(f"{where}: expected claim: [globs] and/or mask: [globs]")
+    if not isinstance(doc, dict) or set(doc) - {"claim", "mask", "mode"}:
+        raise PolicyError(f"{where}: expected claim: [globs], mask: [globs] and/or mode: mask-first|claim-first")
     out = []
     for field in ("claim", "mask"):
         globs = doc.get(field) or []
-        if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
-            raise PolicyError(f"{where}: {field} is a list of interrupt globs, e.g. [\"*ttyS0*\"]")
-        out.append(tuple(globs))
-    return out[0], out[1]
+        if not isinstance(globs, list) or not all(isinstance(g, str | int) for g in globs):
+            raise PolicyError(f"{where}: {field} is a list of interrupt numbers or globs, e.g. [\"*ttyS0*\"]")
+        out.append(tuple(str(g) for g in globs))
+    mode = doc.get("mode") or ""
+    if mode not in IRQ_MODES:
+        raise PolicyError(f"{where}: mode {mode!r}: mask-first (the default) or claim-first")
+    return IrqAffinity(out[0], out[1], IRQ_MODES[mode])

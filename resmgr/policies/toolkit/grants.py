@@ -39,6 +39,7 @@ class Grant:
     cold: bool = False  # a cold start: its memory on the PMEM nodes only, until the policy warms it
     irq_claim: tuple[str, ...] = ()  # interrupts (globs) its exclusive CPUs handle
     irq_mask: tuple[str, ...] = ()  # interrupts (globs) kept off its exclusive CPUs
+    irq_claim_first: bool = False  # its masks win over claims (irq-affinity mode claim-first)
 
     @property
     def memory_pool(self) -> str:
@@ -61,7 +62,8 @@ class Grant:
                                      ("mem_pool", self.mem_pool, ""), ("hide_ht", self.hide_ht, False),
                                      ("claim", self.claim, ""), ("pin_cpu", self.pin_cpu, True),
                                      ("pin_memory", self.pin_memory, True), ("cold", self.cold, False),
-                                     ("irq_claim", list(self.irq_claim), []), ("irq_mask", list(self.irq_mask), [])):
+                                     ("irq_claim", list(self.irq_claim), []), ("irq_mask", list(self.irq_mask), []),
+                                     ("irq_claim_first", self.irq_claim_first, False)):
             if value != default:
                 d[name] = value
         if self.mem_types != DEFAULT_MEMORY:
@@ -82,7 +84,8 @@ class Grant:
                    frozenset(MemoryType(t) for t in types) if types else DEFAULT_MEMORY,
                    str(d.get("mem_pool", "")), bool(d.get("hide_ht", False)), str(d.get("claim", "")),
                    bool(d.get("pin_cpu", True)), bool(d.get("pin_memory", True)), bool(d.get("cold", False)),
-                   tuple(map(str, d.get("irq_claim") or ())), tuple(map(str, d.get("irq_mask") or ())))
+                   tuple(map(str, d.get("irq_claim") or ())), tuple(map(str, d.get("irq_mask") or ())),
+                   bool(d.get("irq_claim_first", False)))
 
 
 Change = Callable[[str, Grant, int], None]

@@ -165,7 +165,7 @@ class Placement:
         return Grant(pool.name, exclusive, shared=r.shared if r.on_shared else 0, on_shared=r.on_shared,
                      milli=1000 * r.exclusive + r.shared, memory=r.memory, mem_types=r.mem_types, hide_ht=r.hide_ht,
                      pin_cpu=r.pin_cpu, pin_memory=r.pin_memory, cold=self._cold(pool, r),
-                     irq_claim=r.irq_claim, irq_mask=r.irq_mask)
+                     irq_claim=r.irq_claim, irq_mask=r.irq_mask, irq_claim_first=r.irq_claim_first)
 
     def slice(self, pool: Pool, count: int, prefer: Preferences) -> CPUSet:
         """count CPUs off the pool's shared set, spread over children as their spare allows."""

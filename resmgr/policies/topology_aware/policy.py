@@ -231,12 +231,13 @@ class TopologyAwarePolicy(Policy):
         """Interrupts the irq-affinity annotations claim on, or mask off, the containers' exclusive CPUs."""
         claims: list[tuple[tuple[str, ...], CPUSet]] = []
         masks: list[tuple[tuple[str, ...], CPUSet]] = []
+        late: list[tuple[tuple[str, ...], CPUSet]] = []
         for _, g in sorted(self.grants.items()):
             if g.irq_claim and g.exclusive:
                 claims.append((g.irq_claim, g.exclusive))
             if g.irq_mask and g.exclusive:
-                masks.append((g.irq_mask, g.exclusive))
-        return IrqPlan(tuple(claims), tuple(masks), controllable=self.controllable_irqs)
+                (late if g.irq_claim_first else masks).append((g.irq_mask, g.exclusive))
+        return IrqPlan(tuple(claims), tuple(masks), controllable=self.controllable_irqs, late_masks=tuple(late))
 
     def cpu_classes(self) -> dict[str, CPUSet]:
         """The reserved, shared and exclusive CPUs in their pool classes."""

@@ -58,6 +58,7 @@ class Request:
     cold: float = 0.0  # cold-start seconds (its memory on PMEM first)
     irq_claim: tuple[str, ...] = ()  # interrupts its exclusive CPUs are to handle
     irq_mask: tuple[str, ...] = ()  # interrupts to keep off them
+    irq_claim_first: bool = False  # its masks win over claims
     previous: CPUSet = EMPTY  # where the pod's container of this name ran before: its pool first
     burst_limit: int = 0  # a Burstable container's CPU limit (milli): pools with that many CPUs first
     burst_level: int | None = None  # a Burstable container without one: pools this wide or wider first
@@ -122,7 +123,7 @@ class Asking:
             r.shared, r.lift = req.cpu_request, len(self.accounts.pools)
             return r
         irqs = annotations.irq_affinity(container, pod)
-        if any(irqs) and req.qos != QOSClass.GUARANTEED:
+        if irqs and req.qos != QOSClass.GUARANTEED:
             raise PolicyError(f"container {who}: invalid IRQ affinity, QoS class {req.qos.value} is not Guaranteed")
         r.affinity = self.affinity(container, pod, view)
         shared_hint, r.lift = annotations.prefer_shared(container, pod)
@@ -132,7 +133,7 @@ class Asking:
         # unless the pod explicitly says prefer-shared-cpus: false.
         if (req.qos != QOSClass.GUARANTEED or whole == 0 or all_shared
                 or (whole >= 2 and fraction and shared_hint is not False)):
-            if any(irqs):
+            if irqs:
                 raise PolicyError(f"container {who}: IRQ affinity is invalid without exclusive CPUs")
             r.shared = req.cpu_request
             if req.qos == QOSClass.BURSTABLE:
@@ -142,7 +143,7 @@ class Asking:
                     r.burst_limit = req.cpu_limit
             return r
         r.exclusive, r.shared, r.on_shared = whole, fraction, bool(fraction)
-        r.irq_claim, r.irq_mask = irqs
+        r.irq_claim, r.irq_mask, r.irq_claim_first = irqs
         r.prefer = preferences(container, pod, self.topology)
         iso_hint = annotations.prefer_isolated(container, pod)
         r.isolated = iso_hint if iso_hint is not None else (self.settings.prefer_isolated and whole == 1)

@@ -120,3 +120,36 @@ def test_topology_aware_irq_affinity_claims_and_masks_on_exclusive_cpus(tmp_path
         w.add(QOSClass.GUARANTEED, 250, annotations=claim)
     with pytest.raises(PolicyError, match="invalid IRQ affinity"):
         w.add(QOSClass.GUARANTEED, 1000, annotations={"irq-affinity.resource-policy.nri.io": "claim: xyzzy"})
+
+
+def test_irq_affinity_modes_numbers_and_several_claimers(tmp_path):
+    """nri-plugins' documented example: data-pump claims eth0's interrupt and masks every one
+    (mask-first: its claim wins); mgmt claims every interrupt and masks eth0's (claim-first: its
+    mask wins). eth0's goes to data-pump, the others to mgmt. An interrupt named by its number is
+    matched too, and one several containers claim goes to all their CPUs."""
+    import pytest
+
+    from resmgr.policies import PolicyError
+
+    root = proc(tmp_path)
+    w = World("topology-aware", N4C16, ReservedResources={"cpu": "750m"})
+    pod = w.pod(QOSClass.GUARANTEED, annotations={
+        "irq-affinity.resource-policy.nri.io/container.data-pump": 'claim: ["*virtio0-req*"]\nmask: ["*"]\n',
+        "irq-affinity.resource-policy.nri.io/container.mgmt": 'claim: ["*"]\nmask: ["*virtio0-req*"]\n'
+                                                              'mode: claim-first\n'})
+    pump = w.add(QOSClass.GUARANTEED, 2000, pod=pod, name="data-pump")
+    mgmt = w.add(QOSClass.GUARANTEED, 2000, pod=pod, name="mgmt")
+    irq = IRQController(str(root), str(tmp_path))
+    irq.sync(w.policy.irq_plan())
+    assert CPUSet.parse(affinity(root, 24)) == w.cpus(pump)
+    assert [CPUSet.parse(affinity(root, i)) for i in (4, 8, 9)] == [w.cpus(mgmt)] * 3
+
+    # By number, and claimed twice: the union of the claimers' CPUs.
+    both = w.pod(QOSClass.GUARANTEED, annotations={"irq-affinity.resource-policy.nri.io": "claim: [8]"})
+    a = w.add(QOSClass.GUARANTEED, 1000, pod=both, name="a")
+    b = w.add(QOSClass.GUARANTEED, 1000, pod=both, name="b")
+    irq.sync(w.policy.irq_plan())
+    assert CPUSet.parse(affinity(root, 8)) == w.cpus(a) | w.cpus(b) | w.cpus(mgmt)
+
+    with pytest.raises(PolicyError, match="mode 'last': mask-first .* or claim-first"):
+        w.add(QOSClass.GUARANTEED, 1000, annotations={"irq-affinity.resource-policy.nri.io": "mask: ['*']\nmode: last"})
