@@ -1,11 +1,10 @@
 """OpenTelemetry: traces of lifecycle calls and the Prometheus metrics, exported over OTLP.
 
-Off unless the daemon is given --otlp-endpoint. The tracer is the OpenTelemetry API's: until
-`start` installs the SDK's providers every span is a no-op, so the engine traces its calls
-unconditionally at the cost of a function call. Metrics are not recorded twice: each of the
-daemon's Prometheus families (resmgr/metrics.py) becomes an observable OTLP instrument that
-reads the registry when the exporter collects (counters as counters, gauges and info as
-gauges, histograms as their _count and _sum counters).
+Off unless the daemon is given --otlp-endpoint; this module is imported only then. `start`
+installs the SDK's providers and hands the engine's tracer (resmgr/tracing.py) OpenTelemetry's.
+Metrics are not recorded twice: each of the daemon's Prometheus families (resmgr/metrics.py)
+becomes an observable OTLP instrument that reads the registry when the exporter collects
+(counters as counters, gauges and info as gauges, histograms as their _count and _sum counters).
 """
 
 from __future__ import annotations
@@ -21,10 +20,11 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
+from resmgr import tracing
+
 log = logging.getLogger("cri-resmgr.telemetry")
 
 SERVICE = "cri-resmgr"
-tracer = trace.get_tracer("cri-resmgr")
 
 
 @dataclass
@@ -105,6 +105,7 @@ def start(endpoint: str, interval: float, registry: CollectorRegistry, node: str
     tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure),
                                                           schedule_delay_millis=int(interval * 1000)))
     trace.set_tracer_provider(tracer_provider)
+    tracing.install(trace.get_tracer(SERVICE))
     reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint, insecure=insecure),
                                            export_interval_millis=int(interval * 1000))
     meter_provider = MeterProvider(resource=resource, metric_readers=[reader])

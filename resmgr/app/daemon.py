@@ -48,6 +48,7 @@ from resmgr.view.feed import StateFeed
 
 if TYPE_CHECKING:  # loaded only when asked for: aiohttp and OpenTelemetry cost memory and start-up time
     from resmgr import telemetry
+    from resmgr.metrics_state import StateCollector
     from resmgr.view.server import ViewServer
 
 log = logging.getLogger("cri-resmgr")
@@ -63,7 +64,7 @@ class Core:
     control: ConfigManager
     view: ViewServer | None
     telemetry: telemetry.Telemetry | None = None
-    state_gauges: metrics.StateCollector | None = None  # refreshed for OTLP exports
+    state_gauges: StateCollector | None = None  # refreshed for OTLP exports
 
 
 class Daemon:
@@ -136,7 +137,8 @@ class Daemon:
         if core.view is not None:
             core.state_gauges = core.view.collector
         else:
-            core.state_gauges = metrics.StateCollector(self._snapshot(core.engine, core.control))
+            from resmgr.metrics_state import StateCollector
+            core.state_gauges = StateCollector(self._snapshot(core.engine, core.control))
             metrics.REGISTRY.register(core.state_gauges)
         core.state_gauges.refresh()
         try:
@@ -145,7 +147,7 @@ class Daemon:
         except Exception as err:  # a malformed endpoint: the exporters refuse it at once
             raise StartupError(f"--otlp-endpoint {self.opts.otlp_endpoint}: {err}") from None
 
-    async def _refresh_gauges(self, gauges: metrics.StateCollector) -> None:
+    async def _refresh_gauges(self, gauges: StateCollector) -> None:
         """The exporter runs in its own thread: it reads a snapshot the event loop took."""
         while True:
             gauges.refresh()

@@ -24,7 +24,7 @@ from typing import Protocol, TypeVar
 from resmgr.engine.create import CreatePlan
 from resmgr.engine.engine import Engine
 from resmgr.model import Adjustment, Container, Pod, Resources
-from resmgr.telemetry import tracer
+from resmgr.tracing import tracer
 
 T = TypeVar("T")
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from resmgr import metrics, sockets
+from resmgr.metrics_state import StateCollector
 from resmgr.view.address import Address
 
 log = logging.getLogger("cri-resmgr.view")
@@ -39,7 +40,7 @@ class ViewServer:
     def __init__(self, snapshot: Callable[[], dict[str, Any]], address: Address) -> None:
         self.snapshot = snapshot
         self.address = address
-        self.collector = metrics.StateCollector(snapshot)
+        self.collector = StateCollector(snapshot)
         metrics.REGISTRY.register(self.collector)
         self._runner: web.AppRunner | None = None
         self._pages = {path: (page(name), kind) for path, (name, kind) in PAGE_FILES.items()}
