@@ -32,9 +32,6 @@ from resmgr.engine import Engine, statefile
 from resmgr.engine.state import Runtime
 from resmgr.engine.store import StateInUse, StateStore, StateTooNew
 from resmgr.frontends import DumpSink, FrontEnd, StartupError
-from resmgr.frontends.dra.plugin import AgentClaims, DraPlugin
-from resmgr.frontends.nri.frontend import NriFrontEnd
-from resmgr.frontends.relay.frontend import RelayFrontEnd
 from resmgr.hooks import Hooks
 from resmgr.policies import PolicyError
 from resmgr.readyfile import ReadyFile
@@ -46,8 +43,10 @@ from resmgr.view import state as statedoc
 from resmgr.view.address import Address
 from resmgr.view.feed import StateFeed
 
-if TYPE_CHECKING:  # loaded only when asked for: aiohttp and OpenTelemetry cost memory and start-up time
+if TYPE_CHECKING:  # loaded only when asked for: each costs memory and start-up time (aiohttp, OpenTelemetry,
+    # the front end not run, the DRA driver's protocols)
     from resmgr import telemetry
+    from resmgr.frontends.dra.plugin import AgentClaims, DraPlugin
     from resmgr.metrics_state import StateCollector
     from resmgr.view.server import ViewServer
 
@@ -84,7 +83,9 @@ class Daemon:
     def front_end(self) -> FrontEnd:
         o = self.opts
         if o.nri:
+            from resmgr.frontends.nri.frontend import NriFrontEnd
             return NriFrontEnd(sockets.path_of(o.nri_socket), o.nri_name, o.nri_index)
+        from resmgr.frontends.relay.frontend import RelayFrontEnd
         return RelayFrontEnd(o.relay_socket, o.runtime_socket, o.image_socket, o.relay_mode,
                              o.allow_untested_runtimes, o.runtime_events)
 
@@ -290,6 +291,7 @@ class Daemon:
         o = self.opts
         if not o.dra_driver:
             return None
+        from resmgr.frontends.dra.plugin import AgentClaims, DraPlugin
         try:
             self.agent_claims = AgentClaims(sockets.path_of(o.agent_socket))
             dra = DraPlugin(o.dra_driver, o.kubelet_dir, o.cdi_dir, engine, self.agent_claims,
