@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from resmgr.model import Container, Pod, Resources
+from resmgr.model import Claim, Container, Pod, Resources
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
-from resmgr.policies.toolkit import annotations, cpuvalues
+from resmgr.policies.podpool_devices import PodpoolDevices
+from resmgr.policies.toolkit import annotations, claims, cpuvalues
 from resmgr.policies.toolkit.allocator import take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.options import Option, in_namespaces, read, reserved_namespaces
@@ -149,6 +150,7 @@ class PodpoolsPolicy(Policy):
         if default_cpus is not None:
             free = take_cpus(topology, free, default_cpus)
         self.default = free or self.reserved or cpus.general
+        self.dra = PodpoolDevices(topology, self.instances)
         self.where: dict[str, str] = {}  # container key -> pool name
         self.pod_of: dict[str, str] = {}  # container key -> pod ID (for instances)
         self.orphans: dict[str, str] = {}  # container key -> the pool type it is annotated for and is not
@@ -173,7 +175,7 @@ class PodpoolsPolicy(Policy):
         holding = next((i for i in mine if pod.id in i.pods), None)
         if holding is not None:
             return holding.name
-        room = [i for i in mine if not i.max_pods or len(i.pods) < i.max_pods]
+        room = [i for i in mine if not self.dra.full(i)]
         if not room:
             raise PolicyError(f"pod {pod.namespace}/{pod.name}: every {wanted} pool is full "
                               f"({len(mine)} instances of {mine[0].max_pods} pods)")
@@ -203,10 +205,25 @@ class PodpoolsPolicy(Policy):
                 out.cpuset_mems = str(nodes)
         return out
 
+    def _on_claim(self, container: Container, pod: Pod) -> str | None:
+        """The instance of the claim the container runs on (None: it uses no claim)."""
+        claim = claims.claim_of(container, pod, self.dra.book.usable())
+        if claim is None:
+            return None
+        i = self.dra.instance_of(claim.uid)
+        wanted = self._wanted(container, pod)
+        if wanted is not None and wanted != i.type:
+            raise PolicyError(f"container {pod.namespace}/{pod.name}/{container.name}: its annotation names pool "
+                              f"type {wanted}, but {claim.who} is on pool {i.name}")
+        return i.name
+
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
         req = container_requirements(container, pod)
-        pool = self._choose(container, pod)
+        on_claim = self._on_claim(container, pod)
+        pool = on_claim or self._choose(container, pod)
         self.release(container, view)
+        if on_claim is not None:
+            self.dra.users[container.key] = container.claims[0]
         self.where[container.key] = pool
         self.pod_of[container.key] = pod.id
         wanted = self._wanted(container, pod)
@@ -221,6 +238,10 @@ class PodpoolsPolicy(Policy):
         return Decision(resources=resources, classes=classes)
 
     def release(self, container: Container, view: View) -> Decision:
+        """The container leaves its pool; an unprepared claim's place goes with its last user."""
+        uid = self.dra.users.pop(container.key, None)
+        if uid and self.dra.book.last_user_gone(uid, self.dra.claim_users(uid)):
+            self.dra.book.drop(uid)
         self.orphans.pop(container.key, None)
         pool = self.where.pop(container.key, None)
         pod = self.pod_of.pop(container.key, None)
@@ -234,6 +255,8 @@ class PodpoolsPolicy(Policy):
         return Decision() if pool is None else Decision(resources=self._resources(requested, pool))
 
     def rename(self, old_key: str, new_key: str) -> None:
+        if old_key in self.dra.users:
+            self.dra.users[new_key] = self.dra.users.pop(old_key)
         if old_key in self.where:
             self.where[new_key] = self.where.pop(old_key)
             self.pod_of[new_key] = self.pod_of.pop(old_key)
@@ -266,8 +289,31 @@ class PodpoolsPolicy(Policy):
             return None
         return {"pool": pool, "exclusive": "", "shared_milli": 0, "kind": "reserved" if pool == RESERVED else "shared"}
 
+    # -- DRA claims (docs/dra.md; podpool_devices.py) ----------------------------------------
+    def devices(self) -> list[dict[str, Any]]:
+        return self.dra.listed()
+
+    def prepare_claim(self, claim: Claim, view: View) -> Decision:
+        """Book a pod's place in the claim's instance."""
+        if self.dra.book.is_new(claim):
+            self.dra.hold(claim)
+        return Decision()
+
+    def unprepare_claim(self, uid: str, view: View) -> Decision:
+        """Give the place back, or, while containers run on the claim, once the last one goes."""
+        if self.dra.book.give_back_now(uid, self.dra.claim_users(uid)):
+            self.dra.book.drop(uid)
+        return Decision()
+
+    def describe_claim(self, uid: str) -> dict[str, Any] | None:
+        if uid not in self.dra.book.claims:
+            return None
+        cpus = self.dra.instance_of(uid).cpus
+        return self.dra.describe(uid, CPUSet(n.id for n in self.topo.nodes.values() if n.cpus & cpus and n.memory))
+
     def export_state(self) -> dict[str, Any]:
-        return {"where": dict(sorted(self.where.items())), "pods": dict(sorted(self.pod_of.items()))}
+        return {"where": dict(sorted(self.where.items())), "pods": dict(sorted(self.pod_of.items())),
+                **self.dra.export()}
 
     def restore_state(self, data: Mapping[str, Any]) -> None:
         where = {k: str(v) for k, v in (data.get("where") or {}).items() if not k.startswith("pending:")}
@@ -280,6 +326,7 @@ class PodpoolsPolicy(Policy):
         for i in self.instances:
             if i.max_pods and len(held[i.name]) > i.max_pods:
                 raise PolicyError(f"pool {i.name} would hold {len(held[i.name])} pods, more than {i.max_pods}")
+        self.dra.restore(data)
         for i in self.instances:
             i.pods = held[i.name]
         self.where, self.pod_of = where, pods

@@ -321,3 +321,47 @@ def test_claims_make_balloons_up_to_max_balloons() -> None:
         w.prepare(claim("c", "on-demand-2", 1))
     with pytest.raises(PolicyError, match="a new on-demand balloon cannot take 9 CPU"):
         w.prepare(claim("d", "on-demand-0", 9))
+
+
+# -- podpools -----------------------------------------------------------------------------------------
+PODPOOLS = {"AvailableResources": {"cpu": "cpuset:2-15"}, "ReservedResources": {"cpu": "cpuset:15"},
+            "podpools": {"Pools": [{"Name": "dualcpu", "Instances": 2, "CPU": 2, "MaxPods": 2}]}}
+
+
+def test_podpools_offers_its_pool_instances() -> None:
+    desktop = machine("cores=8,threads=2")
+    w = World("podpools", desktop, **PODPOOLS)
+    offered = devices(w)
+    assert sorted(offered) == ["dualcpu-0", "dualcpu-1"]
+    assert offered["dualcpu-1"]["attributes"] == {"kind": "podpool", "poolType": "dualcpu", "instance": 1,
+                                                  "numaNode": 0, "package": 0, "resource.kubernetes.io/numaNode": 0}
+    assert offered["dualcpu-1"]["cpus"] == 2
+    pool = next(p for p in w.policy.describe_pools() if p["name"] == "dualcpu[1]")
+
+    # Two claims book both places of the instance: a third, or an annotated pod, finds it full.
+    w.prepare(claim("a", "dualcpu-1"))
+    w.prepare(claim("b", "dualcpu-1", 1))
+    with pytest.raises(PolicyError, match="pool dualcpu\\[1\\] holds its 2 pods"):
+        w.prepare(claim("c", "dualcpu-1"))
+    with pytest.raises(PolicyError, match="device dualcpu-0 has 2 CPU\\(s\\), the claim asks for 3"):
+        w.prepare(claim("d", "dualcpu-0", 3))
+    # The claim's containers run in the instance; their pod takes the place the claim booked.
+    a = user(w, "a")
+    assert w.cpus(a) == CPUSet.parse(pool["cpus"])
+    assert w.policy.describe_claim("a")["users"] == [a.key]
+    annotated = w.pod(BE, annotations={"pool.podpools.cri-resource-manager.intel.com": "other"})
+    with pytest.raises(PolicyError, match="annotation names pool type other, but claim default/claim-b is on "
+                                          "pool dualcpu\\[1\\]"):
+        user(w, "b", pod=annotated)
+
+    # Kept through a restart.
+    fresh = policies.create("podpools", {"Active": "podpools", **PODPOOLS}, desktop)
+    fresh.restore_state(w.policy.export_state())
+    assert fresh.describe_claim("a") == w.policy.describe_claim("a") and fresh.devices() == w.policy.devices()
+
+    # Unprepared while used, the place goes with the last user.
+    w.unprepare("a")
+    assert w.policy.describe_claim("a")["unprepared"]
+    w.remove(w.containers[a.key])
+    assert w.policy.describe_claim("a") is None
+    w.prepare(claim("c", "dualcpu-1"))  # room again
