@@ -298,6 +298,29 @@ def test_the_static_policy_offers_its_numa_nodes(cluster: Cluster) -> None:
     assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "topology-aware's devices again")
 
 
+def test_podpools_offers_its_pool_instances(cluster: Cluster) -> None:
+    # The wide node's own configuration: podpools with one instance of one CPU for one pod.
+    pools = [{"Name": "solo", "Instances": 1, "CPU": 1, "MaxPods": 1}]
+    cluster.custom.create_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, {
+        "apiVersion": f"{rs.GROUP}/{rs.VERSION}", "kind": rs.KIND, "metadata": {"name": f"node.{WIDE}"},
+        "spec": {"policy": {"Active": "podpools", "podpools": {"Pools": pools}}}})
+    wide = cluster.nodes[WIDE]
+    try:
+        assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"solo-0": 1}, 60, "the instance published")
+        make_claim(cluster, "solo", kind="podpool")
+        submit_claiming(cluster, "dra-podpool", "solo", node=WIDE)
+        cluster.placed("dra-podpool", WIDE)
+        [held] = status_doc(cluster.config_socket(WIDE))["dra"]["claims"]
+        assert held["device"] == "solo-0"
+        assert wide.cpus("dra-podpool") == {"c0": CPUSet.parse(held["cpus"])} and len(CPUSet.parse(held["cpus"])) == 1
+        wide.delete("dra-podpool", 60)
+        cluster.custom.delete_namespaced_custom_object(*CLAIMS, "solo")
+        wait_for(lambda: not status_doc(cluster.config_socket(WIDE))["dra"]["claims"], 60, "the claim unprepared")
+    finally:
+        cluster.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, f"node.{WIDE}")
+    assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "topology-aware's devices again")
+
+
 def test_an_extended_resource_gets_a_device_without_a_claim(cluster: Cluster) -> None:
     # A pod asking for one of the DeviceClass's extended resource: kube-scheduler makes and allocates
     # a claim for it, kubelet has cri-resmgr prepare it, and the container runs on the device's CPUs.
