@@ -93,7 +93,7 @@ class PodpoolDevices:
         book = claims.ClaimBook()
         book.restore(data)
         users = {str(k): str(v) for k, v in (data.get("claim_users") or {}).items()}
-        for uid, c in book.claims.items():
+        for c in book.claims.values():
             if c.device not in self.by_device:
                 raise PolicyError(f"{c.who} is held on device {c.device}, which this configuration has not")
         for key, uid in users.items():
