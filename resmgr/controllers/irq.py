@@ -15,12 +15,11 @@ import fnmatch
 import functools
 import logging
 import re
-from collections.abc import Iterable
 from pathlib import Path
 
 from resmgr.controllers.originals import Originals
 from resmgr.model import IrqPlan
-from resmgr.topology.cpuset import CPUSet, CPUSetError
+from resmgr.topology.cpuset import CPUSet, CPUSetError, union
 
 log = logging.getLogger("cri-resmgr.controllers.irq")
 
@@ -83,8 +82,8 @@ class IRQController:
     def _wanted(self, plan: IrqPlan, irq: int, description: str) -> CPUSet | None:
         """The affinity the plan wants (None: no rule, as it was). Claims set it to their CPUs
         together, over masks; late masks (claim-first) take their CPUs off it all the same."""
-        claim = _union(cpus for patterns, cpus in plan.claims if cpus and matches(patterns, description, irq))
-        late = _union(cpus for patterns, cpus in plan.late_masks if matches(patterns, description, irq))
+        claim = union(cpus for patterns, cpus in plan.claims if cpus and matches(patterns, description, irq))
+        late = union(cpus for patterns, cpus in plan.late_masks if matches(patterns, description, irq))
         if plan.controllable and not matches(plan.controllable, description, irq):
             if claim and (irq, description) not in self.denied:
                 self.denied.add((irq, description))
@@ -93,7 +92,7 @@ class IRQController:
             return None
         if claim and claim - late:
             return claim - late
-        masked = late | _union(cpus for patterns, cpus in plan.masks if matches(patterns, description, irq))
+        masked = late | union(cpus for patterns, cpus in plan.masks if matches(patterns, description, irq))
         if not (plan.sink or plan.isolate or masked):
             return None
         base = plan.sink or _parse(self.saved.get(irq) or self._read(irq) or "")
@@ -112,13 +111,6 @@ class IRQController:
         except OSError as err:  # EIO: a per-CPU or managed interrupt the kernel does not let move
             log.debug("interrupt %d: cannot set its CPUs to %s: %s", irq, cpus, err.strerror)
             return False
-
-
-def _union(sets: Iterable[CPUSet]) -> CPUSet:
-    out = CPUSet()
-    for cpus in sets:
-        out |= cpus
-    return out
 
 
 def _parse(text: str) -> CPUSet:

@@ -150,3 +150,11 @@ def _format(bits: int) -> str:
 
 
 EMPTY = CPUSet()
+
+
+def union(sets: Iterable[CPUSet]) -> CPUSet:
+    """Every CPU of the sets."""
+    out = EMPTY
+    for cpus in sets:
+        out |= cpus
+    return out

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from resmgr.policies.balloons.model import Balloon, Member, shares, union
+from resmgr.policies.balloons.model import Balloon, Member, shares
 from resmgr.policies.balloons.types import RESERVED, BalloonType, Settings
 from resmgr.policies.base import PolicyError
 from resmgr.policies.toolkit import annotations
 from resmgr.policies.toolkit.allocator import Preferences, one_thread_per_core, take_cpus
-from resmgr.topology.cpuset import EMPTY, CPUSet
+from resmgr.topology.cpuset import EMPTY, CPUSet, union
 from resmgr.topology.model import CoreKind, MemoryType, Topology
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,13 +81,6 @@ def shares(size: int, parts: int) -> list[int]:
     """Each part of a composite balloon of size CPUs: the same share, rounded up, as nri-plugins
     balances them (10 CPUs over 4 nodes: 3 on each)."""
     return [-(-size // parts)] * parts
-
-
-def union(sets: Iterable[CPUSet]) -> CPUSet:
-    out = EMPTY
-    for cpus in sets:
-        out |= cpus
-    return out
 
 
 def hint(container: Container, pod: Pod, name: str) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any
 from resmgr.model import Claim, Container, IrqPlan, Pod, QOSClass, Resources, SchedulingClass
 from resmgr.policies.balloons.choice import Choice
 from resmgr.policies.balloons.fleet import Fleet
-from resmgr.policies.balloons.model import BALLOON, Balloon, Member, Saved, hint, union
+from resmgr.policies.balloons.model import BALLOON, Balloon, Member, Saved, hint
 from resmgr.policies.balloons.types import POLICY_OPTIONS, RESERVED, BalloonType, parse
 from resmgr.policies.base import Decision, Policy, PolicyError, View, container_requirements
 from resmgr.policies.toolkit import annotations, claims, cpuvalues
@@ -37,7 +37,7 @@ from resmgr.policies.toolkit.allocator import take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.undo import undone_on_failure
 from resmgr.requests import milli_to_shares
-from resmgr.topology.cpuset import EMPTY, CPUSet
+from resmgr.topology.cpuset import EMPTY, CPUSet, union
 from resmgr.topology.model import MemoryType, Topology
 
 
