@@ -39,13 +39,8 @@ class PodpoolDevices:
         self.users: dict[str, str] = {}  # container key -> the claim (UID) it runs on
 
     def attributes(self, i: Instance) -> dict[str, int | str]:
-        out: dict[str, int | str] = {"kind": "podpool", "poolType": i.type, "instance": i.index}
-        nodes = {self.topology.cpus[c].node for c in i.cpus}
-        if len(nodes) == 1:
-            node = nodes.pop()
-            out.update(numaNode=node, package=self.topology.cpus[min(i.cpus)].package)
-            out[claims.NUMA_NODE] = node
-        return out
+        return {"kind": "podpool", "poolType": i.type, "instance": i.index,
+                **claims.numa_attributes(self.topology, i.cpus)}
 
     def listed(self) -> list[dict[str, Any]]:
         return [{"name": name, "attributes": self.attributes(i), "cpus": len(i.cpus), "cpuset": str(i.cpus)}

@@ -28,9 +28,7 @@ class PoolDevices:
         for node in sorted(topology.nodes.values(), key=lambda n: n.id):
             cpus = node.cpus & exclusive_cpus
             if cpus:
-                package = topology.cpus[min(cpus)].package
-                self.offered[f"numa-{node.id}"] = (cpus, {"kind": "numa", "numaNode": node.id, "package": package,
-                                                          claims.NUMA_NODE: node.id})
+                self.offered[f"numa-{node.id}"] = (cpus, {"kind": "numa", **claims.numa_attributes(topology, cpus)})
 
     def users(self, uid: str) -> list[str]:
         return sorted(k for k, g in self.grants.items() if g.claim == uid)

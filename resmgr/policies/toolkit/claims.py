@@ -11,10 +11,22 @@ from typing import Any
 from resmgr.model import Claim, Container, Pod
 from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.requests import milli_to_shares
+from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.model import Topology
 
 PREFIX = "claim:"
 # Kubernetes' standard attribute (KEP-6072): another driver's device on the same NUMA node matches it.
 NUMA_NODE = "resource.kubernetes.io/numaNode"
+
+
+def numa_attributes(topology: Topology, cpus: CPUSet) -> dict[str, int | str]:
+    """A device's NUMA node, its package and the standard attribute, when its CPUs are all on one
+    NUMA node (else none: another driver's device could not be on "the same" node)."""
+    nodes = {topology.cpus[c].node for c in cpus}
+    if len(nodes) != 1:
+        return {}
+    node = nodes.pop()
+    return {"numaNode": node, "package": topology.cpus[min(cpus)].package, NUMA_NODE: node}
 
 
 def key(uid: str) -> str:

@@ -186,9 +186,7 @@ def devices(topology: Topology, pools: list[Pool]) -> dict[str, tuple[Pool, dict
         cpus = node.cpus & root_cpus
         if not cpus:
             continue
-        package = topology.cpus[min(cpus)].package
-        out[f"numa-{node.id}"] = (owner(pools, cpus), {"kind": "numa", "numaNode": node.id, "package": package,
-                                                       claims.NUMA_NODE: node.id})
+        out[f"numa-{node.id}"] = (owner(pools, cpus), {"kind": "numa", **claims.numa_attributes(topology, cpus)})
     for pool in pools:
         if pool.level == 4:  # "L3 cache #<id>"
             first = topology.cpus[min(pool.cpus)]
