@@ -65,9 +65,22 @@ def _size(text: str) -> int:
     return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
 
 
+def _cpu_dirs(cpudir: Path) -> dict[int, Path]:
+    return {int(m.group(1)): p for p in cpudir.iterdir() if (m := _CPU_DIR.match(p.name))}
+
+
+def _online(cpudir: Path, cpu_dirs: dict[int, Path]) -> CPUSet:
+    online = _read_set(cpudir / "online")
+    if online is None:
+        # No global list: a CPU is online unless its own `online` file says 0 (cpu0 has none).
+        online = CPUSet(i for i, p in cpu_dirs.items() if _read_int(p / "online", 1) == 1)
+    return online
+
+
 def online_cpus(host_root: str | Path = "/") -> CPUSet:
-    """The CPUs online now (OSError or ValueError if the kernel's list cannot be read)."""
-    return CPUSet.parse((Path(host_root) / "sys/devices/system/cpu/online").read_text().strip())
+    """The CPUs online now, read as discover reads them (OSError or TopologyError if they cannot be)."""
+    cpudir = Path(host_root) / "sys" / "devices" / "system" / "cpu"
+    return _online(cpudir, _cpu_dirs(cpudir))
 
 
 def discover(host_root: str | Path = "/") -> Topology:
@@ -76,13 +89,10 @@ def discover(host_root: str | Path = "/") -> Topology:
     cpudir = sysdir / "cpu"
     if not cpudir.is_dir():
         raise TopologyError(f"{cpudir} does not exist: not a sysfs tree (check --host-root)")
-    cpu_dirs = {int(m.group(1)): p for p in cpudir.iterdir() if (m := _CPU_DIR.match(p.name))}
+    cpu_dirs = _cpu_dirs(cpudir)
     if not cpu_dirs:
         raise TopologyError(f"{cpudir} lists no cpuN directories")
-    online = _read_set(cpudir / "online")
-    if online is None:
-        # No global list: a CPU is online unless its own `online` file says 0 (cpu0 has none).
-        online = CPUSet(i for i, p in cpu_dirs.items() if _read_int(p / "online", 1) == 1)
+    online = _online(cpudir, cpu_dirs)
     isolated = _read_set(cpudir / "isolated") or CPUSet()
     nodes_dir = sysdir / "node"
     node_cpus: dict[int, CPUSet] = {}

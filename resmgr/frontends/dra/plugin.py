@@ -35,7 +35,7 @@ from resmgr.generated.pluginregistration import api_pb2 as reg
 from resmgr.generated.pluginregistration import api_pb2_grpc as reg_grpc
 from resmgr.model import Claim
 from resmgr.topology.cpuset import CPUSet
-from resmgr.topology.sysfs import online_cpus
+from resmgr.topology.sysfs import TopologyError, online_cpus
 
 log = logging.getLogger("cri-resmgr.dra")
 
@@ -161,7 +161,7 @@ class Health(health_grpc.DRAResourceHealthServicer):
         """The CPUs online now, or why they cannot be read (off the event loop: a file read)."""
         try:
             return self.online()
-        except (OSError, ValueError) as err:
+        except (OSError, TopologyError) as err:
             return f"the online CPUs cannot be read: {err}"
 
     def report(self, online: CPUSet | str) -> health.NodeWatchResourcesResponse:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from resmgr.topology.cpuset import CPUSet, CPUSetError
 from resmgr.topology.generate import GiB, MachineSpec, MemoryOnlyNode, generate, parse_spec
 from resmgr.topology.model import CoreKind, MemoryType
-from resmgr.topology.sysfs import TopologyError, discover
+from resmgr.topology.sysfs import TopologyError, discover, online_cpus
 
 # -- CPUSet ---------------------------------------------------------------------------
 
@@ -183,3 +183,10 @@ def test_a_machine_of_one_core_kind_is_not_hybrid(tmp_path):
     t = discover(root)
     assert not t.hybrid and t.kinds == {CoreKind.UNKNOWN: t.online}
     assert t.l2_of[0] == t.cpus[0].threads and t.l3_of[0] == t.packages[0]
+
+
+def test_the_online_cpus_read_now_as_discovery_reads_them(tmp_path):
+    root = generate(parse_spec("cores=4,threads=1,offline=2"), tmp_path)
+    assert online_cpus(root) == discover(root).online == CPUSet.parse("0-1,3")
+    (root / "sys/devices/system/cpu/online").unlink()  # no global list: each CPU's own file says
+    assert online_cpus(root) == CPUSet.parse("0-1,3")
