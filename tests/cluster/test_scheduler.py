@@ -28,9 +28,8 @@ import pytest
 from kubernetes import client
 
 from harness.kube import Process, container_ids, pod_manifest
-from resmgr.agent import resources as rs
 from resmgr.topology.cpuset import CPUSet
-from tests.support.agentenv import NS, attrs, cpu, status_doc, wait_for, zones
+from tests.support.agentenv import attrs, cpu, status_doc, wait_for, zones
 from tests.support.dracluster import (
     CLAIMS,
     DRIVER,
@@ -228,10 +227,7 @@ def test_pods_sharing_a_claim_split_its_cpu_time(cluster: Cluster) -> None:
 def test_a_balloon_type_as_dra_devices(cluster: Cluster) -> None:
     # The wide node's own configuration: balloons, a type of which is published. Its slice follows.
     types = [{"Name": "dedicated", "MinBalloons": 1, "MaxCPUs": 1, "DRA": {"DeviceName": "dedicated"}}]
-    cluster.custom.create_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, {
-        "apiVersion": f"{rs.GROUP}/{rs.VERSION}", "kind": rs.KIND, "metadata": {"name": f"node.{WIDE}"},
-        "spec": {"policy": {"Active": "balloons", "balloons": {"BalloonTypes": types}}}})
-    try:
+    with cluster.own_policy(WIDE, {"Active": "balloons", "balloons": {"BalloonTypes": types}}):
         assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"dedicated-0": 1}, 60, "the balloon published")
         wide = cluster.nodes[WIDE]
 
@@ -267,19 +263,13 @@ def test_a_balloon_type_as_dra_devices(cluster: Cluster) -> None:
         wide.delete("dra-b2", 60)
         cluster.custom.delete_namespaced_custom_object(*CLAIMS, "balloon")
         wait_for(lambda: balloon()["cpus"] == "", 60, "the balloon deflated")
-    finally:
-        cluster.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, f"node.{WIDE}")
     assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "the NUMA node published again")
-
 
 
 def test_the_static_policy_offers_its_numa_nodes(cluster: Cluster) -> None:
     # The wide node's own configuration: static, no CPU reserved, so its default set keeps one CPU.
-    cluster.custom.create_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, {
-        "apiVersion": f"{rs.GROUP}/{rs.VERSION}", "kind": rs.KIND, "metadata": {"name": f"node.{WIDE}"},
-        "spec": {"policy": {"Active": "static"}}})
     wide = cluster.nodes[WIDE]
-    try:
+    with cluster.own_policy(WIDE, {"Active": "static"}):
         assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 1}, 60, "the static devices published")
         make_claim(cluster, "static-one", "1")
         submit_claiming(cluster, "dra-static", "static-one", node=WIDE)
@@ -293,19 +283,14 @@ def test_the_static_policy_offers_its_numa_nodes(cluster: Cluster) -> None:
         wide.delete("dra-static", 60)
         cluster.custom.delete_namespaced_custom_object(*CLAIMS, "static-one")
         wait_for(lambda: not status_doc(cluster.config_socket(WIDE))["dra"]["claims"], 60, "the claim unprepared")
-    finally:
-        cluster.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, f"node.{WIDE}")
     assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "topology-aware's devices again")
 
 
 def test_podpools_offers_its_pool_instances(cluster: Cluster) -> None:
     # The wide node's own configuration: podpools with one instance of one CPU for one pod.
     pools = [{"Name": "solo", "Instances": 1, "CPU": 1, "MaxPods": 1}]
-    cluster.custom.create_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, {
-        "apiVersion": f"{rs.GROUP}/{rs.VERSION}", "kind": rs.KIND, "metadata": {"name": f"node.{WIDE}"},
-        "spec": {"policy": {"Active": "podpools", "podpools": {"Pools": pools}}}})
     wide = cluster.nodes[WIDE]
-    try:
+    with cluster.own_policy(WIDE, {"Active": "podpools", "podpools": {"Pools": pools}}):
         assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"solo-0": 1}, 60, "the instance published")
         make_claim(cluster, "solo", kind="podpool")
         submit_claiming(cluster, "dra-podpool", "solo", node=WIDE)
@@ -316,8 +301,6 @@ def test_podpools_offers_its_pool_instances(cluster: Cluster) -> None:
         wide.delete("dra-podpool", 60)
         cluster.custom.delete_namespaced_custom_object(*CLAIMS, "solo")
         wait_for(lambda: not status_doc(cluster.config_socket(WIDE))["dra"]["claims"], 60, "the claim unprepared")
-    finally:
-        cluster.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, f"node.{WIDE}")
     assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "topology-aware's devices again")
 
 

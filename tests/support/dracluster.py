@@ -8,6 +8,8 @@ it from a generated sysfs: one NUMA node of two CPUs ("wide") and two NUMA nodes
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,18 @@ class Cluster:
         finally:
             if self.scheduler is not None:
                 self.scheduler.check()
+
+    @contextlib.contextmanager
+    def own_policy(self, node: str, policy: dict[str, Any]) -> Iterator[None]:
+        """The node's own ResourceManagerConfig (node.<node>) with this policy section while the block
+        runs; the default's again after it."""
+        self.custom.create_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, {
+            "apiVersion": f"{rs.GROUP}/{rs.VERSION}", "kind": rs.KIND, "metadata": {"name": f"node.{node}"},
+            "spec": {"policy": policy}})
+        try:
+            yield
+        finally:
+            self.custom.delete_namespaced_custom_object(rs.GROUP, rs.VERSION, NS, rs.PLURAL, f"node.{node}")
 
     def stop(self) -> None:
         if self.scheduler is not None:
