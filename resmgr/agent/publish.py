@@ -146,10 +146,12 @@ class SliceShape:
 def device(d: dict[str, Any], shape: SliceShape = SliceShape()) -> dict[str, Any]:
     """A device of a ResourceSlice (resource.k8s.io/v1) from one cri-resmgr offers: its free CPUs
     are capacity that many claims share; a request that names no amount takes all of it (which a
-    request policy would replace by its default, so there is none)."""
-    attributes = {k: _attribute(v) for k, v in sorted(d["attributes"].items())}
-    if shape.numa_list and NUMA_NODE in attributes:
-        attributes[NUMA_NODE] = {"ints": [d["attributes"][NUMA_NODE]]}
+    request policy would replace by its default, so there is none). The standard numaNode
+    attribute of a device spanning NUMA nodes (a list) is sent only to clusters taking lists."""
+    attributes = {k: _attribute(v) for k, v in sorted(d["attributes"].items()) if not isinstance(v, list)}
+    numa = d["attributes"].get(NUMA_NODE)
+    if shape.numa_list and numa is not None:
+        attributes[NUMA_NODE] = {"ints": numa if isinstance(numa, list) else [numa]}
     out = {"name": d["name"], "attributes": attributes, "capacity": {"cpu": {"value": str(d["cpus"])}},
            "allowMultipleAllocations": True}
     if shape.node_allocatable:
@@ -175,6 +177,15 @@ def _counters(counters: dict[str, int]) -> dict[str, Any]:
     return {k: {"value": str(v)} for k, v in sorted(counters.items())}
 
 
+# Devices a slice may hold (resource.k8s.io/v1), and with counters or list attributes.
+MAX_DEVICES, MAX_DEVICES_ADVANCED = 128, 64
+
+
+def _pages(devices: list[dict[str, Any]], size: int) -> list[list[dict[str, Any]]]:
+    """The devices split into slices of at most `size` (one slice, maybe empty, at least)."""
+    return [devices[i:i + size] for i in range(0, len(devices), size)] or [[]]
+
+
 def slice_name(node: str, driver: str) -> str:
     """The node's slice of the driver: a DNS subdomain of both names."""
     return re.sub(r"[^a-z0-9.-]", "-", f"{node}-{driver}".lower())[:253].strip("-.")
@@ -189,9 +200,11 @@ class SliceExporter(Publisher):
     """This node's ResourceSlice: one pool named after the node, the devices cri-resmgr offers. The
     pool's generation grows with every write, so the scheduler takes the newest. Where devices
     overlap (a NUMA node and its L3 domains) the counters they share are a second slice of the pool
-    (a slice holds devices or counters, not both), written first. Once not needed it is left to
-    the scheduler to ignore (a pool's older generation) and to kubelet and the Node to collect: the
-    agent may not delete slices, which would let it delete other drivers'."""
+    (a slice holds devices or counters, not both), written first. Devices beyond what one slice
+    holds (128, or 64 with counters or list attributes: one per CPU of a big node) go on in
+    `<name>-2`, `<name>-3`, ... A slice no longer needed is left to the scheduler to ignore (a
+    pool's older generation) and to kubelet and the Node to collect: the agent may not delete
+    slices, which would let it delete other drivers'."""
 
     what = resources.SLICE_KIND
 
@@ -209,15 +222,19 @@ class SliceExporter(Publisher):
     def body(self, doc: dict[str, Any]) -> dict[str, Any]:
         node, driver = self.cluster.node_name, doc["driver"]
         counters = shared_counters(doc["devices"])
-        pool = {"name": node, "generation": 0, "resourceSliceCount": 2 if counters else 1}
+        devices = [device(d, self.shape) for d in doc["devices"]]
+        pages = _pages(devices, MAX_DEVICES_ADVANCED if counters or self.shape.numa_list else MAX_DEVICES)
+        pool = {"name": node, "generation": 0, "resourceSliceCount": len(pages) + bool(counters)}
 
         def one(name: str, **spec: Any) -> dict[str, Any]:
             return {"apiVersion": f"{resources.DRA_GROUP}/{resources.DRA_VERSION}", "kind": resources.SLICE_KIND,
                     "metadata": self.metadata(name), "spec": {"driver": driver, "nodeName": node, "pool": pool, **spec}}
-        devices = one(slice_name(node, driver), devices=[device(d, self.shape) for d in doc["devices"]])
+        base = slice_name(node, driver)
+        slices = [one(base if i == 0 else f"{base[:245].strip('-.')}-{i + 1}", devices=page)
+                  for i, page in enumerate(pages)]
         if not counters:
-            return {"slices": [devices]}
-        return {"slices": [one(counters_name(node, driver), sharedCounters=counters), devices]}
+            return {"slices": slices}
+        return {"slices": [one(counters_name(node, driver), sharedCounters=counters), *slices]}
 
     async def put(self, body: dict[str, Any]) -> None:
         # Milliseconds since the epoch, and above the last: newer than any slice an agent wrote before.

@@ -38,7 +38,7 @@ class PodpoolDevices:
         self.book = claims.ClaimBook()
         self.users: dict[str, str] = {}  # container key -> the claim (UID) it runs on
 
-    def attributes(self, i: Instance) -> dict[str, int | str]:
+    def attributes(self, i: Instance) -> claims.Attributes:
         return {"kind": "podpool", "poolType": i.type, "instance": i.index,
                 **claims.numa_attributes(self.topology, i.cpus)}
 

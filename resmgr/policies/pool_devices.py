@@ -1,8 +1,10 @@
-"""static's and static-plus' DRA devices (docs/dra.md): one per NUMA node whose CPUs exclusive
-grants may take (`numa-<id>`, as dra-driver-cpu groups CPUs by NUMA node). A claim on one holds
-that many of its CPUs exclusively, as a grant of its own (keyed claims.key(uid)) taken where a
-Guaranteed container's would be: the isolated CPUs first, then the shared pool's, each keeping what
-it must. The containers using the claim run on those CPUs and split their CPU time."""
+"""static's and static-plus' DRA devices (docs/dra.md), by the policy's DRADevices option: one per
+NUMA node whose CPUs exclusive grants may take (`numa`: `numa-<id>`, as dra-driver-cpu's grouped
+mode), one per CPU (`cpu`: `cpu-<id>`, as its individual mode) or one per whole core (`core`:
+`core-<first CPU>`). A claim on one holds that many of its CPUs exclusively (all of a CPU or core
+device), as a grant of its own (keyed claims.key(uid)) taken where a Guaranteed container's would
+be: the isolated CPUs first, then the shared pool's, each keeping what it must. The containers
+using the claim run on those CPUs and split their CPU time."""
 
 from __future__ import annotations
 
@@ -17,18 +19,17 @@ from resmgr.policies.toolkit.grants import Grant, Grants
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
 
+MODES = ("numa", "core", "cpu")
 Sources = Callable[[], list[tuple[CPUSet, int]]]  # free CPU sets exclusive grants take from, each with its spare
 
 
 class PoolDevices:
-    def __init__(self, topology: Topology, grants: Grants, sources: Sources, exclusive_cpus: CPUSet) -> None:
+    def __init__(self, topology: Topology, grants: Grants, sources: Sources, exclusive_cpus: CPUSet,
+                 mode: str = "numa") -> None:
         self.topology, self.grants, self.sources = topology, grants, sources
+        self.whole = mode != "numa"  # a claim takes all of a CPU or core device, some of a node's
         self.book = claims.ClaimBook()
-        self.offered: dict[str, tuple[CPUSet, dict[str, int | str]]] = {}
-        for node in sorted(topology.nodes.values(), key=lambda n: n.id):
-            cpus = node.cpus & exclusive_cpus
-            if cpus:
-                self.offered[f"numa-{node.id}"] = (cpus, {"kind": "numa", **claims.numa_attributes(topology, cpus)})
+        self.offered = offer(topology, exclusive_cpus, mode)
 
     def users(self, uid: str) -> list[str]:
         return sorted(k for k, g in self.grants.items() if g.claim == uid)
@@ -38,8 +39,19 @@ class PoolDevices:
         return held.exclusive if held is not None else EMPTY
 
     def room(self, cpus: CPUSet) -> int:
-        """CPUs of the set one claim can take now: the most any one source gives there."""
+        """CPUs of the set one claim can take now: the most any one source gives there (for a
+        device taken whole, all of it or none)."""
+        if self.whole:
+            return len(cpus) if self._source(cpus, len(cpus)) is not None else 0
         return max((min(len(free & cpus), len(free) - spare) for free, spare in self.sources()), default=0)
+
+    def _source(self, cpus: CPUSet, count: int) -> CPUSet | None:
+        """The free CPUs of the set one source gives `count` of, keeping its spare; None: none does."""
+        for free, spare in self.sources():
+            mine = free & cpus
+            if count and len(mine) >= count and len(free) - count >= spare and (not self.whole or mine == cpus):
+                return mine
+        return None
 
     def listed(self) -> list[dict[str, Any]]:
         out = []
@@ -56,9 +68,8 @@ class PoolDevices:
                               f"{', '.join(self.offered) or 'none'})")
         cpus = self.offered[claim.device][0]
         room = max(self.room(cpus), 0)
-        count = claim.cpus or room
-        source = next((free & cpus for free, spare in self.sources()
-                       if count and len(free & cpus) >= count and len(free) - count >= spare), None)
+        count = len(cpus) if self.whole and claim.cpus <= len(cpus) else claim.cpus or room
+        source = self._source(cpus, count)
         if source is None:
             raise PolicyError(f"{claim.who}: device {claim.device} can give {room} CPU(s), the claim asks "
                               f"for {count}")
@@ -76,3 +87,26 @@ class PoolDevices:
         cpus = self.cpus(uid)
         mems = CPUSet(n.id for n in self.topology.nodes.values() if n.cpus & cpus)
         return {**self.book.describe(uid), "cpus": str(cpus), "mems": str(mems), "users": self.users(uid)}
+
+
+def offer(topology: Topology, exclusive: CPUSet, mode: str) -> dict[str, tuple[CPUSet, claims.Attributes]]:
+    """The devices of a mode by name: their CPUs and attributes. A core is offered only whole (none
+    of its threads reserved or unavailable)."""
+    out: dict[str, tuple[CPUSet, claims.Attributes]] = {}
+    if mode == "numa":
+        for node in sorted(topology.nodes.values(), key=lambda n: n.id):
+            cpus = node.cpus & exclusive
+            if cpus:
+                out[f"numa-{node.id}"] = (cpus, {"kind": "numa", **claims.numa_attributes(topology, cpus)})
+        return out
+    groups = ([CPUSet((c,)) for c in exclusive] if mode == "cpu" else
+              sorted((t for t in topology.cores.values() if t <= exclusive), key=min))
+    for cpus in groups:
+        first = topology.cpus[min(cpus)]
+        attrs: claims.Attributes = {"kind": mode, "coreID": first.core, "die": first.die}
+        if mode == "cpu":
+            attrs["cpuID"] = first.id
+        if first.kind:
+            attrs["coreType"] = str(first.kind)
+        out[f"{mode}-{first.id}"] = (cpus, {**attrs, **claims.numa_attributes(topology, cpus)})
+    return out

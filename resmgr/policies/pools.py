@@ -14,15 +14,19 @@ from typing import Any
 
 from resmgr.model import Claim, Container, Pod, Resources
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
-from resmgr.policies.pool_devices import PoolDevices
+from resmgr.policies.pool_devices import MODES, PoolDevices
 from resmgr.policies.toolkit import claims
 from resmgr.policies.toolkit.allocator import one_thread_per_core
 from resmgr.policies.toolkit.annotations import hide_hyperthreads
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.grants import Grant, Grants
+from resmgr.policies.toolkit.options import Option
 from resmgr.requests import Requirements, milli_to_shares
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
+
+DRA_DEVICES = Option("DRADevices", "string", "numa", "the DRA devices offered (docs/dra.md): numa (one per "
+                     "NUMA node), core (one per whole core) or cpu (one per CPU)", choices=MODES)
 
 
 def grant_in(pool: str, exclusive: CPUSet = EMPTY, milli: int = 0) -> Grant:
@@ -36,6 +40,7 @@ class PoolPolicy(Policy):
         super().__init__(config, topology)
         self.require_topology()
         self.grants = Grants()
+        self.dra_mode = self.read_options()["DRADevices"]
         self._dra: PoolDevices | None = None
 
     @property
@@ -43,7 +48,8 @@ class PoolPolicy(Policy):
         """The DRA devices (made at first use: the subclass knows its CPUs once its own __init__ ran)."""
         if self._dra is None:
             assert self.topology is not None
-            self._dra = PoolDevices(self.topology, self.grants, self.exclusive_sources, self.exclusive_base())
+            self._dra = PoolDevices(self.topology, self.grants, self.exclusive_sources, self.exclusive_base(),
+                                    self.dra_mode)
         return self._dra
 
     # -- to be provided ------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from resmgr.model import Container, Pod, QOSClass
 from resmgr.policies.base import PolicyError
-from resmgr.policies.pools import PoolPolicy, grant_in
+from resmgr.policies.pools import DRA_DEVICES, PoolPolicy, grant_in
 from resmgr.policies.toolkit import cpuvalues
 from resmgr.policies.toolkit.allocator import preferences, take_cpus
 from resmgr.policies.toolkit.annotations import prefer_isolated
@@ -32,7 +32,7 @@ class StaticPolicy(PoolPolicy):
     description = ("kubelet CPU manager static policy: exclusive CPUs for Guaranteed integer requests, "
                    "a shared default set for the rest")
     options = (Option("RelaxedIsolation", "boolean", False, "exclusive CPUs from the isolated ones first, "
-                      "whatever the count"),)
+                      "whatever the count"), DRA_DEVICES)
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)

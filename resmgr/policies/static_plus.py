@@ -17,7 +17,7 @@ from typing import Any
 
 from resmgr.model import Container, Pod
 from resmgr.policies.base import PolicyError
-from resmgr.policies.pools import PoolPolicy, grant_in
+from resmgr.policies.pools import DRA_DEVICES, PoolPolicy, grant_in
 from resmgr.policies.toolkit import cpuvalues
 from resmgr.policies.toolkit.allocator import preferences, take_cpus
 from resmgr.policies.toolkit.annotations import prefer_isolated
@@ -35,7 +35,7 @@ class StaticPlusPolicy(PoolPolicy):
     description = ("reserved, isolated and shared pools: exclusive CPUs for any whole-CPU request, "
                    "isolated CPUs first, kube-system on reserved CPUs")
     options = (Option("ReservedPoolNamespaces", "strings", None, "namespaces (globs) on the reserved CPUs "
-                      "besides kube-system, which always is (policy.ReservedPoolNamespaces wins)"),)
+                      "besides kube-system, which always is (policy.ReservedPoolNamespaces wins)"), DRA_DEVICES)
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)

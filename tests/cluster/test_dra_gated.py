@@ -10,8 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from harness.kube import pod_manifest
+from resmgr.agent.kube import Backoff
+from resmgr.agent.publish import SliceExporter, SliceShape
 from resmgr.topology.cpuset import CPUSet
 from tests.support.agentenv import status_doc, wait_for
 from tests.support.dracluster import (
@@ -112,3 +115,39 @@ def test_a_numa_node_and_its_l3_domains_are_never_allocated_together(gated: Clus
     assert held["device"].startswith("l3-") and node.cpus("on-l3") == {"c0": CPUSet.parse(held["cpus"])}
     node.delete("on-l3", 60)
     gated.custom.delete_namespaced_custom_object(*CLAIMS, "l3-one")
+
+
+class _Node:
+    """What the exporter asks of the cluster to shape slices: the node's name, no owner."""
+
+    node_name = WIDE
+
+    def owner(self, node: Any) -> list[dict[str, Any]]:
+        return []
+
+
+def test_a_node_of_many_devices_publishes_them_in_several_slices(gated: Cluster) -> None:
+    # One device per CPU of a 150-CPU node, each with the standard attribute as a list: more than
+    # one slice takes (64 with list attributes), so the pool spans three, which the API server takes.
+    exporter = SliceExporter(_Node(), "", 1, lambda: None, lambda: Backoff(0.01, 0.02),  # type: ignore[arg-type]
+                             shape=SliceShape(numa_list=True))
+    many = [{"name": f"cpu-{c}", "attributes": {"kind": "cpu", "cpuID": c, NUMA_NODE: c // 75}, "cpus": 1}
+            for c in range(150)]
+    body = exporter.body({"driver": "many.example.com", "devices": many})
+    api = ("resource.k8s.io", "v1", "resourceslices")
+    names = []
+    try:
+        for one in body["slices"]:
+            names.append(gated.custom.create_cluster_custom_object(*api, one)["metadata"]["name"])
+        stored = [gated.custom.get_cluster_custom_object(*api, n)["spec"] for n in names]
+        assert [len(s["devices"]) for s in stored] == [64, 64, 22]
+        assert {s["pool"]["resourceSliceCount"] for s in stored} == {3}
+        # The limit is the API server's: one slice of them all is refused.
+        whole = {**body["slices"][0], "metadata": {"name": "many-at-once"}}
+        whole["spec"] = {**whole["spec"], "devices": [d for s in body["slices"] for d in s["spec"]["devices"]]}
+        with pytest.raises(ApiException) as refused:
+            gated.custom.create_cluster_custom_object(*api, whole)
+        assert refused.value.status == 422 and "Too many" in refused.value.body, refused.value.body
+    finally:
+        for n in names:
+            gated.custom.delete_cluster_custom_object(*api, n)

@@ -286,6 +286,26 @@ def test_the_static_policy_offers_its_numa_nodes(cluster: Cluster) -> None:
     assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "topology-aware's devices again")
 
 
+def test_the_static_policy_offers_each_cpu(cluster: Cluster) -> None:
+    # The wide node's own configuration: static offering a device per CPU (dra-driver-cpu's
+    # individual mode); a claim for CPU 1 by its attribute gets CPU 1, the default set keeps CPU 0.
+    wide = cluster.nodes[WIDE]
+    with cluster.own_policy(WIDE, {"Active": "static", "static": {"DRADevices": "cpu"}}):
+        assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"cpu-0": 1, "cpu-1": 1}, 60, "a device per CPU")
+        make_claim(cluster, "static-cpu", kind="cpu", where="cpuID == 1")
+        submit_claiming(cluster, "dra-cpu", "static-cpu", node=WIDE)
+        cluster.placed("dra-cpu", WIDE)
+        [held] = status_doc(cluster.config_socket(WIDE))["dra"]["claims"]
+        assert (held["device"], held["cpus"]) == ("cpu-1", "1")
+        assert wide.cpus("dra-cpu") == {"c0": CPUSet((1,))}
+        # CPU 0 cannot be given now (the default set keeps it), CPU 1 still counts as its device's.
+        assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"cpu-0": 0, "cpu-1": 1}, 60, "CPU 0 kept")
+        wide.delete("dra-cpu", 60)
+        cluster.custom.delete_namespaced_custom_object(*CLAIMS, "static-cpu")
+        wait_for(lambda: not status_doc(cluster.config_socket(WIDE))["dra"]["claims"], 60, "the claim unprepared")
+    assert wait_for(lambda: agreed_slice(cluster, WIDE) == {"numa-0": 2}, 60, "topology-aware's devices again")
+
+
 def test_podpools_offers_its_pool_instances(cluster: Cluster) -> None:
     # The wide node's own configuration: podpools with one instance of one CPU for one pod.
     pools = [{"Name": "solo", "Instances": 1, "CPU": 1, "MaxPods": 1}]

@@ -142,11 +142,15 @@ class Cluster:
 CLAIMS = ("resource.k8s.io", "v1", NAMESPACE, "resourceclaims")
 
 
-def make_claim(cluster: Cluster, name: str, cpus: str = "", kind: str = "numa", numa: int | None = None) -> None:
+def make_claim(cluster: Cluster, name: str, cpus: str = "", kind: str = "numa", numa: int | None = None,
+               where: str = "") -> None:
     """A claim for CPUs of one device of the kind (cpus "": as many as the device has), on NUMA node
-    numa by the standard attribute other drivers' devices carry too (None: any)."""
+    numa by the standard attribute other drivers' devices carry too (None: any); where: a condition
+    on one more of our attributes (`cpuID == 1`)."""
     exactly: dict[str, Any] = {"deviceClassName": DRIVER, "selectors": [
         {"cel": {"expression": f'device.attributes["{DRIVER}"].kind == "{kind}"'}}]}
+    if where:
+        exactly["selectors"].append({"cel": {"expression": f'device.attributes["{DRIVER}"].{where}'}})
     if numa is not None:
         exactly["selectors"].append(
             {"cel": {"expression": f'device.attributes["resource.kubernetes.io"].numaNode == {numa}'}})

@@ -17,16 +17,18 @@ from resmgr.topology.model import Topology
 PREFIX = "claim:"
 # Kubernetes' standard attribute (KEP-6072): another driver's device on the same NUMA node matches it.
 NUMA_NODE = "resource.kubernetes.io/numaNode"
+# A device's attributes; a list only as the standard attribute of a device spanning NUMA nodes.
+Attributes = dict[str, int | str | list[int]]
 
 
-def numa_attributes(topology: Topology, cpus: CPUSet) -> dict[str, int | str]:
+def numa_attributes(topology: Topology, cpus: CPUSet) -> Attributes:
     """A device's NUMA node, its package and the standard attribute, when its CPUs are all on one
-    NUMA node (else none: another driver's device could not be on "the same" node)."""
-    nodes = {topology.cpus[c].node for c in cpus}
+    NUMA node; else the nodes it spans as a list, which only clusters taking list attributes
+    (DRAListTypeAttributes) are sent: no scalar says "the same node" for such a device."""
+    nodes = sorted({topology.cpus[c].node for c in cpus})
     if len(nodes) != 1:
-        return {}
-    node = nodes.pop()
-    return {"numaNode": node, "package": topology.cpus[min(cpus)].package, NUMA_NODE: node}
+        return {NUMA_NODE: nodes} if nodes else {}
+    return {"numaNode": nodes[0], "package": topology.cpus[min(cpus)].package, NUMA_NODE: nodes[0]}
 
 
 def key(uid: str) -> str:

@@ -19,13 +19,13 @@ from resmgr.topology.model import Topology
 MAX_COUNTERS = 32  # per counter set (resource.k8s.io/v1)
 
 
-def counters(offered: dict[str, tuple[Pool, dict[str, int | str]]]) -> dict[str, dict]:
+def counters(offered: dict[str, tuple[Pool, claims.Attributes]]) -> dict[str, dict]:
     """What each device consumes of the shared counters (KEP-4815) by name: {set: {counter: CPUs}}.
     A NUMA node's device and its L3 domains' overlap, so each L3 domain is a counter (its CPUs) both
     consume, and the scheduler never allocates the node and one of its domains at once. One counter
     set per package (a device may consume from one); a package of more domains than a set holds
     gets none."""
-    by_package: dict[int, list[tuple[str, Pool, dict[str, int | str]]]] = {}
+    by_package: dict[int, list[tuple[str, Pool, claims.Attributes]]] = {}
     for name, (pool, attrs) in offered.items():
         if attrs["kind"] == "l3":
             by_package.setdefault(int(attrs["package"]), []).append((name, pool, attrs))

@@ -176,11 +176,11 @@ def _attach_memory(topology: Topology, pools: list[Pool], node_cpus: dict[int, C
         home.memory[node.kind] = home.memory.get(node.kind, 0) + node.memory
 
 
-def devices(topology: Topology, pools: list[Pool]) -> dict[str, tuple[Pool, dict[str, int | str]]]:
+def devices(topology: Topology, pools: list[Pool]) -> dict[str, tuple[Pool, claims.Attributes]]:
     """The DRA devices of the tree, by name: one per NUMA node with CPUs (the deepest pool holding
     them: its own, or its socket's where it is the socket's only node) and one per L3 pool. Each
-    confined to one NUMA node carries the standard numaNode attribute beside ours."""
-    out: dict[str, tuple[Pool, dict[str, int | str]]] = {}
+    carries the standard numaNode attribute beside ours (a list for an L3 pool spanning nodes)."""
+    out: dict[str, tuple[Pool, claims.Attributes]] = {}
     root_cpus = pools[0].cpus
     for node in sorted(topology.nodes.values(), key=lambda n: n.id):
         cpus = node.cpus & root_cpus
@@ -191,9 +191,8 @@ def devices(topology: Topology, pools: list[Pool]) -> dict[str, tuple[Pool, dict
         if pool.level == 4:  # "L3 cache #<id>"
             first = topology.cpus[min(pool.cpus)]
             cache = int(pool.name.rsplit("#", 1)[1])
-            attrs: dict[str, int | str] = {"kind": "l3", "l3Cache": cache, "numaNode": first.node,
+            attrs: claims.Attributes = {"kind": "l3", "l3Cache": cache, "numaNode": first.node,
                                            "package": first.package}
-            if all(topology.cpus[c].node == first.node for c in pool.cpus):
-                attrs[claims.NUMA_NODE] = first.node
+            attrs[claims.NUMA_NODE] = claims.numa_attributes(topology, pool.cpus)[claims.NUMA_NODE]
             out[f"l3-{cache}"] = (pool, attrs)
     return out

@@ -107,6 +107,24 @@ def test_a_device_as_gated_clusters_take_it() -> None:
     # Each claimed CPU is one CPU of the node's allocatable.
     assert gated["nodeAllocatableResources"] == {
         "cpu": {"mapping": {"capacityKey": "cpu", "capacityMultiplier": "1"}}}
-    # A device spanning NUMA nodes has no standard attribute to turn into a list.
-    assert device({**d, "attributes": {"kind": "l3"}}, SliceShape(numa_list=True))["attributes"] == {
-        "kind": {"string": "l3"}}
+    # A device spanning NUMA nodes lists them where lists are taken, and has no standard attribute else.
+    wide = {**d, "attributes": {"kind": "l3", NUMA_NODE: [0, 1]}}
+    assert device(wide, SliceShape(numa_list=True))["attributes"] == {"kind": {"string": "l3"},
+                                                                      NUMA_NODE: {"ints": [0, 1]}}
+    assert device(wide)["attributes"] == {"kind": {"string": "l3"}}
+
+
+def test_devices_beyond_one_slice_go_on_in_more() -> None:
+    cpus = [{"name": f"cpu-{c}", "attributes": {"kind": "cpu"}, "cpus": 1} for c in range(300)]
+    exporter = SliceExporter(Writes(), "", 1, lambda: None, lambda: Backoff(0.01, 0.02))  # type: ignore[arg-type]
+    slices = exporter.body({"driver": "cpu.example.com", "devices": cpus})["slices"]
+    assert [s["metadata"]["name"] for s in slices] == ["node-a-cpu.example.com", "node-a-cpu.example.com-2",
+                                                      "node-a-cpu.example.com-3"]
+    assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
+    # With list attributes a slice holds 64.
+    exporter.shape = SliceShape(numa_list=True)
+    slices = exporter.body({"driver": "cpu.example.com", "devices": cpus})["slices"]
+    assert [len(s["spec"]["devices"]) for s in slices] == [64] * 4 + [44]
+    # No devices: one empty slice says so.
+    assert exporter.body({"driver": "cpu.example.com", "devices": []})["slices"][0]["spec"]["devices"] == []

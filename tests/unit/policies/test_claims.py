@@ -10,6 +10,7 @@ import pytest
 from resmgr import policies
 from resmgr.model import Claim, Container, ContainerState, QOSClass, Resources
 from resmgr.policies import PolicyError
+from resmgr.policies.toolkit.claims import NUMA_NODE, numa_attributes
 from resmgr.topology.cpuset import CPUSet
 from tests.support.world import World, machine
 
@@ -294,6 +295,50 @@ def test_a_pool_policy_refuses_what_its_devices_cannot_give() -> None:
     assert w.cpus(g).isdisjoint(CPUSet.parse(w.policy.describe_claim("whole")["cpus"]))
 
 
+def test_a_pool_policy_offers_each_cpu_in_individual_mode() -> None:
+    w = World("static", SNC, ReservedResources={"cpu": "cpuset:0"}, static={"DRADevices": "cpu"})
+    offered = devices(w)
+    assert sorted(offered, key=lambda n: int(n.split("-")[1])) == [f"cpu-{c}" for c in range(1, 32)]
+    five = SNC.cpus[5]
+    assert offered["cpu-5"]["attributes"] == {"kind": "cpu", "cpuID": 5, "coreID": five.core, "die": 0,
+                                              "numaNode": five.node, "package": five.package,
+                                              "resource.kubernetes.io/numaNode": five.node}
+    assert offered["cpu-5"]["cpus"] == 1 and offered["cpu-5"]["cpuset"] == "5"
+    # A claim holds its CPU, whatever it asks of it; the CPU still counts as the device's.
+    w.prepare(claim("u", "cpu-5"))
+    assert w.policy.describe_claim("u")["cpus"] == "5" and devices(w)["cpu-5"]["cpus"] == 1
+    with pytest.raises(PolicyError, match="device cpu-5 can give 0 CPU\\(s\\), the claim asks for 1"):
+        w.prepare(claim("v", "cpu-5", 1))
+    with pytest.raises(PolicyError, match="device cpu-6 can give 1 CPU\\(s\\), the claim asks for 2"):
+        w.prepare(claim("v", "cpu-6", 2))
+    assert w.cpus(user(w, "u")) == CPUSet((5,))
+    # CPUs a container holds are no device's to give.
+    g = w.add(QOSClass.GUARANTEED, 2000)
+    assert all(devices(w)[f"cpu-{c}"]["cpus"] == 0 for c in w.cpus(g))
+
+
+def test_a_pool_policy_offers_whole_cores_in_core_mode() -> None:
+    w = World("static-plus", SNC, ReservedResources={"cpu": "cpuset:0"}, **{"static-plus": {"DRADevices": "Core"}})
+    offered = devices(w)
+    cores = sorted((t for t in SNC.cores.values() if 0 not in t), key=min)
+    assert sorted(offered) == sorted(f"core-{min(t)}" for t in cores)  # the reserved CPU's core is not whole
+    first = cores[0]
+    name = f"core-{min(first)}"
+    assert offered[name]["cpus"] == 2 and CPUSet.parse(offered[name]["cpuset"]) == first
+    assert offered[name]["attributes"]["kind"] == "core" and "cpuID" not in offered[name]["attributes"]
+    w.prepare(claim("u", name, 1))  # a core is taken whole
+    assert CPUSet.parse(w.policy.describe_claim("u")["cpus"]) == first
+    fresh = policies.create("static-plus", {"Active": "static-plus", "ReservedResources": {"cpu": "cpuset:0"},
+                                            "static-plus": {"DRADevices": "core"}}, SNC)
+    fresh.restore_state(w.policy.export_state())
+    assert fresh.devices() == w.policy.devices()
+
+
+def test_a_pool_policy_refuses_an_unknown_device_mode() -> None:
+    with pytest.raises(PolicyError, match="policy.static.DRADevices: 'socket' is not one of numa, core, cpu"):
+        policies.create("static", {"Active": "static", "static": {"DRADevices": "socket"}}, SNC)
+
+
 def test_claims_make_balloons_up_to_max_balloons() -> None:
     types = [{"Name": "on-demand", "MaxBalloons": 2, "MaxCPUs": 4, "DRA": {}}]
     w = World("balloons", SNC, ReservedResources={"cpu": "cpuset:0"}, balloons={"BalloonTypes": types})
@@ -365,3 +410,9 @@ def test_podpools_offers_its_pool_instances() -> None:
     w.remove(w.containers[a.key])
     assert w.policy.describe_claim("a") is None
     w.prepare(claim("c", "dualcpu-1"))  # room again
+
+
+def test_a_device_spanning_numa_nodes_lists_them() -> None:
+    both = SNC.nodes[0].cpus | SNC.nodes[1].cpus
+    assert numa_attributes(SNC, both) == {NUMA_NODE: [0, 1]}
+    assert numa_attributes(SNC, SNC.nodes[3].cpus) == {"numaNode": 3, "package": 1, NUMA_NODE: 3}
