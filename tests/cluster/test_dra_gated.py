@@ -1,12 +1,15 @@
 """DRA devices as a cluster with alpha gates takes them: every component with DRANodeAllocatableResources
 (KEP-5517) and DRAListTypeAttributes on, one node of one NUMA node and two CPUs, each its own L3
-domain (tests/support/dracluster.py), its agent publishing with --dra-node-allocatable and
---dra-numa-list. CPUs a claim takes then count against the node's allocatable cpu, for kube-scheduler
-and for kubelet's admission alike; the NUMA node's device and its L3 domains' share counters
-(partitionable devices, KEP-4815, beta and on by default), so the scheduler never allocates both."""
+domain (tests/support/dracluster.py), cri-resmgr the NRI plugin of the node's containerd (the
+relay runs the other DRA scenarios, tests/cluster/test_scheduler.py), its agent publishing with
+--dra-node-allocatable and --dra-numa-list. CPUs a claim takes then count against the node's
+allocatable cpu, for kube-scheduler and for kubelet's admission alike; the NUMA node's device and
+its L3 domains' share counters (partitionable devices, KEP-4815, beta and on by default), so the
+scheduler never allocates both."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -21,9 +24,14 @@ from tests.support.dracluster import (
     CLAIMS,
     DRIVER,
     MACHINES,
+    NIC,
     WIDE,
     Cluster,
+    allocated,
+    make_aligned_claim,
     make_claim,
+    nic_class,
+    nic_driver,
     submit_claiming,
 )
 from tests.support.helpers import ONLINE
@@ -38,7 +46,8 @@ NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 @pytest.fixture(scope="module")
 def gated():
-    c = Cluster({WIDE: MACHINES[WIDE] + ",l3=1"}, GATES, ("--dra-node-allocatable", "on", "--dra-numa-list", "on"))
+    c = Cluster({WIDE: MACHINES[WIDE] + ",l3=1"}, GATES, ("--dra-node-allocatable", "on", "--dra-numa-list", "on"),
+                front="nri")
     try:
         yield c.start()
     finally:
@@ -151,3 +160,26 @@ def test_a_node_of_many_devices_publishes_them_in_several_slices(gated: Cluster)
     finally:
         for n in names:
             gated.custom.delete_cluster_custom_object(*api, n)
+
+
+def test_cpus_in_list_form_align_with_another_drivers_scalar(gated: Cluster) -> None:
+    # Our devices say numaNode as a list ([0]), the NIC driver's as a scalar (0), as drivers not yet
+    # moved to lists do: the scheduler matches them all the same.
+    nic_class(gated)
+    driver = nic_driver(gated, WIDE, **{"nic-0": 0})
+    try:
+        make_aligned_claim(gated, "aligned", "1")
+        submit_claiming(gated, "with-nic", "aligned")
+        gated.placed("with-nic", WIDE)
+        assert allocated(gated, "aligned") == {"cpus": "numa-0", "nic": "nic-0"}
+        [held] = status_doc(gated.config_socket(WIDE))["dra"]["claims"]
+        assert gated.nodes[WIDE].cpus("with-nic") == {"c0": CPUSet.parse(held["cpus"])}
+        assert "prepare default/aligned nic-0" in driver.log()
+    finally:
+        with contextlib.suppress(ApiException):
+            gated.nodes[WIDE].delete("with-nic", 60)
+        with contextlib.suppress(ApiException):
+            gated.custom.delete_namespaced_custom_object(*CLAIMS, "aligned")
+        driver.stop()
+        gated.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", NIC)
+

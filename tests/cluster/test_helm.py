@@ -34,6 +34,7 @@ NS = "kube-system"
 NODE = "crirm-helm"
 LABEL = "cri-resource-manager.intel.com/node"
 DRIVER = "cpu.cri-resource-manager.intel.com"
+EXTENDED = f"{DRIVER}/device"  # the DeviceClass's extended resource
 
 
 class Cluster:
@@ -62,6 +63,7 @@ class Cluster:
             # The DRA driver, on this kubelet's directory and this containerd's CDI directory.
             "dra.enabled": True, "dra.kubeletDir": str(self.node.kubelet.root),
             "dra.cdiDir": str(self.node.ctrd.cdi_dir), "agentSocketDir": str(work / "agent"),
+            "dra.extendedResourceName": EXTENDED,
             "agent.env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                           {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.control.port)}],
         }
@@ -290,6 +292,20 @@ def test_a_claim_through_the_installed_dra_driver(cluster):
     while list(c.node.ctrd.cdi_dir.iterdir()):  # unprepared: its spec goes
         assert time.monotonic() < deadline, c.logs("cri-resmgr-nri")
         time.sleep(0.5)
+
+    # The chart's DeviceClass names an extended resource: a pod asking for it gets the CPU with no
+    # claim of its own (the scheduler makes one).
+    manifest = pod_manifest("extended", "")
+    del manifest["spec"]["nodeName"]
+    manifest["spec"]["containers"][0]["resources"] = {"limits": {EXTENDED: "1"}}
+    c.core.create_namespaced_pod("default", manifest)
+    deadline = time.monotonic() + 120
+    while not container_ids(pod := c.core.read_namespaced_pod("extended", "default")):
+        assert time.monotonic() < deadline, (describe(pod), c.logs("cri-resmgr-nri"))
+        time.sleep(0.5)
+    assert not pod.spec.resource_claims and c.cpus(pod) == CPUSet.parse("1")
+    c.core.delete_namespaced_pod("extended", "default", grace_period_seconds=0)
+    wait_gone_pods(c, "default")
 
 
 def test_a_killed_plugin_pod_comes_back_and_keeps_every_placement(cluster):

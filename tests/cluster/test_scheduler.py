@@ -20,14 +20,12 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import sys
-import uuid
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from harness.kube import Process, container_ids, pod_manifest
+from harness.kube import container_ids, pod_manifest
 from resmgr.topology.cpuset import CPUSet
 from tests.support.agentenv import attrs, cpu, status_doc, wait_for, zones
 from tests.support.dracluster import (
@@ -35,10 +33,15 @@ from tests.support.dracluster import (
     DRIVER,
     EXTENDED,
     MACHINES,
+    NIC,
     SPLIT,
     WIDE,
     Cluster,
+    allocated,
+    make_aligned_claim,
     make_claim,
+    nic_class,
+    nic_driver,
     submit_claiming,
 )
 from tests.support.helpers import ONLINE, cgroup_cpuset, container_cgroup, wait_socket
@@ -348,45 +351,8 @@ def test_an_extended_resource_gets_a_device_without_a_claim(cluster: Cluster) ->
 
 
 # -- DRA: CPUs aligned with another driver's device -----------------------------------------------
-NIC = "nic.test.cri-resource-manager.intel.com"
-
-
-def nic_driver(cluster: Cluster, node: str, **devices: int) -> Process:
-    """The test DRA driver on the node's kubelet, publishing NICs on the given NUMA nodes."""
-    work = cluster.nodes[node].workdir
-    proc = Process(f"nic-driver-{node}", [
-        sys.executable, "-m", "tests.support.dradriver", "--driver", NIC, "--node", node,
-        "--kubelet-dir", str(work / "kubelet" / "root"), "--kubeconfig", str(cluster.control.admin_kubeconfig),
-        *(f"--device={name}={numa}" for name, numa in devices.items())],
-        work / f"nic-driver-{uuid.uuid4().hex[:6]}.log")
-    proc.start()
-    wait_for(lambda: "published" in proc.log(), 60, f"the NIC driver registered with {node}'s kubelet")
-    return proc
-
-
-def make_aligned_claim(cluster: Cluster, name: str, cpus: str) -> None:
-    """CPUs of one NUMA node and a NIC, both on the same NUMA node by the standard attribute."""
-    numa = {"cel": {"expression": f'device.attributes["{DRIVER}"].kind == "numa"'}}
-    cluster.custom.create_namespaced_custom_object(*CLAIMS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-        "spec": {"devices": {
-            "requests": [
-                {"name": "cpus", "exactly": {"deviceClassName": DRIVER, "capacity": {"requests": {"cpu": cpus}},
-                                             "selectors": [numa]}},
-                {"name": "nic", "exactly": {"deviceClassName": NIC}}],
-            "constraints": [{"matchAttribute": "resource.kubernetes.io/numaNode"}]}}})
-
-
-def allocated(cluster: Cluster, claim: str) -> dict[str, str]:
-    """The claim's devices: request name -> device name."""
-    doc = cluster.custom.get_namespaced_custom_object(*CLAIMS, claim)
-    return {r["request"]: r["device"] for r in doc["status"]["allocation"]["devices"]["results"]}
-
-
 def test_cpus_aligned_with_another_drivers_device(cluster: Cluster) -> None:
-    cluster.custom.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": NIC},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NIC}"'}}]}})
+    nic_class(cluster)
     # The split node's NICs are both on its NUMA node 1, the wide node's on its only NUMA node.
     drivers = [nic_driver(cluster, SPLIT, **{"nic-0": 1, "nic-1": 1}), nic_driver(cluster, WIDE, **{"nic-0": 0})]
     claims = ("aligned-one", "aligned-two", "unaligned")

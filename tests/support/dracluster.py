@@ -9,6 +9,8 @@ it from a generated sysfs: one NUMA node of two CPUs ("wide") and two NUMA nodes
 from __future__ import annotations
 
 import contextlib
+import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,10 +29,12 @@ from tests.support.agentenv import (
     matches_status,
     node_topology,
     status_doc,
+    wait_for,
 )
 from tests.support.kubenode import NAMESPACE, KubeNode, done_with, scratch
 
 WIDE, SPLIT = "crirm-wide", "crirm-split"
+NIC = "nic.test.cri-resource-manager.intel.com"  # the second driver's (tests/support/dradriver.py)
 MACHINES = {WIDE: "nodes=1,cores=2,threads=1", SPLIT: "nodes=2,cores=1,threads=1"}
 # No reserved CPUs (the pod takes both); memory not pinned: the split machine's node 1 is not this one's.
 CONFIG = {"policy": {"Active": "topology-aware", "topology-aware": {"PinMemory": False}}}
@@ -40,9 +44,10 @@ EXTENDED = f"{DRIVER}/device"  # the extended resource the chart's DeviceClass a
 
 class Cluster:
     def __init__(self, machines: dict[str, str] = MACHINES, gates: dict[str, bool] | None = None,
-                 agent_args: tuple[str, ...] = ()) -> None:
-        """gates: feature gates of every component; agent_args: more options of each node's agent."""
-        self.machines, self.gates, self.agent_args = machines, gates or {}, agent_args
+                 agent_args: tuple[str, ...] = (), front: str = "relay") -> None:
+        """gates: feature gates of every component; agent_args: more options of each node's agent;
+        front: cri-resmgr as the relay or as containerd's NRI plugin."""
+        self.machines, self.gates, self.agent_args, self.front = machines, gates or {}, agent_args, front
         self.control = ControlPlane(controllers=True, gates=",".join(
             f"{k}={str(v).lower()}" for k, v in self.gates.items())).start()
         self.core = self.control.core()
@@ -66,7 +71,7 @@ class Cluster:
             fallback = work / "fallback.yaml"
             fallback.write_text(yaml.safe_dump(CONFIG))
             agent = AgentProcess(work, name, kubeconfig, str(work / "config.sock"))
-            self.nodes[name] = KubeNode(self.control, work, policy="", node=name, relay_args=(
+            self.nodes[name] = KubeNode(self.control, work, front=self.front, policy="", node=name, relay_args=(
                 "--host-root", str(root), "--cgroup-root", "/sys/fs/cgroup", "--fallback-config", str(fallback),
                 *self.node_args(work, agent)), **({"featureGates": self.gates} if self.gates else {}))
             self.nodes[name].start()
@@ -171,3 +176,43 @@ def submit_claiming(cluster: Cluster, name: str, *claims: str, node: str = "") -
     manifest["spec"]["containers"][0].setdefault("resources", {})["claims"] = [
         {"name": f"c{i}"} for i in range(len(claims))]
     cluster.core.create_namespaced_pod(NAMESPACE, manifest)
+
+
+# -- a second driver's devices (tests/support/dradriver.py) -------------------------------------------
+def nic_class(cluster: Cluster) -> None:
+    """The DeviceClass of the test driver's NICs."""
+    cluster.custom.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": NIC},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NIC}"'}}]}})
+
+
+def nic_driver(cluster: Cluster, node: str, **devices: int) -> Process:
+    """The test DRA driver on the node's kubelet, publishing NICs on the given NUMA nodes."""
+    work = cluster.nodes[node].workdir
+    proc = Process(f"nic-driver-{node}", [
+        sys.executable, "-m", "tests.support.dradriver", "--driver", NIC, "--node", node,
+        "--kubelet-dir", str(work / "kubelet" / "root"), "--kubeconfig", str(cluster.control.admin_kubeconfig),
+        *(f"--device={name}={numa}" for name, numa in devices.items())],
+        work / f"nic-driver-{uuid.uuid4().hex[:6]}.log")
+    proc.start()
+    wait_for(lambda: "published" in proc.log(), 60, f"the NIC driver registered with {node}'s kubelet")
+    return proc
+
+
+def make_aligned_claim(cluster: Cluster, name: str, cpus: str) -> None:
+    """CPUs of one NUMA node and a NIC, both on the same NUMA node by the standard attribute."""
+    numa = {"cel": {"expression": f'device.attributes["{DRIVER}"].kind == "numa"'}}
+    cluster.custom.create_namespaced_custom_object(*CLAIMS, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "spec": {"devices": {
+            "requests": [
+                {"name": "cpus", "exactly": {"deviceClassName": DRIVER, "capacity": {"requests": {"cpu": cpus}},
+                                             "selectors": [numa]}},
+                {"name": "nic", "exactly": {"deviceClassName": NIC}}],
+            "constraints": [{"matchAttribute": "resource.kubernetes.io/numaNode"}]}}})
+
+
+def allocated(cluster: Cluster, claim: str) -> dict[str, str]:
+    """The claim's devices: request name -> device name."""
+    doc = cluster.custom.get_namespaced_custom_object(*CLAIMS, claim)
+    return {r["request"]: r["device"] for r in doc["status"]["allocation"]["devices"]["results"]}

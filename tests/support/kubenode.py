@@ -16,7 +16,7 @@ from kubernetes import client
 
 from harness.containerd import PrivateContainerd
 from harness.kube import ControlPlane, Kubelet, container_ids, describe, pod_manifest
-from harness.relay import RelayProcess, policy_nri, policy_relay
+from harness.relay import NriProcess, RelayProcess, policy_nri, policy_relay
 from resmgr.topology.cpuset import CPUSet
 from tests.support.helpers import Cri, cgroup_cpus, container_cgroup
 
@@ -50,8 +50,10 @@ class KubeNode:
             self.resmgr = policy_relay(workdir, self.ctrd.socket, policy, *args, reserved=reserved) if policy \
                 else RelayProcess(workdir, self.ctrd.socket, *args)
         elif front == "nri":
-            self.resmgr = policy_nri(workdir, str(self.ctrd.dir / "nri.sock"), policy, "--hook-dir", "disabled",
-                                     *relay_args, reserved=reserved)
+            nri = (str(self.ctrd.dir / "nri.sock"),)
+            self.resmgr = policy_nri(workdir, *nri, policy, "--hook-dir", "disabled", *relay_args,
+                                     reserved=reserved) if policy else \
+                NriProcess(workdir, *nri, "--hook-dir", "disabled", *relay_args)
         endpoint = self.resmgr.socket if front == "relay" and self.resmgr else self.ctrd.socket
         self.kubelet = Kubelet(control, workdir / "kubelet", endpoint, node, cpu_manager=cpu_manager,
                                **kubelet_settings)
