@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """How long kubelet waits for cri-resmgr's DRA driver: NodePrepareResources and
 NodeUnprepareResources over the real unix sockets, through the real engine (topology-aware on a
-generated machine) with its state written and fsynced before each answer, and the CDI spec written.
+generated machine, or the policy named) with its state written and fsynced before each answer, and
+the CDI spec written.
 
 The claim is read from an in-process stand-in for the node agent, so the figures are cri-resmgr's
 own; with the agent the read adds one more local gRPC call and one GET from the API server. The
 baseline is the registration service's GetInfo on the same kind of socket: what gRPC alone costs.
 
     .venv/bin/python benchmarks/dra_prepare.py [--claims 200] [--machine sockets=2,nodes=2,cores=8,threads=2]
+        [--policy static --dra-devices cpu]
 """
 
 from __future__ import annotations
@@ -58,8 +60,10 @@ async def run(args: argparse.Namespace, root: Path) -> None:
     topology = discover(generate(parse_spec(args.machine), root / "host"))
     store = StateStore(root / "state")
     store.prepare()
-    engine = Engine(policies.create("topology-aware", {"Active": "topology-aware"}, topology), store,
-                    CriRuntime(FakeRuntime()))
+    config: dict = {"Active": args.policy}
+    if args.dra_devices:
+        config[args.policy] = {"DRADevices": args.dra_devices}
+    engine = Engine(policies.create(args.policy, config, topology), store, CriRuntime(FakeRuntime()))
     devices = [d["name"] for d in engine.policy.devices()]
     docs: dict[str, dict] = {}
 
@@ -104,7 +108,8 @@ async def run(args: argparse.Namespace, root: Path) -> None:
             wall = time.perf_counter() - started
     finally:
         await plugin.stop()
-    print(f"machine {args.machine}: {len(topology.cpus)} CPUs, devices {', '.join(devices)}")
+    shown = ", ".join(devices[:6]) + (f", ... ({len(devices)})" if len(devices) > 6 else "")
+    print(f"machine {args.machine}: {len(topology.cpus)} CPUs, {args.policy}, devices {shown}")
     print(figures("GetInfo (gRPC alone)", base))
     print(figures("NodePrepareResources, 1 claim", prep))
     print(figures("NodeUnprepareResources, 1 claim", unprep))
@@ -115,6 +120,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--claims", type=int, default=200)
     ap.add_argument("--machine", default="sockets=2,nodes=2,cores=8,threads=2")
+    ap.add_argument("--policy", default="topology-aware", help="the policy offering the devices")
+    ap.add_argument("--dra-devices", default="", help="static's and static-plus' DRADevices: numa, core or cpu")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="crirm-dra-"))
     try:
