@@ -11,36 +11,15 @@ move (per-CPU, managed) is left alone.
 
 from __future__ import annotations
 
-import fnmatch
-import functools
 import logging
-import re
 from pathlib import Path
 
 from resmgr.controllers.originals import Originals
 from resmgr.model import IrqPlan
 from resmgr.topology.cpuset import CPUSet, CPUSetError, union
+from resmgr.topology.interrupts import matches, parse
 
 log = logging.getLogger("cri-resmgr.controllers.irq")
-
-_LINE = re.compile(r"^\s*(\d+):((?:\s+\d+)*)\s*(.*)$")
-
-
-def interrupts(text: str) -> dict[int, str]:
-    """/proc/interrupts: each numbered interrupt's description (chip, hardware IRQ, type,
-    handlers), its columns joined by one space."""
-    out = {}
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if m:
-            out[int(m.group(1))] = " ".join(m.group(3).split())
-    return out
-
-
-@functools.lru_cache(maxsize=8192)  # each sync asks of every interrupt again: descriptions seldom change
-def matches(patterns: tuple[str, ...], description: str, irq: int = -1) -> bool:
-    """Whether a pattern is the interrupt's number or a glob matching its description."""
-    return any(p == str(irq) or fnmatch.fnmatchcase(description, p) for p in patterns)
 
 
 class IRQController:
@@ -56,7 +35,7 @@ class IRQController:
             return
         before = dict(self.saved)
         try:
-            described = interrupts((self.proc / "interrupts").read_text())
+            described = parse((self.proc / "interrupts").read_text())
         except OSError as err:
             log.error("interrupts: cannot read %s: %s", self.proc / "interrupts", err.strerror)
             return

@@ -138,7 +138,7 @@ def discover(host_root: str | Path = "/") -> Topology:
                          MemoryType.DRAM, {0: 10})}
         cpus = {i: dataclasses.replace(c, node=0) for i, c in cpus.items()}
     return Topology(cpus=cpus, offline=offline, isolated=isolated & online, nodes=nodes,
-                    caches=_caches(cpu_dirs, online))
+                    caches=_caches(cpu_dirs, online), host_root=str(host_root))
 
 
 def _core_kinds(devices: Path, cpu_dirs: dict[int, Path], online: CPUSet) -> dict[int, CoreKind]:

@@ -37,6 +37,7 @@ from resmgr.policies.toolkit.allocator import take_cpus
 from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.undo import undone_on_failure
 from resmgr.requests import milli_to_shares
+from resmgr.topology import interrupts
 from resmgr.topology.cpuset import EMPTY, CPUSet, union
 from resmgr.topology.model import MemoryType, Topology
 
@@ -60,6 +61,10 @@ class BalloonsPolicy(Policy):
         self.reserved = cpus.reserved or take_cpus(topology, cpus.general, 1)
         self.allocatable = cpus.available - self.reserved
         self.types = {t.name: t for t in self.settings.types}
+        present = topology.interrupts() if any(t.irq_claim for t in self.settings.types) else {}
+        for t in self.settings.types:  # what a type claims is the machine's now (nri-plugins checks it so)
+            if problems := interrupts.denied(t.irq_claim, self.settings.controllable_irqs, present):
+                raise PolicyError(f"policy.balloons: balloon type {t.name}: " + "; ".join(problems))
         self.fleet = Fleet(self.settings, topology, self.isolated, self.reserved, self.allocatable)
         self.choice = Choice(self.fleet)
         self.where: dict[str, Balloon] = {}  # members' balloons, by container key

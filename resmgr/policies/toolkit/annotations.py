@@ -265,5 +265,5 @@ def irq_affinity(container: Container, pod: Pod) -> IrqAffinity:
         out.append(tuple(str(g) for g in globs))
     mode = doc.get("mode") or ""
     if mode not in IRQ_MODES:
-        raise PolicyError(f"{where}: mode {mode!r}: mask-first (the default) or claim-first")
+        raise PolicyError(f"{where}: invalid IRQ affinity mode {mode!r} (valid modes: mask-first, claim-first)")
     return IrqAffinity(out[0], out[1], IRQ_MODES[mode])

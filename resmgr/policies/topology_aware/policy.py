@@ -84,7 +84,8 @@ class TopologyAwarePolicy(Policy):
             colocate_pods=options["ColocatePods"], colocate_namespaces=options["ColocateNamespaces"],
             unlimited_burstable=LEVELS.index(options["UnlimitedBurstable"]),
             reserved_namespaces=tuple(reserved_namespaces(
-                self.config.get("ReservedPoolNamespaces", options["ReservedPoolNamespaces"]))))
+                self.config.get("ReservedPoolNamespaces", options["ReservedPoolNamespaces"]))),
+            controllable_irqs=self.controllable_irqs)
 
         cpus = cpuvalues.resolve_cpus(self.config, topology)
         available, isolated, reserved = cpus.available, cpus.isolated, cpus.reserved

@@ -14,6 +14,7 @@ from resmgr.policies.topology_aware.accounts import Accounts
 from resmgr.policies.topology_aware.affinity import affinities
 from resmgr.policies.topology_aware.tree import Pool
 from resmgr.requests import Requirements
+from resmgr.topology import interrupts
 from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import MemoryType, Topology
 
@@ -32,6 +33,7 @@ class Settings:
     colocate_namespaces: bool = False
     unlimited_burstable: int = 1  # a LEVELS index
     reserved_namespaces: tuple[str, ...] = ()
+    controllable_irqs: tuple[str, ...] = ()  # the interrupts irq-affinity may name (none: every one)
 
 
 @dataclass
@@ -143,6 +145,12 @@ class Asking:
                     r.burst_limit = req.cpu_limit
             return r
         r.exclusive, r.shared, r.on_shared = whole, fraction, bool(fraction)
+        if irqs:
+            # What the patterns name is the machine's now (nri-plugins checks it so too).
+            problems = interrupts.denied(irqs.claim + irqs.mask, self.settings.controllable_irqs,
+                                         self.topology.interrupts())
+            if problems:
+                raise PolicyError(f"container {who}: " + "; ".join(problems))
         r.irq_claim, r.irq_mask, r.irq_claim_first = irqs
         r.prefer = preferences(container, pod, self.topology)
         iso_hint = annotations.prefer_isolated(container, pod)

@@ -4,11 +4,13 @@ sink's or off an isolating balloon's, and every affinity back once nothing wants
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from resmgr.controllers.irq import IRQController, interrupts
+from resmgr.controllers.irq import IRQController
 from resmgr.model import IrqPlan, QOSClass
 from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.interrupts import parse as interrupts
 from tests.support.world import World, machine
 
 PROC = """           CPU0       CPU1       CPU2       CPU3
@@ -151,5 +153,33 @@ def test_irq_affinity_modes_numbers_and_several_claimers(tmp_path):
     irq.sync(w.policy.irq_plan())
     assert CPUSet.parse(affinity(root, 8)) == w.cpus(a) | w.cpus(b) | w.cpus(mgmt)
 
-    with pytest.raises(PolicyError, match="mode 'last': mask-first .* or claim-first"):
+    with pytest.raises(PolicyError, match="invalid IRQ affinity mode 'last' \\(valid modes: mask-first, claim-"):
         w.add(QOSClass.GUARANTEED, 1000, annotations={"irq-affinity.resource-policy.nri.io": "mask: ['*']\nmode: last"})
+
+
+def test_a_claim_on_an_interrupt_outside_the_controllable_ones_is_refused(tmp_path):
+    """nri-plugins' test: with ControllableInterrupts ["*rtc0*"], a container claiming ttyS0's
+    interrupt is refused, with the interrupt and the pattern named; so is a balloon type's claim."""
+    import pytest
+
+    from resmgr.policies import PolicyError
+
+    machine_here = dataclasses.replace(N4C16, host_root=str(proc(tmp_path)))
+    w = World("topology-aware", machine_here, ReservedResources={"cpu": "750m"},
+              **{"topology-aware": {"ControllableInterrupts": ["*rtc0*"]}})
+    denied = {"irq-affinity.resource-policy.nri.io": 'claim: ["*ttyS0*"]'}
+    with pytest.raises(PolicyError, match="denied interrupt: irq 4 \\(IO-APIC 4-edge ttyS0\\) denied but matched "
+                                          "by user pattern '\\*ttyS0\\*'"):
+        w.add(QOSClass.GUARANTEED, 1000, annotations=denied)
+    w.add(QOSClass.GUARANTEED, 1000, annotations={"irq-affinity.resource-policy.nri.io": 'claim: ["*rtc0*"]'})
+    # A mask is checked too, and a number names an interrupt as a glob does.
+    with pytest.raises(PolicyError, match="irq 9 .* by user pattern '9'"):
+        w.add(QOSClass.GUARANTEED, 1000, annotations={"irq-affinity.resource-policy.nri.io": "mask: [9]"})
+
+    types = [{"Name": "claimer", "IrqClaim": ["*ttyS0*"]}]
+    with pytest.raises(PolicyError, match="balloon type claimer: denied interrupt: irq 4"):
+        World("balloons", machine_here, ReservedResources={"cpu": "1000m"},
+              balloons={"BalloonTypes": types, "ControllableInterrupts": ["*rtc0*"]})
+    World("balloons", machine_here, ReservedResources={"cpu": "1000m"},
+          balloons={"BalloonTypes": [{"Name": "claimer", "IrqClaim": ["*rtc0*"]}],
+                    "ControllableInterrupts": ["*rtc0*"]})
