@@ -59,6 +59,7 @@ class Replay:
     scenario: str
     config: str  # YAML of the configuration
     spec: str = N4C16
+    constants: dict[str, Any] = field(default_factory=dict)  # more names the checks see
     checks: list[Check] = field(default_factory=list)
     count: int = 0
     serial: int = 0
@@ -141,7 +142,7 @@ class Replay:
         for expr in expressions:
             try:
                 # One namespace: comprehensions in a check see the placement too.
-                held = bool(eval(expr, {"apart": apart, **names}))  # noqa: S307
+                held = bool(eval(expr, {"apart": apart, **self.constants, **names}))  # noqa: S307
                 self.checks.append(Check(self.scenario, expr, held))
             except Exception as err:  # a check about a container that is not there is a miss
                 self.checks.append(Check(self.scenario, expr, False, f"{type(err).__name__}: {err}"))

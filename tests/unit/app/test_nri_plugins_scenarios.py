@@ -1,4 +1,5 @@
-"""nri-plugins' end-to-end policy scenarios for its n4c16 machine, replayed through simulate.
+"""nri-plugins' end-to-end policy scenarios for its n4c16 machine (and its n6-hbm-cxl one's memory
+types), replayed through simulate.
 
 Each story below retells one of nri-plugins' `test/e2e/policies.test-suite/<policy>/n4c16`
 tests (named in its docstring): the same configuration, the same pods in the same order,
@@ -781,13 +782,46 @@ policy:
     return r
 
 
+# n6-hbm-cxl: 2 packages of 4 CPUs, each with a DRAM node (0, 1), an HBM node (2, 3) and a CXL memory
+# node (4, 5) that nri-plugins counts as PMEM (its py_consts: dram0..pmem1 = node0..node5).
+N6_HBM_CXL = "sockets=2,nodes=1,cores=2,threads=2,numbering=linear,mem=2G,hbm=2x1G,pmem=2x4G"
+MEMORY_NODES = {0: {"dram": 0, "hbm": 2, "pmem": 4}, 1: {"dram": 1, "hbm": 3, "pmem": 5}}
+
+
+def local_mems(ctr: str, *types: str) -> str:
+    """nri-plugins' check: the container uses exactly these memory types of its own package."""
+    return (f"len(packages['{ctr}']) == 1 and mems['{ctr}'] == "
+            f"{{MEMORY_NODES[min(packages['{ctr}'])][t] for t in {types!r}}}")
+
+
+def ta_memory_types() -> Replay:
+    """topology-aware n6-hbm-cxl/test01-memory-types."""
+    r = Replay("topology-aware/n6-hbm-cxl/test01", topology_aware(), spec=N6_HBM_CXL,
+               constants={"MEMORY_NODES": MEMORY_NODES})
+    ann = "memory-type.resource-policy.nri.io/container."
+    r.create("guaranteed", contcount=4, cpu="100m", mem="512M", annotations={
+        f"{ann}pod0c1": "dram", f"{ann}pod0c2": "hbm", f"{ann}pod0c3": "pmem"})
+    r.verify(local_mems("pod0c0", "dram", "pmem"), local_mems("pod0c1", "dram"), local_mems("pod0c2", "hbm"),
+             local_mems("pod0c3", "pmem"))
+    r.delete("pod0")
+    r.create("guaranteed", contcount=4, cpu="100m", mem="2816M", annotations={
+        f"{ann}pod1c0": "hbm,dram", f"{ann}pod1c1": "hbm,dram", f"{ann}pod1c2": "pmem", f"{ann}pod1c3": "pmem"})
+    held = (local_mems("pod1c0", "hbm", "dram"), local_mems("pod1c1", "hbm", "dram"), local_mems("pod1c2", "pmem"),
+            local_mems("pod1c3", "pmem"))
+    r.verify(*held)
+    # 2.6G of each 4G PMEM node taken: one more 2G of PMEM fits neither alone, so it spans both.
+    r.create("guaranteed", cpu="100m", mem="2G", annotations={f"{ann}pod2c0": "pmem"})
+    r.verify(*held, "mems['pod2c0'] == {4, 5}")
+    return r
+
+
 SCENARIOS = (ta_basic_placement, ta_always_fits, ta_shrink_and_grow_shared, ta_simple_affinity, ta_burstable,
              ta_reserved_resources, ta_mixed_allocations, ta_reserved_namespaces_and_annotations,
              ta_global_shared_preference, ta_busy_shared_pools, ta_idle_shared_pools,
              balloons_basic_placement, balloons_reserved, balloons_group_by, balloons_namespace,
              balloons_max_balloons, balloons_numa, balloons_composite, balloons_allocator_options,
              balloons_match_expressions, balloons_available_cpus, balloons_update_config, balloons_isolated,
-             balloons_cache_clusters_of_4, balloons_cache_clusters_of_2)
+             balloons_cache_clusters_of_4, balloons_cache_clusters_of_2, ta_memory_types)
 
 # Checks that miss, each with the reason docs/limitations.md gives.
 KNOWN: dict[str, str] = {
