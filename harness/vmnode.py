@@ -54,7 +54,7 @@ class Node:
                     "&& exit 0; sleep 0.1; done; journalctl -u cri-resmgr-nri --no-pager | tail -20; exit 1")
 
     def pod(self, name: str, qos: str, cpu: str = "", memory: str = "", command: str = "sleep 3600",
-            socket: str = RELAY_SOCKET) -> tuple[str, str]:
+            socket: str = RELAY_SOCKET, annotations: dict[str, str] | None = None) -> tuple[str, str]:
         """A pod of one container, as kubelet with the systemd cgroup driver makes it; (pod, container)."""
         uid = str(uuid.uuid4())
         slice_uid = uid.replace("-", "_")
@@ -62,7 +62,8 @@ class Node:
                   "burstable": f"kubepods-burstable-pod{slice_uid}.slice",
                   "besteffort": f"kubepods-besteffort-pod{slice_uid}.slice"}[qos]
         pod = {"metadata": {"name": name, "namespace": "default", "uid": uid},
-               "log_directory": f"/var/log/pods/{name}", "linux": {"cgroup_parent": parent}}
+               "log_directory": f"/var/log/pods/{name}", "linux": {"cgroup_parent": parent},
+               "annotations": annotations or {}}
         res: dict[str, int] = {}
         if cpu:
             milli = int(cpu[:-1]) if cpu.endswith("m") else int(cpu) * 1000

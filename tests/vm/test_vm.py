@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.kube import container_ids
-from harness.vm import Shape
+from harness.vm import GuestError, Shape
 from harness.vmnode import CONTAINERD_SOCKET, RELAY_SOCKET, Kubelet, Node
 from resmgr import __version__
 from resmgr.topology.cpuset import CPUSet
@@ -210,6 +210,49 @@ def test_block_io_classes_land_in_io_max_and_the_weights_of_the_container_scope(
     assert "weights cannot be set" not in node.sh("journalctl -u cri-resmgr --no-pager")
     node.sh(f"crictl --runtime-endpoint unix://{RELAY_SOCKET} rmp -af; "
             "echo mq-deadline > /sys/block/vda/queue/scheduler")
+
+
+def movable_interrupt(node: Node) -> tuple[int, str, str]:
+    """An interrupt of the guest the kernel lets move (IO-APIC ones do; managed MSI vectors do not):
+    (number, description, its affinity now)."""
+    for line in node.sh("cat /proc/interrupts").splitlines():
+        fields = line.split()
+        if not fields or not fields[0].rstrip(":").isdigit() or "IO-APIC" not in line:
+            continue
+        irq = int(fields[0].rstrip(":"))
+        now = node.sh(f"cat /proc/irq/{irq}/smp_affinity_list").strip()
+        if node.sh(f"echo {now} > /proc/irq/{irq}/smp_affinity_list && echo ok || true").strip() == "ok":
+            return irq, " ".join(f for f in fields[1:] if not f.isdigit()), now
+    pytest.fail("no movable interrupt in the guest:\n" + node.sh("cat /proc/interrupts"))
+
+
+def test_an_interrupt_follows_the_irq_affinity_annotation_and_comes_back(node):
+    # The guest's real interrupts: one claimed by number goes to the container's exclusive CPUs,
+    # and back to where it was when the container goes.
+    irq, description, before = movable_interrupt(node)
+    node.fresh(TOPOLOGY_AWARE)
+    _, cid = node.pod("irq-g", "guaranteed", "2", "64Mi",
+                      annotations={"irq-affinity.resource-policy.nri.io": f"claim: [{irq}]"})
+    cpus, _ = node.cpuset(cid)
+    assert len(cpus) == 2
+    deadline = time.monotonic() + 30
+    while CPUSet.parse(now := node.sh(f"cat /proc/irq/{irq}/smp_affinity_list").strip()) != cpus \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert CPUSet.parse(now) == cpus, f"interrupt {irq} ({description}) on {now}, the container on {cpus}"
+    node.sh(f"crictl --runtime-endpoint unix://{RELAY_SOCKET} rmp -af")
+    deadline = time.monotonic() + 30
+    while (now := node.sh(f"cat /proc/irq/{irq}/smp_affinity_list").strip()) != before \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert now == before, f"interrupt {irq} left on {now}, was {before}"
+
+    # Outside ControllableInterrupts it is refused, the interrupt and the pattern named.
+    node.fresh(TOPOLOGY_AWARE + "  topology-aware:\n    ControllableInterrupts: [\"no-such-device\"]\n")
+    with pytest.raises(GuestError, match=f"denied interrupt: irq {irq} "):
+        node.pod("irq-denied", "guaranteed", "2", "64Mi",
+                 annotations={"irq-affinity.resource-policy.nri.io": f"claim: [{irq}]"})
+    node.sh(f"crictl --runtime-endpoint unix://{RELAY_SOCKET} rmp -af")
 
 
 def test_an_in_place_resize_through_kubelet_reaches_the_container_scope(node, kubelet):
