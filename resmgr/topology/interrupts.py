@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
-from pathlib import Path
+from collections.abc import Mapping
 
 _LINE = re.compile(r"^\s*(\d+):((?:\s+\d+)*)\s*(.*)$")
 
@@ -21,21 +21,13 @@ def parse(text: str) -> dict[int, str]:
     return out
 
 
-def read(host_root: str | Path) -> dict[int, str]:
-    """The interrupts of the machine below host_root ({} where there is no /proc/interrupts)."""
-    try:
-        return parse((Path(host_root) / "proc" / "interrupts").read_text())
-    except OSError:
-        return {}
-
-
 @functools.lru_cache(maxsize=8192)  # each sync asks of every interrupt again: descriptions seldom change
 def matches(patterns: tuple[str, ...], description: str, irq: int = -1) -> bool:
     """Whether a pattern is the interrupt's number or a glob matching its description."""
     return any(p == str(irq) or fnmatch.fnmatchcase(description, p) for p in patterns)
 
 
-def denied(patterns: tuple[str, ...], controllable: tuple[str, ...], present: dict[int, str]) -> list[str]:
+def denied(patterns: tuple[str, ...], controllable: tuple[str, ...], present: Mapping[int, str]) -> list[str]:
     """What the patterns name of the present interrupts outside the controllable ones (none when
     every interrupt is controllable), each said as nri-plugins says it."""
     if not controllable:

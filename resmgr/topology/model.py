@@ -8,7 +8,6 @@ from enum import StrEnum
 from functools import cached_property
 from typing import TypeVar
 
-from resmgr.topology import interrupts
 from resmgr.topology.cpuset import EMPTY, CPUSet
 
 K = TypeVar("K")
@@ -77,12 +76,9 @@ class Topology:
     isolated: CPUSet
     nodes: Mapping[int, Node]
     caches: tuple[Cache, ...] = ()
-    host_root: str = field(default="", compare=False)  # where it was read ("": a description only)
-
-    def interrupts(self) -> dict[int, str]:
-        """The machine's interrupts now (number -> description; none for a described machine):
-        read each time, as devices come and go."""
-        return interrupts.read(self.host_root) if self.host_root else {}
+    # The interrupts /proc/interrupts listed when it was read (number -> description): what
+    # irq-affinity patterns are checked against; one a device adds later is checked when applied.
+    interrupts: Mapping[int, str] = field(default_factory=dict, compare=False)
 
     @cached_property
     def online(self) -> CPUSet:

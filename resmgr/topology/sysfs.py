@@ -13,6 +13,7 @@ import logging
 import re
 from pathlib import Path
 
+from resmgr.topology import interrupts
 from resmgr.topology.cpuset import CPUSet, CPUSetError
 from resmgr.topology.model import CPU, Cache, CoreKind, MemoryType, Node, Topology
 
@@ -138,7 +139,7 @@ def discover(host_root: str | Path = "/") -> Topology:
                          MemoryType.DRAM, {0: 10})}
         cpus = {i: dataclasses.replace(c, node=0) for i, c in cpus.items()}
     return Topology(cpus=cpus, offline=offline, isolated=isolated & online, nodes=nodes,
-                    caches=_caches(cpu_dirs, online), host_root=str(host_root))
+                    caches=_caches(cpu_dirs, online), interrupts=_interrupts(host_root))
 
 
 def _core_kinds(devices: Path, cpu_dirs: dict[int, Path], online: CPUSet) -> dict[int, CoreKind]:
@@ -187,6 +188,14 @@ def _nodes(node_dirs: dict[int, Path], node_cpus: dict[int, CPUSet], online: CPU
             kind = MemoryType.PMEM if memory[n] >= average else MemoryType.HBM
         nodes[n] = Node(n, cpus, memory[n], kind, distances[n])
     return nodes
+
+
+def _interrupts(host_root: str | Path) -> dict[int, str]:
+    """/proc/interrupts below host_root ({} where there is none)."""
+    try:
+        return interrupts.parse((Path(host_root) / "proc" / "interrupts").read_text())
+    except OSError:
+        return {}
 
 
 def _caches(cpu_dirs: dict[int, Path], online: CPUSet) -> tuple[Cache, ...]:

@@ -61,9 +61,8 @@ class BalloonsPolicy(Policy):
         self.reserved = cpus.reserved or take_cpus(topology, cpus.general, 1)
         self.allocatable = cpus.available - self.reserved
         self.types = {t.name: t for t in self.settings.types}
-        present = topology.interrupts() if any(t.irq_claim for t in self.settings.types) else {}
-        for t in self.settings.types:  # what a type claims is the machine's now (nri-plugins checks it so)
-            if problems := interrupts.denied(t.irq_claim, self.settings.controllable_irqs, present):
+        for t in self.settings.types:  # what a type claims of the machine's interrupts (nri-plugins checks it so)
+            if problems := interrupts.denied(t.irq_claim, self.settings.controllable_irqs, topology.interrupts):
                 raise PolicyError(f"policy.balloons: balloon type {t.name}: " + "; ".join(problems))
         self.fleet = Fleet(self.settings, topology, self.isolated, self.reserved, self.allocatable)
         self.choice = Choice(self.fleet)

@@ -146,9 +146,9 @@ class Asking:
             return r
         r.exclusive, r.shared, r.on_shared = whole, fraction, bool(fraction)
         if irqs:
-            # What the patterns name is the machine's now (nri-plugins checks it so too).
+            # What the patterns name of the machine's interrupts (nri-plugins checks it so too).
             problems = interrupts.denied(irqs.claim + irqs.mask, self.settings.controllable_irqs,
-                                         self.topology.interrupts())
+                                         self.topology.interrupts)
             if problems:
                 raise PolicyError(f"container {who}: " + "; ".join(problems))
         r.irq_claim, r.irq_mask, r.irq_claim_first = irqs

@@ -164,7 +164,7 @@ def test_a_claim_on_an_interrupt_outside_the_controllable_ones_is_refused(tmp_pa
 
     from resmgr.policies import PolicyError
 
-    machine_here = dataclasses.replace(N4C16, host_root=str(proc(tmp_path)))
+    machine_here = dataclasses.replace(N4C16, interrupts=interrupts((proc(tmp_path) / "proc/interrupts").read_text()))
     w = World("topology-aware", machine_here, ReservedResources={"cpu": "750m"},
               **{"topology-aware": {"ControllableInterrupts": ["*rtc0*"]}})
     denied = {"irq-affinity.resource-policy.nri.io": 'claim: ["*ttyS0*"]'}
