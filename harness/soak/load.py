@@ -85,6 +85,7 @@ class PodRecord:
     made: float  # monotonic
     uid: str = ""
     running: float = 0.0  # when first seen running (monotonic)
+    seen: float = 0.0  # when last seen running (monotonic)
     deleted: float = 0.0
     gone: float = 0.0
     resized: bool = False
