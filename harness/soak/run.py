@@ -242,6 +242,9 @@ class Soak:
             after = self._placements()  # the same pods' new containers
             kept = [k for k, cpus in self._before_reboot.items() if after.get(k) == cpus]
             s.notes["placements kept"] = f"{len(kept)} of {len(self._before_reboot)}"
+            switched = [t for t, what in self.configs.log if "policy switch" in what and 0 <= s.started - t < 180]
+            if switched:  # the kernel may still have held the old policy's CPUs: not a verdict on reboots
+                s.notes["placements kept"] += f" (struck {s.started - switched[-1]:.0f} s after a policy switch)"
         print(f"soak {self.elapsed()}: {kind} whole after "
               f"{s.to_whole if s.to_whole is not None else 'never'} s {s.notes or ''}", flush=True)
         return s
