@@ -50,10 +50,10 @@ class KubeNode:
             self.resmgr = policy_relay(workdir, self.ctrd.socket, policy, *args, reserved=reserved) if policy \
                 else RelayProcess(workdir, self.ctrd.socket, *args)
         elif front == "nri":
-            nri = (str(self.ctrd.dir / "nri.sock"),)
-            self.resmgr = policy_nri(workdir, *nri, policy, "--hook-dir", "disabled", *relay_args,
+            sock = str(self.ctrd.dir / "nri.sock")
+            self.resmgr = policy_nri(workdir, sock, policy, "--hook-dir", "disabled", *relay_args,
                                      reserved=reserved) if policy else \
-                NriProcess(workdir, *nri, "--hook-dir", "disabled", *relay_args)
+                NriProcess(workdir, sock, "--hook-dir", "disabled", *relay_args)
         endpoint = self.resmgr.socket if front == "relay" and self.resmgr else self.ctrd.socket
         self.kubelet = Kubelet(control, workdir / "kubelet", endpoint, node, cpu_manager=cpu_manager,
                                **kubelet_settings)
