@@ -29,7 +29,7 @@ for arg in "$@"; do
     --no-critest) critest=0 ;;
     --with-vm) with_vm=1 ;;
     tests*|-m) critest=0; args+=("$arg") ;;
-    -q|-v) args+=("$arg"); vm_args+=("$arg") ;;
+    -q|-v|--durations=*) args+=("$arg"); vm_args+=("$arg") ;;
     *) args+=("$arg") ;;
     esac
 done
