@@ -64,7 +64,7 @@ async def run(args: argparse.Namespace, root: Path) -> None:
     if args.dra_devices:
         config[args.policy] = {"DRADevices": args.dra_devices}
     engine = Engine(policies.create(args.policy, config, topology), store, CriRuntime(FakeRuntime()))
-    devices = [d["name"] for d in engine.policy.devices()]
+    devices = [d["name"] for d in engine.state.policy.devices()]
     docs: dict[str, dict] = {}
 
     async def fetch(namespace: str, name: str) -> dict:

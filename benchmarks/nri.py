@@ -78,9 +78,8 @@ async def one_sync(state_dir: Path, topology, req: nri.SynchronizeRequest) -> tu
     store = StateStore(state_dir)
     store.prepare()
     runtime = NriRuntime()
-    engine = Engine(policy, store, runtime, gated=True)
-    engine.write_behind = True  # as the daemon runs it in NRI mode
-    engine.restore(store.load())
+    engine = Engine(policy, store, runtime, gated=True, write_behind=True)  # as the daemon runs it in NRI mode
+    engine.state.restore(store.load())
     plugin = NriPlugin(engine, runtime)
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     r1, w1 = await asyncio.open_unix_connection(sock=a)
@@ -104,7 +103,7 @@ async def one_sync(state_dir: Path, topology, req: nri.SynchronizeRequest) -> tu
             break
     elapsed = time.perf_counter() - started
     resp = nri.SynchronizeResponse.FromString(ttrpc.Response.FromString(bytes(buf[10:])).payload)
-    await engine.flush()
+    await engine.state.flush()
     trunk.close()
     w2.close()
     await asyncio.gather(reading, return_exceptions=True)

@@ -101,7 +101,7 @@ class Daemon:
             config_server = await self._serve_config(core, front)
             if self.opts.pid_file:
                 Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
-            log.info("%s, policy %s", front.describe(), core.engine.policy.name)
+            log.info("%s, policy %s", front.describe(), core.engine.state.policy.name)
             code = await self._run_loops(core, front)
             await self._stop_dra()  # kubelet calls no more: nothing is prepared while shutting down
             await self._shut_down(core, front, config_server)
@@ -118,7 +118,7 @@ class Daemon:
         """The state claimed and loaded, the engine on the front end's runtime, hook plugins, the
         configuration in force and the view."""
         store, state = self._load_state()
-        engine = self._make_engine(store, state, front.runtime())
+        engine = self._make_engine(store, state, front.runtime(), front.write_behind)
         self.hooks = self._make_hooks()
         control = self._make_control(engine, front.bind(engine, self.hooks))
         view = await self._serve_view(engine, control)
@@ -162,12 +162,12 @@ class Daemon:
         try:
             async with asyncio.TaskGroup() as tg:
                 loops = [tg.create_task(engine.run_reconciler(self.opts.reconcile_interval)),
-                         tg.create_task(engine.keep_written()),
+                         tg.create_task(engine.state.keep_written()),
                          tg.create_task(core.control.keep_written()),
-                         tg.create_task(follow(engine.changes.after, lambda: engine.changes.count,
-                                               lambda: engine.policy.cpu_classes(), self.cpu_classes.sync)),
-                         tg.create_task(follow(engine.changes.after, lambda: engine.changes.count,
-                                               lambda: engine.policy.irq_plan(), self.interrupts.sync)),
+                         tg.create_task(follow(engine.state.changes.after, lambda: engine.state.changes.count,
+                                               lambda: engine.state.policy.cpu_classes(), self.cpu_classes.sync)),
+                         tg.create_task(follow(engine.state.changes.after, lambda: engine.state.changes.count,
+                                               lambda: engine.state.policy.irq_plan(), self.interrupts.sync)),
                          *(tg.create_task(loop) for loop in front.loops())]
                 if self.opts.rebalance_interval > 0:
                     loops.append(tg.create_task(self._rebalance(engine)))
@@ -196,7 +196,7 @@ class Daemon:
         while True:
             await asyncio.sleep(self.opts.rebalance_interval)
             try:
-                moved = await engine.rebalance()
+                moved = await engine.state.rebalance()
             except Exception:  # a failed round must not stop the next one
                 log.exception("rebalancing failed")
                 continue
@@ -234,7 +234,7 @@ class Daemon:
         self._keep_persisted_policy(state, store)
         return store, state
 
-    def _make_engine(self, store: StateStore, state: dict | None, runtime: Runtime) -> Engine:
+    def _make_engine(self, store: StateStore, state: dict | None, runtime: Runtime, write_behind: bool) -> Engine:
         """The topology, the policy, the controllers and the engine restored from the state file."""
         try:
             try:
@@ -258,16 +258,16 @@ class Daemon:
             controllers.prepare(self.config.data)()
         except ControllerError as err:
             raise StartupError(f"{self.config.source}: {err}") from None
-        engine = Engine(policy, store, runtime, controllers, cgroup_root=self.opts.cgroup_root,
-                        gated=True)
-        engine.device_hints = functools.partial(device_hints, host_root=self.opts.host_root)
-        sched.lookup = engine.scheduling_class
+        engine = Engine(policy, store, runtime, controllers, cgroup_root=self.opts.cgroup_root, gated=True,
+                        device_hints=functools.partial(device_hints, host_root=self.opts.host_root),
+                        write_behind=write_behind)
+        sched.lookup = engine.state.scheduling_class
         persisted = ((state or {}).get("policy") or {}).get("name")
         if self.opts.disable_policy_switch and persisted and persisted != policy.name:
             raise StartupError(f"the containers were allocated by the {persisted} policy and {self.config.source} "
                                f"asks for {policy.name}; policy switching is disabled (--disable-policy-switch; "
                                "--reset-policy drops the old allocations)")
-        engine.restore(state)
+        engine.state.restore(state)
         return engine
 
     def _make_hooks(self) -> Hooks | None:
@@ -336,8 +336,8 @@ class Daemon:
         topo = statedoc.topology_doc(self.topology)
 
         def snapshot() -> dict[str, Any]:
-            return statedoc.build(self.topology, engine.policy, engine.pods, engine.containers,
-                                  control.describe(), topo, engine.ledger.claims)
+            return statedoc.build(self.topology, engine.state.policy, engine.state.pods, engine.state.containers,
+                                  control.describe(), topo, engine.state.ledger.claims)
         return snapshot
 
     async def _serve_config(self, core: Core, front: FrontEnd) -> grpc.aio.Server | None:
@@ -359,10 +359,10 @@ class Daemon:
             engine = core.engine
             if self.topology is not None:
                 snapshot = self._snapshot(engine, control)
-                feed = StateFeed(lambda: nrt.build(snapshot()), engine.changes)
+                feed = StateFeed(lambda: nrt.build(snapshot()), engine.state.changes)
             if self.opts.dra_driver:
                 devices = configlink.Devices(self.opts.dra_driver,
-                                             StateFeed(lambda: engine.policy.devices(), engine.changes))
+                                             StateFeed(lambda: engine.state.policy.devices(), engine.state.changes))
             return await configlink.serve(control, sockets.path_of(self.opts.config_socket), feed,
                                           self.opts.config_socket_group, devices, front.serving)
         return None
@@ -376,10 +376,10 @@ class Daemon:
             Path(sockets.path_of(self.opts.config_socket)).unlink(missing_ok=True)
         try:  # updates still being pushed: finish them (what does not finish stays pending)
             async with asyncio.timeout(self.opts.shutdown_grace):
-                await core.engine.settle_updates()
+                await core.engine.state.settle_updates()
         except TimeoutError:
             log.warning("shutting down with container updates still pending; they are pushed after restart")
-        await core.engine.flush()
+        await core.engine.state.flush()
         if core.view is not None:
             await core.view.stop()
         if core.telemetry is not None:

@@ -163,7 +163,7 @@ class ConfigManager:
 
     async def _apply(self, config: Config) -> None:
         try:
-            commit_controllers = self.engine.controllers.prepare(config.data)
+            commit_controllers = self.engine.state.controllers.prepare(config.data)
         except ControllerError as err:
             raise Rejected(str(err)) from None
         dumper = self.dumper_for(config)
@@ -177,12 +177,12 @@ class ConfigManager:
         commit_controllers()
         if self.hooks is not None:
             self.hooks.configure(config.data.get("hooks") or {})
-        await self.engine.reapply()
+        await self.engine.state.reapply()
         self.config = config
 
     async def _apply_policy(self, config: Config) -> None:
         """Reconfigure the policy in place, or switch to a new instance that re-allocates everyone."""
-        current, wanted, section = self.engine.policy.name, config.policy_name, config.data["policy"]
+        current, wanted, section = self.engine.state.policy.name, config.policy_name, config.data["policy"]
         if wanted != current and self.disable_policy_switch:
             raise Rejected(f"switching the policy from {current} to {wanted} is disabled (--disable-policy-switch)")
         try:
@@ -190,11 +190,11 @@ class ConfigManager:
                 if section == self.config.data["policy"]:
                     return
                 try:
-                    await self.engine.reconfigure(cgroupcpus.resolve(section, self.cgroup_root))
+                    await self.engine.state.reconfigure(cgroupcpus.resolve(section, self.cgroup_root))
                     return
                 except NotImplementedError:
                     pass  # the policy cannot keep its grants: re-allocate under the new settings
-            await self.engine.switch_policy(policies.create(wanted, cgroupcpus.resolve(section, self.cgroup_root),
+            await self.engine.state.switch_policy(policies.create(wanted, cgroupcpus.resolve(section, self.cgroup_root),
                                                             self.topology))
         except (PolicyError, ConfigError) as err:
             raise Rejected(f"policy {wanted}: {err}") from None
@@ -217,7 +217,7 @@ class ConfigManager:
     def problems(self) -> list[str]:
         """What an operator should know beyond the configuration (the engine's, and the pushed file's)."""
         pushed = [self._pushed.problem] if self._pushed.problem else []
-        return [*self.engine.problems(), *pushed]
+        return [*self.engine.state.problems(), *pushed]
 
     async def keep_written(self) -> None:
         """Runs for the daemon's life: the pushed configuration written once a failed write can be."""
@@ -244,11 +244,11 @@ class ConfigManager:
         if self._yaml[0] is not self.config:  # rendered once per configuration, not per scrape
             self._yaml = (self.config, self.config.to_yaml())
         return {"source": self.config.source, "generation": self.generation, "last_error": self.last_error,
-                "policy": self.engine.policy.name, "yaml": self._yaml[1], "problems": self.problems()}
+                "policy": self.engine.state.policy.name, "yaml": self._yaml[1], "problems": self.problems()}
 
     def status(self) -> dict[str, Any]:
-        return {"config": self.config.to_yaml(), "source": self.config.source, "policy": self.engine.policy.name,
-                "last_error": self.last_error, "pods": len(self.engine.pods),
-                "containers": len(self.engine.containers), "http_address": self.http_address,
+        return {"config": self.config.to_yaml(), "source": self.config.source, "policy": self.engine.state.policy.name,
+                "last_error": self.last_error, "pods": len(self.engine.state.pods),
+                "containers": len(self.engine.state.containers), "http_address": self.http_address,
                 "problems": self.problems()}
 

@@ -73,7 +73,7 @@ class Calls:
 
     async def stop_pod(self, pod_id: str, call: Callable[[], Awaitable[T]], deadline: float | None = None) -> T:
         with tracer.start_as_current_span("StopPodSandbox", attributes={"pod.id": pod_id}):
-            pod = self.engine.pods.get(pod_id)
+            pod = self.engine.state.pods.get(pod_id)
             resp = await self.engine.stopping.stop_pod(pod_id, call)
             if self.hooks is not None and pod is not None:
                 await self.hooks.post_stop_pod(pod, deadline)
@@ -117,19 +117,19 @@ class Calls:
 
     def _decision(self, c: Container, decided: bool, moved: int) -> dict[str, str | int | bool]:
         """What the policy decided for c, as span attributes."""
-        grant = self.engine.policy.describe_grant(c.key) or {}
-        return {"policy": self.engine.policy.name, "decided": decided, "cpuset.cpus": c.resources.cpuset_cpus,
+        grant = self.engine.state.policy.describe_grant(c.key) or {}
+        return {"policy": self.engine.state.policy.name, "decided": decided, "cpuset.cpus": c.resources.cpuset_cpus,
                 "cpuset.mems": c.resources.cpuset_mems, "pool": str(grant.get("pool", "")),
                 "grant": str(grant.get("kind", "")), "exclusive": str(grant.get("exclusive", "")),
                 "others.moved": moved}
 
     async def before_start(self, container_id: str, deadline: float | None = None) -> None:
         """Hook plugins' PreStartContainer: their resource changes are pushed to the runtime now."""
-        known = self.engine.context(container_id) if self.hooks is not None else None
+        known = self.engine.state.context(container_id) if self.hooks is not None else None
         if self.hooks is None or known is None:
             return
         pod, c = known
-        adj = await self.hooks.pre_start(pod, c, self.engine.pins(c), deadline)
+        adj = await self.hooks.pre_start(pod, c, self.engine.state.pins(c), deadline)
         if adj.resources is not None:
             await self.engine.updating.adjust(c.id, adj.resources)
 
@@ -145,9 +145,9 @@ class Calls:
         with tracer.start_as_current_span("StartContainer", attributes={"container.id": container_id}):
             if before:
                 await self.before_start(container_id, deadline)
-            known = self.engine.context(container_id) if before else None
+            known = self.engine.state.context(container_id) if before else None
             resp = await self.engine.starting.start_container(container_id, call, before, deadline)
-            await self.after_start(container_id, known or self.engine.context(container_id), deadline)
+            await self.after_start(container_id, known or self.engine.state.context(container_id), deadline)
             return resp
 
     async def update_container(self, container_id: str, asked: Resources, plain: bool,
@@ -193,7 +193,7 @@ class Calls:
     async def stop_container(self, container_id: str, call: Callable[[], Awaitable[T]],
                              deadline: float | None = None) -> T:
         with tracer.start_as_current_span("StopContainer", attributes={"container.id": container_id}):
-            known = self.engine.context(container_id) if self.hooks is not None else None
+            known = self.engine.state.context(container_id) if self.hooks is not None else None
             resp = await self.engine.stopping.stop_container(container_id, call)
             if self.hooks is not None and known is not None:
                 await self.hooks.post_stop(*known, deadline)

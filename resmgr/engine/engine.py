@@ -10,11 +10,12 @@ What a container holds is given back only once the runtime confirms it is gone: 
 remove or create whose runtime call failed or was cancelled may or may not have happened,
 so its grant stays until reconciliation (reconcile.py) has asked the runtime.
 
-Engine is the state of state.py and one object per step, each in its own module, each given
-the state (and the reconciler, where a step waits for it): create.py (pods and containers made),
-start.py (starts held back until moved containers are off the CPUs), update.py (updates and
-resizes), stop.py (stops, removals, runtime events), claims.py (DRA claims prepared and
-unprepared). Callers name the step: `engine.creating.plan_create(...)`.
+Engine owns the state (state.py), the reconciler, and one object per step, each in its own
+module and each given the state (and the reconciler, where a step waits for it): create.py (pods
+and containers made), start.py (starts held back until moved containers are off the CPUs),
+update.py (updates and resizes), stop.py (stops, removals, runtime events), claims.py (DRA claims
+prepared and unprepared). Callers name the part: `engine.creating.plan_create(...)`,
+`engine.state.containers`.
 """
 
 from __future__ import annotations
@@ -24,27 +25,28 @@ from resmgr.engine.claims import Claims
 from resmgr.engine.create import Create
 from resmgr.engine.reconcile import Reconciler
 from resmgr.engine.start import Start
-from resmgr.engine.state import EngineState, Runtime
+from resmgr.engine.state import EngineState, Hints, Runtime
 from resmgr.engine.stop import Stop
 from resmgr.engine.store import StateStore
 from resmgr.engine.update import Update
 from resmgr.policies.base import Policy
 
 
-class Engine(EngineState):
-    """The engine the front ends call: its state, its reconciler, and every lifecycle step."""
+class Engine:
+    """What the front ends call: the state, its reconciler, and every lifecycle step."""
 
-    def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
-                 controllers: Controllers | None = None, cgroup_root: str = "", gated: bool = False) -> None:
-        """gated: lifecycle decisions wait for the first reconciliation (the daemon's case)."""
-        super().__init__(policy, store, runtime, controllers, cgroup_root, gated)
-        self.reconciler = Reconciler(self)
-        self.on_wake = self.reconciler.wake
-        self.creating = Create(self, self.reconciler)
-        self.starting = Start(self, self.reconciler)
-        self.updating = Update(self)
-        self.stopping = Stop(self)
-        self.claiming = Claims(self)
+    def __init__(self, policy: Policy, store: StateStore, runtime: Runtime, controllers: Controllers | None = None,
+                 cgroup_root: str = "", gated: bool = False, device_hints: Hints | None = None,
+                 write_behind: bool = False) -> None:
+        """See EngineState for the arguments."""
+        self.state = EngineState(policy, store, runtime, controllers, cgroup_root, gated, device_hints,
+                                 write_behind)
+        self.reconciler = Reconciler(self.state)
+        self.creating = Create(self.state, self.reconciler)
+        self.starting = Start(self.state, self.reconciler)
+        self.updating = Update(self.state)
+        self.stopping = Stop(self.state)
+        self.claiming = Claims(self.state)
 
     async def reconcile(self) -> None:
         """One reconciliation round now."""

@@ -91,17 +91,12 @@ def _same(actual: str, wanted: str) -> bool:
 class Reconciler:
     """Repairs the engine's state against the runtime (state.py; it needs none of the lifecycle steps)."""
 
-    def __init__(self, engine: EngineState) -> None:
-        self.engine = engine
-        self._wake = asyncio.Event()
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
         self._sweep_lock = asyncio.Lock()  # one round at a time
         self._swept = False  # a round has completed since start-up
 
     # -- the loop ----------------------------------------------------------------------
-    def wake(self) -> None:
-        """Reconcile soon: something happened whose outcome only the runtime knows."""
-        self._wake.set()
-
     async def run(self, interval: float) -> None:
         """Reconcile every interval (0: only when woken), and retry a failed round with backoff."""
         failures = 0
@@ -113,10 +108,10 @@ class Reconciler:
                     # Not asyncio.wait_for: in 3.11 it drops a cancellation that lands as the
                     # event is set, and the loop would outlive the daemon's shutdown.
                     async with asyncio.timeout(interval or None):
-                        await self._wake.wait()
+                        await self.state.woken.wait()
                 except TimeoutError:
                     pass
-            self._wake.clear()
+            self.state.woken.clear()
             try:
                 await self.reconcile()
             except Exception as err:  # the runtime is away, or it said something odd: try again
@@ -132,48 +127,48 @@ class Reconciler:
         """One round: observe the runtime, repair the state, push what is pending, save."""
         async with self._sweep_lock:
             started = time.perf_counter()
-            first = not self.engine.reconciled.is_set() or not self._swept
+            first = not self.state.reconciled.is_set() or not self._swept
             obs = await self._observe()
-            async with self.engine.lock:
+            async with self.state.lock:
                 outcome, decision, fresh = self._commit(obs)
-                self.engine.record(decision.updates)
-            await self.engine.pusher.push_pending()
+                self.state.record(decision.updates)
+            await self.state.pusher.push_pending()
             if first:
-                await self.engine.reapply()  # containers started while we were away join their classes too
+                await self.state.reapply()  # containers started while we were away join their classes too
             else:
                 for c in fresh:
-                    await self.engine.controllers_apply(c)
+                    await self.state.controllers_apply(c)
             if first or outcome.changed():
-                await self.engine.save()
+                await self.state.save()
             self._swept = True
-            self.engine.reconciled.set()
+            self.state.reconciled.set()
         log.debug("reconciliation round: %d containers checked in %.1f ms", len(obs.actual),
                   (time.perf_counter() - started) * 1000)
         if first or outcome.changed():
             log.info("reconciled with the runtime: %d pods, %d containers known; adopted %d pods, %d containers; "
                      "dropped %d pods, %d containers; %d exited, %d settled, %d repaired, %d revived",
-                     len(self.engine.pods), len(self.engine.containers), outcome.adopted_pods, outcome.adopted,
+                     len(self.state.pods), len(self.state.containers), outcome.adopted_pods, outcome.adopted,
                      outcome.dropped_pods, outcome.dropped, outcome.exited, outcome.settled, outcome.repaired,
                      outcome.revived)
 
     # -- observing ----------------------------------------------------------------------
     async def _observe(self) -> Observation:
-        start_seq, unsettled, listed_at = self.engine.ledger.seq, set(self.engine.ledger.unsettled), time.monotonic()
-        pods = {p.id: p for p in await self.engine.runtime.list_pods() if p.id}
-        ctrs = {c.id: c for c in await self.engine.runtime.list_containers() if c.id}
+        start_seq, unsettled, listed_at = self.state.ledger.seq, set(self.state.ledger.unsettled), time.monotonic()
+        pods = {p.id: p for p in await self.state.runtime.list_pods() if p.id}
+        ctrs = {c.id: c for c in await self.state.runtime.list_containers() if c.id}
         obs = Observation(start_seq, listed_at, unsettled, pods, ctrs)
         # Creates in flight now: the runtime may list them before they return to us.
-        in_flight = {(c.pod_id, c.name, c.attempt) for k, c in self.engine.containers.items()
+        in_flight = {(c.pod_id, c.name, c.attempt) for k, c in self.state.containers.items()
                      if not c.id and k not in unsettled}
-        new_pods = [p for pid, p in pods.items() if pid not in self.engine.pods]
+        new_pods = [p for pid, p in pods.items() if pid not in self.state.pods]
         for pod in await _limited(new_pods, self._adopt_pod):
             obs.new_pods[pod.id] = pod
-        new = [c for cid, c in ctrs.items() if cid not in self.engine.containers and c.state.live
+        new = [c for cid, c in ctrs.items() if cid not in self.state.containers and c.state.live
                and (c.pod_id, c.name, c.attempt) not in in_flight]
         for c in await _limited(new, self._adopt_container):
             if c is not None:
                 obs.new_containers[c.id] = c
-        known = [c for c in self.engine.containers.values() if c.id and c.state != ContainerState.EXITED
+        known = [c for c in self.state.containers.values() if c.id and c.state != ContainerState.EXITED
                  and ctrs.get(c.id) is not None and ctrs[c.id].state.live]
         for c, seen in zip(known, await _limited(known, self._actual), strict=True):
             obs.actual[c.id] = seen
@@ -182,13 +177,13 @@ class Reconciler:
     async def _actual(self, c: Container) -> list[tuple[str, str]]:
         """The cpuset a container runs with: from its cgroup, and as the runtime reports it."""
         seen = []
-        pod = self.engine.pods.get(c.pod_id)
-        if self.engine.cgroup_root and pod is not None:
-            cg = await asyncio.to_thread(read_cpuset, self.engine.cgroup_root, pod.cgroup_parent, c.id)
+        pod = self.state.pods.get(c.pod_id)
+        if self.state.cgroup_root and pod is not None:
+            cg = await asyncio.to_thread(read_cpuset, self.state.cgroup_root, pod.cgroup_parent, c.id)
             if cg is not None:
                 seen.append(cg)
         try:
-            reported = await self.engine.runtime.running_resources(c.id)
+            reported = await self.state.runtime.running_resources(c.id)
             if reported is not None:
                 seen.append(reported)
         except Exception as err:  # gone meanwhile, or the runtime hiccuped: the next round sees
@@ -197,32 +192,32 @@ class Reconciler:
 
     async def _adopt_pod(self, p: Pod) -> Pod:
         try:
-            return await self.engine.runtime.pod_details(p)
+            return await self.state.runtime.pod_details(p)
         except Exception as err:  # status may race with removal; adopt with what we have
             log.warning("no verbose status for pod %s: %s", p.id, brief(err))
             return p
 
     async def _adopt_container(self, c: Container) -> Container | None:
         try:
-            full, devices = await self.engine.runtime.container_details(c)
+            full, devices = await self.state.runtime.container_details(c)
         except Exception as err:
             log.warning("no status for container %s, not adopting it yet: %s", c.id, brief(err))
             return None
-        full.hints = await asyncio.to_thread(self.engine.device_hints, [d for d in devices if d])
+        full.hints = await asyncio.to_thread(self.state.device_hints, [d for d in devices if d])
         return full
 
     # -- repairing (engine lock held) -------------------------------------------------
     def _commit(self, obs: Observation) -> tuple[Outcome, Decision, list[Container]]:
         out, decision, fresh = Outcome(), Decision(), []
-        for pod in [p for p in self.engine.pods.values() if p.id not in obs.pods and p.seq <= obs.start_seq]:
+        for pod in [p for p in self.state.pods.values() if p.id not in obs.pods and p.seq <= obs.start_seq]:
             # Gone without kubelet removing it (the node rebooted, say): kubelet may make it anew.
-            decision.updates.update(self.engine.drop_pod(pod, vanished=True).updates)
+            decision.updates.update(self.state.drop_pod(pod, vanished=True).updates)
             out.dropped_pods += 1
-        for c in list(self.engine.containers.values()):
+        for c in list(self.state.containers.values()):
             if not c.id or c.seq > obs.start_seq:
                 continue
             live = obs.containers.get(c.id)
-            if live is None or c.pod_id not in self.engine.pods:
+            if live is None or c.pod_id not in self.state.pods:
                 decision.updates.update(self.ended(c, None).updates)
                 out.dropped += 1
             elif live.state == ContainerState.EXITED:
@@ -233,7 +228,7 @@ class Reconciler:
                 if c.state == ContainerState.EXITED:  # released, yet it runs: it needs a grant again
                     log.warning("container %s was released but still runs; allocating it again", c.id)
                     c.state = live.state
-                    self.engine.ledger.unallocated.add(c.key)
+                    self.state.ledger.unallocated.add(c.key)
                     out.revived += 1
                     continue
                 c.state = live.state
@@ -245,17 +240,17 @@ class Reconciler:
         out.settled += self._settle_in(obs.unsettled, obs.listed_at, obs.containers.values(), obs.new_containers,
                                        fresh)
         for live_pod in obs.pods.values():
-            if live_pod.id in self.engine.pods and live_pod.state == PodState.NOT_READY:
-                self.engine.pods[live_pod.id].state = PodState.NOT_READY
+            if live_pod.id in self.state.pods and live_pod.state == PodState.NOT_READY:
+                self.state.pods[live_pod.id].state = PodState.NOT_READY
         for pid, pod in obs.new_pods.items():
-            if pid not in self.engine.pods:
-                self.engine.ledger.add_pod(pod)
+            if pid not in self.state.pods:
+                self.state.ledger.add_pod(pod)
                 out.adopted_pods += 1
         for cid, c in obs.new_containers.items():
-            if cid in self.engine.containers or c.pod_id not in self.engine.pods:
+            if cid in self.state.containers or c.pod_id not in self.state.pods:
                 continue
-            self.engine.ledger.enter(c)
-            self.engine.ledger.unallocated.add(cid)
+            self.state.ledger.enter(c)
+            self.state.ledger.unallocated.add(cid)
             fresh.append(c)
             out.adopted += 1
         decision.updates.update(self.allocate_waiting())
@@ -265,9 +260,9 @@ class Reconciler:
         """What c gives back, as the runtime lists it (None: not at all): removed, it is forgotten;
         exited, released; otherwise it keeps its grant."""
         if listed is None:
-            return self.engine.forget(c)
+            return self.state.forget(c)
         if listed.state == ContainerState.EXITED:
-            return self.engine.release(c)
+            return self.state.release(c)
         return Decision()
 
     def _differs(self, c: Container, seen: list[tuple[str, str]]) -> bool:
@@ -288,22 +283,22 @@ class Reconciler:
         """
         by_name = {(c.pod_id, c.name, c.attempt): c for c in live}
         settled = 0
-        for key in sorted(keys & set(self.engine.ledger.unsettled)):
-            c = self.engine.containers.get(key)
+        for key in sorted(keys & set(self.state.ledger.unsettled)):
+            c = self.state.containers.get(key)
             if c is None or c.id:
-                self.engine.ledger.unsettled.pop(key, None)
+                self.state.ledger.unsettled.pop(key, None)
                 continue
             match = by_name.get((c.pod_id, c.name, c.attempt))
-            if match is None and listed_at < self.engine.ledger.unsettled[key] + SETTLE_GRACE:
+            if match is None and listed_at < self.state.ledger.unsettled[key] + SETTLE_GRACE:
                 continue  # too early to tell
-            self.engine.ledger.unsettled.pop(key, None)
+            self.state.ledger.unsettled.pop(key, None)
             settled += 1
-            if match is None or match.id in self.engine.containers or not match.state.live:
+            if match is None or match.id in self.state.containers or not match.state.live:
                 log.info("create of %s (pod %s) did not happen in the runtime; released", c.name, c.pod_id)
-                self.engine.record(self.engine.forget(c).updates)  # its deferred update goes with it
+                self.state.record(self.state.forget(c).updates)  # its deferred update goes with it
                 continue
             c.id, c.state = match.id, match.state
-            late = self.engine.ledger.rename(c, key)
+            late = self.state.ledger.rename(c, key)
             twin = adopted.pop(match.id, None)
             if late is not None:
                 c.resources = late.overlaid(c.adjusted)
@@ -316,24 +311,24 @@ class Reconciler:
     async def settle(self, pod_id: str) -> None:
         """Settle unknown creates in one pod now (a caller retries one of them)."""
         listed_at = time.monotonic()
-        live = await self.engine.runtime.list_containers(pod_id)
-        async with self.engine.lock:
-            keys = {k for k in self.engine.ledger.unsettled
-                    if (c := self.engine.containers.get(k)) is not None and c.pod_id == pod_id}
+        live = await self.state.runtime.list_containers(pod_id)
+        async with self.state.lock:
+            keys = {k for k in self.state.ledger.unsettled
+                    if (c := self.state.containers.get(k)) is not None and c.pod_id == pod_id}
             fresh: list[Container] = []
             self._settle_in(keys, listed_at, live, {}, fresh)
-        await self.engine.pusher.push_pending()
+        await self.state.pusher.push_pending()
 
     def allocate_waiting(self) -> dict[str, Resources]:
         """Allocate containers the policy holds nothing for, and retry those that did not fit."""
         updates: dict[str, Resources] = {}
-        view = self.engine.view()
-        for c in self.engine.ledger.waiting():
-            pod = self.engine.pods[c.pod_id]
-            degraded = c.key in self.engine.ledger.degraded
+        view = self.state.view()
+        for c in self.state.ledger.waiting():
+            pod = self.state.pods[c.pod_id]
+            degraded = c.key in self.state.ledger.degraded
             try:
-                decision = (self.engine.policy.allocate if degraded else self.engine.policy.adopt)(c, pod, view)
-                self.engine.ledger.degraded.discard(c.key)
+                decision = (self.state.policy.allocate if degraded else self.state.policy.adopt)(c, pod, view)
+                self.state.ledger.degraded.discard(c.key)
                 if degraded:
                     log.info("container %s now gets what it asks for", c.id)
             except PolicyError as err:
@@ -345,8 +340,8 @@ class Reconciler:
             except Exception:  # a policy bug on one container must not stop every round
                 log.exception("allocating container %s failed; it runs as it is until a later round", c.id)
                 continue
-            self.engine.ledger.unallocated.discard(c.key)
-            self.engine.ledger.apply(c, decision)
+            self.state.ledger.unallocated.discard(c.key)
+            self.state.ledger.apply(c, decision)
             updates.update(decision.updates)
             if decision.resources is not None:
                 updates[c.key] = c.resources
@@ -355,9 +350,9 @@ class Reconciler:
     def _fallback(self, c: Container, pod: Pod, err: PolicyError) -> Decision | None:
         """A container found running that the policy refuses: without its annotations, else as a plain
         shared container (never left on CPUs that are someone else's)."""
-        view = self.engine.view()
+        view = self.state.view()
         try:
-            decision = self.engine.policy.adopt(dataclasses.replace(c, annotations={}),
+            decision = self.state.policy.adopt(dataclasses.replace(c, annotations={}),
                                          dataclasses.replace(pod, annotations={}), view)
             log.warning("container %s (%s/%s/%s): %s; allocated ignoring its annotations", c.id, pod.namespace,
                         pod.name, c.name, err)
@@ -365,12 +360,12 @@ class Reconciler:
         except PolicyError:
             pass
         try:
-            decision = self.engine.ledger.plain(c, pod)
+            decision = self.state.ledger.plain(c, pod)
         except PolicyError as err2:
             log.error("container %s (%s/%s/%s) cannot be allocated (%s; %s); it runs as it is until it can",
                       c.id, pod.namespace, pod.name, c.name, err, err2)
             return None
         log.error("container %s (%s/%s/%s): %s; it runs as a shared container until there is room", c.id,
                   pod.namespace, pod.name, c.name, err)
-        self.engine.ledger.degraded.add(c.key)
+        self.state.ledger.degraded.add(c.key)
         return decision

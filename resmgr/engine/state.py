@@ -25,6 +25,7 @@ log = logging.getLogger("cri-resmgr.engine")
 
 T = TypeVar("T")
 Call = Callable[[], Awaitable[T]]
+Hints = Callable[[list[str]], dict[str, list[int]]]
 
 READY_WAIT = 10.0  # how long a call waits for the first reconciliation before it is refused
 
@@ -94,13 +95,15 @@ class Changes:
 class EngineState:
     """The ledger and its lock, persistence, pushes, and the policy's own changes."""
 
-    def __init__(self, policy: Policy, store: StateStore, runtime: Runtime,
-                 controllers: Controllers | None = None, cgroup_root: str = "", gated: bool = False) -> None:
-        """gated: lifecycle decisions wait for the first reconciliation (the daemon's case)."""
+    def __init__(self, policy: Policy, store: StateStore, runtime: Runtime, controllers: Controllers | None = None,
+                 cgroup_root: str = "", gated: bool = False, device_hints: Hints | None = None,
+                 write_behind: bool = False) -> None:
+        """gated: lifecycle decisions wait for the first reconciliation (the daemon's case).
+        device_hints: device host paths -> {path: NUMA nodes} (the daemon reads sysfs; none by default).
+        write_behind: answers need not wait for the disk (see below)."""
         self.ledger = Ledger(policy)
         self.controllers = controllers or Controllers([])
-        # Device host paths -> {path: NUMA nodes}; the daemon reads sysfs, tests may stub it.
-        self.device_hints: Callable[[list[str]], dict[str, list[int]]] = lambda paths: {}
+        self.device_hints: Hints = device_hints or (lambda paths: {})
         self.store = store
         self.runtime = runtime
         self.cgroup_root = cgroup_root  # where container cgroups are read back ("": not at all)
@@ -108,11 +111,11 @@ class EngineState:
         self.reconciled = asyncio.Event()
         if not gated:
             self.reconciled.set()
-        self.on_wake: Callable[[], None] = lambda: None  # the reconciler's (engine.py)
+        self.woken = asyncio.Event()  # set by wake(); the reconciler waits on it
         self.pusher = Pusher(self.ledger, runtime, self.wake, brief)
-        # A front end whose answers need not wait for the disk: a crash between the answer and
-        # the write loses nothing, reconciliation finds the container where the answer put it.
-        self.write_behind = False
+        # A front end whose answers need not wait for the disk (NRI's): a crash between the answer
+        # and the write loses nothing, reconciliation finds the container where the answer put it.
+        self.write_behind = write_behind
         self._fallback: list[str] = []  # the policy's fallback conditions last logged
         self.held_back: dict[str, float] = {}  # starts refused since, by container
         self._saves: set[asyncio.Task[None]] = set()
@@ -306,7 +309,7 @@ class EngineState:
 
     def wake(self) -> None:
         """Reconcile soon: something happened whose outcome only the runtime knows."""
-        self.on_wake()
+        self.woken.set()
 
     # -- policy, configuration and controllers --------------------------------------------
     async def switch_policy(self, new: Policy) -> None:

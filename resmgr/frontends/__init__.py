@@ -35,6 +35,9 @@ class StartupError(Exception):
 
 
 class FrontEnd(Protocol):
+    # Whether the engine's answers may go before its state is on disk (Engine's write_behind).
+    write_behind: bool
+
     def prepare(self) -> None:
         """Check what it needs before the state is claimed (StartupError, SocketInUse)."""
 

@@ -55,7 +55,7 @@ async def follow(engine: Engine, runtime: RuntimeClient) -> None:
         finally:
             call.cancel()
         if following:
-            engine.wake()  # whatever happened while we were not subscribed
+            engine.state.wake()  # whatever happened while we were not subscribed
         # A stream that lasted is a fresh start; one that keeps ending at once backs off.
         delay = RETRY_MIN if time.monotonic() - started > RETRY_MAX else min(delay * 2, RETRY_MAX)
         await asyncio.sleep(delay)

@@ -15,6 +15,8 @@ from resmgr.frontends.nri.runtime import NriRuntime
 
 
 class NriFrontEnd:
+    write_behind = True  # the runtime waits for every answer; Synchronize heals a lost write
+
     def __init__(self, socket: str, name: str, index: str) -> None:
         self.socket, self.name, self.index = socket, name, index
         self.nri_runtime = NriRuntime()
@@ -31,8 +33,7 @@ class NriFrontEnd:
         return self.nri_runtime
 
     def bind(self, engine: Engine, hooks: HookPoints | None) -> DumpSink | None:
-        self.nri_runtime.on_failure = engine.wake
-        engine.write_behind = True  # the runtime waits for every answer; Synchronize heals a lost write
+        self.nri_runtime.on_failure = engine.state.wake
         self.plugin = NriPlugin(engine, self.nri_runtime, hooks)
         return None  # no CRI messages to dump
 

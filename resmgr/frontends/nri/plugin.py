@@ -224,7 +224,7 @@ class NriPlugin:
         self._sync_pods, self._sync_containers = [], []
         with collecting() as collector:
             await self.engine.reconcile()
-            await self.engine.settle_updates()
+            await self.engine.state.settle_updates()
         self.synchronized = True
         resp = nri.SynchronizeResponse(update=self._updates(collector))
         self.runtime.synchronized(len(resp.update))
@@ -309,7 +309,7 @@ class NriPlugin:
                 self.runtime.seen_container(c, nri.CONTAINER_STOPPED)
 
         await self.calls.stop_container(c.id, call, deadline)
-        await self.engine.settle_updates()  # the CPUs it gave back: in the answer when it carries updates
+        await self.engine.state.settle_updates()  # the CPUs it gave back: in the answer when it carries updates
 
     _events: dict[int, Callable[..., Awaitable[None]]] = {
         E.RUN_POD_SANDBOX: _pod_run, E.STOP_POD_SANDBOX: _pod_stop, E.REMOVE_POD_SANDBOX: _pod_remove,
@@ -332,12 +332,12 @@ class NriPlugin:
 
         with collecting() as collector:
             adj, created = await self.calls.create_container(convert.pod(req.pod), c, call, deadline=deadline)
-            await self.engine.settle_updates()
+            await self.engine.state.settle_updates()
         res = collector.updates.pop(cid, None) or created.resources
         self.runtime.seen_container(req.container, nri.CONTAINER_CREATED)
         self.runtime.applied(cid, res)
         resp = nri.CreateContainerResponse(update=self._updates(collector, cid))
-        sched = self.engine.scheduling_class(created.classes.get("sched", ""))
+        sched = self.engine.state.scheduling_class(created.classes.get("sched", ""))
         resp.adjust.CopyFrom(convert.adjustment(res, requested, adj, sched=sched))
         return resp
 
@@ -357,7 +357,7 @@ class NriPlugin:
                                                      unmanaged, lambda: None, deadline, clear=False)
             if sent is None:  # not a container we manage
                 return nri.UpdateContainerResponse()
-            await self.engine.settle_updates()
+            await self.engine.state.settle_updates()
         final = collector.updates.pop(cid, None) or sent
         self.runtime.applied(cid, final)
         updates = [convert.update(cid, final)] + self._updates(collector, cid)
@@ -372,7 +372,7 @@ class NriPlugin:
     async def _update_pod_sandbox(self, req: nri.UpdatePodSandboxRequest, deadline: float | None) -> Message:
         self._subscribed(E.UPDATE_POD_SANDBOX)
         self.runtime.seen_pod(req.pod)
-        pod = self.engine.pods.get(req.pod.id)
+        pod = self.engine.state.pods.get(req.pod.id)
         if pod is not None:  # the record only: what a pod's containers get is decided per container
             pod.overhead = convert.resources(req.overhead_linux_resources)
             pod.resources = convert.resources(req.linux_resources)

@@ -30,6 +30,8 @@ FIRST_WAIT = 2.0  # how long start-up waits for the runtime before serving anywa
 
 
 class RelayFrontEnd:
+    write_behind = False  # kubelet may give up on an answer: the state is written first
+
     def __init__(self, relay_socket: str, runtime_socket: str, image_socket: str = "", mode: str = "splice",
                  allow_untested: bool = False, runtime_events: bool = True) -> None:
         self.relay_socket = sockets.path_of(relay_socket)
@@ -158,7 +160,7 @@ class RelayFrontEnd:
             if state == grpc.ChannelConnectivity.READY:
                 if lost:
                     log.info("runtime connection is back; reconciling")
-                    engine.wake()
+                    engine.state.wake()
                 lost = False
             elif state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.IDLE):
                 lost = True

@@ -199,7 +199,7 @@ def test_a_valid_state_loads(tmp_path):
     from resmgr.engine import Engine
 
     eng = Engine(policies.create("none"), StateStore(tmp_path), None)
-    StateStore(tmp_path).write(eng.snapshot())
+    StateStore(tmp_path).write(eng.state.snapshot())
     assert StateStore(tmp_path).load(statefile.check)["policy"]["name"] == "none"
 
 

@@ -91,16 +91,16 @@ def _control(tmp_path, policy: str = "static") -> ConfigManager:
 @given(st.dictionaries(keys, yaml_values.map(yaml.safe_dump), max_size=4))
 async def test_random_pushes_apply_whole_or_not_at_all(tmp_path_factory, data):
     control = _control(tmp_path_factory.mktemp("c"))
-    before = (control.config.data, control.engine.policy, control.engine.policy.export_state())
+    before = (control.config.data, control.engine.state.policy, control.engine.state.policy.export_state())
     try:
         await control.push("n1", data)
     except Rejected as err:
         assert str(err) and control.last_error == str(err)
-        assert (control.config.data, control.engine.policy, control.engine.policy.export_state()) == before
+        assert (control.config.data, control.engine.state.policy, control.engine.state.policy.export_state()) == before
         assert not control.sources.pushed_store().path.exists()
         return
     assert control.config.data == from_map(data).data
-    assert control.engine.policy.name == control.config.policy_name
+    assert control.engine.state.policy.name == control.config.policy_name
     assert control.sources.pushed_store().path.exists()
 
 
@@ -117,10 +117,10 @@ async def test_a_policy_that_refuses_leaves_everything_as_it_was(tmp_path):
 async def test_static_reconfiguration_re_allocates_under_the_new_settings(tmp_path):
     control = _control(tmp_path, "static")
     await control.push("n1", {"policy": "Active: static\nReservedResources:\n  cpu: cpuset:0\n"})
-    assert control.engine.policy.reserved == control.engine.policy.reserved.parse("0")
+    assert control.engine.state.policy.reserved == control.engine.state.policy.reserved.parse("0")
     with pytest.raises(Rejected, match="CPUs 7 are not available"):
         await control.push("n1", {"policy": "Active: static\nReservedResources:\n  cpu: cpuset:7\n"})
-    assert str(control.engine.policy.reserved) == "0"
+    assert str(control.engine.state.policy.reserved) == "0"
 
 
 def test_shipped_samples_are_valid():

@@ -83,7 +83,7 @@ async def test_lock_is_not_held_across_runtime_calls(engine):
     reqs = [cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=container_config(n), sandbox_config=cfg)
             for n in ("a", "b")]
     await asyncio.gather(*(front(engine).create_container(r, send) for r in reqs))
-    assert set(engine.containers) == {"c-a", "c-b"}
+    assert set(engine.state.containers) == {"c-a", "c-b"}
 
 
 async def test_create_rewrites_request_and_updates_others(engine):
@@ -101,10 +101,10 @@ async def test_create_rewrites_request_and_updates_others(engine):
         await front(engine).create_container(req, send)
     assert sent[1].config.linux.resources.cpuset_cpus == "1"
     assert sent[1].config.linux.resources.cpu_shares == 1024
-    assert engine.containers["c2"].requested.cpu_shares == 2
-    assert engine.containers["c2"].classes["rdt"] == "gold"
-    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.client.updates] == [("c1", "0-1")]
-    assert engine.containers["c1"].resources.cpuset_cpus == "0-1"
+    assert engine.state.containers["c2"].requested.cpu_shares == 2
+    assert engine.state.containers["c2"].classes["rdt"] == "gold"
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.state.runtime.client.updates] == [("c1", "0-1")]
+    assert engine.state.containers["c1"].resources.cpuset_cpus == "0-1"
 
 
 async def test_a_create_the_runtime_refused_rolls_back(engine):
@@ -116,7 +116,7 @@ async def test_a_create_the_runtime_refused_rolls_back(engine):
     with pytest.raises(RuntimeError_, match="runtime says no"):
         await front(engine).create_container(cri.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), send)
-    assert engine.containers == {}
+    assert engine.state.containers == {}
 
 
 async def test_kubelet_update_is_forwarded_with_pinning_kept(engine):
@@ -132,16 +132,16 @@ async def test_kubelet_update_is_forwarded_with_pinning_kept(engine):
         container_id="c1", linux=cri.LinuxContainerResources(cpu_shares=300, cpuset_cpus="0-63")), update)
     assert len(forwarded) == 1
     assert forwarded[0].linux.cpuset_cpus == "0" and forwarded[0].linux.cpu_shares == 300
-    assert engine.containers["c1"].requested.cpuset_cpus == "0-63"
+    assert engine.state.containers["c1"].requested.cpuset_cpus == "0-63"
 
 
 async def test_failed_or_cancelled_stop_keeps_resources_until_the_runtime_says_stopped(engine, caplog):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg)
-    engine.runtime.client.pod(pod_id)
-    engine.runtime.client.run("c1", pod_id)
+    engine.state.runtime.client.pod(pod_id)
+    engine.state.runtime.client.run("c1", pod_id)
     released = []
-    engine.policy.release = lambda c, view: released.append(c.key) or Decision()
+    engine.state.policy.release = lambda c, view: released.append(c.key) or Decision()
 
     async def stop(req):
         raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "runtime went away")
@@ -159,12 +159,12 @@ async def test_failed_or_cancelled_stop_keeps_resources_until_the_runtime_says_s
     with pytest.raises(asyncio.CancelledError):
         await task
     assert "stopping container c1 was cancelled by the caller" in caplog.text
-    assert engine.containers["c1"].state != ContainerState.EXITED and released == []
+    assert engine.state.containers["c1"].state != ContainerState.EXITED and released == []
     await engine.reconcile()  # the runtime still runs it
     assert released == []
-    engine.runtime.client.run("c1", pod_id, state=cri.CONTAINER_EXITED)
+    engine.state.runtime.client.run("c1", pod_id, state=cri.CONTAINER_EXITED)
     await engine.reconcile()
-    assert released == ["c1"] and engine.containers["c1"].state == ContainerState.EXITED
+    assert released == ["c1"] and engine.state.containers["c1"].state == ContainerState.EXITED
 
 
 async def test_failed_remove_keeps_the_container(engine):
@@ -176,17 +176,17 @@ async def test_failed_remove_keeps_the_container(engine):
 
     with pytest.raises(RuntimeError_):
         await front(engine).remove_container(cri.RemoveContainerRequest(container_id="c1"), remove)
-    assert engine.containers["c1"].state == ContainerState.CREATED
+    assert engine.state.containers["c1"].state == ContainerState.CREATED
     await engine.reconcile()  # the runtime has no such container (and no such pod)
-    assert "c1" not in engine.containers
+    assert "c1" not in engine.state.containers
 
 
 async def test_unsettled_create_keeps_its_grant_and_is_adopted_or_released(engine, monkeypatch):
     pod_id, cfg = await _run_pod(engine)
-    engine.runtime.client.pod(pod_id)
+    engine.state.runtime.client.pod(pod_id)
     released = []
-    release = engine.policy.release
-    engine.policy.release = lambda c, view: released.append(c.key) or release(c, view)
+    release = engine.state.policy.release
+    engine.state.policy.release = lambda c, view: released.append(c.key) or release(c, view)
 
     async def lost(req):
         raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "connection lost")
@@ -195,31 +195,31 @@ async def test_unsettled_create_keeps_its_grant_and_is_adopted_or_released(engin
         with pytest.raises(RuntimeError_):
             await front(engine).create_container(cri.CreateContainerRequest(
                 pod_sandbox_id=pod_id, config=container_config(name), sandbox_config=cfg), lost)
-    assert set(engine.containers) == {f"pending:{pod_id}:made:0", f"pending:{pod_id}:never:0"}
+    assert set(engine.state.containers) == {f"pending:{pod_id}:made:0", f"pending:{pod_id}:never:0"}
     assert released == []
-    engine.runtime.client.run("c-made", pod_id, name="made")
-    engine.runtime.client.cpusets["c-made"] = "0"  # what its create request said
+    engine.state.runtime.client.run("c-made", pod_id, name="made")
+    engine.state.runtime.client.cpusets["c-made"] = "0"  # what its create request said
     allocations = []
-    allocate = engine.policy.allocate
-    engine.policy.allocate = lambda c, pod, view: allocations.append(c.key) or allocate(c, pod, view)
+    allocate = engine.state.policy.allocate
+    engine.state.policy.allocate = lambda c, pod, view: allocations.append(c.key) or allocate(c, pod, view)
     await engine.reconcile()
     # Listed too soon after its call failed: the runtime may still be making it.
-    assert released == [] and f"pending:{pod_id}:never:0" in engine.containers
+    assert released == [] and f"pending:{pod_id}:never:0" in engine.state.containers
     monkeypatch.setattr(reconcile, "SETTLE_GRACE", 0.0)
     await engine.reconcile()
     assert released == [f"pending:{pod_id}:never:0"]
-    made = engine.containers["c-made"]
+    made = engine.state.containers["c-made"]
     assert allocations == [] and made.state == ContainerState.RUNNING  # adopted with its grant
     # "never"'s create had moved it to 0-1 meanwhile: that decision reaches the runtime now.
-    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.client.updates] == [("c-made", "0-1")]
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.state.runtime.client.updates] == [("c-made", "0-1")]
 
 
 async def test_a_retried_create_settles_the_unknown_one_first(engine):
     pod_id, cfg = await _run_pod(engine)
-    engine.runtime.client.pod(pod_id)
+    engine.state.runtime.client.pod(pod_id)
 
     async def lost(req):
-        engine.runtime.client.run("c-first", pod_id)  # it did get created
+        engine.state.runtime.client.run("c-first", pod_id)  # it did get created
         raise RuntimeError_(grpc.StatusCode.UNAVAILABLE, "connection lost")
 
     async def reserved(req):
@@ -230,27 +230,27 @@ async def test_a_retried_create_settles_the_unknown_one_first(engine):
         await front(engine).create_container(req, lost)
     with pytest.raises(RuntimeError_, match="reserved"):
         await front(engine).create_container(req, reserved)
-    assert set(engine.containers) == {"c-first"}
-    first = engine.containers["c-first"]
+    assert set(engine.state.containers) == {"c-first"}
+    first = engine.state.containers["c-first"]
     assert first.state == ContainerState.RUNNING and first.resources.cpuset_cpus == "0"  # its grant stands
 
 
 def _holding(engine, pod_id, cid="c1", cpus="0"):
     """The engine holds container cid (name "a", attempt 0) as created, and the runtime lists it."""
-    engine.runtime.client.pod(pod_id)
-    engine.runtime.client.run(cid, pod_id, state=cri.CONTAINER_CREATED)
-    engine.runtime.client.cpusets[cid] = cpus
+    engine.state.runtime.client.pod(pod_id)
+    engine.state.runtime.client.run(cid, pod_id, state=cri.CONTAINER_CREATED)
+    engine.state.runtime.client.cpusets[cid] = cpus
 
 
 async def test_a_create_refused_for_a_held_name_leaves_the_holder_as_it_was(engine):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     _holding(engine, pod_id)
-    holder = engine.containers["c1"]
+    holder = engine.state.containers["c1"]
     granted = holder.resources
     asked = []
-    allocate = engine.policy.allocate
-    engine.policy.allocate = lambda c, pod, view: asked.append(c.key) or allocate(c, pod, view)
+    allocate = engine.state.policy.allocate
+    engine.state.policy.allocate = lambda c, pod, view: asked.append(c.key) or allocate(c, pod, view)
     sent = []
 
     async def reserved(req):
@@ -262,7 +262,7 @@ async def test_a_create_refused_for_a_held_name_leaves_the_holder_as_it_was(engi
     with pytest.raises(RuntimeError_, match="reserved"):
         await front(engine).create_container(req, reserved)
     assert asked == [] and sent == ["0"]  # nothing granted to it; it carried the holder's grant
-    assert set(engine.containers) == {"c1"} and holder.state == ContainerState.CREATED
+    assert set(engine.state.containers) == {"c1"} and holder.state == ContainerState.CREATED
     assert holder.resources == granted and not holder.pending
     await engine.starting.start_container("c1", _ok)
     assert holder.state == ContainerState.RUNNING and holder.resources == granted
@@ -275,13 +275,13 @@ async def _ok():
 async def test_a_create_the_runtime_takes_for_a_held_name_takes_over_the_grant(engine):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
-    granted = engine.containers["c1"].resources
-    engine.runtime.client.pod(pod_id)
-    engine.runtime.client.run("c1", pod_id, state=cri.CONTAINER_CREATED)
+    granted = engine.state.containers["c1"].resources
+    engine.state.runtime.client.pod(pod_id)
+    engine.state.runtime.client.run("c1", pod_id, state=cri.CONTAINER_CREATED)
     asked = []
-    allocate = engine.policy.allocate
-    engine.policy.allocate = lambda c, pod, view: asked.append(c.key) or allocate(c, pod, view)
-    engine.runtime.client.containers = []  # c1 was removed behind our back, after we last asked
+    allocate = engine.state.policy.allocate
+    engine.state.policy.allocate = lambda c, pod, view: asked.append(c.key) or allocate(c, pod, view)
+    engine.state.runtime.client.containers = []  # c1 was removed behind our back, after we last asked
 
     async def made(req):
         return cri.CreateContainerResponse(container_id="c2")
@@ -289,8 +289,9 @@ async def test_a_create_the_runtime_takes_for_a_held_name_takes_over_the_grant(e
     engine.creating._confirm_older = _no_check  # the removal comes after the engine asked about c1
     await front(engine).create_container(cri.CreateContainerRequest(
         pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), made)
-    assert asked == [] and set(engine.containers) == {"c2"}
-    assert engine.containers["c2"].resources == granted and engine.containers["c2"].state == ContainerState.CREATED
+    assert asked == [] and set(engine.state.containers) == {"c2"}
+    c2 = engine.state.containers["c2"]
+    assert c2.resources == granted and c2.state == ContainerState.CREATED
 
 
 async def _no_check(c):
@@ -316,7 +317,7 @@ async def test_a_create_in_flight_holds_its_name_against_a_second_one(engine):
         await front(engine).create_container(req, reserved)
     release_first.set()
     await first
-    assert set(engine.containers) == {"c1"} and engine.containers["c1"].resources.cpuset_cpus == "0"
+    assert set(engine.state.containers) == {"c1"} and engine.state.containers["c1"].resources.cpuset_cpus == "0"
 
 
 async def test_a_new_sandbox_of_a_pod_does_not_release_the_old_ones_containers(engine):
@@ -327,57 +328,57 @@ async def test_a_new_sandbox_of_a_pod_does_not_release_the_old_ones_containers(e
         return cri.RunPodSandboxResponse(pod_sandbox_id="pod-again")
 
     await front(engine).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), again)  # same pod UID
-    assert {pod_id, "pod-again"} <= set(engine.pods)
-    assert engine.containers["c1"].state == ContainerState.CREATED
+    assert {pod_id, "pod-again"} <= set(engine.state.pods)
+    assert engine.state.containers["c1"].state == ContainerState.CREATED
 
 
 async def test_failed_updates_stay_pending_across_restarts_until_pushed(engine, tmp_path):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
-    engine.runtime.client.fail_updates = True
+    engine.state.runtime.client.fail_updates = True
     await _create(engine, pod_id, cfg, cid="c2", name="b")  # moves c1 to 0-1; the push fails
-    assert engine.containers["c1"].pending
-    assert engine.store.load()["containers"][0]["pending"] is True
+    assert engine.state.containers["c1"].pending
+    assert engine.state.store.load()["containers"][0]["pending"] is True
     # A restart: the pending update is pushed once the runtime is back.
     runtime = FakeRuntime()
     runtime.pod(pod_id)
     runtime.run("c1", pod_id, name="a")
     runtime.run("c2", pod_id, name="b")
     again = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(runtime))
-    again.restore(StateStore(tmp_path).load())
+    again.state.restore(StateStore(tmp_path).load())
     await again.reconcile()
     assert ("c1", "0-1") in [(cid, r.cpuset_cpus) for cid, r in runtime.updates]
-    assert not again.containers["c1"].pending
+    assert not again.state.containers["c1"].pending
 
 
 async def test_reconcile_pushes_again_where_the_runtime_differs(engine):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
-    engine.runtime.client.pod(pod_id)
-    engine.runtime.client.run("c1", pod_id)
-    engine.runtime.client.cpusets["c1"] = "0"
+    engine.state.runtime.client.pod(pod_id)
+    engine.state.runtime.client.run("c1", pod_id)
+    engine.state.runtime.client.cpusets["c1"] = "0"
     await engine.reconcile()
-    assert engine.runtime.client.updates == []
-    engine.runtime.client.cpusets["c1"] = "1"  # changed behind our back
+    assert engine.state.runtime.client.updates == []
+    engine.state.runtime.client.cpusets["c1"] = "1"  # changed behind our back
     await engine.reconcile()
-    assert [(cid, r.cpuset_cpus) for cid, r in engine.runtime.client.updates] == [("c1", "0")]
+    assert [(cid, r.cpuset_cpus) for cid, r in engine.state.runtime.client.updates] == [("c1", "0")]
 
 
 async def test_pods_removed_behind_our_back_release_their_containers(engine):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg)
     released = []
-    engine.policy.release = lambda c, view: released.append(c.key) or Decision()
+    engine.state.policy.release = lambda c, view: released.append(c.key) or Decision()
     await engine.reconcile()  # the runtime has neither the pod nor its container
-    assert engine.pods == {} and engine.containers == {} and released == ["c1"]
+    assert engine.state.pods == {} and engine.state.containers == {} and released == ["c1"]
 
 
 async def test_a_reconcile_does_not_drop_a_create_that_lands_while_it_lists(engine):
     pod_id, cfg = await _run_pod(engine)
-    engine.runtime.client.pod(pod_id)
+    engine.state.runtime.client.pod(pod_id)
     listing = asyncio.Event()
     landed = asyncio.Event()
-    original = engine.runtime.client.list_containers
+    original = engine.state.runtime.client.list_containers
 
     async def slow_list(pod_id=""):
         listing.set()
@@ -387,16 +388,16 @@ async def test_a_reconcile_does_not_drop_a_create_that_lands_while_it_lists(engi
 
     async def send(req):
         await listing.wait()  # decided before the round, created in the runtime after its listing
-        engine.runtime.client.run("c-late", pod_id)
+        engine.state.runtime.client.run("c-late", pod_id)
         return cri.CreateContainerResponse(container_id="c-late")
 
-    engine.runtime.client.list_containers = slow_list
+    engine.state.runtime.client.list_containers = slow_list
     round_ = asyncio.create_task(engine.reconcile())
     await front(engine).create_container(cri.CreateContainerRequest(
         pod_sandbox_id=pod_id, config=container_config("a"), sandbox_config=cfg), send)
     landed.set()
     await round_
-    assert "c-late" in engine.containers
+    assert "c-late" in engine.state.containers
 
 
 async def test_gated_engine_decides_nothing_before_reconciling(tmp_path, monkeypatch):
@@ -405,14 +406,14 @@ async def test_gated_engine_decides_nothing_before_reconciling(tmp_path, monkeyp
     pod_id, cfg = await _run_pod(eng)
     with pytest.raises(NotReady):
         await _create(eng, pod_id, cfg)
-    eng.runtime.client.pod(pod_id)
+    eng.state.runtime.client.pod(pod_id)
     await eng.reconcile()
     await _create(eng, pod_id, cfg)
-    assert "c1" in eng.containers
+    assert "c1" in eng.state.containers
 
 
 async def test_reconcile_tolerates_odd_runtime_data(engine):
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     rt.pods = [cri.PodSandbox(id="p1"), cri.PodSandbox(id="")]  # no metadata at all; no ID
     rt.containers = [cri.Container(id="x1", pod_sandbox_id="p1", state=cri.CONTAINER_RUNNING),
                      cri.Container(id="x2", pod_sandbox_id="no-such-pod", state=cri.CONTAINER_RUNNING),
@@ -426,12 +427,12 @@ async def test_reconcile_tolerates_odd_runtime_data(engine):
 
     rt.container_status, rt.pod_status = odd_status, odd_pod_status
     await engine.reconcile()
-    assert set(engine.pods) == {"p1"} and set(engine.containers) == {"x1"}
+    assert set(engine.state.pods) == {"p1"} and set(engine.state.containers) == {"x1"}
 
 
 async def test_a_new_attempt_releases_the_old_one_only_once_the_runtime_shows_it_ended(engine):
     pod_id, cfg = await _run_pod(engine)
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     ids = iter(["c1", "c2", "c3"])
 
     async def create(req):
@@ -446,24 +447,24 @@ async def test_a_new_attempt_releases_the_old_one_only_once_the_runtime_shows_it
             pod_sandbox_id=pod_id, config=cc, sandbox_config=cfg), create)
 
     released = []
-    release = engine.policy.release
-    engine.policy.release = lambda c, view: released.append(c.key) or release(c, view)
+    release = engine.state.policy.release
+    engine.state.policy.release = lambda c, view: released.append(c.key) or release(c, view)
     await attempt(0)
     rt.run("c1", pod_id, attempt=0, state=cri.CONTAINER_RUNNING)
     await attempt(1)  # the runtime still runs attempt 0: it keeps what it holds
-    assert engine.containers["c1"].state == ContainerState.CREATED and released == []
-    assert engine.containers["c2"].state == ContainerState.CREATED
+    assert engine.state.containers["c1"].state == ContainerState.CREATED and released == []
+    assert engine.state.containers["c2"].state == ContainerState.CREATED
     rt.run("c1", pod_id, attempt=0, state=cri.CONTAINER_EXITED)
     rt.containers = [c for c in rt.containers if c.id != "c2"]  # removed behind our back
     await attempt(2)
-    assert engine.containers["c1"].state == ContainerState.EXITED  # exited: released, still known
-    assert "c2" not in engine.containers  # removed: forgotten
-    assert engine.containers["c3"].state == ContainerState.CREATED
+    assert engine.state.containers["c1"].state == ContainerState.EXITED  # exited: released, still known
+    assert "c2" not in engine.state.containers  # removed: forgotten
+    assert engine.state.containers["c3"].state == ContainerState.CREATED
 
 
 async def test_reconcile_drops_vanished_adopts_new_and_keeps_fresh(engine):
     gone_pod, _ = await _run_pod(engine, "gone")
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     rt.pods = [cri.PodSandbox(id="pod-new", metadata=cri.PodSandboxMetadata(name="new", uid="u", namespace="ns"))]
     rt.containers = [cri.Container(id="c-new", pod_sandbox_id="pod-new", state=cri.CONTAINER_RUNNING,
                                    metadata=cri.ContainerMetadata(name="x"))]
@@ -476,21 +477,21 @@ async def test_reconcile_drops_vanished_adopts_new_and_keeps_fresh(engine):
 
     rt.list_containers = list_and_race
     await engine.reconcile()
-    assert set(engine.pods) == {"pod-new", "pod-fresh"}
-    assert engine.pods["pod-new"].qos_class.value == "Burstable"
-    assert engine.containers["c-new"].state == ContainerState.RUNNING
+    assert set(engine.state.pods) == {"pod-new", "pod-fresh"}
+    assert engine.state.pods["pod-new"].qos_class.value == "Burstable"
+    assert engine.state.containers["c-new"].state == ContainerState.RUNNING
     # Adopted containers are allocated by the policy and pushed to the runtime.
     assert ("c-new", "0") in [(cid, r.cpuset_cpus) for cid, r in rt.updates]
-    assert gone_pod not in engine.pods
+    assert gone_pod not in engine.state.pods
 
 
 async def test_state_round_trips_through_the_store(engine, tmp_path):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg)
     again = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(FakeRuntime()))
-    again.restore(StateStore(tmp_path).load())
-    assert again.pods == engine.pods
-    assert again.containers == engine.containers
+    again.state.restore(StateStore(tmp_path).load())
+    assert again.state.pods == engine.state.pods
+    assert again.state.containers == engine.state.containers
 
 
 async def test_runtime_ends_with_the_latest_decision(engine):
@@ -512,9 +513,9 @@ async def test_runtime_ends_with_the_latest_decision(engine):
     await front(engine).create_container(req("b"), send)
     release_a.set()
     await task_a
-    pushed = [r.cpuset_cpus for cid, r in engine.runtime.client.updates if cid == "c1"]
+    pushed = [r.cpuset_cpus for cid, r in engine.state.runtime.client.updates if cid == "c1"]
     assert pushed[-1] == "0-2"  # B decided last: everyone else on 0-2
-    assert engine.containers["c1"].resources.cpuset_cpus == "0-2"
+    assert engine.state.containers["c1"].resources.cpuset_cpus == "0-2"
 
 
 
@@ -543,27 +544,30 @@ async def test_reconfigure_and_rebalance_push_what_moved(tmp_path):
 
     await create_as("g", "big", cri.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000))
     await create_as("s", "small", cri.LinuxContainerResources(cpu_shares=512))
-    assert eng.containers["g"].resources.cpuset_cpus == "0-1"
-    assert eng.containers["s"].resources.cpuset_cpus == "2-3"
+    assert eng.state.containers["g"].resources.cpuset_cpus == "0-1"
+    assert eng.state.containers["s"].resources.cpuset_cpus == "2-3"
     # A reserved CPU under the exclusive grant is refused and nothing changes.
     with pytest.raises(PolicyError, match="grant of g"):
-        await eng.reconfigure({"Active": "topology-aware", "ReservedResources": {"cpu": "cpuset:0"}})
+        await eng.state.reconfigure({"Active": "topology-aware", "ReservedResources": {"cpu": "cpuset:0"}})
     assert runtime.updates == []
-    await eng.reconfigure({"Active": "topology-aware", "ReservedResources": {"cpu": "cpuset:3"}})
+    await eng.state.reconfigure({"Active": "topology-aware", "ReservedResources": {"cpu": "cpuset:3"}})
     assert [(cid, r.cpuset_cpus) for cid, r in runtime.updates] == [("s", "2")]
-    assert eng.store.load()["policy"]["data"]["grants"]["g"]["exclusive"] == "0-1"
+    assert eng.state.store.load()["policy"]["data"]["grants"]["g"]["exclusive"] == "0-1"
 
     async def removed(req):
         return cri.RemoveContainerResponse()
 
     await front(eng).remove_container(cri.RemoveContainerRequest(container_id="g"), removed)
-    assert await eng.rebalance() == 1  # node 0 is free now and has more room
+    assert await eng.state.rebalance() == 1  # node 0 is free now and has more room
     assert runtime.updates[-1][0] == "s" and runtime.updates[-1][1].cpuset_cpus == "0-1"
-    assert await eng.rebalance() == 0
+    assert await eng.state.rebalance() == 0
 
 
-async def test_create_records_device_topology_hints(engine):
-    engine.device_hints = lambda paths: {p: [1] for p in paths if p.startswith("/dev/")}
+async def test_create_records_device_topology_hints(tmp_path):
+    store = StateStore(tmp_path)
+    store.prepare()
+    engine = Engine(PinningPolicy(), store, CriRuntime(FakeRuntime()),
+                    device_hints=lambda paths: {p: [1] for p in paths if p.startswith("/dev/")})
     pod_id, cfg = await _run_pod(engine)
 
     async def send(req):
@@ -573,8 +577,8 @@ async def test_create_records_device_topology_hints(engine):
     config.devices.add(container_path="/dev/nvidia0", host_path="/dev/nvidia0", permissions="rw")
     await front(engine).create_container(cri.CreateContainerRequest(pod_sandbox_id=pod_id, config=config,
                                                              sandbox_config=cfg), send)
-    assert engine.containers["c-dev"].hints == {"/dev/nvidia0": [1]}
-    assert engine.snapshot()["containers"][0]["hints"] == {"/dev/nvidia0": [1]}
+    assert engine.state.containers["c-dev"].hints == {"/dev/nvidia0": [1]}
+    assert engine.state.snapshot()["containers"][0]["hints"] == {"/dev/nvidia0": [1]}
 
 
 async def test_a_container_made_while_down_is_accounted_before_anything_new_is_decided(tmp_path):
@@ -617,7 +621,7 @@ async def test_a_container_made_while_down_is_accounted_before_anything_new_is_d
     await eng.reconcile()
     with pytest.raises(PolicyError, match="needs 1 exclusive"):
         await waiting
-    assert str(eng.policy.cpus_of("made-while-down")) == "0"  # kept where it runs, accounted
+    assert str(eng.state.policy.cpus_of("made-while-down")) == "0"  # kept where it runs, accounted
 
 
 @pytest.mark.parametrize("how", ["StopContainer", "event"])
@@ -626,7 +630,7 @@ async def test_a_release_while_a_round_observes_is_not_undone_by_it(engine, how)
     # that would hand its CPUs out again while the container is gone.
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, "c1")
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     rt.pod(pod_id)
     rt.run("c1", pod_id)
     original_list = rt.list_containers
@@ -644,29 +648,29 @@ async def test_a_release_while_a_round_observes_is_not_undone_by_it(engine, how)
 
     rt.list_containers = list_then_stop
     await engine.reconcile()
-    assert engine.containers["c1"].state == ContainerState.EXITED
-    assert "c1" not in engine.snapshot()["unallocated"]
+    assert engine.state.containers["c1"].state == ContainerState.EXITED
+    assert "c1" not in engine.state.snapshot()["unallocated"]
 
 
 async def test_hook_adjustments_outlive_moves_and_updates_that_change_nothing(engine):
     from resmgr.model import Adjustment
 
     pod_id, cfg = await _run_pod(engine)
-    pod = engine.pods[pod_id]
+    pod = engine.state.pods[pod_id]
     plan = await engine.creating.plan_create(pod, engine_container(pod_id, "a"))
     engine.creating.amend_create(plan, Adjustment(env={"X": "1"}, resources=Resources(cpu_quota=25000)))
     await engine.creating.commit_create(plan, "c1")
     await _create(engine, pod_id, cfg, cid="c2", name="b")  # the policy moves c1
-    await engine.settle_updates()
-    c1 = engine.containers["c1"]
+    await engine.state.settle_updates()
+    c1 = engine.state.containers["c1"]
     assert c1.resources.cpuset_cpus == "0-1" and c1.resources.cpu_quota == 25000 and c1.env == {"X": "1"}
-    pushed = [res for cid, res in engine.runtime.client.updates if cid == "c1"]
+    pushed = [res for cid, res in engine.state.runtime.client.updates if cid == "c1"]
     assert pushed and pushed[-1].cpu_quota == 25000
     # An update that changes nothing keeps what the plugins set.
     plan = await engine.updating.plan_update("c1", Resources(cpu_shares=c1.requested.cpu_shares), plain=True)
     assert plan.resources is None and plan.adjusted == Resources(cpu_quota=25000)
     await engine.updating.commit_update(plan, c1.resources)
-    assert engine.containers["c1"].adjusted == Resources(cpu_quota=25000)
+    assert engine.state.containers["c1"].adjusted == Resources(cpu_quota=25000)
 
 
 def engine_container(pod_id, name):
@@ -695,7 +699,7 @@ def taking_engine(tmp_path, policy: Policy | None = None) -> Engine:
 
 async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_path):
     engine = taking_engine(tmp_path)
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     started = []
@@ -706,20 +710,20 @@ async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_p
     await engine.starting.start_container("c1", start)
     rt.fail_updates = True  # the runtime goes away while c2's create moves c1 off CPU 2
     await _create(engine, pod_id, cfg, cid="c2", name="b")
-    await engine.settle_updates()
-    assert engine.containers["c1"].pending and rt.cpusets.get("c1") != "0"
+    await engine.state.settle_updates()
+    assert engine.state.containers["c1"].pending and rt.cpusets.get("c1") != "0"
     with pytest.raises(NotReady, match="c1"):
         await engine.starting.start_container("c2", start)
     assert started == [True]  # c2 was not started while c1 may still run on its CPU
     rt.fail_updates = False
     await engine.starting.start_container("c2", start)
-    assert started == [True, True] and rt.cpusets["c1"] == "0" and not engine.containers["c1"].pending
+    assert started == [True, True] and rt.cpusets["c1"] == "0" and not engine.state.containers["c1"].pending
 
 
 async def _held_back(tmp_path):
     """c1 runs and c2 is made on a CPU c1 must leave, with the runtime refusing c1's move."""
     engine = taking_engine(tmp_path)
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     rt.fail_updates = True
@@ -738,14 +742,14 @@ async def test_a_runtime_that_never_takes_the_moves_does_not_keep_a_container_fr
         await engine.starting.start_container("c2", start)
     monkeypatch.setattr(starting, "HOLD_BACK_MAX", 0.0)  # refused for longer than that
     await engine.starting.start_container("c2", start)
-    assert started == [True] and engine.containers["c1"].pending  # started all the same, logged
+    assert started == [True] and engine.state.containers["c1"].pending  # started all the same, logged
 
 
 async def test_a_container_updated_while_the_runtime_starts_it_is_updated_again(tmp_path):
     """The runtime may start a container from what it held before an update that came meanwhile;
     whoever gets the CPUs it was moved off waits until it is started and updated again."""
     engine = taking_engine(tmp_path)
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     events = []
@@ -794,21 +798,21 @@ async def test_balloons_are_reconfigured_live_and_persisted(tmp_path):
     await front(eng).create_container(cri.CreateContainerRequest(
         pod_sandbox_id="pod", config=container_config("a", resources=cri.LinuxContainerResources(cpu_shares=512)),
         sandbox_config=cfg), send)
-    assert eng.containers["a"].resources.cpuset_cpus == "1-2"
+    assert eng.state.containers["a"].resources.cpuset_cpus == "1-2"
     again = Engine(create("balloons", config, topo), StateStore(tmp_path), CriRuntime(FakeRuntime()))
-    again.restore(StateStore(tmp_path).load())
-    assert again.policy.export_state() == eng.policy.export_state()
+    again.state.restore(StateStore(tmp_path).load())
+    assert again.state.policy.export_state() == eng.state.policy.export_state()
     # A new configuration keeps the balloon and resizes it, pushing what moved.
     types["BalloonTypes"][0]["MinCPUs"] = 3
-    await eng.reconfigure(config)
+    await eng.state.reconfigure(config)
     assert [(cid, r.cpuset_cpus) for cid, r in runtime.updates] == [("a", "1-3")]
     # One that puts the container in another type re-places everyone (as the config manager does:
     # the policy says it cannot keep its balloons, and a new instance re-allocates every container).
     types["BalloonTypes"] = [{"Name": "solo", "MinCPUs": 1, "Namespaces": ["*"]}]
     with pytest.raises(NotImplementedError):
-        await eng.reconfigure(config)
-    await eng.switch_policy(create("balloons", config, topo))
-    assert runtime.updates[-1][0] == "a" and eng.policy.describe_grant("a")["pool"] == "solo[0]"
+        await eng.state.reconfigure(config)
+    await eng.state.switch_policy(create("balloons", config, topo))
+    assert runtime.updates[-1][0] == "a" and eng.state.policy.describe_grant("a")["pool"] == "solo[0]"
 
 
 async def test_the_reconciler_stops_when_cancelled_as_it_is_woken(engine):
@@ -818,7 +822,7 @@ async def test_the_reconciler_stops_when_cancelled_as_it_is_woken(engine):
         task = asyncio.create_task(engine.run_reconciler(10))
         for _ in range(i % 5):
             await asyncio.sleep(0)
-        engine.wake()
+        engine.state.wake()
         for _ in range(i % 3):
             await asyncio.sleep(0)
         task.cancel()
@@ -840,7 +844,7 @@ async def test_a_hint_the_policy_does_not_consult_is_named_in_a_warning(engine, 
         return cri.RunPodSandboxResponse(pod_sandbox_id="pod-hinted")
 
     await front(engine).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), send)
-    pod = engine.pods["pod-hinted"]
+    pod = engine.state.pods["pod-hinted"]
     container = convert.container_from_config("pod-hinted", container_config("a"))
     with caplog.at_level("WARNING", logger="cri-resmgr.engine"):
         await engine.creating.plan_create(pod, container)
@@ -861,14 +865,14 @@ async def test_a_full_disk_neither_fails_a_create_nor_keeps_the_engine_from_its_
 
     monkeypatch.setattr(store_mod.os, "write", full)
     eng = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(FakeRuntime()), gated=True)
-    eng.store.prepare()
+    eng.state.store.prepare()
     pod_id, cfg = await _run_pod(eng)
-    eng.runtime.client.pod(pod_id)
+    eng.state.runtime.client.pod(pod_id)
     await eng.reconcile()  # its save fails: the round still counts
-    assert eng.reconciled.is_set()
+    assert eng.state.reconciled.is_set()
     await _create(eng, pod_id, cfg)  # the runtime made it: the answer is not an error
-    assert "c1" in eng.containers
-    assert eng.problems() and "No space left on device" in eng.problems()[0]
+    assert "c1" in eng.state.containers
+    assert eng.state.problems() and "No space left on device" in eng.state.problems()[0]
 
 
 async def test_a_start_held_back_by_a_slow_runtime_waits_for_its_moves_within_the_callers_deadline(
@@ -909,7 +913,7 @@ async def test_a_start_held_back_by_a_runtime_that_does_not_answer_is_refused_be
     async def stuck(*args, **kwargs):
         await hang.wait()
 
-    monkeypatch.setattr(engine.runtime, "update_resources", stuck)
+    monkeypatch.setattr(engine.state.runtime, "update_resources", stuck)
 
     async def start():
         raise AssertionError("started while c1 may still run on its CPU")
@@ -917,7 +921,7 @@ async def test_a_start_held_back_by_a_runtime_that_does_not_answer_is_refused_be
     began = time.monotonic()
     with pytest.raises(NotReady):
         await engine.starting.start_container("c2", start, deadline=time.monotonic() + 1.5)
-    assert time.monotonic() - began < 1.4 and engine.containers["c1"].pending
+    assert time.monotonic() - began < 1.4 and engine.state.containers["c1"].pending
     hang.set()
 
 
@@ -925,19 +929,19 @@ async def test_a_pod_whose_sandbox_vanished_is_offered_its_cpus_when_kubelet_mak
     """After a reboot the runtime has no sandbox left and reconciliation drops every pod, but kubelet
     makes them anew (same UID): their containers are offered the CPUs they ran on, also across a
     restart of cri-resmgr meanwhile; a pod kubelet removed is not remembered."""
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     pod_id, cfg = await _run_pod(engine, "kept")
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     gone_id, gone_cfg = await _run_pod(engine, "removed")
     await _create(engine, gone_id, gone_cfg, cid="c2", name="a")
-    cpus = engine.containers["c1"].resources.cpuset_cpus
+    cpus = engine.state.containers["c1"].resources.cpuset_cpus
     await front(engine).remove_pod_sandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=gone_id), _none)
     rt.pods, rt.containers = [], []  # the node rebooted
     await engine.reconcile()
-    assert not engine.pods
-    await engine.flush()
+    assert not engine.state.pods
+    await engine.state.flush()
     again = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(rt))  # cri-resmgr restarted
-    again.restore(StateStore(tmp_path).load())
+    again.state.restore(StateStore(tmp_path).load())
     await again.reconcile()
 
     async def send(req):
@@ -945,8 +949,8 @@ async def test_a_pod_whose_sandbox_vanished_is_offered_its_cpus_when_kubelet_mak
 
     await front(again).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), send)
     await _create(again, "pod-kept-2", cfg, cid="c3", name="a")
-    assert again.containers["c3"].previous == cpus
-    assert not any(k.startswith(gone_cfg.metadata.uid) for k in again.ledger.previous)
+    assert again.state.containers["c3"].previous == cpus
+    assert not any(k.startswith(gone_cfg.metadata.uid) for k in again.state.ledger.previous)
 
 
 async def _none(req):
@@ -956,10 +960,10 @@ async def _none(req):
 async def test_the_state_says_version_2_only_while_a_vanished_pod_is_remembered(engine):
     pod_id, cfg = await _run_pod(engine, "kept")
     await _create(engine, pod_id, cfg, cid="c1", name="a")
-    assert "version" not in engine.snapshot() and "vanished" not in engine.snapshot()
-    engine.runtime.client.pods, engine.runtime.client.containers = [], []  # the node rebooted
+    assert "version" not in engine.state.snapshot() and "vanished" not in engine.state.snapshot()
+    engine.state.runtime.client.pods, engine.state.runtime.client.containers = [], []  # the node rebooted
     await engine.reconcile()
-    snap = engine.snapshot()
+    snap = engine.state.snapshot()
     assert snap["version"] == 2 and list(snap["vanished"]) == [cfg.metadata.uid]
 
 
@@ -984,7 +988,7 @@ async def test_a_resize_goes_to_the_runtime_only_once_the_containers_it_moves_ha
     import time
 
     engine = taking_engine(tmp_path, ResizingPolicy())
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="g")
     await _create(engine, pod_id, cfg, cid="c2", name="s")
@@ -1002,38 +1006,38 @@ async def test_a_resize_goes_to_the_runtime_only_once_the_containers_it_moves_ha
     rt.fail_updates = True
     with pytest.raises(NotReady, match="c2"):
         await front(engine).update_container_resources(grow(), send, deadline=time.monotonic() + 1)
-    assert seen == [] and engine.containers["c1"].resources.cpuset_cpus == "1"  # undone
+    assert seen == [] and engine.state.containers["c1"].resources.cpuset_cpus == "1"  # undone
     rt.fail_updates = False
     await front(engine).update_container_resources(grow(), send, deadline=time.monotonic() + 10)
     assert seen == [("1-2", "3")]  # c2 was on CPU 3 alone before c1 was sent CPUs 1-2
-    assert engine.containers["c1"].resources.cpuset_cpus == "1-2" and not engine.containers["c2"].pending
+    assert engine.state.containers["c1"].resources.cpuset_cpus == "1-2" and not engine.state.containers["c2"].pending
 
 
 async def test_of_many_pushes_none_moves_onto_cpus_a_refused_move_did_not_free(tmp_path):
     """A rebalance that moves c1 off CPU 0 and c2 onto it: when the runtime refuses c1's move, c2
     stays where it is (pending) until reconciliation pushes both again."""
     engine = taking_engine(tmp_path)
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     await _create(engine, pod_id, cfg, cid="c2", name="b")
-    await engine.settle_updates()
-    assert rt.cpusets == {"c1": "0"} and engine.containers["c2"].resources.cpuset_cpus == "2"
-    async with engine.lock:
-        engine.record({"c1": Resources(cpuset_cpus="1"), "c2": Resources(cpuset_cpus="0")})
-    failing = engine.runtime.update_resources
+    await engine.state.settle_updates()
+    assert rt.cpusets == {"c1": "0"} and engine.state.containers["c2"].resources.cpuset_cpus == "2"
+    async with engine.state.lock:
+        engine.state.record({"c1": Resources(cpuset_cpus="1"), "c2": Resources(cpuset_cpus="0")})
+    failing = engine.state.runtime.update_resources
 
     async def refuse_c1(cid, res):
         if cid == "c1":
             raise RuntimeError("runtime away")
         await failing(cid, res)
 
-    engine.runtime.update_resources = refuse_c1
-    await engine.apply_updates(Decision(updates={"c1": Resources(), "c2": Resources()}))
-    assert rt.cpusets == {"c1": "0"} and engine.containers["c2"].pending  # c2 not sent onto CPU 0
-    engine.runtime.update_resources = failing
-    await engine.pusher.push_pending()
-    assert rt.cpusets == {"c1": "1", "c2": "0"} and not engine.containers["c2"].pending
+    engine.state.runtime.update_resources = refuse_c1
+    await engine.state.apply_updates(Decision(updates={"c1": Resources(), "c2": Resources()}))
+    assert rt.cpusets == {"c1": "0"} and engine.state.containers["c2"].pending  # c2 not sent onto CPU 0
+    engine.state.runtime.update_resources = failing
+    await engine.state.pusher.push_pending()
+    assert rt.cpusets == {"c1": "1", "c2": "0"} and not engine.state.containers["c2"].pending
 
 
 class ColdPolicy(Policy):
@@ -1072,21 +1076,21 @@ class ColdPolicy(Policy):
 
 async def test_a_cold_start_ends_with_the_memory_pushed_and_a_restart_cuts_it_short(tmp_path):
     engine = taking_engine(tmp_path, ColdPolicy())
-    rt = engine.runtime.client
+    rt = engine.state.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
-    assert engine.containers["c1"].resources.cpuset_mems == "1"
+    assert engine.state.containers["c1"].resources.cpuset_mems == "1"
     assert not rt.updates  # still cold
     async with asyncio.timeout(5):
         while not rt.updates:  # the policy's 0.2 s
             await asyncio.sleep(0.02)
-    await engine.settle_updates()
+    await engine.state.settle_updates()
     assert [(cid, r.cpuset_mems) for cid, r in rt.updates] == [("c1", "0-1")]
-    assert engine.containers["c1"].resources.cpuset_mems == "0-1" and not engine.containers["c1"].pending
+    assert engine.state.containers["c1"].resources.cpuset_mems == "0-1" and not engine.state.containers["c1"].pending
 
     await _create(engine, pod_id, cfg, cid="c2", name="b")  # cold, and the daemon restarts at once
-    snapshot = engine.snapshot()
-    again = Engine(ColdPolicy(), engine.store, CriRuntime(FakeRuntime()))
-    again.restore(snapshot)
-    c2 = again.containers["c2"]
-    assert c2.pending and c2.resources.cpuset_mems == "0-1" and again.policy.cold() == []
+    snapshot = engine.state.snapshot()
+    again = Engine(ColdPolicy(), engine.state.store, CriRuntime(FakeRuntime()))
+    again.state.restore(snapshot)
+    c2 = again.state.containers["c2"]
+    assert c2.pending and c2.resources.cpuset_mems == "0-1" and again.state.policy.cold() == []

@@ -101,7 +101,7 @@ class CriDriver:
 
     async def _call(self, method: str, req) -> tuple[str, bytes | None]:
         outcome = await self.dispatcher.call(CRI_BASE + method, req.SerializeToString(), None, None)
-        await self.engine.settle_updates()
+        await self.engine.state.settle_updates()
         return outcome.code.name, outcome.reply
 
     async def run_pod(self, name: str, qos: str) -> str:
@@ -123,7 +123,7 @@ class CriDriver:
 
     async def stop(self, cid: str) -> str:
         code, _ = await self._call("StopContainer", cri.StopContainerRequest(container_id=cid))
-        self.runtime.run(cid, self.engine.containers[cid].pod_id, state=cri.CONTAINER_EXITED)
+        self.runtime.run(cid, self.engine.state.containers[cid].pod_id, state=cri.CONTAINER_EXITED)
         return code
 
     def cpus(self, cid: str) -> str:
@@ -159,7 +159,7 @@ class NriDriver:
             raw = await self.plugin.handle(Call(nriplugin.SERVICE, method, req.SerializeToString(), None))
         except RpcError as err:
             return nriplugin.CODE_NAMES[err.code], None
-        await self.engine.settle_updates()
+        await self.engine.state.settle_updates()
         return "OK", answer.FromString(raw)
 
     async def run_pod(self, name: str, qos: str) -> str:
@@ -250,7 +250,7 @@ async def test_a_container_that_does_not_fit_is_refused_with_the_same_status(dri
         pod = await driver.run_pod("big", "guaranteed")
         code, cid = await driver.create(pod, "app", 8000, True)
         assert (driver.name, code, cid) == (driver.name, "RESOURCE_EXHAUSTED", "")
-        assert not driver.engine.containers  # nothing granted
+        assert not driver.engine.state.containers  # nothing granted
 
 
 def test_the_status_table_speaks_grpc_codes():

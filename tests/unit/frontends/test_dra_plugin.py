@@ -73,7 +73,7 @@ class Node:
         self.runtime = FakeRuntime()
         self.engine = Engine(policies.create("topology-aware", {"Active": "topology-aware"}, SNC), store,
                              CriRuntime(self.runtime))
-        self.engine.restore(store.load())
+        self.engine.state.restore(store.load())
 
         async def fetch(namespace: str, name: str) -> dict:
             if name not in self.claims:  # as the agent's NOT_FOUND reads
@@ -116,7 +116,7 @@ async def test_kubelet_prepares_claims_and_the_container_runs_on_their_cpus(root
             (["cpus"], "node-a", "numa-1", [cdi.device_id("u-two")])
         assert "device numa-0 can give 8 CPU(s), the claim asks for 9" in answers["u-big"].error
         assert "claim default/gone: not found" in answers["gone"].error
-        held = node.engine.policy.describe_claim("u-two")["cpus"]
+        held = node.engine.state.policy.describe_claim("u-two")["cpus"]
         assert CPUSet.parse(held) <= SNC.nodes[1].cpus and len(CPUSet.parse(held)) == 2
         spec = json.loads((root / "cdi" / cdi.spec_file("u-two")).read_text())
         assert spec["kind"] == cdi.KIND and spec["devices"][0]["containerEdits"]["env"] == \
@@ -145,7 +145,7 @@ async def test_kubelet_prepares_claims_and_the_container_runs_on_their_cpus(root
         assert [d.name for d in sent[0].config.CDI_devices] == [cdi.device_id("u-two"), "vendor.example.com/gpu=0"]
     finally:
         await node.plugin.stop()
-        await node.engine.flush()
+        await node.engine.state.flush()
 
     # A restart keeps the claim: a spec lost meanwhile is written again, a stray one removed.
     (root / "cdi" / cdi.spec_file("u-two")).unlink()
@@ -153,7 +153,7 @@ async def test_kubelet_prepares_claims_and_the_container_runs_on_their_cpus(root
     again = Node(root, claims)
     await again.plugin.start()
     try:
-        assert again.engine.policy.describe_claim("u-two")["cpus"] == held
+        assert again.engine.state.policy.describe_claim("u-two")["cpus"] == held
         assert sorted(p.name for p in (root / "cdi").iterdir()) == [cdi.spec_file("u-two")]
         async with grpc.aio.insecure_channel("unix://" + again.plugin.endpoint) as channel:
             reply = await dra_grpc.DRAPluginStub(channel).NodeUnprepareResources(
@@ -161,8 +161,8 @@ async def test_kubelet_prepares_claims_and_the_container_runs_on_their_cpus(root
         assert reply.claims["u-two"].error == ""
         assert not list((root / "cdi").iterdir())
         # Its container still runs there: the CPUs go with it.
-        assert again.engine.policy.describe_claim("u-two")["unprepared"]
-        assert "u-two" not in again.engine.ledger.claims
+        assert again.engine.state.policy.describe_claim("u-two")["unprepared"]
+        assert "u-two" not in again.engine.state.ledger.claims
     finally:
         await again.plugin.stop()
 
@@ -178,7 +178,7 @@ async def test_claims_nobody_will_unprepare_are_collected(root: Path) -> None:
         claims["deallocated"]["status"] = {}
         claims["unreadable"] = "not a claim"  # type: ignore[assignment]  # the agent answers nonsense: kept
         assert await node.plugin.collect_once() == ["u-deallocated", "u-deleted"]
-        assert sorted(node.engine.ledger.claims) == ["u-kept", "u-unreadable"]
+        assert sorted(node.engine.state.ledger.claims) == ["u-kept", "u-unreadable"]
         assert not (root / "cdi" / cdi.spec_file("u-deallocated")).exists()
     finally:
         await node.plugin.stop()
@@ -206,7 +206,7 @@ async def test_a_pods_claims_are_read_together(root: Path) -> None:
         assert "claim default/gone: not found" in answers["gone"].error
     finally:
         await node.plugin.stop()
-        await node.engine.flush()
+        await node.engine.state.flush()
 
 
 async def test_kubelet_hears_a_device_unhealthy_while_its_cpus_are_offline(root: Path) -> None:
@@ -237,4 +237,4 @@ async def test_kubelet_hears_a_device_unhealthy_while_its_cpus_are_offline(root:
             stream.cancel()
     finally:
         await node.plugin.stop()
-        await node.engine.flush()
+        await node.engine.state.flush()

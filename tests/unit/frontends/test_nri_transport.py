@@ -207,7 +207,7 @@ async def test_a_peer_that_goes_away_fails_pending_calls(pair):
 async def _plugin_on_a_socket(tmp_path) -> tuple[NriPlugin, Trunk, Runtime]:
     """The NRI plugin (none policy) behind the transport on a socket pair, and the runtime's end."""
     engine = Engine(policies.create("none", {"Active": "none"}, None), StateStore(tmp_path), NriRuntime())
-    plugin = NriPlugin(engine, engine.runtime)
+    plugin = NriPlugin(engine, engine.state.runtime)
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     r1, w1 = await asyncio.open_unix_connection(sock=a)
     r2, w2 = await asyncio.open_unix_connection(sock=b)
@@ -271,7 +271,7 @@ async def test_a_refused_create_is_answered_with_the_status_the_relay_gives(plug
     def refuse(*args):
         raise error()
 
-    plugin.engine.policy.allocate = refuse
+    plugin.engine.state.policy.allocate = refuse
     await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
         runtime_name="containerd", runtime_version="v2.2.0").SerializeToString())))
     await peer.response(1)
@@ -280,7 +280,7 @@ async def test_a_refused_create_is_answered_with_the_status_the_relay_gives(plug
     await peer.send(frame(1, request(3, "CreateContainer", create.SerializeToString())))
     resp = await peer.response(3)
     assert resp.status.code == code
-    assert "c1" not in plugin.engine.containers and not plugin.engine.containers  # nothing granted
+    assert "c1" not in plugin.engine.state.containers and not plugin.engine.state.containers  # nothing granted
 
 
 @pytest.fixture
