@@ -181,3 +181,6 @@ class Pusher:
     def forget(self, key: str) -> None:
         self.raced.discard(key)
         self.held.pop(key, None)
+        lock = self._locks.get(key)
+        if lock is not None and not lock.locked():  # a push in flight drops it when it ends
+            del self._locks[key]

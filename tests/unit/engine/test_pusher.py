@@ -59,3 +59,14 @@ def test_what_the_runtime_holds_is_forgotten_with_the_container():
     del ledger.containers["a"]
     asyncio.run(pusher.push_all([]))
     assert pusher.held == {}
+
+
+def test_a_pushed_container_leaves_nothing_behind_when_it_goes():
+    # Every container ever pushed kept its push lock: the daemon grew with each one gone.
+    ledger = ledger_of({"a": "0-1"})
+    pusher = Pusher(ledger, SlowRuntime({"a": "0-1"}), lambda: None)
+    ledger.containers["a"].resources, ledger.containers["a"].pending = Resources(cpuset_cpus="1"), True
+    asyncio.run(pusher.push("a"))
+    del ledger.containers["a"]
+    pusher.forget("a")
+    assert pusher._locks == {} and pusher.held == {}
