@@ -337,7 +337,7 @@ class Daemon:
 
         def snapshot() -> dict[str, Any]:
             return statedoc.build(self.topology, engine.state.policy, engine.state.pods, engine.state.containers,
-                                  control.describe(), topo, engine.state.ledger.claims)
+                                  control.describe(), topo, engine.state.policy.prepared_claims())
         return snapshot
 
     async def _serve_config(self, core: Core, front: FrontEnd) -> grpc.aio.Server | None:

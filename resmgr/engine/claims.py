@@ -21,7 +21,8 @@ class Claims:
 
     def prepared_claims(self) -> list[tuple[Claim, dict[str, Any] | None]]:
         """Every prepared claim, by UID, with what the policy holds for it (its CPUs, its users)."""
-        return [(c, self.state.policy.describe_claim(uid)) for uid, c in sorted(self.state.ledger.claims.items())]
+        prepared = self.state.policy.prepared_claims()
+        return [(c, self.state.policy.describe_claim(uid)) for uid, c in sorted(prepared.items())]
 
     def devices(self) -> list[dict[str, Any]]:
         """The DRA devices the policy in force offers (Policy.devices)."""
@@ -44,7 +45,7 @@ class Claims:
         prepared: list[Claim] = []
         async with self.state.lock:
             for claim in claims:
-                fresh = claim.uid not in self.state.ledger.claims  # else prepared before, and on disk
+                fresh = claim.uid not in self.state.policy.prepared_claims()  # else prepared before, and on disk
                 try:
                     updates = self.state.ledger.prepare(claim).updates
                 except PolicyError as err:
@@ -77,7 +78,7 @@ class Claims:
         decision = Decision()
         async with self.state.lock:
             for uid in uids:
-                claim = self.state.ledger.claims.get(uid)
+                claim = self.state.policy.prepared_claims().get(uid)
                 updates = self.state.ledger.unprepare(uid).updates
                 self.state.record(updates)
                 decision.updates.update(updates)

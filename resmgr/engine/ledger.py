@@ -8,8 +8,9 @@ It also remembers the CPUs each pod's container ran on by pod UID and container 
 (previous), so a restarted container, or every container after a node reboot, is offered
 them again; the memory goes with the pod's last sandbox when kubelet removes it. A pod whose
 sandboxes vanished from the runtime instead (the node rebooted: kubelet makes it anew) is
-remembered for VANISHED_KEEP seconds (vanished). And it keeps the DRA claims kubelet
-prepared (claims), so a policy switch prepares them again under the new policy.
+remembered for VANISHED_KEEP seconds (vanished). The DRA claims kubelet prepared are the
+policy's to record (Policy.prepared_claims); a policy switch prepares them again under the new
+policy.
 
 Whatever resources a decision gives a container, the fields runtime hook plugins set for
 it (Container.adjusted) are laid over them, so a later move keeps a plugin's changes.
@@ -58,8 +59,6 @@ class Ledger:
         self.previous: dict[str, str] = {}
         # Pod UIDs whose sandboxes vanished from the runtime, and when (wall clock: it outlives reboots).
         self.vanished: dict[str, float] = {}
-        # DRA claims prepared by kubelet and not unprepared yet, by UID.
-        self.claims: dict[str, Claim] = {}
 
     def view(self) -> View:
         return View(self.pods, self.containers)
@@ -262,24 +261,20 @@ class Ledger:
     def prepare(self, claim: Claim) -> Decision:
         """Let the policy hold a claim's CPUs (PolicyError: it cannot, nothing changed); its updates
         are the caller's to record."""
-        decision = self.policy.prepare_claim(claim, self.view())
-        self.claims[claim.uid] = claim
-        return decision
+        return self.policy.prepare_claim(claim, self.view())
 
     def unprepare(self, uid: str) -> Decision:
-        decision = self.policy.unprepare_claim(uid, self.view())
-        self.claims.pop(uid, None)
-        return decision
+        return self.policy.unprepare_claim(uid, self.view())
 
-    def reprepare(self, policy: Policy) -> None:
-        """Prepare every claim under a policy that holds none yet (a switch, or its data lost); a claim
-        it cannot prepare is dropped, and its containers run where their policy then places them."""
-        for uid, claim in sorted(self.claims.items()):
+    def reprepare(self, claims: Iterable[Claim]) -> None:
+        """Prepare claims persisted apart from the policy's data under a policy that holds none yet
+        (its data lost, or another policy's); one it cannot prepare is dropped, and its containers
+        run where their policy then places them."""
+        for claim in sorted(claims, key=lambda c: c.uid):
             try:
-                policy.prepare_claim(claim, self.view())
+                self.policy.prepare_claim(claim, self.view())
             except PolicyError as err:
-                log.error("%s cannot be prepared again under policy %s: %s", claim.who, policy.name, err)
-                del self.claims[uid]
+                log.error("%s cannot be prepared again under policy %s: %s", claim.who, self.policy.name, err)
 
     def allocation_order(self, containers: Iterable[Container]) -> list[Container]:
         """Live containers, Guaranteed first, then by size: big exclusive grants before the rest."""
@@ -295,7 +290,7 @@ class Ledger:
         """
         shadow = {k: dataclasses.replace(c, previous="") for k, c in self.containers.items()}
         view = View(self.pods, shadow)
-        for _, claim in sorted(self.claims.items()):  # one it cannot prepare refuses the switch
+        for _, claim in sorted(self.policy.prepared_claims().items()):  # one it cannot prepare refuses the switch
             policy.prepare_claim(claim, view)
         for c in self.allocation_order(shadow.values()):
             decision = policy.allocate(c, self.pods[c.pod_id], view)

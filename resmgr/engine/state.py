@@ -164,7 +164,8 @@ class EngineState:
             "unallocated": sorted(self.ledger.unallocated & ids),
             "degraded": sorted(self.ledger.degraded & ids),
             "previous": dict(self.ledger.previous),
-            "claims": [c.to_dict() for c in self.ledger.claims.values()],
+            # Beside the policy's data, for another policy to prepare (and for 0.1.0, which reads them).
+            "claims": [c.to_dict() for _, c in sorted(self.policy.prepared_claims().items())],
         }
 
     def restore(self, data: dict[str, Any] | None) -> None:
@@ -175,7 +176,6 @@ class EngineState:
                          [Container.from_dict(c) for c in data.get("containers", [])],
                          data.get("unallocated", []), data.get("degraded", []), data.get("previous"),
                          data.get("vanished"))
-        self.ledger.claims = {c["uid"]: Claim.from_dict(c) for c in data.get("claims", [])}
         pdata = data.get("policy") or {}
         if pdata.get("name") == self.policy.name:
             try:
@@ -189,7 +189,7 @@ class EngineState:
             log.warning("active policy changed from %s to %s; re-allocating every container",
                         pdata.get("name"), self.policy.name)
         self.ledger.unallocate_all()
-        self.ledger.reprepare(self.policy)
+        self.ledger.reprepare(Claim.from_dict(c) for c in data.get("claims", []))
 
     def _warm_restored(self) -> None:
         """Cold starts a restart cut short end now (their timers went with the process): the

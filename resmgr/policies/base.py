@@ -103,6 +103,12 @@ class Policy:
         claim held already changes nothing."""
         raise PolicyError(f"{claim.who}: policy {self.name} offers no DRA devices")
 
+    def prepared_claims(self) -> dict[str, Claim]:
+        """The DRA claims kubelet prepared here and has not unprepared, by UID, as it asked for
+        them. The policy's record is the only one: the engine persists these and prepares them
+        again under another policy."""
+        return {}
+
     def unprepare_claim(self, uid: str, view: View) -> Decision:
         """Give a claim's CPUs back (containers still using it keep running on them until they go)."""
         return Decision()

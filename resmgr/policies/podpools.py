@@ -305,6 +305,9 @@ class PodpoolsPolicy(Policy):
             self.dra.book.drop(uid)
         return Decision()
 
+    def prepared_claims(self) -> dict[str, Claim]:
+        return self.dra.book.usable()
+
     def describe_claim(self, uid: str) -> dict[str, Any] | None:
         if uid not in self.dra.book.claims:
             return None

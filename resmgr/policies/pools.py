@@ -187,6 +187,9 @@ class PoolPolicy(Policy):
         self.dra.give_back(uid)
         return Decision(updates=self._updates(before, view, ""))
 
+    def prepared_claims(self) -> dict[str, Claim]:
+        return self.dra.book.usable()
+
     def describe_claim(self, uid: str) -> dict[str, Any] | None:
         return self.dra.describe(uid)
 

@@ -78,8 +78,8 @@ class BalloonsPolicy(Policy):
         out = base.with_cpus(str(cpus) if self.settings.pin_cpu and m.pin_cpu else base.cpuset_cpus)
         if m.claim:  # its own request, and its part of the claim's CPUs
             users = len(self._claim_users(m.claim))
-            out.cpu_shares = milli_to_shares(m.milli + 1000 * self.claims[m.claim].cpus // max(users, 1)) \
-                if m.claim in self.claims else milli_to_shares(m.milli)
+            out.cpu_shares = milli_to_shares(m.milli + 1000 * self.book.held[m.claim] // max(users, 1)) \
+                if m.claim in self.book.held else milli_to_shares(m.milli)
         if b.type.pin_memory and m.pin_memory and self.topo.nodes:
             mems = self.fleet.mems(cpus, self.fleet.mem_types(b, m))
             if mems:
@@ -199,8 +199,11 @@ class BalloonsPolicy(Policy):
     # -- DRA claims (docs/dra.md) ------------------------------------------------------------
     @property
     def claims(self) -> dict[str, Claim]:
-        """Prepared claims, by UID, with the CPUs each holds."""
+        """The claims it holds CPUs for, by UID (those unprepared while in use too)."""
         return self.book.claims
+
+    def prepared_claims(self) -> dict[str, Claim]:
+        return self.book.usable()
 
     def _claim_users(self, uid: str) -> list[str]:
         return sorted(k for k, b in self.where.items() if b.members[k].claim == uid)

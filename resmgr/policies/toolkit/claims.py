@@ -61,32 +61,41 @@ def shares(cpus: int, users: int) -> int:
     return milli_to_shares(1000 * cpus // max(users, 1))
 
 
-def restore(data: Mapping[str, Any]) -> tuple[dict[str, Claim], set[str]]:
-    """Persisted claim records and the UIDs unprepared while containers still used them."""
-    claims = {uid: Claim.from_dict(d) for uid, d in (data.get("claims") or {}).items()}
-    return claims, set(data.get("unprepared") or ()) & set(claims)
+def restore(data: Mapping[str, Any]) -> tuple[dict[str, Claim], dict[str, int], set[str]]:
+    """Persisted claims as kubelet prepared them, the CPUs each holds, and the UIDs unprepared while
+    containers still used them. `cpus` is what a claim holds (what 0.1.0 writes and reads); `asked`,
+    where written, what it asked for (0: the whole device)."""
+    claims, held = {}, {}
+    for uid, d in (data.get("claims") or {}).items():
+        claim = Claim.from_dict(d)
+        held[uid] = claim.cpus
+        claims[uid] = replace(claim, cpus=d.get("asked", claim.cpus))
+    return claims, held, set(data.get("unprepared") or ()) & set(claims)
 
 
-def export(claims: Mapping[str, Claim], unprepared: Iterable[str]) -> dict[str, Any]:
+def export(claims: Mapping[str, Claim], held: Mapping[str, int], unprepared: Iterable[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if claims:
-        out["claims"] = {uid: c.to_dict() for uid, c in sorted(claims.items())}
+        out["claims"] = {uid: {**c.to_dict(), "cpus": held[uid], "asked": c.cpus} for uid, c in sorted(claims.items())}
     if unprepared:
         out["unprepared"] = sorted(unprepared)
     return out
 
 
 class ClaimBook:
-    """The claims a policy holds CPUs for, by UID, and those kubelet unprepared while containers still
-    run on their CPUs (given back when the last of them goes). The policy holds the CPUs; the book
-    says when to take and when to give them back."""
+    """The one record of a policy's DRA claims: those kubelet prepared (as it asked), the CPUs each
+    holds, and those kubelet unprepared while containers still run on their CPUs (given back when
+    the last of them goes). The policy holds the CPUs; the book says when to take and when to give
+    them back. The engine asks it (Policy.prepared_claims) what to persist and to prepare again
+    under another policy."""
 
     def __init__(self) -> None:
-        self.claims: dict[str, Claim] = {}  # prepared, with the CPUs held (Claim.cpus)
+        self.claims: dict[str, Claim] = {}  # held, as kubelet prepared them
+        self.held: dict[str, int] = {}  # the number of CPUs each holds
         self.unprepared: set[str] = set()
 
     def usable(self) -> dict[str, Claim]:
-        """Claims a new container may run on: prepared and not unprepared."""
+        """Claims kubelet prepared and has not unprepared: a new container may run on them."""
         return {u: c for u, c in self.claims.items() if u not in self.unprepared}
 
     def is_new(self, claim: Claim) -> bool:
@@ -101,7 +110,8 @@ class ClaimBook:
         return False
 
     def hold(self, claim: Claim, cpus: int) -> None:
-        self.claims[claim.uid] = replace(claim, cpus=cpus)
+        self.claims[claim.uid] = claim
+        self.held[claim.uid] = cpus
 
     def give_back_now(self, uid: str, users: list[str]) -> bool:
         """kubelet unprepared the claim: whether its CPUs go now (False: none held, or containers
@@ -119,6 +129,7 @@ class ClaimBook:
 
     def drop(self, uid: str) -> None:
         self.claims.pop(uid, None)
+        self.held.pop(uid, None)
         self.unprepared.discard(uid)
 
     def describe(self, uid: str) -> dict[str, Any]:
@@ -126,10 +137,10 @@ class ClaimBook:
         return {"device": claim.device, "unprepared": uid in self.unprepared}
 
     def export(self) -> dict[str, Any]:
-        return export(self.claims, self.unprepared)
+        return export(self.claims, self.held, self.unprepared)
 
     def restore(self, data: Mapping[str, Any]) -> None:
-        self.claims, self.unprepared = restore(data)
+        self.claims, self.held, self.unprepared = restore(data)
 
     def clear(self) -> None:
-        self.claims, self.unprepared = {}, set()
+        self.claims, self.held, self.unprepared = {}, {}, set()

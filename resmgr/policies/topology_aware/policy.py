@@ -116,7 +116,11 @@ class TopologyAwarePolicy(Policy):
 
     @property
     def claims(self) -> dict[str, Claim]:
+        """The claims it holds CPUs for, by UID (those unprepared while in use too)."""
         return self.dra.book.claims
+
+    def prepared_claims(self) -> dict[str, Claim]:
+        return self.dra.book.usable()
 
     def sharable(self, pool: Pool) -> CPUSet:
         return self.accounts.sharable(pool)

@@ -162,7 +162,7 @@ async def test_kubelet_prepares_claims_and_the_container_runs_on_their_cpus(root
         assert not list((root / "cdi").iterdir())
         # Its container still runs there: the CPUs go with it.
         assert again.engine.state.policy.describe_claim("u-two")["unprepared"]
-        assert "u-two" not in again.engine.state.ledger.claims
+        assert "u-two" not in again.engine.state.policy.prepared_claims()
     finally:
         await again.plugin.stop()
 
@@ -178,7 +178,7 @@ async def test_claims_nobody_will_unprepare_are_collected(root: Path) -> None:
         claims["deallocated"]["status"] = {}
         claims["unreadable"] = "not a claim"  # type: ignore[assignment]  # the agent answers nonsense: kept
         assert await node.plugin.collect_once() == ["u-deallocated", "u-deleted"]
-        assert sorted(node.engine.state.ledger.claims) == ["u-kept", "u-unreadable"]
+        assert sorted(node.engine.state.policy.prepared_claims()) == ["u-kept", "u-unreadable"]
         assert not (root / "cdi" / cdi.spec_file("u-deallocated")).exists()
     finally:
         await node.plugin.stop()

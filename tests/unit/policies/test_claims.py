@@ -90,7 +90,8 @@ def test_a_claim_without_an_amount_takes_what_the_device_can_give() -> None:
     w = World(TA, SNC)
     w.prepare(claim("whole", "numa-0"))
     assert CPUSet.parse(w.policy.describe_claim("whole")["cpus"]) == SNC.nodes[0].cpus
-    assert w.claims["whole"].cpus == 0 and w.policy.claims["whole"].cpus == 8
+    # Booked once, by the policy: as kubelet asked (the whole device), and what it holds.
+    assert w.policy.prepared_claims()["whole"].cpus == 0 and w.policy.dra.book.held["whole"] == 8
 
 
 def test_refusals_name_what_is_wrong() -> None:
@@ -99,7 +100,7 @@ def test_refusals_name_what_is_wrong() -> None:
         w.prepare(claim("big", "numa-0", 9))
     with pytest.raises(PolicyError, match="no device numa-7"):
         w.prepare(claim("x", "numa-7", 1))
-    assert not w.claims and not w.policy.grants
+    assert not w.policy.prepared_claims() and not w.policy.grants
     w.prepare(claim("a", "numa-0", 1))
     w.prepare(claim("b", "numa-1", 1))
     with pytest.raises(PolicyError, match="claim default/claim-a and claim default/claim-b: a container can take"):
@@ -117,7 +118,7 @@ def test_unprepared_while_used_the_cpus_go_with_the_last_user() -> None:
     a = user(w, "u")
     held = w.cpus(a)
     w.unprepare("u")
-    assert "u" not in w.claims
+    assert "u" not in w.policy.prepared_claims()
     assert w.policy.describe_claim("u")["unprepared"]
     assert devices(w)["numa-3"]["cpus"] == 8
     assert held <= w.policy.grants.taken  # still its own
@@ -144,7 +145,28 @@ def test_a_policy_switch_prepares_the_claims_again() -> None:
     w.reallocate(again)
     assert w.policy is again and len(CPUSet.parse(again.describe_claim("u")["cpus"])) == 3
     assert w.containers[a.key].resources.cpuset_cpus == again.describe_claim("u")["cpus"]
-    assert dataclasses.asdict(w.claims["u"])["device"] == "numa-2"
+    assert dataclasses.asdict(w.policy.prepared_claims()["u"])["device"] == "numa-2"
+
+
+def test_a_whole_device_claim_stays_whole_across_restore_and_switch() -> None:
+    w = World(TA, SNC)
+    w.prepare(claim("whole", "numa-1"))
+    fresh = policies.create(TA, {"Active": TA}, SNC)
+    fresh.restore_state(w.policy.export_state())
+    assert fresh.prepared_claims()["whole"].cpus == 0 and fresh.dra.book.held["whole"] == 8
+    w.reallocate(policies.create(TA, {"Active": TA, TA: {"PinMemory": False}}, SNC))
+    assert w.policy.prepared_claims()["whole"].cpus == 0
+
+
+def test_claims_written_before_the_asked_amount_was_kept_restore_as_held() -> None:
+    w = World(TA, SNC)
+    w.prepare(claim("u", "numa-2", 3))
+    data = w.policy.export_state()
+    for d in data["claims"].values():  # as 0.1.0 writes them: the CPUs held, nothing else
+        del d["asked"]
+    fresh = policies.create(TA, {"Active": TA}, SNC)
+    fresh.restore_state(data)
+    assert fresh.prepared_claims()["u"].cpus == 3 and fresh.describe_claim("u") == w.policy.describe_claim("u")
 
 
 # -- balloons ---------------------------------------------------------------------------------------
