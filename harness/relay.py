@@ -65,15 +65,28 @@ class RelayProcess:
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd)
         log.close()
         if wait:
-            wait_socket(self.socket, proc=self.proc)
+            try:
+                wait_socket(self.socket, proc=self.proc)
+            except (TimeoutError, RuntimeError) as err:
+                self._kill()  # no fixture will stop what never started
+                raise type(err)(f"{err}; its log ends:\n{self.log()[-3000:]}") from None
         return self
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        rc = self.proc.wait(timeout)
-        return rc
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._kill()  # not left behind to hold sockets and CPUs for the tests after
+            raise
+
+    def _kill(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -128,6 +141,7 @@ class NriProcess(RelayProcess):
                 self.syncs += 1
                 return
             time.sleep(0.02)
+        self._kill()
         raise TimeoutError(f"NRI plugin not synchronized after {timeout}s:\n{self.log()[-3000:]}")
 
 
