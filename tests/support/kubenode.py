@@ -150,9 +150,11 @@ _KLOG = re.compile(r"^E\d{4} [\d:.]+\s+\d+ (\S+:\d+)\] \"?([^\"=]*)")
 # What a busy machine makes a kubelet log whatever its runtime: races between its start-up and the
 # API server (the Node object not registered yet: CSINode, mirror pods, leases), a lease written by
 # two of its loops at once or late, a housekeeping round over its one-second budget, cAdvisor's read
-# of the node's own cgroups ("system containers") racing with a pod cgroup going away.
+# of the node's own cgroups ("system containers") racing with a pod cgroup going away, the API
+# server's node authorizer refusing a status read of a pod its graph has not linked to the node yet.
 _NOT_RUNTIME = re.compile(r'nodes? \\?"[^"\\]+\\?" not found|CSINode|Failed to update lease|'
-                          r'Housekeeping took longer than expected|Failed to get system container stats')
+                          r'Housekeeping took longer than expected|Failed to get system container stats|'
+                          r'no relationship found between node')
 
 
 def error_kinds(log: str) -> set[str]:
