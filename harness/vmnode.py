@@ -104,8 +104,10 @@ class Node:
         return by_node
 
     def status(self) -> dict:
-        """The daemon's state document (pools, pods and their containers)."""
-        return json.loads(self.sh("cri-resmgr status --output json"))["state"]
+        """The daemon's state document (pools, pods and their containers). The emulated guest runs
+        an order of magnitude slower than hardware, and busier still while new containers start, so
+        the call is given far longer than the command's default of 5 s."""
+        return json.loads(self.sh("cri-resmgr status --timeout 60s --output json", timeout=120))["state"]
 
 
 def _bytes(quantity: str) -> int:
