@@ -166,9 +166,16 @@ class Load:
         exclusive = sum(p.milli() for p in live if p.guaranteed) + more
         return exclusive, sum(p.milli() for p in live) + more
 
-    def make(self) -> None:
-        kinds = list(KINDS)
-        kind = self.rng.choices(kinds, weights=[KINDS[k][1] for k in kinds])[0]
+    def guaranteed(self) -> tuple[int, int]:
+        """Guaranteed pods alive, and of them those seen running."""
+        live = [p for p in self.live() if p.guaranteed]
+        return len(live), sum(1 for p in live if p.running)
+
+    def make(self, kind: str = "") -> None:
+        """A pod of the kind given, or of one drawn by how often each comes; none beyond the budgets."""
+        if not kind:
+            kinds = list(KINDS)
+            kind = self.rng.choices(kinds, weights=[KINDS[k][1] for k in kinds])[0]
         parts = KINDS[kind][0]
         rec = PodRecord(f"{kind}-{self.made}", kind, parts, time.monotonic())
         exclusive, total = self._budget(rec)

@@ -33,6 +33,7 @@ from resmgr.topology.cpuset import CPUSet
 from tests.support.agentenv import install_agent_rbac, install_crds
 
 WHOLE_EVERY = 10.0  # seconds between two looks at whether the node is whole again
+SETTLE = 180.0  # seconds a policy switch's moves are given to reach the kernel before a reboot
 FAULTS = ("kill-resmgr", "kill-agent", "restart-containerd", "restart-kubelet", "api-away", "disk-full",
           "freeze-containerd", "bad-config")
 
@@ -181,6 +182,9 @@ class Soak:
                 left = deadline - time.monotonic()
                 gap = max(10.0, left / (len(plan) + 1)) * self.rng.uniform(0.3, 1.0) if left > 0 else 5.0
                 self._between(gap)
+                if plan[0] == "reboot":
+                    self._settle()
+                    self._guaranteed_for_reboot()
                 self.strike(plan.pop(0))
             while time.monotonic() < deadline and not self._ending.is_set():
                 self._between(deadline - time.monotonic())
@@ -208,6 +212,32 @@ class Soak:
                     self.judge.change(self.configs.expect(), self.guest.now())
                 print(f"soak {self.elapsed()}: configuration: {what}", flush=True)
             time.sleep(min(5.0, max(0.0, end - time.monotonic())))
+
+    def _settle(self) -> None:
+        """Churn without configuration changes until the last policy switch is SETTLE s old: a reboot
+        then judges whether placements come back, not whether a switch's moves had reached the kernel."""
+        switched = [t for t, what in self.configs.log if "policy switch" in what]
+        while switched and time.monotonic() - switched[-1] < SETTLE and not self._ending.is_set():
+            time.sleep(1.0)
+
+    def _guaranteed_for_reboot(self, want: int = 2, bound: float = 300.0) -> None:
+        """At least two Guaranteed pods running when the node reboots, so that it shows whether
+        their CPUs come back; the churn pauses meanwhile (it would delete them as soon)."""
+        self.load.paused.set()
+        try:
+            end = time.monotonic() + bound
+            while time.monotonic() < end and not self._ending.is_set():
+                self.load.look()
+                alive, running = self.load.guaranteed()
+                if running >= want:
+                    time.sleep(2 * WHOLE_EVERY)  # in the sampler's snapshot too
+                    return
+                if alive < want:
+                    self.load.make("g1")
+                time.sleep(5.0)
+            print(f"soak {self.elapsed()}: fewer than {want} Guaranteed pods running at the reboot", flush=True)
+        finally:
+            self.load.paused.clear()
 
     def stop(self) -> None:
         """End the run early (the report covers what ran)."""
@@ -242,7 +272,7 @@ class Soak:
             after = self._placements()  # the same pods' new containers
             kept = [k for k, cpus in self._before_reboot.items() if after.get(k) == cpus]
             s.notes["placements kept"] = f"{len(kept)} of {len(self._before_reboot)}"
-            switched = [t for t, what in self.configs.log if "policy switch" in what and 0 <= s.started - t < 180]
+            switched = [t for t, what in self.configs.log if "policy switch" in what and 0 <= s.started - t < SETTLE]
             if switched:  # the kernel may still have held the old policy's CPUs: not a verdict on reboots
                 s.notes["placements kept"] += f" (struck {s.started - switched[-1]:.0f} s after a policy switch)"
         print(f"soak {self.elapsed()}: {kind} whole after "

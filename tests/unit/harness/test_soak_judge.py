@@ -80,3 +80,22 @@ def test_a_configuration_change_is_in_flight_until_the_node_follows_it():
     assert [v.kind for v in judge.violations] == ["switch-balloon-overlap"]
     judge.feed(25.0, {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5", "1", 0.2)})
     assert judge.switches == [("balloons", 5.0)] and judge.previous is None
+
+
+def test_a_reboot_waits_for_the_last_policy_switch_to_settle(monkeypatch):
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from harness.soak import run
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    soak = SimpleNamespace(configs=SimpleNamespace(log=[(900.0, "policy switch to balloons"), (990.0, "option")]),
+                           _ending=threading.Event())
+    run.Soak._settle(soak)
+    assert now[0] == 900.0 + run.SETTLE  # an option's change is no reason to wait
+    soak.configs.log = [(100.0, "policy switch to topology-aware")]
+    run.Soak._settle(soak)
+    assert now[0] == 900.0 + run.SETTLE  # long settled: no wait
