@@ -2,10 +2,11 @@
 
 A Debian 12 system made by mmdebstrap from Debian's packages (systemd as init, cgroup v2, the
 Debian kernel), with the pinned containerd, runc, crictl and kubelet that scripts/build-runtime.sh
-built, the project's Python dependencies in a venv of their own at /opt/cri-resmgr/venv, the
-test images, and the files under harness/guest/. The project's own code is not in it: each boot
-gets a small second disk with the code as it is now (vm.project_disk), so a change of code
-does not rebuild the image.
+built (containerd the `containerd-vm` pin, a later release than the host's tests run), the
+project's Python dependencies in a venv of their own at /opt/cri-resmgr/venv, the test images,
+and the files under harness/guest/. The project's own code is not in it: each boot gets a small
+second disk with the code as it is now (vm.project_disk), so a change of code does not rebuild
+the image.
 
 The image is cached under ~/.cache/cri-resmgr/vm/<key>, the key a hash of every input, and
 rebuilt only when one changes. Run `python -m harness.vmimage` to build it ahead of the tests.
@@ -43,6 +44,9 @@ PACKAGES = (
     "qemu-guest-agent", "procps", "util-linux", "numactl", "ca-certificates",
 )
 GO_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "crictl", "kubelet")
+# containerd 2.4 or later on the node: its NRI takes UpdateContainers without the deadlock of
+# earlier releases (docs/nri.md), which production nodes running the NRI plugin need.
+NODE_CONTAINERD = ("containerd", "containerd-shim-runc-v2", "ctr")
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ def _inputs() -> dict[str, object]:
     guest = {str(p.relative_to(GUEST_FILES)): _file_digest(p)
              for p in sorted(GUEST_FILES.rglob("*")) if p.is_file()}
     # The Go builds live in directories named by their pinned version and go.mod hash.
-    binaries = {b: str(Path(os.path.realpath(TOOLS_BIN / b)).parent.parent.name) for b in GO_BINARIES}
+    binaries = {b: _binary(b).parent.parent.name for b in GO_BINARIES}
     return {"version": BUILD_VERSION, "suite": SUITE, "packages": PACKAGES, "python": python_dependencies(),
             "guest": guest, "binaries": binaries, "images": images.BUILD_VERSION,
             "builder": _file_digest(Path(__file__))}
@@ -78,8 +82,19 @@ def _inputs() -> dict[str, object]:
 def missing_tools() -> list[str]:
     need = ["mmdebstrap", "mkfs.ext4", "qemu-system-x86_64", "qemu-img"]
     missing = [t for t in need if shutil.which(t) is None and not Path("/usr/sbin", t).exists()]
-    missing += [str(TOOLS_BIN / b) for b in GO_BINARIES if not os.access(TOOLS_BIN / b, os.X_OK)]
+    missing += [str(_binary(b)) for b in GO_BINARIES if not os.access(_binary(b), os.X_OK)]
     return missing
+
+
+def _binary(name: str) -> Path:
+    """The build of a Go program the guest gets."""
+    if name in NODE_CONTAINERD:
+        done = subprocess.run([str(ROOT / "scripts" / "build-runtime.sh"), "--cached", "containerd-vm"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            return Path("containerd-vm (not built)") / name
+        return Path(done.stdout.strip()) / name
+    return Path(os.path.realpath(TOOLS_BIN / name))
 
 
 def cached() -> Image | None:
@@ -135,7 +150,7 @@ def _build_into(work: Path, logf: object) -> None:
     staging = work / "staging"  # what the customize hook copies in
     (staging / "bin").mkdir(parents=True)
     for b in GO_BINARIES:
-        shutil.copy2(os.path.realpath(TOOLS_BIN / b), staging / "bin" / b)
+        shutil.copy2(_binary(b), staging / "bin" / b)
     (staging / "images").mkdir()
     images.cache_dir().mkdir(parents=True, exist_ok=True)
     for archive in (images.build_pause(images.cache_dir()), images.build_busybox(images.cache_dir())):

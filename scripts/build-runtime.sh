@@ -13,7 +13,8 @@
 #   build-runtime.sh --cached COMPONENT  print its bin directory if it is built, else exit 1
 #   build-runtime.sh --version COMPONENT print the version pinned
 #
-# Components: containerd runc critools kubernetes etcd helm schedulerplugins.
+# Components: containerd runc critools kubernetes etcd helm schedulerplugins containerd-vm (the
+# VM tier's node runs a later containerd than the tests on this host: tools/go/containerd-vm/go.mod).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,7 @@ pinned() { awk -v m="$2" '$1 == m { print $2; exit }' "$TOOLS/$1/go.mod"; }
 
 # The programs each component's build makes (part of its cache key: a new one rebuilds it).
 declare -A PROGRAMS=([containerd]="containerd containerd-shim-runc-v2 ctr" [runc]=runc [critools]="crictl critest"
+                     [containerd-vm]="containerd containerd-shim-runc-v2 ctr"
                      [kubernetes]="kubelet kube-apiserver kubectl kube-controller-manager kube-scheduler"
                      [etcd]=etcd [helm]=helm [schedulerplugins]=kube-scheduler-plugins)
 
@@ -55,7 +57,7 @@ build() {  # COMPONENT MODULE: build into the cache unless it is there
     (
         cd "tools/go/$comp"
         case $comp in
-        containerd)
+        containerd|containerd-vm)
             # Snapshotters the tests do not use and that need C headers are left out.
             go build -trimpath -tags "no_btrfs no_zfs no_devmapper" \
                 -ldflags "-s -w -X $mod/version.Version=$version -X $mod/version.Package=$mod" \
@@ -99,11 +101,12 @@ build() {  # COMPONENT MODULE: build into the cache unless it is there
     echo "$out/bin"
 }
 
-declare -A MODULE=([containerd]=github.com/containerd/containerd/v2 [runc]=github.com/opencontainers/runc
+declare -A MODULE=([containerd]=github.com/containerd/containerd/v2 [containerd-vm]=github.com/containerd/containerd/v2
+                   [runc]=github.com/opencontainers/runc
                    [critools]=sigs.k8s.io/cri-tools [kubernetes]=k8s.io/kubernetes
                    [etcd]=go.etcd.io/etcd/server/v3 [helm]=helm.sh/helm/v4
                    [schedulerplugins]=sigs.k8s.io/scheduler-plugins)
-ALL=(containerd runc critools kubernetes etcd helm schedulerplugins)
+ALL=(containerd runc critools kubernetes etcd helm schedulerplugins containerd-vm)
 module() {
     [ -n "${MODULE[$1]:-}" ] || { echo "build-runtime: unknown component '$1' (${ALL[*]})" >&2; exit 2; }
     echo "${MODULE[$1]}"

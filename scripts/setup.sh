@@ -77,6 +77,13 @@ for comp in "${components[@]}"; do
     fi
 done
 
+# The VM node's containerd (a later release than the host's: NRI without the UpdateContainers
+# deadlock) goes only into its disk image, so it is not linked beside the host's.
+if [ "$part" = vm ] && ! scripts/build-runtime.sh --cached containerd-vm >/dev/null 2>&1; then
+    add "building the VM node's containerd $(scripts/build-runtime.sh --version containerd-vm) from the Go module proxy" \
+        "3 min" "scripts/build-runtime.sh containerd-vm"
+fi
+
 if [ "$part" != demo ] && ! python3 scripts/build-image.py --cached; then
     add "the container image's base layers (Debian 12 by mmdebstrap, the Python dependencies)" "2 min" \
         "python3 scripts/build-image.py $CACHE/image/out"
