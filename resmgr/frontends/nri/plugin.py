@@ -110,6 +110,7 @@ class NriPlugin:
         self.send: Send | None = None  # UpdateContainers on the current connection
         self.close: Callable[[], None] | None = None  # ends the current connection (None: it cannot be redialled)
         self.resyncing = False  # the connection was ended to synchronize again
+        self.safe_updates = False  # the runtime's UpdateContainers cannot deadlock it
         self.in_flight = 0  # the runtime's calls being answered
         self.last_event = 0.0  # when the last one was answered (monotonic)
         self._sync_pods: list[nri.PodSandbox] = []
@@ -130,7 +131,7 @@ class NriPlugin:
     def reset(self, send: Send | None, close: Callable[[], None] | None = None) -> None:
         """A new connection (None: it is gone): configuration and synchronization start over.
         close ends it, for a plugin that dials the runtime itself and so can synchronize again."""
-        self.configured = self.synchronized = False
+        self.configured = self.synchronized = self.safe_updates = False
         self._sync_pods, self._sync_containers = [], []
         self.send, self.close = send, close
         self.runtime.resync = None
@@ -200,7 +201,8 @@ class NriPlugin:
         log.info("NRI: configured by %s %s%s (request timeout %d ms); events 0x%x", req.runtime_name,
                  req.runtime_version, f" (NRI {req.NRI_version})" if req.NRI_version else "",
                  req.request_timeout, self.events)
-        if unsafe_updates(req.runtime_name, req.runtime_version, req.NRI_version):
+        self.safe_updates = not unsafe_updates(req.runtime_name, req.runtime_version, req.NRI_version)
+        if not self.safe_updates:
             if self.close is not None:
                 self.runtime.resync = self._resync
                 log.info("NRI: %s %s can deadlock on UpdateContainers (containerd before 2.4.0); updates no "
@@ -226,10 +228,17 @@ class NriPlugin:
             await self.engine.reconcile()
             await self.engine.state.settle_updates()
         self.synchronized = True
-        resp = nri.SynchronizeResponse(update=self._updates(collector))
-        self.runtime.synchronized(len(resp.update))
+        if self.safe_updates and self.send is not None:
+            # The runtime drops the updates of a Synchronize answer it fails to apply and tells no
+            # one (containerd 2.4 too); UpdateContainers names the ones it refused, to be repaired.
+            updated = self.runtime.queue(collector.updates)
+            resp = nri.SynchronizeResponse()
+        else:
+            resp = nri.SynchronizeResponse(update=self._updates(collector))
+            updated = len(resp.update)
+            self.runtime.synchronized(updated)
         log.info("NRI: synchronized %d pods, %d containers in %.1f ms; %d container(s) updated", pods, ctrs,
-                 (time.perf_counter() - started) * 1000, len(resp.update))
+                 (time.perf_counter() - started) * 1000, updated)
         return resp
 
     async def _shutdown(self, req: nri.Empty, deadline: float | None) -> nri.Empty:

@@ -206,6 +206,13 @@ class NriRuntime:
             if refused:
                 self.on_failure()
 
+    def queue(self, updates: dict[str, Resources]) -> int:
+        """Updates for UpdateContainers to deliver (it reports those the runtime refused); how many."""
+        self._outbox.update(updates)
+        if updates:
+            self._kick.set()
+        return len(updates)
+
     def take_queued(self, skip: str = "") -> dict[str, Resources]:
         """The queued updates (but skip's), for an event's answer to carry instead."""
         taken = {cid: res for cid, res in self._outbox.items() if cid != skip}

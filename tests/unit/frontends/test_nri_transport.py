@@ -364,3 +364,56 @@ async def test_queued_updates_ride_on_the_next_answer_that_carries_updates(diall
     resp = nri.StopContainerResponse.FromString((await peer.response(5)).payload)
     assert [u.container_id for u in resp.update] == ["c1"]
     assert not trunk.closed
+
+
+async def test_a_safe_runtime_gets_a_synchronizations_updates_by_update_containers(dialled):
+    """containerd (2.4 too) drops the updates of a Synchronize answer it fails to apply and tells no
+    one, so a container being made when the plugin registered kept the wrong CPUs for good. Where
+    UpdateContainers is safe they go by it instead: what the runtime refuses is tried again."""
+    from resmgr.model import Resources
+
+    plugin, trunk, peer = dialled
+    failures = []
+    plugin.runtime.on_failure = lambda: failures.append(1)
+
+    async def reconcile() -> None:  # the engine places c1 while synchronizing
+        await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="1"))
+
+    plugin.engine.reconcile = reconcile
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version="v2.4.2").SerializeToString())))
+    await peer.response(1)
+    await peer.send(frame(1, request(3, "Synchronize", nri.SynchronizeRequest(
+        containers=[nri.Container(id="c1", pod_sandbox_id="p1", name="ctr")]).SerializeToString())))
+    assert not nri.SynchronizeResponse.FromString((await peer.response(3)).payload).update
+    sid, kind, data = await peer.message(2)
+    req = ttrpc.Request.FromString(data)
+    assert kind == 1 and req.method == "UpdateContainers"
+    update = nri.UpdateContainersRequest.FromString(req.payload).update[0]
+    assert (update.container_id, update.linux.resources.cpu.cpus) == ("c1", "1")
+    refused = nri.UpdateContainersResponse(failed=[update]).SerializeToString()
+    await peer.send(frame(2, message(sid, 2, ttrpc.Response(payload=refused).SerializeToString())))
+    for _ in range(100):
+        if failures:
+            break
+        await asyncio.sleep(0.01)
+    assert failures  # the engine is woken to repair it
+    assert plugin.runtime.containers["c1"].linux.resources.cpu.cpus != "1"  # not taken as applied
+
+
+async def test_an_unsafe_runtime_still_gets_them_in_the_synchronize_answer(dialled):
+    from resmgr.model import Resources
+
+    plugin, trunk, peer = dialled
+
+    async def reconcile() -> None:
+        await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="1"))
+
+    plugin.engine.reconcile = reconcile
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version="v2.3.7").SerializeToString())))
+    await peer.response(1)
+    await peer.send(frame(1, request(3, "Synchronize", nri.SynchronizeRequest(
+        containers=[nri.Container(id="c1", pod_sandbox_id="p1", name="ctr")]).SerializeToString())))
+    resp = nri.SynchronizeResponse.FromString((await peer.response(3)).payload)
+    assert [u.container_id for u in resp.update] == ["c1"]
