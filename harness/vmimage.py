@@ -14,6 +14,7 @@ rebuilt only when one changes. Run `python -m harness.vmimage` to build it ahead
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -89,12 +90,16 @@ def missing_tools() -> list[str]:
 def _binary(name: str) -> Path:
     """The build of a Go program the guest gets."""
     if name in NODE_CONTAINERD:
-        done = subprocess.run([str(ROOT / "scripts" / "build-runtime.sh"), "--cached", "containerd-vm"],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            return Path("containerd-vm (not built)") / name
-        return Path(done.stdout.strip()) / name
+        return _node_containerd() / name
     return Path(os.path.realpath(TOOLS_BIN / name))
+
+
+@functools.cache
+def _node_containerd() -> Path:
+    """The bin directory of the containerd-vm build (asked once: every binary of it is there)."""
+    done = subprocess.run([str(ROOT / "scripts" / "build-runtime.sh"), "--cached", "containerd-vm"],
+                          capture_output=True, text=True)
+    return Path(done.stdout.strip()) if done.returncode == 0 else Path("containerd-vm (not built)")
 
 
 def cached() -> Image | None:

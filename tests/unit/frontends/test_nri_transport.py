@@ -300,13 +300,24 @@ async def dialled(tmp_path, monkeypatch):
     await _ended(trunk, peer, tasks)
 
 
-async def _configured(peer: Runtime, version: str) -> None:
+async def _configured(peer: Runtime, version: str) -> nri.SynchronizeResponse:
+    """Configured by containerd of that version and synchronized with one container, c1."""
     await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
         runtime_name="containerd", runtime_version=version).SerializeToString())))
     await peer.response(1)
     await peer.send(frame(1, request(3, "Synchronize", nri.SynchronizeRequest(
         containers=[nri.Container(id="c1", pod_sandbox_id="p1", name="ctr")]).SerializeToString())))
-    await peer.response(3)
+    return nri.SynchronizeResponse.FromString((await peer.response(3)).payload)
+
+
+def _placing_c1(plugin: NriPlugin) -> None:
+    """The engine's reconciliation gives c1 CPU 1, as it would a container it adopts."""
+    from resmgr.model import Resources
+
+    async def reconcile() -> None:
+        await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="1"))
+
+    plugin.engine.reconcile = reconcile
 
 
 async def test_a_runtime_whose_update_containers_can_deadlock_gets_updates_by_synchronizing_again(dialled):
@@ -370,22 +381,11 @@ async def test_a_safe_runtime_gets_a_synchronizations_updates_by_update_containe
     """containerd (2.4 too) drops the updates of a Synchronize answer it fails to apply and tells no
     one, so a container being made when the plugin registered kept the wrong CPUs for good. Where
     UpdateContainers is safe they go by it instead: what the runtime refuses is tried again."""
-    from resmgr.model import Resources
-
     plugin, trunk, peer = dialled
     failures = []
     plugin.runtime.on_failure = lambda: failures.append(1)
-
-    async def reconcile() -> None:  # the engine places c1 while synchronizing
-        await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="1"))
-
-    plugin.engine.reconcile = reconcile
-    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
-        runtime_name="containerd", runtime_version="v2.4.2").SerializeToString())))
-    await peer.response(1)
-    await peer.send(frame(1, request(3, "Synchronize", nri.SynchronizeRequest(
-        containers=[nri.Container(id="c1", pod_sandbox_id="p1", name="ctr")]).SerializeToString())))
-    assert not nri.SynchronizeResponse.FromString((await peer.response(3)).payload).update
+    _placing_c1(plugin)
+    assert not (await _configured(peer, "v2.4.2")).update
     sid, kind, data = await peer.message(2)
     req = ttrpc.Request.FromString(data)
     assert kind == 1 and req.method == "UpdateContainers"
@@ -402,18 +402,6 @@ async def test_a_safe_runtime_gets_a_synchronizations_updates_by_update_containe
 
 
 async def test_an_unsafe_runtime_still_gets_them_in_the_synchronize_answer(dialled):
-    from resmgr.model import Resources
-
     plugin, trunk, peer = dialled
-
-    async def reconcile() -> None:
-        await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="1"))
-
-    plugin.engine.reconcile = reconcile
-    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
-        runtime_name="containerd", runtime_version="v2.3.7").SerializeToString())))
-    await peer.response(1)
-    await peer.send(frame(1, request(3, "Synchronize", nri.SynchronizeRequest(
-        containers=[nri.Container(id="c1", pod_sandbox_id="p1", name="ctr")]).SerializeToString())))
-    resp = nri.SynchronizeResponse.FromString((await peer.response(3)).payload)
-    assert [u.container_id for u in resp.update] == ["c1"]
+    _placing_c1(plugin)
+    assert [u.container_id for u in (await _configured(peer, "v2.3.7")).update] == ["c1"]
