@@ -48,9 +48,9 @@ class Engine:
         self.stopping = Stop(self.state)
         self.claiming = Claims(self.state)
 
-    async def reconcile(self) -> None:
-        """One reconciliation round now."""
-        await self.reconciler.reconcile()
+    async def reconcile(self, limits: bool = False) -> None:
+        """One reconciliation round now (limits: see Reconciler.reconcile)."""
+        await self.reconciler.reconcile(limits)
 
     async def run_reconciler(self, interval: float) -> None:
         """Reconcile every interval (0: only when woken), and retry a failed round with backoff."""

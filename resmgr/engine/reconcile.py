@@ -9,9 +9,13 @@ whose outcome is unknown. In one round:
   settled: adopted with the grant decided for them if the runtime has them, else released;
 - pods and containers made behind our back (or while we were down) are adopted and
   allocated before anything new is decided, keeping the exclusive CPUs they run on when
-  that is consistent; one that does not fit runs as a plain shared container until it does;
+  that is consistent; one that does not fit runs as a plain shared container until it does; one
+  adopted before it started is updated again once it has (its start may have been under way);
 - every live container whose cgroup or runtime-reported cpuset differs from its grant, or
-  whose last update never reached the runtime, is updated again.
+  whose last update never reached the runtime, is updated again;
+- where the runtime's listing gives every container's limits afresh (NRI's Synchronize), one
+  whose CPU or memory limits differ from those we gave it was resized while we were away (the
+  runtime took kubelet's update alone): it is placed again for them, as a resize through us is.
 
 Nothing the runtime returns makes a round fail: what cannot be read is logged and skipped.
 Observation (runtime calls) happens without the engine lock; repairs are decided under it.
@@ -66,6 +70,7 @@ class Outcome:
     settled: int = 0
     repaired: int = 0
     revived: int = 0
+    resized: int = 0
 
     def changed(self) -> bool:
         return any(dataclasses.astuple(self))
@@ -79,6 +84,14 @@ async def _limited(items: Iterable[T], fn: Callable[[T], Awaitable[Any]]) -> lis
             return await fn(item)
 
     return await asyncio.gather(*(one(i) for i in items))
+
+
+# The limits kubelet sets and resizes, as the runtime reports them.
+LIMITS = ("cpu_shares", "cpu_quota", "cpu_period", "memory_limit_in_bytes")
+
+
+def _describe_limits(limits: dict[str, int]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in limits.items())
 
 
 def _same(actual: str, wanted: str) -> bool:
@@ -123,14 +136,18 @@ class Reconciler:
                 log.info("reconciliation with the runtime works again")
             failures = 0
 
-    async def reconcile(self) -> None:
-        """One round: observe the runtime, repair the state, push what is pending, save."""
+    async def reconcile(self, limits: bool = False) -> None:
+        """One round: observe the runtime, repair the state, push what is pending, save.
+
+        limits: the runtime's listing holds each container's limits as the runtime has them
+        now, not as we last told it (NRI's Synchronize; no event can race with it).
+        """
         async with self._sweep_lock:
             started = time.perf_counter()
             first = not self.state.reconciled.is_set() or not self._swept
             obs = await self._observe()
             async with self.state.lock:
-                outcome, decision, fresh = self._commit(obs)
+                outcome, decision, fresh = self._commit(obs, limits)
                 self.state.record(decision.updates)
             await self.state.pusher.push_pending()
             if first:
@@ -146,10 +163,10 @@ class Reconciler:
                   (time.perf_counter() - started) * 1000)
         if first or outcome.changed():
             log.info("reconciled with the runtime: %d pods, %d containers known; adopted %d pods, %d containers; "
-                     "dropped %d pods, %d containers; %d exited, %d settled, %d repaired, %d revived",
+                     "dropped %d pods, %d containers; %d exited, %d settled, %d repaired, %d revived, %d resized",
                      len(self.state.pods), len(self.state.containers), outcome.adopted_pods, outcome.adopted,
                      outcome.dropped_pods, outcome.dropped, outcome.exited, outcome.settled, outcome.repaired,
-                     outcome.revived)
+                     outcome.revived, outcome.resized)
 
     # -- observing ----------------------------------------------------------------------
     async def _observe(self) -> Observation:
@@ -207,7 +224,7 @@ class Reconciler:
         return full
 
     # -- repairing (engine lock held) -------------------------------------------------
-    def _commit(self, obs: Observation) -> tuple[Outcome, Decision, list[Container]]:
+    def _commit(self, obs: Observation, limits: bool = False) -> tuple[Outcome, Decision, list[Container]]:
         out, decision, fresh = Outcome(), Decision(), []
         for pod in [p for p in self.state.pods.values() if p.id not in obs.pods and p.seq <= obs.start_seq]:
             # Gone without kubelet removing it (the node rebooted, say): kubelet may make it anew.
@@ -232,7 +249,11 @@ class Reconciler:
                     out.revived += 1
                     continue
                 c.state = live.state
-                if not c.pending and self._differs(c, obs.actual.get(c.id, [])):
+                moved = self._resized(c, live.requested) if limits and not c.pending else None
+                if moved is not None:
+                    decision.updates.update(moved)
+                    out.resized += 1
+                elif not c.pending and self._differs(c, obs.actual.get(c.id, [])):
                     log.warning("container %s runs with other CPUs or memory nodes than granted (%s); "
                                 "updating it again", c.id, self._describe_actual(obs.actual.get(c.id, [])))
                     c.pending = True
@@ -251,6 +272,10 @@ class Reconciler:
                 continue
             self.state.ledger.enter(c)
             self.state.ledger.unallocated.add(cid)
+            if c.state == ContainerState.CREATED:
+                # The runtime may be starting it from what it held before: the update we send now can
+                # reach its record and not the task being made, so it is sent again once started.
+                self.state.pusher.raced.add(cid)
             fresh.append(c)
             out.adopted += 1
         decision.updates.update(self.allocate_waiting())
@@ -264,6 +289,32 @@ class Reconciler:
         if listed.state == ContainerState.EXITED:
             return self.state.release(c)
         return Decision()
+
+    def _resized(self, c: Container, held: Resources) -> dict[str, Resources] | None:
+        """c placed again for the CPU and memory limits the runtime holds, where they differ from
+        those we gave it (the updates to push); None where they do not, or the policy cannot meet them."""
+        changed = {}
+        for name in LIMITS:
+            theirs, ours = getattr(held, name), getattr(c.resources, name)
+            if theirs and ours and theirs != ours:  # a limit we never set is not ours to judge
+                changed[name] = theirs
+        pod = self.state.pods.get(c.pod_id)
+        if not changed or pod is None:
+            return None
+        requested = dataclasses.replace(c.requested, **changed)
+        try:
+            placed = self.state.policy.resize(c, pod, requested, self.state.view())
+        except PolicyError as err:
+            log.warning("container %s was resized while we were away (%s), and cannot be placed for it: %s; it "
+                        "keeps its CPUs", c.id, _describe_limits(changed), err)
+            return None
+        log.warning("container %s was resized while we were away (%s); placing it again", c.id,
+                    _describe_limits(changed))
+        kept = c.adjusted.without(c.requested.differing(requested)) if c.adjusted else None  # kubelet's word wins
+        c.requested, c.adjusted = requested, kept
+        c.resources = (placed.resources or requested).overlaid(kept)
+        self.state.ledger.apply(c, Decision(classes=placed.classes))
+        return {**placed.updates, c.key: c.resources}
 
     def _differs(self, c: Container, seen: list[tuple[str, str]]) -> bool:
         want_cpus, want_mems = c.resources.cpuset_cpus, c.resources.cpuset_mems

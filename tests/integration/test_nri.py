@@ -120,6 +120,24 @@ def test_synchronize_adopts_what_runs_and_restarts_lose_nothing(containerd, work
         plugin.stop()
 
 
+def test_a_resize_while_the_plugin_is_down_is_placed_once_it_is_back(containerd, workdir, pods):
+    """kubelet resizes a container straight in containerd while the plugin is down: containerd keeps
+    the new limits, and its next synchronization has the plugin place the container for them."""
+    plugin = nri_plugin(workdir, containerd, "static").start()
+    try:
+        g_cfg, mine_id = run(pods, "guaranteed", 1000)
+        assert len(cgroup_cpus(g_cfg, mine_id)) == 1
+        plugin.stop(signal.SIGKILL)
+        pods.client.rt.UpdateContainerResources(cri.UpdateContainerResourcesRequest(
+            container_id=mine_id, linux=resources(500, True)), timeout=30)  # no longer whole CPUs
+        assert len(cgroup_cpus(g_cfg, mine_id)) == 1  # containerd alone keeps the cpuset
+        plugin = nri_plugin(workdir, containerd, "static", relay_dir=plugin.relay_dir).start()
+        wait_until(lambda: cgroup_cpus(g_cfg, mine_id) == ONLINE, what="the resized container on the shared CPUs")
+        assert "resized while we were away" in plugin.log()
+    finally:
+        plugin.stop()
+
+
 def test_a_node_moves_from_relay_to_nri_and_back_keeping_its_allocations(containerd, workdir):
     relay = policy_relay(workdir, containerd.socket, "static").start()
     via = Cri(relay.socket)

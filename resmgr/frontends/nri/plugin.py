@@ -225,7 +225,7 @@ class NriPlugin:
         pods, ctrs = len(self._sync_pods), len(self._sync_containers)
         self._sync_pods, self._sync_containers = [], []
         with collecting() as collector:
-            await self.engine.reconcile()
+            await self.engine.reconcile(limits=True)  # the runtime lists what it holds now
             await self.engine.state.settle_updates()
         self.synchronized = True
         if self.safe_updates and self.send is not None:

@@ -23,6 +23,7 @@ from resmgr.frontends.nri.transport import Call, Trunk
 from resmgr.generated.nri import api_pb2 as nri
 from resmgr.generated.ttrpc import request_pb2 as ttrpc
 from resmgr.policies import PolicyError
+from resmgr.topology.cpuset import CPUSet
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 MIB4 = 4 << 20
@@ -204,9 +205,14 @@ async def test_a_peer_that_goes_away_fails_pending_calls(pair):
     assert trunk.closed
 
 
-async def _plugin_on_a_socket(tmp_path) -> tuple[NriPlugin, Trunk, Runtime]:
-    """The NRI plugin (none policy) behind the transport on a socket pair, and the runtime's end."""
-    engine = Engine(policies.create("none", {"Active": "none"}, None), StateStore(tmp_path), NriRuntime())
+async def _plugin_on_a_socket(tmp_path, policy: str = "none") -> tuple[NriPlugin, Trunk, Runtime]:
+    """The NRI plugin behind the transport on a socket pair (static: on 4 CPUs), and the runtime's end."""
+    topology = None
+    if policy != "none":
+        from tests.support.world import machine
+
+        topology = machine("sockets=1,cores=4,threads=1")
+    engine = Engine(policies.create(policy, {"Active": policy}, topology), StateStore(tmp_path), NriRuntime())
     plugin = NriPlugin(engine, engine.state.runtime)
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     r1, w1 = await asyncio.open_unix_connection(sock=a)
@@ -284,7 +290,12 @@ async def test_a_refused_create_is_answered_with_the_status_the_relay_gives(plug
 
 
 @pytest.fixture
-async def dialled(tmp_path, monkeypatch):
+def policy() -> str:
+    return "none"
+
+
+@pytest.fixture
+async def dialled(tmp_path, monkeypatch, policy):
     """The plugin as it runs when it dials the runtime itself: it may end its connection, and its
     sender delivers queued updates."""
     from resmgr.frontends.nri import plugin as nri_plugin
@@ -293,7 +304,7 @@ async def dialled(tmp_path, monkeypatch):
 
     monkeypatch.setattr(nri_runtime, "RESYNC_DELAY", 0.05)
     monkeypatch.setattr(nri_plugin, "RESYNC_IDLE", 0.2)
-    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path)
+    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path, policy)
     plugin.reset(update_sender(trunk), trunk.close)
     tasks = [asyncio.create_task(trunk.run()), asyncio.create_task(plugin.runtime.run_sender())]
     yield plugin, trunk, peer
@@ -314,7 +325,7 @@ def _placing_c1(plugin: NriPlugin) -> None:
     """The engine's reconciliation gives c1 CPU 1, as it would a container it adopts."""
     from resmgr.model import Resources
 
-    async def reconcile() -> None:
+    async def reconcile(limits: bool = False) -> None:
         await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="1"))
 
     plugin.engine.reconcile = reconcile
@@ -405,3 +416,75 @@ async def test_an_unsafe_runtime_still_gets_them_in_the_synchronize_answer(diall
     plugin, trunk, peer = dialled
     _placing_c1(plugin)
     assert [u.container_id for u in (await _configured(peer, "v2.3.7")).update] == ["c1"]
+
+
+def _guaranteed(cpus: int, state: int = nri.CONTAINER_RUNNING,
+                cpuset: str = "") -> tuple[nri.PodSandbox, nri.Container]:
+    """Pod p1 (Guaranteed) and its container c1 asking for whole CPUs, as the runtime lists them."""
+    pod = nri.PodSandbox(id="p1", uid="u1", name="g", namespace="default")
+    pod.linux.cgroup_parent = "/kubepods/podu1"
+    c = nri.Container(id="c1", pod_sandbox_id="p1", name="ctr", state=state)
+    cpu = c.linux.resources.cpu
+    cpu.shares.value, cpu.quota.value, cpu.period.value = 1024 * cpus, 100000 * cpus, 100000
+    c.linux.resources.memory.limit.value = 64 << 20
+    cpu.cpus = cpuset
+    return pod, c
+
+
+async def _synchronized(peer: Runtime, sid: int, pod: nri.PodSandbox, c: nri.Container) -> None:
+    await peer.send(frame(1, request(sid, "Synchronize", nri.SynchronizeRequest(
+        pods=[pod], containers=[c]).SerializeToString())))
+    await peer.response(sid)
+
+
+async def _updates_of_c1(peer: Runtime) -> str:
+    """The CPUs the next UpdateContainers gives c1, answered as taken."""
+    while True:
+        sid, kind, data = await peer.message(2)
+        req = ttrpc.Request.FromString(data)
+        assert kind == 1 and req.method == "UpdateContainers"
+        await peer.send(frame(2, message(sid, 2, ttrpc.Response(
+            payload=nri.UpdateContainersResponse().SerializeToString()).SerializeToString())))
+        cpus = {u.container_id: u.linux.resources.cpu.cpus for u in nri.UpdateContainersRequest.FromString(
+            req.payload).update}
+        if "c1" in cpus:
+            return cpus["c1"]
+
+
+@pytest.mark.parametrize("policy", ["static"])
+async def test_a_resize_while_the_plugin_was_away_is_placed_at_the_next_synchronization(dialled):
+    """kubelet resized a Guaranteed container while the plugin was down: the runtime took the new
+    limits alone. The next synchronization lists them, and the container gets CPUs for them."""
+    plugin, trunk, peer = dialled
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version="v2.4.2").SerializeToString())))
+    await peer.response(1)
+    pod, c = _guaranteed(1)
+    await _synchronized(peer, 3, pod, c)
+    one = await _updates_of_c1(peer)
+    assert len(CPUSet.parse(one)) == 1
+    pod, c = _guaranteed(2, cpuset=one)  # as the runtime holds it after kubelet's resize
+    await _synchronized(peer, 5, pod, c)
+    two = CPUSet.parse(await _updates_of_c1(peer))
+    assert len(two) == 2 and set(CPUSet.parse(one)) <= set(two)
+    held = plugin.engine.state.containers["c1"]
+    assert held.requested.cpu_quota == 200000 and held.resources.cpu_quota == 200000
+
+
+@pytest.mark.parametrize("policy", ["static"])
+async def test_a_container_adopted_while_the_runtime_starts_it_is_updated_again_once_started(dialled):
+    """A container the runtime was starting when the plugin registered: the update a synchronization
+    sends may reach its record and not the task being made from the old one (containerd reports no
+    failure), so once it has started it is updated again."""
+    plugin, trunk, peer = dialled
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version="v2.4.2").SerializeToString())))
+    await peer.response(1)
+    pod, c = _guaranteed(1, state=nri.CONTAINER_CREATED)
+    await _synchronized(peer, 3, pod, c)
+    granted = await _updates_of_c1(peer)
+    c.state, c.linux.resources.cpu.cpus = nri.CONTAINER_RUNNING, granted
+    started = nri.StateChangeEvent(event=nri.POST_START_CONTAINER, pod=pod, container=c)
+    await peer.send(frame(1, request(5, "StateChange", started.SerializeToString())))
+    await peer.response(5)
+    assert await _updates_of_c1(peer) == granted
