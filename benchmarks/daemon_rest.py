@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.relay_overhead import cpu_seconds, rss_mb, wait_serving  # noqa: E402
+from benchmarks.relay_overhead import as_shipped, cpu_seconds, rss_mb, wait_serving  # noqa: E402
 from harness.containerd import PrivateContainerd  # noqa: E402
 from harness.relay import policy_relay  # noqa: E402
 
@@ -27,6 +27,7 @@ def main() -> int:
     ap.add_argument("--starts", type=int, default=5, help="starts measured (default: %(default)s)")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds after the first call before RSS is read")
     args = ap.parse_args()
+    as_shipped()
     work = Path(tempfile.mkdtemp(prefix="crirm-rest-"))
     ctrd = PrivateContainerd(work / "ctrd")
     ctrd.start()

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.relay_overhead import cpu_seconds, rss_mb  # noqa: E402
+from benchmarks.relay_overhead import as_shipped, cpu_seconds, rss_mb  # noqa: E402
 from harness.containerd import PrivateContainerd  # noqa: E402
 from resmgr.generated.cri import api_pb2 as cri  # noqa: E402
 from resmgr.requests import milli_to_shares  # noqa: E402
@@ -145,6 +145,7 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=30, help="pods per round (default: %(default)s)")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds at rest before RSS is read")
     args = ap.parse_args()
+    as_shipped()
     work = Path(tempfile.mkdtemp(prefix="crirm-side-"))
     ctrd = PrivateContainerd(work / "ctrd").start()
     sock = str(ctrd.dir / "nri.sock")

@@ -12,22 +12,26 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import json
 import logging
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import yaml
+from fastjsonschema import JsonSchemaValueException
 
 from resmgr import policies
 from resmgr.config import custom
 from resmgr.config import dumprules as dump
 from resmgr.config.openapi import canonical_key
+
+if TYPE_CHECKING:
+    import jsonschema
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +96,18 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 
 
 @functools.cache
+def _fast(module: str) -> Callable[[Any], Any]:
+    """The section's validator generated ahead as code (scripts/genschemas.py): cheap to load and run."""
+    name = module.replace(".", "_").replace("-", "_")
+    return importlib.import_module(f"resmgr.generated.schemas.{name}").validate  # type: ignore[no-any-return]
+
+
+@functools.cache
 def _validator(module: str) -> jsonschema.protocols.Validator:
+    """The generic validator, loaded only for a section the generated one refuses: it names the
+    problem (every error, unknown keys) and has the last word."""
+    import jsonschema
+
     schema = json.loads((SCHEMA_DIR / f"{module}.schema.json").read_text())
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
@@ -116,6 +131,11 @@ def _describe(error: jsonschema.ValidationError, module: str) -> str:
 
 
 def _check(module: str, section: dict[str, Any], origin: str) -> None:
+    try:
+        _fast(module)(section)
+        return
+    except JsonSchemaValueException:
+        pass
     errors = sorted(_validator(module).iter_errors(section), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         raise ConfigError(f"{origin}: {_describe(errors[0], module)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import jsonschema
+from fastjsonschema import JsonSchemaValueException
 
 from resmgr.model import Container, Pod
 
@@ -87,19 +87,36 @@ SCHEMA = {
     },
 }
 
-_VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
 
 class InvalidState(ValueError):
     pass
 
 
+def _schema_problem(data: Any) -> str:
+    """Where and how data breaks SCHEMA ("" where it does not). The validator generated from it
+    (scripts/genschemas.py) decides cheaply; the generic one, loaded only for a state it refuses,
+    names the problem and has the last word."""
+    from resmgr.generated.schemas import statefile  # generated from SCHEMA: imported once it exists
+
+    try:
+        statefile.validate(data)
+        return ""
+    except JsonSchemaValueException:
+        pass
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(SCHEMA).iter_errors(data))
+    if error is None:
+        return ""
+    return f"{'/'.join(str(p) for p in error.absolute_path) or 'top level'}: {error.message[:200]}"
+
+
 def check(data: Any) -> None:
     """InvalidState naming the first problem, if data is not a usable engine state."""
-    error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "top level"
-        raise InvalidState(f"{where}: {error.message[:200]}")
+    problem = _schema_problem(data)
+    if problem:
+        raise InvalidState(problem)
     try:
         for p in data["pods"]:
             Pod.from_dict(p)
