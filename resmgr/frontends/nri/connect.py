@@ -71,7 +71,9 @@ def update_sender(trunk: Trunk) -> Send:
     """UpdateContainers over this connection, for the NriRuntime."""
     async def send(updates: list[nri.ContainerUpdate]) -> list[nri.ContainerUpdate]:
         req = nri.UpdateContainersRequest(update=updates)
-        raw = await trunk.call(RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), 10.0)
+        # The runtime's deadline; the answer is awaited for as long as it takes (NriRuntime._answer).
+        raw = await trunk.call(RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), 10.0,
+                               until_answered=True)
         return list(nri.UpdateContainersResponse.FromString(raw).failed)
     return send
 

@@ -36,7 +36,7 @@ from resmgr.model import Container, Pod, Resources
 
 log = logging.getLogger("cri-resmgr.nri")
 
-UPDATE_TIMEOUT = 10.0  # an UpdateContainers may wait for the runtime's events in flight
+UPDATE_TIMEOUT = 10.0  # seconds without an answer to an UpdateContainers before it is logged
 RESYNC_DELAY = 1.0  # seconds between two looks at whether a resynchronization may deliver the queue
 RESYNC_GAP = 2.0  # seconds at least between two resynchronizations
 VERIFY_MAX = 5  # synchronizations in a row that find what the one before carried not taken
@@ -186,12 +186,12 @@ class NriRuntime:
             if not self._outbox:
                 continue
             batch, self._outbox = self._outbox, {}
+            call = asyncio.ensure_future(send([convert.update(cid, res) for cid, res in batch.items()]))
             try:
-                async with asyncio.timeout(UPDATE_TIMEOUT):
-                    failed = await send([convert.update(cid, res) for cid, res in batch.items()])
+                failed = await self._answer(call, len(batch))
             except Exception as err:
                 log.warning("UpdateContainers for %d container(s) failed: %s; they are repaired at the next "
-                            "synchronization", len(batch), err)
+                            "synchronization", len(batch), str(err) or type(err).__name__)
                 self.on_failure()
                 continue
             refused = {u.container_id for u in failed}
@@ -205,6 +205,18 @@ class NriRuntime:
                     self._kick.set()
             if refused:
                 self.on_failure()
+
+    @staticmethod
+    async def _answer(call: asyncio.Future[list[nri.ContainerUpdate]], count: int) -> list[nri.ContainerUpdate]:
+        """The runtime's answer to an UpdateContainers, however long it takes. A runtime that is
+        stopped or busy queues the calls it has not read and runs them all once it goes on, in any
+        order: a second call with newer values while one is unanswered could be overtaken by the
+        stale one. So no other goes out until this one is answered, or fails with the connection."""
+        done, _ = await asyncio.wait({call}, timeout=UPDATE_TIMEOUT)
+        if not done:
+            log.warning("UpdateContainers for %d container(s) has had no answer for %.0f s; no other is sent "
+                        "until it has", count, UPDATE_TIMEOUT)
+        return await call
 
     def queue(self, updates: dict[str, Resources]) -> int:
         """Updates for UpdateContainers to deliver (it reports those the runtime refused); how many."""

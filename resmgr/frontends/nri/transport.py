@@ -123,8 +123,12 @@ class Trunk:
             chunk = view[start:start + MAX_FRAME]
             self.writer.write(FRAME.pack(conn, len(chunk)) + chunk)
 
-    async def call(self, service: str, method: str, payload: bytes, timeout: float) -> bytes:
-        """A unary call to the runtime; RpcError for a non-OK answer, TimeoutError, ConnectionError."""
+    async def call(self, service: str, method: str, payload: bytes, timeout: float,
+                   until_answered: bool = False) -> bytes:
+        """A unary call to the runtime; RpcError for a non-OK answer, TimeoutError, ConnectionError.
+
+        timeout goes to the runtime as the call's deadline, and is how long the answer is waited
+        for here, unless until_answered: then until it comes or the connection ends."""
         sid = next(self._ids)
         req = ttrpc.Request(service=service, method=method, payload=payload, timeout_nano=int(timeout * 1e9))
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
@@ -132,7 +136,7 @@ class Trunk:
         try:
             self._send(RUNTIME_CONN, sid, REQUEST, req.SerializeToString())
             await self.writer.drain()
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(None if until_answered else timeout):
                 return await fut
         finally:
             self._pending.pop(sid, None)

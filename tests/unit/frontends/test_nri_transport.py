@@ -488,3 +488,26 @@ async def test_a_container_adopted_while_the_runtime_starts_it_is_updated_again_
     await peer.send(frame(1, request(5, "StateChange", started.SerializeToString())))
     await peer.response(5)
     assert await _updates_of_c1(peer) == granted
+
+
+async def test_no_update_goes_out_while_the_runtime_has_not_answered_the_last(dialled, monkeypatch):
+    """A stopped or busy runtime queues the UpdateContainers calls it has not read and runs them all
+    once it goes on, in any order: a newer call must not be made while an older one is unanswered,
+    or the stale one can land last. The newest value goes once the runtime answers."""
+    from resmgr.frontends.nri import runtime as nri_runtime
+    from resmgr.model import Resources
+
+    monkeypatch.setattr(nri_runtime, "UPDATE_TIMEOUT", 0.1)
+    plugin, trunk, peer = dialled
+    await _configured(peer, "v2.4.2")
+    await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="1"))
+    sid, kind, data = await peer.message(2)
+    await asyncio.sleep(0.3)  # past the time the plugin waits before it says the runtime is slow
+    await plugin.runtime.update_resources("c1", Resources(cpuset_cpus="2"))
+    with pytest.raises(TimeoutError):
+        await peer.message(2, timeout=0.5)  # nothing while the first is unanswered
+    answer = nri.UpdateContainersResponse().SerializeToString()
+    await peer.send(frame(2, message(sid, 2, ttrpc.Response(payload=answer).SerializeToString())))
+    sid, kind, data = await peer.message(2)
+    req = nri.UpdateContainersRequest.FromString(ttrpc.Request.FromString(data).payload)
+    assert [(u.container_id, u.linux.resources.cpu.cpus) for u in req.update] == [("c1", "2")]
