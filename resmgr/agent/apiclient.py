@@ -204,7 +204,7 @@ class _Draining(h2.connection.H2ConnectionStateMachine):
                         (None, h2.connection.ConnectionState.CLIENT_OPEN)}
 
 
-_collecting: asyncio.TimerHandle | None = None
+_collecting: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None
 
 
 def _collect_soon() -> None:
@@ -214,8 +214,9 @@ def _collect_soon() -> None:
     oldest generation to run, so each API server restart kept one until then (about 0.25 MB each,
     measured). One collection for the connections ending together, after their closing is done."""
     global _collecting
-    if _collecting is None or _collecting.cancelled() or _collecting.when() < asyncio.get_running_loop().time():
-        _collecting = asyncio.get_running_loop().call_later(COLLECT_DELAY, gc.collect)
+    loop = asyncio.get_running_loop()
+    if _collecting is None or _collecting[0] is not loop or _collecting[1].when() < loop.time():
+        _collecting = loop, loop.call_later(COLLECT_DELAY, gc.collect)
 
 
 class _H2:
