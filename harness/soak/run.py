@@ -559,7 +559,9 @@ class Soak:
             fs, _ = slope(fds, 120.0, since)
             slopes[name] = {"rss_mb_per_h": round(rs, 3), "rss_samples": n, "fds_per_h": round(fs, 3),
                             "rss_last_mb": rss[-1][2] if rss else 0.0, "fds_last": int(fds[-1][2]) if fds else 0}
-        judged = [(v.kind, v.text) for v in self.judge.violations]
+        # When (the guest's clock, as its journals have it) and for how long, to find in the journals.
+        judged = [(v.kind, f"{time.strftime('%H:%M:%S', time.gmtime(v.first))} UTC for {v.last - v.first:.0f} s: "
+                           f"{v.text}") for v in self.judge.violations]
         counts: dict[str, int] = {}
         for kind, _ in judged + self.violations:
             counts[kind] = counts.get(kind, 0) + 1
