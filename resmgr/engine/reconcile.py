@@ -295,8 +295,10 @@ class Reconciler:
         those we gave it (the updates to push); None where they do not, or the policy cannot meet them."""
         changed = {}
         for name in LIMITS:
-            theirs, ours = getattr(held, name), getattr(c.resources, name)
-            if theirs and ours and theirs != ours:  # a limit we never set is not ours to judge
+            theirs, ours, asked = getattr(held, name), getattr(c.resources, name), getattr(c.requested, name)
+            # A limit we never set is not ours to judge; one still as kubelet last asked is not a
+            # resize (a value of the policy's own that did not reach the runtime, say).
+            if theirs and ours and theirs != ours and theirs != asked:
                 changed[name] = theirs
         pod = self.state.pods.get(c.pod_id)
         if not changed or pod is None:
