@@ -327,7 +327,6 @@ class _H2:
             self.writer.close()
         _collect_soon()
 
-
     async def open(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, _Stream]:
         sid = self.conn.get_next_available_stream_id()
         stream = self.streams[sid] = _Stream()

@@ -95,11 +95,16 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+def validator_module(module: str) -> str:
+    """Where a section's validator generated ahead as code lives (scripts/genschemas.py writes it):
+    resource-manager.control -> resmgr.generated.schemas.resource_manager_control."""
+    return "resmgr.generated.schemas." + module.replace(".", "_").replace("-", "_")
+
+
 @functools.cache
 def _fast(module: str) -> Callable[[Any], Any]:
-    """The section's validator generated ahead as code (scripts/genschemas.py): cheap to load and run."""
-    name = module.replace(".", "_").replace("-", "_")
-    return importlib.import_module(f"resmgr.generated.schemas.{name}").validate  # type: ignore[no-any-return]
+    """The section's generated validator: cheap to load and run."""
+    return importlib.import_module(validator_module(module)).validate  # type: ignore[no-any-return]
 
 
 @functools.cache

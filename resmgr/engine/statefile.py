@@ -88,7 +88,6 @@ SCHEMA = {
 }
 
 
-
 class InvalidState(ValueError):
     pass
 
