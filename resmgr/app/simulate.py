@@ -18,6 +18,7 @@ With steps in the list, --output json adds `steps`: the placement after each ent
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -308,8 +309,17 @@ def main(argv: list[str]) -> int:
     add_to(ap, SimulateOptions)
     args = from_args(SimulateOptions, ap.parse_args(argv))
     try:
-        if args.machine:
-            root = tempfile.mkdtemp(prefix="crirm-machine-")
+        return _simulate(args)
+    except (SimulationError, ConfigError, TopologyError) as err:
+        print(f"cri-resmgr simulate: {err}", file=sys.stderr)
+        return 1
+
+
+def _simulate(args: SimulateOptions) -> int:
+    # A generated machine lives only as long as the simulation reads it.
+    with tempfile.TemporaryDirectory(prefix="crirm-machine-") if args.machine else contextlib.nullcontext() as made:
+        if made:
+            root = made
             try:
                 generate(parse_spec(args.machine), root)
             except ValueError as err:
@@ -337,8 +347,5 @@ def main(argv: list[str]) -> int:
                     f.write(picture)
             except OSError as err:
                 raise SimulationError(f"--html {args.html}: {err}") from None
-    except (SimulationError, ConfigError, TopologyError) as err:
-        print(f"cri-resmgr simulate: {err}", file=sys.stderr)
-        return 1
     print(json.dumps(result, indent=2) if args.output == "json" else table(result))
     return 0

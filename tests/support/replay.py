@@ -13,7 +13,6 @@ test decides what share must hold and which misses are known.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +21,8 @@ import yaml
 from resmgr.app.simulate import Simulation, SimulationError, _pod
 from resmgr.config import ConfigError, validate
 from resmgr.topology.cpuset import CPUSet
-from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.model import Topology
-from resmgr.topology.sysfs import discover
+from tests.support import machines
 
 N4C16 = "sockets=2,nodes=2,cores=2,threads=2,numbering=linear,mem=2G"
 _MACHINES: dict[str, Topology] = {}
@@ -32,7 +30,7 @@ _MACHINES: dict[str, Topology] = {}
 
 def machine(spec: str = N4C16) -> Topology:
     if spec not in _MACHINES:
-        _MACHINES[spec] = discover(generate(parse_spec(spec), tempfile.mkdtemp(prefix="crirm-replay-")))
+        _MACHINES[spec] = machines.machine(spec)
     return _MACHINES[spec]
 
 

@@ -242,6 +242,16 @@ spec:
     assert bad.returncode == 1 and "kind MemtierdPolicy of config.nri/v1alpha1 is not a policy" in bad.stderr
 
 
+def test_a_generated_machine_is_removed_once_simulated(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    assert simulate(tmp_path, "--machine", "sockets=1,cores=8,threads=1").returncode == 0
+    assert simulate(tmp_path, "--machine", "cores=4", pods="- {containers: 1}\n").returncode == 1
+    assert simulate(tmp_path, "--machine", "cores=x").returncode == 1
+    assert list(scratch.iterdir()) == []
+
+
 STORY = """\
 - name: red1
   labels: {team: red}

@@ -4,7 +4,6 @@ CPU gets back when it leaves, across a restart and a new configuration."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from resmgr.controllers import ControllerError
 from resmgr.controllers.cpu import CPUController, parse_classes
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
+from tests.support.machines import tree
 
 CLASSES = {"Classes": {"fast": {"MinFreq": 2000000, "MaxFreq": 3500000, "FreqGovernor": "performance",
                                 "EnergyPerformancePreference": "performance", "UncoreMinFreq": 1800000},
@@ -21,7 +21,7 @@ CLASSES = {"Classes": {"fast": {"MinFreq": 2000000, "MaxFreq": 3500000, "FreqGov
 
 def machine() -> Path:
     """Two sockets of 4 cores, 1 thread each: CPUs 0-3 on package 0, 4-7 on package 1."""
-    return generate(parse_spec("sockets=2,cores=4,threads=1"), tempfile.mkdtemp(prefix="crirm-cpuclass-"))
+    return tree("sockets=2,cores=4,threads=1")
 
 
 def read(root: Path, rel: str) -> str:

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resmgr.policies.toolkit.allocator import AllocationError, Preferences, take_cpus
 from resmgr.topology.cpuset import CPUSet
-from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.model import CoreKind
-from resmgr.topology.sysfs import discover
+from tests.support.machines import machine
 
 # 2 sockets x 8 cores x 2 threads: socket 0 = 0-7,16-23; socket 1 = 8-15,24-31
-SERVER = discover(generate(parse_spec("sockets=2,cores=8,threads=2"), tempfile.mkdtemp(prefix="crirm-topo-")))
+SERVER = machine("sockets=2,cores=8,threads=2")
 
 
 @pytest.fixture
@@ -60,10 +57,6 @@ def test_takes_exactly_n_from_available(avail_ids, data):
     assert len(got) == n and got <= avail
     assert take_cpus(topo, avail, n) == got  # deterministic
 
-
-
-def machine(spec: str):
-    return discover(generate(parse_spec(spec), tempfile.mkdtemp(prefix="crirm-topo-")))
 
 
 HYBRID = machine("cores=8,threads=2,ecores=8,ecluster=4,numbering=linear")  # P 0-15 (pairs), E 16-23

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -15,8 +13,8 @@ from resmgr import policies
 from resmgr.model import Container, QOSClass
 from resmgr.policies import PolicyError
 from resmgr.topology.cpuset import CPUSet
-from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.sysfs import discover
+from tests.support.machines import tree
 from tests.support.world import World, machine
 
 G = QOSClass.GUARANTEED
@@ -83,8 +81,7 @@ def test_offline_cpus_and_available_resources_shape_the_tree():
 
 
 def test_a_machine_without_numa_information_is_one_pool_without_memory_pinning():
-    root = Path(tempfile.mkdtemp(prefix="crirm-topo-"))
-    generate(parse_spec("sockets=1,cores=4,threads=2"), root)
+    root = tree("sockets=1,cores=4,threads=2")
     shutil.rmtree(root / "sys/devices/system/node")
     for link in (root / "sys/devices/system/cpu").glob("cpu*/node*"):
         link.unlink()
