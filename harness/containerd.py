@@ -173,10 +173,13 @@ def containerd_version(binary: str | None = None) -> tuple[int, ...]:
 class PrivateContainerd:
     """A containerd process owned by the caller, with its own temporary tree."""
 
-    def __init__(self, workdir: str | Path | None = None, subnet: str = CNI_SUBNET, bridge: str = "crirm0") -> None:
+    def __init__(self, workdir: str | Path | None = None, subnet: str = CNI_SUBNET, bridge: str = "crirm0",
+                 extra_config: str = "") -> None:
         """subnet, bridge: its pods' network; containerds running at once need their own (each has
-        an address allocator of its own, and a bridge holds one subnet)."""
+        an address allocator of its own, and a bridge holds one subnet). extra_config: TOML added
+        to its configuration (tables of its own, e.g. the NRI default validator's)."""
         self._own_dir = workdir is None
+        self.extra_config = extra_config
         self.subnet, self.bridge = subnet, bridge
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="crirm-ctrd-"))
         self.socket = str(self.dir / "containerd.sock")
@@ -203,7 +206,7 @@ class PrivateContainerd:
         config.write_text(template.format(
             version=version, dir=self.dir, root=self.dir / "root", state=self.dir / "state", socket=self.socket,
             pause=images.PAUSE_IMAGE, platform=images.PLATFORM, runc=tool("runc"), cni_bin=CNI_BIN_DIR,
-            cni_conf=cni_conf))
+            cni_conf=cni_conf) + self.extra_config)
         # containerd finds its shim on PATH: the one next to the chosen containerd comes first.
         env = dict(os.environ, PATH=f"{Path(tool('containerd')).parent}:{os.environ.get('PATH', '')}")
         log = open(self.log_path, "ab")

@@ -24,6 +24,14 @@ AGENT_PORT = 6444  # the guest's port for the API server, through the host's cou
 SRC = "/opt/cri-resmgr/src"
 TOOLS = "/usr/local/lib/crirm-soak"  # the soak's own guest programs
 ASIDE = ("/etc/systemd/system/cri-resmgr.service", "/etc/systemd/system/cri-resmgr-nri.service")
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+# NRI mode: containerd refuses containers while the plugin is away, as docs/nri.md advises.
+REQUIRE_PLUGIN = """
+[plugins."io.containerd.nri.v1.nri".default_validator]
+  enable = true
+  required_plugins = ["cri-resmgr"]
+  tolerate_missing_plugins_annotation = "tolerate-missing-plugins.cri-resource-manager.intel.com"
+"""
 
 SAMPLER_UNIT = f"""[Unit]
 Description=the soak's sampler of container cgroups and daemon processes
@@ -74,7 +82,9 @@ class Guest:
                 "dpkg -r cri-resmgr >/dev/null 2>&1; "
                 f"for u in {' '.join(ASIDE)}; do [ -e $u.aside ] && mv $u.aside $u; done; "
                 f"umount {STATE_DIR} 2>/dev/null; rm -rf {STATE_DIR} {STATE_IMG}; "
-                f"sed -i '\\|{STATE_IMG}|d' /etc/fstab; systemctl daemon-reload; true", timeout=300)
+                f"sed -i '\\|{STATE_IMG}|d' /etc/fstab; systemctl daemon-reload; "
+                f"if [ -e {CONTAINERD_CONFIG}.soak ]; then mv {CONTAINERD_CONFIG}.soak {CONTAINERD_CONFIG} && "
+                "systemctl restart containerd; fi; true", timeout=300)
 
     def install(self, control: ControlPlane, fallback: str, kubelet_settings: dict[str, object],
                 agent_options: str, daemon_options: str = "") -> None:
@@ -104,6 +114,9 @@ class Guest:
         self._took("kubelet ready", began)
         self.sh(f"dpkg -i --force-confold {SRC}/cri-resmgr.deb", timeout=300)
         if self.mode == "nri":  # the package's other unit, kubelet back on containerd
+            self.sh(f"[ -e {CONTAINERD_CONFIG}.soak ] || cp {CONTAINERD_CONFIG} {CONTAINERD_CONFIG}.soak; "
+                    f"cp {CONTAINERD_CONFIG}.soak {CONTAINERD_CONFIG} && "
+                    f"printf '%s' '{REQUIRE_PLUGIN}' >> {CONTAINERD_CONFIG} && systemctl restart containerd")
             self.sh("rm -f /etc/kubernetes/kubelet.conf.d/50-cri-resmgr.conf && "
                     "systemctl disable --now cri-resmgr && systemctl enable --now cri-resmgr-nri && "
                     "systemctl restart kubelet")

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from harness.containerd import PrivateContainerd
 from harness.relay import NriProcess, policy_relay
 from resmgr.generated.cri import api_pb2 as cri
 from tests.support.helpers import (
@@ -306,3 +307,45 @@ def test_containerd_launches_the_plugin_from_its_plugin_directory(containerd, wo
         script.unlink(missing_ok=True)
         if containerd.proc is None or containerd.proc.poll() is not None:
             containerd.start()
+
+
+# containerd's NRI default validator made to refuse containers while cri-resmgr is away, as
+# docs/nri.md tells an operator who wants no container on CPUs it did not choose.
+REQUIRE_THE_PLUGIN = """
+[plugins."io.containerd.nri.v1.nri".default_validator]
+  enable = true
+  required_plugins = ["cri-resmgr"]
+  tolerate_missing_plugins_annotation = "tolerate-missing-plugins.cri-resource-manager.intel.com"
+"""
+
+
+def test_a_runtime_requiring_the_plugin_makes_no_container_while_it_is_away(workdir):
+    strict = PrivateContainerd(workdir / "strict", subnet="10.88.91.0/24", bridge="crirm91",
+                               extra_config=REQUIRE_THE_PLUGIN).start()
+    client = Cri(strict.socket)
+    pods = Pods(client, workdir)
+    try:
+        cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pod = client.run_pod(cfg)
+        pods.ids.append(pod)
+        config = container_config(resources=resources(1000, True))
+        with pytest.raises(grpc.RpcError) as refused:
+            client.create(pod, cfg, config)
+        assert 'required plugin "cri-resmgr" not present' in refused.value.details()
+        # What must start before the plugin (its own pod) says it tolerates its absence.
+        tolerant = pod_config(qos="besteffort", logdir=str(workdir / "logs"), annotations={
+            "tolerate-missing-plugins.cri-resource-manager.intel.com/pod": "true"})
+        t_pod = client.run_pod(tolerant)
+        pods.ids.append(t_pod)
+        client.run_container(t_pod, tolerant, container_config())
+
+        plugin = nri_plugin(workdir, strict, "static").start()
+        try:
+            mine = client.run_container(pod, cfg, config)  # kubelet's retry
+            assert len(cgroup_cpus(cfg, mine)) == 1
+        finally:
+            plugin.stop()
+    finally:
+        pods.remove_all()
+        client.close()
+        strict.stop()
