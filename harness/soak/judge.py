@@ -86,6 +86,7 @@ class Ctr:
     mems: CPUSet
     quota: float | None  # CPUs of cpu.max (None: no limit)
     runs: str  # started, created, pause
+    commands: str = ""  # what runs there (the sampler's process names)
 
     @property
     def whole_cpus(self) -> int:
@@ -107,13 +108,13 @@ def parse(snapshot: dict[str, list[str]]) -> list[Ctr]:
     """The sampler's snapshot: started containers only (a sandbox or a container not yet started
     runs nothing of its own)."""
     out = []
-    for cid, (pod, cpus, mems, cpu_max, _weight, runs) in sorted(snapshot.items()):
+    for cid, (pod, cpus, mems, cpu_max, _weight, runs, *commands) in sorted(snapshot.items()):
         if runs != "started":
             continue
         quota_text, _, period = cpu_max.partition(" ")
         quota = None if quota_text == "max" else int(quota_text) / int(period or 100000)
         out.append(Ctr(cid, pod, qos_of(pod), CPUSet.parse_or_empty(cpus), CPUSet.parse_or_empty(mems), quota,
-                       runs))
+                       runs, "".join(commands)))
     return out
 
 
@@ -134,7 +135,7 @@ def findings(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[Finding]
 
 
 def _short(c: Ctr) -> str:
-    return f"{c.id[:12]} ({c.qos}, {c.pod[-14:-6]})"
+    return f"{c.id[:12]} ({c.qos}, {c.pod[-14:-6]}{', ' + c.commands if c.commands else ''})"
 
 
 def _common(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[Finding]:

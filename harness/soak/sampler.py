@@ -56,8 +56,9 @@ def is_init(name: str) -> bool:
 
 
 def scope(path: str) -> list | None:
-    """[pod slice, cpus, mems, cpu.max, cpu.weight, what runs] of a populated container scope, or None.
-    What runs: "started", "created" (runc's init only) or "pause"."""
+    """[pod slice, cpus, mems, cpu.max, cpu.weight, what runs, its commands] of a populated container
+    scope, or None. What runs: "started", "created" (runc's init only) or "pause"; its commands: the
+    names of the processes besides runc's init (what a finding says runs there)."""
     try:
         pids = read(path + "/cgroup.procs").split()
         if not pids:
@@ -68,7 +69,7 @@ def scope(path: str) -> list | None:
         own = {n for n in names if not is_init(n)}  # what the container's image runs
         runs = "pause" if own == {"pause"} else "started" if own else "created"
         return [os.path.basename(os.path.dirname(path)), read(path + "/cpuset.cpus.effective"),
-                read(path + "/cpuset.mems.effective"), read(path + "/cpu.max"), "", runs]
+                read(path + "/cpuset.mems.effective"), read(path + "/cpu.max"), "", runs, ",".join(sorted(own))]
     except OSError:  # gone while read
         return None
 
