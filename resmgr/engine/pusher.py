@@ -12,14 +12,17 @@ may have started it from what it held before.
 
 Of many pushes at once (a policy switch, a rebalance), those that only take CPUs away go first:
 a container moved onto CPUs another one still runs on would share them with it until both
-pushes land, and on a busy runtime that is seconds. One moved onto CPUs whose container the
-runtime did not take off them waits (pending) until reconciliation pushes both again. A resize
-waits for the moves off the CPUs it gains before it goes to the runtime (update.py).
+pushes land, and on a busy runtime that is seconds. Where each waits for another (a swap, which
+policy switches make), each first runs on only the CPUs it keeps, then they move. One moved onto
+CPUs whose container the runtime did not take off them waits (pending) until reconciliation
+pushes both again. A resize waits for the moves off the CPUs it gains before it goes to the
+runtime (update.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -115,12 +118,37 @@ class Pusher:
                          ", ".join(containers[k].id[:12] for k in waiting), unfreed)
                 self.wake()
                 todo = [k for k in todo if k not in waiting]
-            leaving = {k: self._leaves(k) for k in todo}
-            wave = [k for k in todo if not any(cpus & self._new(k) for p, cpus in leaving.items() if p != k)]
-            wave = wave or todo  # a swap: no order spares a moment on shared CPUs
+            wave = self._wave(todo)
+            if not wave:  # a cycle (a swap): each first gives up the CPUs it leaves, then they move
+                await asyncio.gather(*(self.narrow(k) for k in todo))
+                wave = self._wave(todo) or todo  # one with nothing it keeps cannot step aside
             await asyncio.gather(*(self.push(k) for k in wave))
             tried += wave
             todo = [k for k in todo if k not in wave]
+
+    def _wave(self, todo: list[str]) -> list[str]:
+        """Those of todo that move onto no CPU another of them still runs on."""
+        leaving = {k: self._leaves(k) for k in todo}
+        return [k for k in todo if not any(cpus & self._new(k) for p, cpus in leaving.items() if p != k)]
+
+    async def narrow(self, key: str) -> None:
+        """Run key, for now, on those of the CPUs it runs on that it keeps (if any): it then takes no
+        CPU and leaves all it is to leave. Its desired resources stay pending."""
+        held = self.held.get(key)
+        c = self.ledger.containers.get(key)
+        if held is None or c is None or not c.id or not c.pending:
+            return
+        keep = CPUSet.parse_or_empty(held) & self._new(key)
+        if not keep or keep == CPUSet.parse_or_empty(held):
+            return
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with self._slots, lock:
+            try:
+                await self.runtime.update_resources(c.id, dataclasses.replace(c.resources, cpuset_cpus=str(keep)))
+            except Exception as err:
+                log.error("narrowing container %s to CPUs %s failed: %s", c.id, keep, self.describe(err))
+                return
+            self.held[key] = str(keep)
 
     def unconfirmed(self, keys: Iterable[str]) -> list[str]:
         """Those of keys whose last update the runtime has not taken (gone or exited ones aside)."""

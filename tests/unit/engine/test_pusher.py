@@ -51,6 +51,24 @@ def test_a_switch_moves_nobody_onto_cpus_another_still_runs_on():
     assert not any(c.pending for c in ledger.containers.values())
 
 
+def test_containers_that_swap_cpus_never_share_one():
+    # A policy switch: g takes CPU 1 (b's) for its own and b moves onto 0 (g's). Whichever goes
+    # first would share a CPU with the other; b first gives up CPU 1, keeping only CPUs it keeps.
+    before = {"g": "0", "b": "1-3"}
+    ledger = ledger_of(before)
+    runtime = SlowRuntime(before)
+    pusher = Pusher(ledger, runtime, lambda: None)
+    updates = {"g": Resources(cpuset_cpus="1", cpu_quota=100000), "b": Resources(cpuset_cpus="0,2-3")}
+    pusher.note_held(updates)
+    for key, res in updates.items():
+        ledger.containers[key].resources, ledger.containers[key].pending = res, True
+    asyncio.run(pusher.push_all(updates))
+    assert runtime.held == {"g": "1", "b": "0,2-3"}
+    assert runtime.overlaps == []
+    assert not any(c.pending for c in ledger.containers.values())
+    assert pusher.held == {"g": "1", "b": "0,2-3"}
+
+
 def test_what_the_runtime_holds_is_forgotten_with_the_container():
     ledger = ledger_of({"a": "0-1"})
     pusher = Pusher(ledger, SlowRuntime({"a": "0-1"}), lambda: None)
