@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from resmgr.controllers import Controllers
+from resmgr.engine import statefile
 from resmgr.engine.ledger import Ledger
 from resmgr.engine.pusher import Pusher
 from resmgr.engine.store import StateStore
@@ -154,16 +155,13 @@ class EngineState:
 
     def snapshot(self) -> dict[str, Any]:
         ids = {c.key for c in self.containers.values() if c.id}
-        # Pods that vanished need state version 2; without them the file stays one 0.1.0 reads.
-        newer = {"version": 2, "vanished": dict(self.ledger.vanished)} if self.ledger.vanished else {}
         return {
-            **newer,
             "pods": [p.to_dict() for p in self.pods.values()],
             "containers": [c.to_dict() for c in self.containers.values() if c.id],
             "policy": {"name": self.policy.name, "data": self.policy.export_state(), "config": self.policy.config},
             "unallocated": sorted(self.ledger.unallocated & ids),
             "degraded": sorted(self.ledger.degraded & ids),
-            "previous": dict(self.ledger.previous),
+            "previous": statefile.with_vanished(self.ledger.previous, self.ledger.vanished),
             # Beside the policy's data, for another policy to prepare (and for 0.1.0, which reads them).
             "claims": [c.to_dict() for _, c in sorted(self.policy.prepared_claims().items())],
         }
@@ -172,10 +170,11 @@ class EngineState:
         """Take a persisted state (validated by resmgr.engine.statefile) as the starting point."""
         if not data:
             return
+        previous, vanished = statefile.split_vanished(data.get("previous") or {})
+        vanished.update(data.get("vanished") or {})  # state version 2
         self.ledger.load([Pod.from_dict(p) for p in data.get("pods", [])],
                          [Container.from_dict(c) for c in data.get("containers", [])],
-                         data.get("unallocated", []), data.get("degraded", []), data.get("previous"),
-                         data.get("vanished"))
+                         data.get("unallocated", []), data.get("degraded", []), previous, vanished)
         pdata = data.get("policy") or {}
         if pdata.get("name") == self.policy.name:
             try:

@@ -92,6 +92,27 @@ class InvalidState(ValueError):
     pass
 
 
+# A pod whose sandboxes vanished is remembered as the entry "<uid>/" of previous, whose value is
+# when (seconds since the epoch). The file stays version 1, which 0.1.0 reads: it drops the entry
+# as a pod it does not know. (Development versions wrote them as version 2's "vanished".)
+def with_vanished(previous: dict[str, str], vanished: dict[str, float]) -> dict[str, str]:
+    return {**previous, **{f"{uid}/": repr(t) for uid, t in vanished.items()}}
+
+
+def split_vanished(previous: dict[str, str]) -> tuple[dict[str, str], dict[str, float]]:
+    """(placements, vanished pods) of a state's previous."""
+    placements, vanished = {}, {}
+    for key, value in previous.items():
+        if not key.endswith("/"):
+            placements[key] = value
+            continue
+        try:
+            vanished[key[:-1]] = float(value)
+        except ValueError:
+            pass  # a hand edit: forgotten, as the pod would be after 15 minutes
+    return placements, vanished
+
+
 def _schema_problem(data: Any) -> str:
     """Where and how data breaks SCHEMA ("" where it does not). The validator generated from it
     (scripts/genschemas.py) decides cheaply; the generic one, loaded only for a state it refuses,

@@ -957,14 +957,30 @@ async def _none(req):
     return None
 
 
-async def test_the_state_says_version_2_only_while_a_vanished_pod_is_remembered(engine):
+async def test_a_vanished_pod_is_remembered_in_a_state_the_previous_release_reads(engine, tmp_path):
+    # A rollback within the 15 minutes a vanished pod is remembered (pods removed while the
+    # plugin was away during an upgrade) lost 0.1.0 the whole state, claims included: the file said
+    # version 2. It stays version 1; 0.1.0 drops the entry "<uid>/" of previous as a pod it does
+    # not know, and this version reads it back as the time the pod vanished.
+    from resmgr.engine import statefile
+
     pod_id, cfg = await _run_pod(engine, "kept")
     await _create(engine, pod_id, cfg, cid="c1", name="a")
-    assert "version" not in engine.state.snapshot() and "vanished" not in engine.state.snapshot()
     engine.state.runtime.client.pods, engine.state.runtime.client.containers = [], []  # the node rebooted
     await engine.reconcile()
     snap = engine.state.snapshot()
-    assert snap["version"] == 2 and list(snap["vanished"]) == [cfg.metadata.uid]
+    uid = cfg.metadata.uid
+    assert "version" not in snap and "vanished" not in snap
+    assert set(snap["previous"]) == {f"{uid}/a", f"{uid}/"}
+    statefile.check({"version": 1, **snap})
+    assert all(isinstance(v, str) for v in snap["previous"].values())  # 0.1.0's schema: strings
+    when = engine.state.ledger.vanished[uid]
+    again = Engine(PinningPolicy(), StateStore(tmp_path), CriRuntime(engine.state.runtime.client))
+    again.state.restore(snap)
+    assert again.state.ledger.vanished == {uid: when}
+    assert set(again.state.ledger.previous) == {f"{uid}/a"}
+    again.state.restore({**snap, "previous": {}, "version": 2, "vanished": {uid: when}})  # as written before
+    assert again.state.ledger.vanished == {uid: when}
 
 
 class ResizingPolicy(Policy):

@@ -97,7 +97,8 @@ def test_a_state_of_a_newer_version_is_refused_and_left_where_it_is(tmp_path):
 
 
 def test_the_engine_writes_the_oldest_state_version_that_holds_its_state(tmp_path):
-    """Version 1 (what 0.1.0 reads) unless a vanished pod is remembered; both are read back."""
+    """Version 1 (what 0.1.0 reads); version 2, which development versions wrote while a vanished pod
+    was remembered, is read back too."""
     from resmgr.engine import statefile
 
     store = StateStore(tmp_path)
