@@ -374,7 +374,7 @@ def status_doc(config_socket: str) -> dict:
     """The state document `cri-resmgr status --output json` prints."""
     out = subprocess.run([sys.executable, "-m", "resmgr", "status", "--config-socket", config_socket,
                           "--output", "json"], capture_output=True, text=True, cwd=ROOT, timeout=30)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr or out.stdout[-2000:]}"
     return json.loads(out.stdout)["state"]
 
 
