@@ -558,7 +558,11 @@ class Soak:
             rs, n = slope(rss, 120.0, since)
             fs, _ = slope(fds, 120.0, since)
             slopes[name] = {"rss_mb_per_h": round(rs, 3), "rss_samples": n, "fds_per_h": round(fs, 3),
-                            "rss_last_mb": rss[-1][2] if rss else 0.0, "fds_last": int(fds[-1][2]) if fds else 0}
+                            "rss_last_mb": rss[-1][2] if rss else 0.0, "fds_last": int(fds[-1][2]) if fds else 0,
+                            # Each life's RSS (guest time, MB): a step (a policy first loaded) reads
+                            # apart from a steady climb (a leak).
+                            "rss_by_life": {str(pid): [[round(t), round(v, 1)] for t, q, v in rss if q == pid]
+                                            for pid in dict.fromkeys(q for _, q, _ in rss)}}
         # When (the guest's clock, as its journals have it) and for how long, to find in the journals.
         judged = [(v.kind, f"{time.strftime('%H:%M:%S', time.gmtime(v.first))} UTC for {v.last - v.first:.0f} s: "
                            f"{v.text}") for v in self.judge.violations]
