@@ -43,7 +43,7 @@ from resmgr.view import state as statedoc
 from resmgr.view.address import Address
 from resmgr.view.feed import StateFeed
 
-if TYPE_CHECKING:  # loaded only when asked for: each costs memory and start-up time (aiohttp, OpenTelemetry,
+if TYPE_CHECKING:  # loaded only when asked for: each costs memory and start-up time (OpenTelemetry,
     # the front end not run, the DRA driver's protocols)
     from resmgr import telemetry
     from resmgr.frontends.dra.plugin import AgentClaims, DraPlugin

@@ -64,3 +64,57 @@ def test_pass_through_outcomes_follow_the_runtime_header_table():
     tally.started(99, "/made/up")
     tally.header_frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 99, b"\xff\xff\xff\xff\xff\xff")
     assert tally.broken and metrics.CRI_CALLS.labels("unknown", "passthrough", "UNKNOWN")._value.get() >= 1
+
+
+def test_the_endpoint_speaks_http_1_1_and_refuses_what_it_does_not_serve(tmp_path):
+    """Keep-alive, HEAD, 404, 405, a malformed request and an oversized head, on a unix socket."""
+    import asyncio
+
+    from resmgr import metrics
+    from resmgr.view.server import ViewServer
+
+    metrics.enable()
+    sock = tmp_path / "view.sock"
+
+    async def exchange(data: bytes) -> bytes:
+        reader, writer = await asyncio.open_unix_connection(str(sock))
+        writer.write(data)
+        await writer.drain()
+        got = await asyncio.wait_for(reader.read(), 10)  # the server closes once it has answered
+        writer.close()
+        return got
+
+    async def main() -> list[bytes]:
+        server = ViewServer(lambda: {"pods": []}, Address(path=str(sock)))
+        await server.start()
+        try:
+            return [
+                await exchange(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                               b"GET /api/v1/state?x=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+                await exchange(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+                await exchange(b"GET /nowhere HTTP/1.0\r\n\r\n"),
+                await exchange(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                               b"Connection: close\r\n\r\nhi"),
+                await exchange(b"GARBAGE\r\n\r\n"),
+                await exchange(b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 20000),  # a head with no end
+            ]
+        finally:
+            await server.stop()
+
+    both, head, missing, post, garbage, huge = asyncio.run(main())
+    assert both.count(b"HTTP/1.1 200 OK") == 2 and b"ok\n" in both and b'{"pods": []}' in both
+    assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")  # headers only
+    assert b"text/plain; version=" in head
+    assert missing.startswith(b"HTTP/1.1 404")
+    assert post.startswith(b"HTTP/1.1 405") and b"Allow: GET, HEAD" in post
+    assert garbage.startswith(b"HTTP/1.1 400")
+    assert huge.startswith(b"HTTP/1.1 431")
+    assert not sock.exists()
+
+
+def test_the_endpoint_does_not_load_a_web_framework():
+    out = subprocess.run([sys.executable, "-c", "import sys, resmgr.view.server; print(sorted(m for m in "
+                          "sys.modules if m.split('.')[0] in ('aiohttp', 'yarl', 'multidict')))"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
