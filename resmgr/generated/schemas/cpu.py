@@ -5,16 +5,13 @@ import re
 from fastjsonschema import JsonSchemaValueException, JsonSchemaValuesException
 
 
-REGEX_PATTERNS = {
-    '^[Cc][Ll][Aa][Ss][Ss][Ee][Ss]$': re.compile('^[Cc][Ll][Aa][Ss][Ss][Ee][Ss]$'),
-    '^[Mm][Ii][Nn][Ff][Rr][Ee][Qq]$': re.compile('^[Mm][Ii][Nn][Ff][Rr][Ee][Qq]$'),
-    '^[Mm][Aa][Xx][Ff][Rr][Ee][Qq]$': re.compile('^[Mm][Aa][Xx][Ff][Rr][Ee][Qq]$'),
-    '^[Ee][Nn][Ee][Rr][Gg][Yy][Pp][Ee][Rr][Ff][Oo][Rr][Mm][Aa][Nn][Cc][Ee][Pp][Rr][Ee][Ff][Ee][Rr][Ee][Nn][Cc][Ee]$': re.compile('^[Ee][Nn][Ee][Rr][Gg][Yy][Pp][Ee][Rr][Ff][Oo][Rr][Mm][Aa][Nn][Cc][Ee][Pp][Rr][Ee][Ff][Ee][Rr][Ee][Nn][Cc][Ee]$'),
-    '^[Uu][Nn][Cc][Oo][Rr][Ee][Mm][Ii][Nn][Ff][Rr][Ee][Qq]$': re.compile('^[Uu][Nn][Cc][Oo][Rr][Ee][Mm][Ii][Nn][Ff][Rr][Ee][Qq]$'),
-    '^[Uu][Nn][Cc][Oo][Rr][Ee][Mm][Aa][Xx][Ff][Rr][Ee][Qq]$': re.compile('^[Uu][Nn][Cc][Oo][Rr][Ee][Mm][Aa][Xx][Ff][Rr][Ee][Qq]$'),
-    '^[Ff][Rr][Ee][Qq][Gg][Oo][Vv][Ee][Rr][Nn][Oo][Rr]$': re.compile('^[Ff][Rr][Ee][Qq][Gg][Oo][Vv][Ee][Rr][Nn][Oo][Rr]$'),
-    '^[Dd][Ii][Ss][Aa][Bb][Ll][Ee][Dd][Cc][Ss][Tt][Aa][Tt][Ee][Ss]$': re.compile('^[Dd][Ii][Ss][Aa][Bb][Ll][Ee][Dd][Cc][Ss][Tt][Aa][Tt][Ee][Ss]$')
-}
+class _Patterns(dict):
+    def __missing__(self, pattern):
+        compiled = self[pattern] = re.compile(pattern)
+        return compiled
+
+
+REGEX_PATTERNS = _Patterns()
 
 NoneType = type(None)
 
