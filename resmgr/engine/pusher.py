@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from resmgr.engine.ledger import Ledger
+from resmgr.engine.moves import movable
 from resmgr.model import ContainerState, Resources
 from resmgr.topology.cpuset import CPUSet
 
@@ -118,18 +119,13 @@ class Pusher:
                          ", ".join(containers[k].id[:12] for k in waiting), unfreed)
                 self.wake()
                 todo = [k for k in todo if k not in waiting]
-            wave = self._wave(todo)
+            wave = movable(todo, self._leaves, self._new)
             if not wave:  # a cycle (a swap): each first gives up the CPUs it leaves, then they move
                 await asyncio.gather(*(self.narrow(k) for k in todo))
-                wave = self._wave(todo) or todo  # one with nothing it keeps cannot step aside
+                wave = movable(todo, self._leaves, self._new) or todo  # one keeping nothing cannot step aside
             await asyncio.gather(*(self.push(k) for k in wave))
             tried += wave
             todo = [k for k in todo if k not in wave]
-
-    def _wave(self, todo: list[str]) -> list[str]:
-        """Those of todo that move onto no CPU another of them still runs on."""
-        leaving = {k: self._leaves(k) for k in todo}
-        return [k for k in todo if not any(cpus & self._new(k) for p, cpus in leaving.items() if p != k)]
 
     async def narrow(self, key: str) -> None:
         """Run key, for now, on those of the CPUs it runs on that it keeps (if any): it then takes no

@@ -250,7 +250,7 @@ class NriPlugin:
         if self.runtime.resync is not None:  # what waits to be delivered rides on this answer
             for cid, res in self.runtime.take_queued(skip).items():
                 collector.updates.setdefault(cid, res)
-        for cid, res in collector.updates.items():
+        for cid, res in self.runtime.in_order(collector.updates, narrow=False):  # one update per container
             if cid == skip:
                 continue
             known = self.runtime.containers.get(cid)

@@ -26,13 +26,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
+from resmgr.engine.moves import sequence as moves_in_order
 from resmgr.frontends.nri import convert
 from resmgr.generated.nri import api_pb2 as nri
 from resmgr.model import Container, Pod, Resources
+from resmgr.topology.cpuset import CPUSet
 
 log = logging.getLogger("cri-resmgr.nri")
 
@@ -186,7 +189,7 @@ class NriRuntime:
             if not self._outbox:
                 continue
             batch, self._outbox = self._outbox, {}
-            call = asyncio.ensure_future(send([convert.update(cid, res) for cid, res in batch.items()]))
+            call = asyncio.ensure_future(send([convert.update(cid, res) for cid, res in self.in_order(batch)]))
             try:
                 failed = await self._answer(call, len(batch))
             except Exception as err:
@@ -205,6 +208,18 @@ class NriRuntime:
                     self._kick.set()
             if refused:
                 self.on_failure()
+
+    def in_order(self, updates: dict[str, Resources], narrow: bool = True) -> list[tuple[str, Resources]]:
+        """updates in an order the runtime can apply one after the other without a container on a CPU
+        another is still to leave (resmgr/engine/moves.py); with narrow, a swap's members first go to
+        the CPUs they keep (a call may name a container twice; an event's answer may not)."""
+        def running(cid: str) -> CPUSet:
+            c = self.containers.get(cid)
+            return CPUSet.parse_or_empty(c.linux.resources.cpu.cpus) if c is not None else CPUSet()
+
+        moves = {cid: (running(cid), CPUSet.parse_or_empty(res.cpuset_cpus)) for cid, res in updates.items()}
+        return [(cid, res if cpus == moves[cid][1] else dataclasses.replace(res, cpuset_cpus=str(cpus)))
+                for cid, cpus in moves_in_order(moves, narrow) if (res := updates[cid]) is not None]
 
     @staticmethod
     async def _answer(call: asyncio.Future[list[nri.ContainerUpdate]], count: int) -> list[nri.ContainerUpdate]:

@@ -88,3 +88,34 @@ def test_a_pushed_container_leaves_nothing_behind_when_it_goes():
     del ledger.containers["a"]
     pusher.forget("a")
     assert pusher._locks == {} and pusher.held == {}
+
+
+def applied_without_overlap(before: dict[str, str], steps: list[tuple[str, CPUSet]]) -> bool:
+    """Whether applying steps one after the other ever has two containers on one CPU that did not
+    share it before."""
+    now = {k: CPUSet.parse(v) for k, v in before.items()}
+    shared_before = {(a, b) for a in now for b in now if a < b and now[a] & now[b]}
+    for key, cpus in steps:
+        now[key] = cpus
+        if any(a < b and now[a] & now[b] and (a, b) not in shared_before for a in now for b in now):
+            return False
+    return True
+
+
+def test_a_sequence_of_moves_gives_cpus_up_before_they_are_taken_and_breaks_swaps():
+    from resmgr.engine.moves import sequence
+
+    p = CPUSet.parse
+    # b takes what a leaves: a first.
+    steps = sequence({"b": (p("8-11"), p("0-3")), "a": (p("0-7"), p("4-7"))})
+    assert steps == [("a", p("4-7")), ("b", p("0-3"))]
+    # A swap: b first steps aside to the CPUs it keeps, g moves, then b takes g's old CPU.
+    before = {"g": "0", "b": "1-3"}
+    steps = sequence({"g": (p("0"), p("1")), "b": (p("1-3"), p("0,2-3"))})
+    assert steps == [("b", p("2-3")), ("g", p("1")), ("b", p("0,2-3"))]
+    assert applied_without_overlap(before, steps)
+    # Without narrowing (one update per container), the swap goes as it is.
+    assert sequence({"g": (p("0"), p("1")), "b": (p("1-3"), p("0,2-3"))}, narrow=False) == \
+        [("g", p("1")), ("b", p("0,2-3"))]
+    # Where the runtime's CPUs are not known, nothing is held back.
+    assert sequence({"x": (CPUSet(), p("1")), "y": (p("1"), p("2"))}) == [("y", p("2")), ("x", p("1"))]

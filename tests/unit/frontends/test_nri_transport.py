@@ -511,3 +511,32 @@ async def test_no_update_goes_out_while_the_runtime_has_not_answered_the_last(di
     sid, kind, data = await peer.message(2)
     req = nri.UpdateContainersRequest.FromString(ttrpc.Request.FromString(data).payload)
     assert [(u.container_id, u.linux.resources.cpu.cpus) for u in req.update] == [("c1", "2")]
+
+
+async def test_update_containers_orders_a_swap_so_no_container_shares_a_cpu():
+    """containerd applies an UpdateContainers call's updates one after the other: the call lists
+    them so that none lands on a CPU another is still to leave (a swap: one steps aside first)."""
+    from resmgr.model import Resources
+
+    runtime = NriRuntime()
+    runtime.replace([], [nri.Container(id="g", linux=nri.LinuxContainer(resources=nri.LinuxResources(
+                         cpu=nri.LinuxCPU(cpus="0")))),
+                         nri.Container(id="b", linux=nri.LinuxContainer(resources=nri.LinuxResources(
+                             cpu=nri.LinuxCPU(cpus="1-3"))))])
+    sent: list[list[tuple[str, str]]] = []
+
+    async def send(updates: list[nri.ContainerUpdate]) -> list[nri.ContainerUpdate]:
+        sent.append([(u.container_id, u.linux.resources.cpu.cpus) for u in updates])
+        return []
+
+    runtime.connected(send)
+    sender = asyncio.create_task(runtime.run_sender())
+    try:
+        runtime.queue({"g": Resources(cpuset_cpus="1", cpu_quota=100000), "b": Resources(cpuset_cpus="0,2-3")})
+        for _ in range(100):
+            if sent:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        sender.cancel()
+    assert sent == [[("b", "2-3"), ("g", "1"), ("b", "0,2-3")]]

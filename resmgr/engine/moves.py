@@ -1,0 +1,53 @@
+"""In what order containers move from CPUs to CPUs, so that none runs for a moment on a CPU another
+one is still to leave: a container that takes CPUs goes after those that give them up; where each
+waits for another (a swap), each first runs on only the CPUs it keeps.
+
+The pusher applies this wave by wave, waiting for the runtime between them (relay mode); the NRI
+runtime sends a whole sequence in one UpdateContainers call, which containerd applies in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import TypeVar
+
+from resmgr.topology.cpuset import CPUSet
+
+K = TypeVar("K", bound=Hashable)
+
+
+def movable(todo: Iterable[K], leaves: Callable[[K], CPUSet], new: Callable[[K], CPUSet]) -> list[K]:
+    """Those of todo that move onto no CPU another of them still runs on and is to leave."""
+    leaving = {k: leaves(k) for k in todo}
+    return [k for k in leaving if not any(cpus & new(k) for p, cpus in leaving.items() if p != k)]
+
+
+def sequence(moves: Mapping[K, tuple[CPUSet, CPUSet]], narrow: bool = True) -> list[tuple[K, CPUSet]]:
+    """Steps (container, CPUs to run on) for moves (container -> (CPUs it runs on, CPUs it is to run
+    on); an empty "runs on" is not known). With narrow, a swap's members first get a step to the
+    CPUs they keep; without it (an answer that holds one update per container) they go as they are."""
+    held = {k: old for k, (old, _) in moves.items()}
+
+    def new(k: K) -> CPUSet:
+        return moves[k][1]
+
+    def leaves(k: K) -> CPUSet:
+        return held[k] - new(k) if held[k] and new(k) else CPUSet()
+
+    steps: list[tuple[K, CPUSet]] = []
+    todo = list(moves)
+    while todo:
+        wave = movable(todo, leaves, new)
+        if not wave and narrow:
+            for k in todo:
+                keep = held[k] & new(k)
+                if keep and keep != held[k]:
+                    steps.append((k, keep))
+                    held[k] = keep
+            wave = movable(todo, leaves, new)
+        wave = wave or todo  # nothing kept to step aside to: no order spares a moment
+        steps += [(k, new(k)) for k in wave]
+        for k in wave:
+            held[k] = new(k)
+        todo = [k for k in todo if k not in wave]
+    return steps
