@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,27 @@ async def test_static_reconfiguration_re_allocates_under_the_new_settings(tmp_pa
     with pytest.raises(Rejected, match="CPUs 7 are not available"):
         await control.push("n1", {"policy": "Active: static\nReservedResources:\n  cpu: cpuset:7\n"})
     assert str(control.engine.state.policy.reserved) == "0"
+
+
+async def test_the_agents_resync_of_the_configuration_in_force_changes_nothing(tmp_path, caplog):
+    # The agent pushes the same configuration again at every resync (60 s by default): it was
+    # applied anew each time, logged, counted as a new generation and written to disk.
+    control = _control(tmp_path, "static")
+    data = {"policy": "Active: static\nReservedResources:\n  cpu: cpuset:0\n"}
+    await control.push("n1", data)
+    generation, stored = control.generation, control.sources.pushed_store().path
+    written = stored.stat().st_mtime_ns
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cri-resmgr.config"):
+        await control.push("n1", dict(data))
+    assert control.generation == generation and stored.stat().st_mtime_ns == written
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO]
+    await control.push("n2", dict(data))  # another node's name: the node's status names it
+    assert control.generation == generation + 1
+    with pytest.raises(Rejected):
+        await control.push("n2", {"policy": "Active: static\nReservedResources:\n  cpu: cpuset:7\n"})
+    await control.push("n2", dict(data))  # back to what is in force: the rejection is cleared
+    assert not control.last_error and control.generation == generation + 2
 
 
 def test_shipped_samples_are_valid():
