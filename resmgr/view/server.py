@@ -135,7 +135,11 @@ class ViewServer:
         handler = self._routes.get(route)
         if handler is None:
             return 404, b"not found\n", []
-        return await handler()
+        try:
+            return await handler()
+        except Exception:  # a defect of ours: the scraper hears of it, the daemon goes on
+            log.exception("serving %s failed", route)
+            return 500, b"internal error\n", []
 
     @staticmethod
     async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, method: str, reply: Reply) -> None:

@@ -112,6 +112,38 @@ def test_the_endpoint_speaks_http_1_1_and_refuses_what_it_does_not_serve(tmp_pat
     assert not sock.exists()
 
 
+def test_a_failing_handler_is_answered_500_and_the_endpoint_goes_on(tmp_path, caplog):
+    import asyncio
+
+    from resmgr import metrics
+    from resmgr.view.server import ViewServer
+
+    metrics.enable()
+    sock = tmp_path / "view.sock"
+
+    def broken() -> dict:
+        raise RuntimeError("a defect")
+
+    async def get(path: str) -> bytes:
+        reader, writer = await asyncio.open_unix_connection(str(sock))
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        got = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        return got
+
+    async def main() -> tuple[bytes, bytes]:
+        server = ViewServer(broken, Address(path=str(sock)))
+        await server.start()
+        try:
+            return await get("/api/v1/state"), await get("/healthz")
+        finally:
+            await server.stop()
+
+    state, health = asyncio.run(main())
+    assert state.startswith(b"HTTP/1.1 500") and health.startswith(b"HTTP/1.1 200")
+    assert "serving /api/v1/state failed" in caplog.text
+
+
 def test_the_endpoint_does_not_load_a_web_framework():
     out = subprocess.run([sys.executable, "-c", "import sys, resmgr.view.server; print(sorted(m for m in "
                           "sys.modules if m.split('.')[0] in ('aiohttp', 'yarl', 'multidict')))"],
