@@ -218,8 +218,11 @@ class NriRuntime:
             return CPUSet.parse_or_empty(c.linux.resources.cpu.cpus) if c is not None else CPUSet()
 
         moves = {cid: (running(cid), CPUSet.parse_or_empty(res.cpuset_cpus)) for cid, res in updates.items()}
-        return [(cid, res if cpus == moves[cid][1] else dataclasses.replace(res, cpuset_cpus=str(cpus)))
-                for cid, cpus in moves_in_order(moves, narrow) if (res := updates[cid]) is not None]
+        steps = []
+        for cid, cpus in moves_in_order(moves, narrow):
+            res = updates[cid]
+            steps.append((cid, res if cpus == moves[cid][1] else dataclasses.replace(res, cpuset_cpus=str(cpus))))
+        return steps
 
     @staticmethod
     async def _answer(call: asyncio.Future[list[nri.ContainerUpdate]], count: int) -> list[nri.ContainerUpdate]:
