@@ -127,7 +127,6 @@ class ConfigManager:
         self.generation = 1  # configurations put in force; 1: the start-up one
         self.http_address = ""  # where the daemon serves its state, if it does
         self._yaml: tuple[Config | None, str] = (None, "")
-        self._pushed_in_force: tuple[str, dict[str, str]] | None = None  # (node, data) of the push in force
         self._lock = asyncio.Lock()
         # The last pushed configuration, for the next start; beside the engine's state, on the same disk.
         self._pushed = sources.pushed_store()
@@ -145,7 +144,6 @@ class ConfigManager:
         """Put config in force, or raise Rejected and leave everything as it was."""
         async with self._lock:
             await self._apply_now(config)
-            self._pushed_in_force = None
 
     def _reject(self, source: str, reason: str) -> Rejected:
         self.last_error = reason
@@ -212,12 +210,11 @@ class ConfigManager:
             except ConfigError as err:
                 raise self._reject(source, str(err)) from None
             config.source = source
-            if self._pushed_in_force == (node_name, data) and not self.last_error:
+            if (config.source, config.data) == (self.config.source, self.config.data) and not self.last_error:
                 # The agent's resync: the same again, in case this daemon restarted without it.
                 log.debug("configuration from %s unchanged", source)
                 return
             await self._apply_now(config)
-            self._pushed_in_force = (node_name, dict(data))
             # Not written (the disk full, say): in force anyway, reported, written once it can be.
             await self._pushed.save(lambda: {"node_name": node_name, "config": data})
 
