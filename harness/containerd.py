@@ -24,6 +24,14 @@ from resmgr.generated.cri import api_pb2_grpc as cri_grpc
 
 CNI_BIN_DIR = "/usr/lib/cni"
 CNI_SUBNET = "10.88.77.0/24"
+# containerd's NRI default validator told to make no container while cri-resmgr is away, as
+# docs/nri.md tells an operator who wants no container on CPUs cri-resmgr did not choose.
+REQUIRE_CRI_RESMGR = """
+[plugins."io.containerd.nri.v1.nri".default_validator]
+  enable = true
+  required_plugins = ["cri-resmgr"]
+  tolerate_missing_plugins_annotation = "tolerate-missing-plugins.cri-resource-manager.intel.com"
+"""
 # scripts/setup.sh builds the pinned containerd, runc, crictl and critest and links them here.
 TOOLS_BIN = Path(os.environ.get("CRI_RESMGR_CACHE", Path.home() / ".cache" / "cri-resmgr")) / "bin"
 # Another containerd (and the ctr and shim next to it) for the harness: CRIRM_CONTAINERD=/path.

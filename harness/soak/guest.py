@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness.containerd import REQUIRE_CRI_RESMGR
 from harness.kube import ControlPlane
 from harness.vm import HOST_ADDRESS, Result, Vm
 from harness.vmnode import CONTAINERD_SOCKET, NODE_NAME, RELAY_SOCKET, Kubelet, Node
@@ -25,13 +26,6 @@ SRC = "/opt/cri-resmgr/src"
 TOOLS = "/usr/local/lib/crirm-soak"  # the soak's own guest programs
 ASIDE = ("/etc/systemd/system/cri-resmgr.service", "/etc/systemd/system/cri-resmgr-nri.service")
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
-# NRI mode: containerd refuses containers while the plugin is away, as docs/nri.md advises.
-REQUIRE_PLUGIN = """
-[plugins."io.containerd.nri.v1.nri".default_validator]
-  enable = true
-  required_plugins = ["cri-resmgr"]
-  tolerate_missing_plugins_annotation = "tolerate-missing-plugins.cri-resource-manager.intel.com"
-"""
 
 SAMPLER_UNIT = f"""[Unit]
 Description=the soak's sampler of container cgroups and daemon processes
@@ -113,10 +107,10 @@ class Guest:
         self.kubelet.start(CONTAINERD_SOCKET, **kubelet_settings)
         self._took("kubelet ready", began)
         self.sh(f"dpkg -i --force-confold {SRC}/cri-resmgr.deb", timeout=300)
-        if self.mode == "nri":  # the package's other unit, kubelet back on containerd
+        if self.mode == "nri":  # the package's other unit, kubelet back on containerd, which waits for it
             self.sh(f"[ -e {CONTAINERD_CONFIG}.soak ] || cp {CONTAINERD_CONFIG} {CONTAINERD_CONFIG}.soak; "
                     f"cp {CONTAINERD_CONFIG}.soak {CONTAINERD_CONFIG} && "
-                    f"printf '%s' '{REQUIRE_PLUGIN}' >> {CONTAINERD_CONFIG} && systemctl restart containerd")
+                    f"printf '%s' '{REQUIRE_CRI_RESMGR}' >> {CONTAINERD_CONFIG} && systemctl restart containerd")
             self.sh("rm -f /etc/kubernetes/kubelet.conf.d/50-cri-resmgr.conf && "
                     "systemctl disable --now cri-resmgr && systemctl enable --now cri-resmgr-nri && "
                     "systemctl restart kubelet")

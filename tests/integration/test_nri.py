@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from harness.containerd import PrivateContainerd
+from harness.containerd import REQUIRE_CRI_RESMGR, PrivateContainerd
 from harness.relay import NriProcess, policy_relay
 from resmgr.generated.cri import api_pb2 as cri
 from tests.support.helpers import (
@@ -309,19 +309,9 @@ def test_containerd_launches_the_plugin_from_its_plugin_directory(containerd, wo
             containerd.start()
 
 
-# containerd's NRI default validator made to refuse containers while cri-resmgr is away, as
-# docs/nri.md tells an operator who wants no container on CPUs it did not choose.
-REQUIRE_THE_PLUGIN = """
-[plugins."io.containerd.nri.v1.nri".default_validator]
-  enable = true
-  required_plugins = ["cri-resmgr"]
-  tolerate_missing_plugins_annotation = "tolerate-missing-plugins.cri-resource-manager.intel.com"
-"""
-
-
 def test_a_runtime_requiring_the_plugin_makes_no_container_while_it_is_away(workdir):
     strict = PrivateContainerd(workdir / "strict", subnet="10.88.91.0/24", bridge="crirm91",
-                               extra_config=REQUIRE_THE_PLUGIN).start()
+                               extra_config=REQUIRE_CRI_RESMGR).start()
     client = Cri(strict.socket)
     pods = Pods(client, workdir)
     try:
