@@ -56,6 +56,15 @@ class Fleet:
             return self._take_from(t, unloaded, count, near, guaranteed)
         return self._take_from(t, free, count, near, guaranteed)
 
+    def take_again(self, t: BalloonType, count: int, previous: CPUSet, near: CPUSet = EMPTY,
+                   guaranteed: bool = False, owner: Balloon | None = None) -> CPUSet:
+        """As take, but the CPUs a member ran on before (a restart, a node reboot) when enough of them
+        are free: a balloon its members join again one by one, in any order, ends where it was."""
+        again = previous & self.free(t)
+        if previous and len(again) >= count:
+            return take_cpus(self.topo, again, count, self.prefer(t, guaranteed))
+        return self.take(t, count, near, guaranteed, owner)
+
     def _groups(self, level: str) -> list[CPUSet]:
         return list(self.topo.cores.values()) if level == "core" else list(set(self.topo.l2_of.values()))
 
@@ -120,9 +129,10 @@ class Fleet:
             return None
         return max(need, t.min_cpus, 1 if members else 0)
 
-    def resize(self, b: Balloon, size: int, guaranteed: bool = False) -> None:
-        """Grow (for a Guaranteed container: performance cores on a hybrid part) or shrink b; a
-        composite's parts share the size evenly."""
+    def resize(self, b: Balloon, size: int, guaranteed: bool = False, previous: CPUSet = EMPTY) -> None:
+        """Grow (for a Guaranteed container: performance cores on a hybrid part; onto the CPUs the
+        joining member ran on before where they are free) or shrink b; a composite's parts share the
+        size evenly."""
         if b.type.on_reserved:
             if b.type.name == RESERVED:
                 self.fit_reserved(b)
@@ -135,7 +145,7 @@ class Fleet:
                 b.cpus = union(p.cpus for p in b.parts)
             return
         if size > len(b.cpus):
-            b.cpus |= self.take(b.type, size - len(b.cpus), b.cpus, guaranteed, owner=b)
+            b.cpus |= self.take_again(b.type, size - len(b.cpus), previous, b.cpus, guaranteed, owner=b)
         else:  # keep its most compact part
             b.cpus = take_cpus(self.topo, b.cpus, size, self.prefer(b.type))
 
@@ -172,11 +182,7 @@ class Fleet:
         a composite's parts (hidden balloons of the component types) one after the other, each its
         even share by its own type's preferences."""
         if not b.type.components:
-            again = previous & self.free(b.type)
-            if len(again) >= size:
-                b.cpus = take_cpus(self.topo, again, size, self.prefer(b.type, guaranteed))
-            else:
-                b.cpus = self.take(b.type, size, guaranteed=guaranteed)
+            b.cpus = self.take_again(b.type, size, previous, guaranteed=guaranteed)
             return
         names = b.type.components
         if b.type.balance_components:  # one part, of the first component type in fewest balloons

@@ -155,7 +155,7 @@ class BalloonsPolicy(Policy):
         if b is None:
             b = self.fleet.new_balloon(t, size, group, guaranteed, previous)
         else:
-            self.fleet.resize(b, size, guaranteed)
+            self.fleet.resize(b, size, guaranteed, previous)
         self._put(container.key, b, m)
         if b.type.name == RESERVED:
             self.fleet.fit_reserved(b)

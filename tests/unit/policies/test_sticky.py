@@ -5,6 +5,7 @@ kubelet's CPU manager keeps them by pod UID and container name."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -48,6 +49,24 @@ def test_a_reboot_gives_every_guaranteed_container_its_cpus_again(policy):
     after = placed(w, new, [2, 0, 1], G, 2000)  # kubelet brings them back in any order
     assert {i: w.cpus(c) for i, c in after.items()} == cpus
     assert {i: w.mems(c) for i, c in after.items()} == {i: w.mems(c) for i, c in before.items()}
+
+
+def test_a_shared_balloon_made_again_member_by_member_ends_where_it_was():
+    # A node reboot under balloons kept neither Guaranteed pod's CPUs: its first member back made the
+    # balloon on CPUs it had, but the balloon grew for the others onto whichever CPUs came first.
+    config = {"ReservedResources": {"cpu": "cpuset:0"},
+              "balloons": {"AllocatorTopologyBalancing": False,
+                           "BalloonTypes": [{"Name": "app", "Namespaces": ["*"], "MaxCPUs": 6}]}}
+    kinds = [(G, 2000, None), (G, 1000, None), (B, 200, 1000), (B, 300, 0)]
+    for order in itertools.permutations(range(len(kinds))):
+        w = World("balloons", N4C16, **config)
+        pods = [w.pod(qos) for qos, _, _ in kinds]
+        made = {i: w.add(qos, milli, pod=pods[i], limit=limit) for i, (qos, milli, limit) in enumerate(kinds)}
+        before = {i: w.cpus(c) for i, c in made.items()}
+        assert len(set(map(str, before.values()))) == 1  # one balloon
+        new = reboot(w, pods)
+        made = {i: w.add(kinds[i][0], kinds[i][1], pod=new[i], limit=kinds[i][2]) for i in order}
+        assert {i: w.cpus(c) for i, c in made.items()} == before, order
 
 
 def test_a_restarted_container_keeps_its_cpus_when_others_came_and_went():
