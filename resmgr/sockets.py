@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
 import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
+if TYPE_CHECKING:
+    import grpc
 
 
 class SocketInUse(Exception):
@@ -55,16 +59,23 @@ def match_runtime(path: str, runtime_socket: str) -> None:
     os.chmod(path, stat.S_IMODE(st.st_mode))
 
 
-async def start_private(server: grpc.aio.Server, path: str) -> None:
-    """Start server on a root-only (0600) socket; its directory is created 0700 if missing."""
+@contextlib.contextmanager
+def private(path: str) -> Iterator[None]:
+    """Around binding a root-only (0600) socket at path; its directory is created 0700 if missing."""
     Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     prepare(path)
     old = os.umask(0o177)  # the socket is born 0600: no window in which others can connect
     try:
-        server.add_insecure_port("unix:" + path)
-        await server.start()
+        yield
     finally:
         os.umask(old)
+
+
+async def start_private(server: grpc.aio.Server, path: str) -> None:
+    """Start a gRPC server on a root-only (0600) socket."""
+    with private(path):
+        server.add_insecure_port("unix:" + path)
+        await server.start()
 
 
 def grant_group(path: str, gid: int) -> None:

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
 from resmgr import metrics, policies, sockets
 from resmgr.app.options import Options
 from resmgr.config import Config, ConfigError, validate
@@ -93,7 +91,7 @@ class Daemon:
         """Prepare the front end, build the core on it, run until stopped, shut down."""
         front = self.front_end()
         front.prepare()
-        config_server: grpc.aio.Server | None = None
+        config_server: configlink.Link | None = None
         try:
             core = await self.build_core(front)
             await front.start()
@@ -340,7 +338,7 @@ class Daemon:
                                   control.describe(), topo, engine.state.policy.prepared_claims())
         return snapshot
 
-    async def _serve_config(self, core: Core, front: FrontEnd) -> grpc.aio.Server | None:
+    async def _serve_config(self, core: Core, front: FrontEnd) -> configlink.Link | None:
         """Signals (SIGHUP reloads the forced file) and the node agent's config link."""
         control = core.control
         loop = asyncio.get_running_loop()
@@ -367,7 +365,7 @@ class Daemon:
                                           self.opts.config_socket_group, devices, front.serving)
         return None
 
-    async def _shut_down(self, core: Core, front: FrontEnd, config_server: grpc.aio.Server | None) -> None:
+    async def _shut_down(self, core: Core, front: FrontEnd, config_server: configlink.Link | None) -> None:
         """The one way down: no new calls, in-flight ones finish, updates pushed, the state written."""
         log.info("shutting down: letting in-flight calls finish (grace %.1fs)", self.opts.shutdown_grace)
         await front.stop(self.opts.shutdown_grace)

@@ -377,6 +377,17 @@ def test_the_daemon_loads_the_http_endpoint_and_the_otlp_exporter_only_when_aske
                                                     "resmgr.view.server"))}
 
 
+def test_the_nri_plugin_loads_no_grpc():
+    """gRPC's C core costs about 10 MB at rest: the config link is served by grpclib, and gRPC is
+    loaded for hook plugins once one registers, for the relay's runtime client, DRA and OTLP."""
+    root = Path(__file__).resolve().parents[3]
+    script = ("import sys, resmgr.app.launch, resmgr.app.daemon, resmgr.frontends.nri.frontend, resmgr.hooks.runner, "
+              "resmgr.control.link\nprint(' '.join(m for m in sys.modules if m.split('.')[0] == 'grpc'))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == []
+
+
 def test_a_daemon_loads_only_the_policies_it_runs():
     root = Path(__file__).resolve().parents[3]
     script = ("import sys, resmgr.app.daemon\nfrom resmgr import policies\nfrom tests.support.world import machine\n"

@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 FRONT_ENDS = ("resmgr.frontends", "resmgr.app", "harness")
 # The generated protocol modules (resmgr.generated.schemas holds schema validators, not a protocol).
-PROTOCOLS = tuple(f"resmgr.generated.{p}" for p in ("agent", "config", "cri", "dra", "hooks", "nri",
-                                                     "pluginregistration", "ttrpc")) + ("grpc", "google.protobuf")
+GENERATED = tuple(f"resmgr.generated.{p}" for p in ("agent", "config", "cri", "dra", "hooks", "nri",
+                                                     "pluginregistration", "ttrpc"))
+PROTOCOLS = GENERATED + ("grpc", "grpclib", "google.protobuf")
 # Modules that reach the node or the network: sockets, processes, sysfs, files, the event loop.
 IO = ("asyncio", "socket", "subprocess", "os", "pathlib", "shutil", "resmgr.topology.sysfs", "resmgr.topology.hints",
       "resmgr.topology.generate", "resmgr.engine", "resmgr.config", "resmgr.log")
@@ -181,4 +182,4 @@ def test_no_asyncio_wait_for():
 def test_every_generated_protocol_package_counts_as_a_protocol():
     packages = {p.name for p in (ROOT / "resmgr" / "generated").iterdir()
                 if p.is_dir() and (p / "__init__.py").exists() or p.is_dir() and any(p.glob("*_pb2.py"))}
-    assert {f"resmgr.generated.{p}" for p in packages - {"schemas"}} == set(PROTOCOLS[:-2])
+    assert {f"resmgr.generated.{p}" for p in packages - {"schemas"}} == set(GENERATED)
