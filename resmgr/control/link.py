@@ -87,6 +87,13 @@ class Calls:
         await asyncio.sleep(0)  # let the streams end before the server goes
 
 
+async def _request(stream: Stream[Any, Any]) -> Any:
+    request = await stream.recv_message()
+    if request is None:  # the client ended its side without a message
+        raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
+    return request
+
+
 async def _send_all(stream: Stream[Any, Any], replies: AsyncIterator[Any]) -> None:
     async for reply in replies:
         await stream.send_message(reply)
@@ -106,8 +113,7 @@ class ConfigService:
         }
 
     async def set_config(self, stream: Stream[api_pb2.SetConfigRequest, api_pb2.SetConfigReply]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await _request(stream)
         log.info("configuration pushed for node %s (%d keys)", request.node_name, len(request.config))
         try:
             await self.control.push(request.node_name, dict(request.config))
@@ -145,16 +151,14 @@ class StatusService:
             **self.control.status(), not_serving=self.serving() if self.serving is not None else ""))
 
     async def watch_topology(self, stream: Stream[status_pb2.WatchTopologyRequest, status_pb2.TopologyReply]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await _request(stream)
         if self.feed is None:
             raise GRPCError(Status.UNAVAILABLE, "this daemon knows no topology")
         await self.calls.follow(stream, (status_pb2.TopologyReply(topology=text)
                                             async for text in self.feed.texts(request.min_interval)))
 
     async def watch_devices(self, stream: Stream[status_pb2.WatchDevicesRequest, status_pb2.DevicesReply]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await _request(stream)
         if self.devices is None:
             raise GRPCError(Status.FAILED_PRECONDITION, "this cri-resmgr is no DRA driver (--dra-driver)")
         driver = self.devices.driver

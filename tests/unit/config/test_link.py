@@ -89,3 +89,25 @@ def _refused(path: str) -> bool:
     finally:
         s.close()
     return False
+
+
+async def test_a_call_without_its_request_message_is_refused(tmp_path):
+    from grpclib.client import Channel, StreamUnaryMethod
+    from grpclib.const import Status
+    from grpclib.exceptions import GRPCError
+
+    path = str(tmp_path / "config.sock")
+    control = Control()
+    served = await link.serve(control, path)  # type: ignore[arg-type]
+    channel = Channel(path=path)
+    try:
+        # A client-streaming call by its own account: it may end its side having sent nothing.
+        method = StreamUnaryMethod(channel, link.CONFIG + "SetConfig", api_pb2.SetConfigRequest, api_pb2.SetConfigReply)
+        with pytest.raises(GRPCError) as info:
+            async with method.open(timeout=5) as stream:
+                await stream.send_request(end=True)  # headers only
+                await stream.recv_message()
+        assert info.value.status == Status.INVALID_ARGUMENT and not control.pushed
+    finally:
+        channel.close()
+        await served.stop(1.0)
