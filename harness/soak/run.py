@@ -528,6 +528,7 @@ class Soak:
 
     def _reboot(self, s: Strike) -> None:
         self._before_reboot = self._placements()
+        s.notes["policy"] = self.configs.expect().policy  # how placements come back differs by policy
         self._pulling.clear()
         self._excused = True  # every container is made again; wait_whole takes the new counts
         try:
