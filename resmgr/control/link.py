@@ -116,7 +116,9 @@ class ConfigService:
         request = await _request(stream)
         log.info("configuration pushed for node %s (%d keys)", request.node_name, len(request.config))
         try:
-            await self.control.push(request.node_name, dict(request.config))
+            # Applied whole even if the caller gives up meanwhile (its deadline, a shutdown): a
+            # configuration half applied is worse than one answered late.
+            await asyncio.shield(self.control.push(request.node_name, dict(request.config)))
         except Rejected as err:
             await stream.send_message(api_pb2.SetConfigReply(error=str(err)))
             return

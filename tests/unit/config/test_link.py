@@ -111,3 +111,18 @@ async def test_a_call_without_its_request_message_is_refused(tmp_path):
     finally:
         channel.close()
         await served.stop(1.0)
+
+
+async def test_a_push_whose_caller_gives_up_is_applied_whole(tmp_path):
+    path = str(tmp_path / "config.sock")
+    control = Control()
+    served = await link.serve(control, path)  # type: ignore[arg-type]
+    try:
+        async with grpc.aio.insecure_channel("unix://" + path) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await api_pb2_grpc.ConfigStub(channel).SetConfig(api_pb2.SetConfigRequest(node_name="n1"), timeout=0.1)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.sleep(0.5)
+        assert control.pushed == [("n1", {})]
+    finally:
+        await served.stop(1.0)
