@@ -248,6 +248,8 @@ class Judge:
                 before = findings(ctrs, self.previous, self.machine)
                 if not before:
                     found = []  # still as before the change: in flight
+                elif not any(f.kind in STRICT for f in before):
+                    found = before  # as before, its own moves in flight: judged by that policy's graces
                 else:  # neither: a mix while containers move; said apart from the steady kinds
                     found = [Finding(f"switch-{f.kind}", f.key, f.text) for f in found if f.kind in STRICT]
         self._track(t, found)

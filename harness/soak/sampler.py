@@ -52,7 +52,9 @@ def comm(pid: str) -> str:
 
 
 def is_init(name: str) -> bool:
-    return name.startswith(INIT_PREFIX) or name == "exe"
+    """runc's init: "runc:[...]", "exe" (runc re-executing /proc/self/exe), or a number (runc
+    executing a copy of itself it holds open: the kernel names the process after the descriptor)."""
+    return name.startswith(INIT_PREFIX) or name == "exe" or name.isdigit()
 
 
 def scope(path: str) -> list | None:

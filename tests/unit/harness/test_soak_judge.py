@@ -82,6 +82,19 @@ def test_a_configuration_change_is_in_flight_until_the_node_follows_it():
     assert judge.switches == [("balloons", 5.0)] and judge.previous is None
 
 
+def test_before_a_switch_lands_the_old_policys_own_moves_are_judged_by_its_graces():
+    """Written to the cluster, not yet applied: balloons still moving a balloon (a subset growing)
+    breaks topology-aware's exclusivity, but as the balloons it still is, it is a move in flight."""
+    judge = Judge(MACHINE, BALLOONS, grace=30)
+    judge.feed(10.0, {"g": ctr("guaranteed", "8-10", "2", 2), "be": ctr("besteffort", "8-10", "2")})
+    judge.change(TA, 20.0)
+    growing = {"g": ctr("guaranteed", "8-10", "2", 2), "be": ctr("besteffort", "8-10", "2"),
+               "b": ctr("burstable", "8-11", "2", 0.2)}
+    assert kinds(growing, BALLOONS) == ["balloon-moving"] and "exclusive-shared" in kinds(growing)
+    judge.feed(21.0, growing)
+    assert judge.violations == []
+
+
 def test_a_reboot_waits_for_the_last_policy_switch_to_settle(monkeypatch):
     import threading
     import time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +36,25 @@ def _becomes(pid: str, name: str) -> bool:
 def test_runcs_init_under_any_of_its_names_is_not_the_containers_own_process():
     assert all(sampler.is_init(n) for n in ("exe", "runc", "runc:[2:INIT]"))
     assert not any(sampler.is_init(n) for n in ("pause", "sleep", "sh"))
+
+
+def test_a_program_executed_from_a_descriptor_is_named_after_it_and_seen_as_runcs_init():
+    """runc executes its init from a copy of itself it holds open, and the kernel names such a
+    process after the descriptor ("6") until it executes the container's process: a sandbox scope
+    "running something besides pause", a Burstable container seen on every CPU while being made."""
+    script = ("import os; fd = os.open('/bin/sleep', os.O_RDONLY); os.set_inheritable(fd, True); "
+              "os.execv(f'/proc/self/fd/{fd}', ['sleep', '30'])")
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 10
+        while not sampler.comm(str(proc.pid)).isdigit() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        name = sampler.comm(str(proc.pid))
+        assert name.isdigit(), name
+        assert sampler.is_init(name)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_zombie_runs_nothing():
