@@ -286,8 +286,10 @@ class _Conn(asyncio.Protocol):
             self._cut_off(code, str(err))
             return
         del buf[:consumed]
-        if out and self.backend is not None and self.backend.transport is not None:
-            self.backend.transport.write(b"".join(out))
+        back = self.backend.transport if self.backend is not None else None
+        # Closed, its connection_lost yet to come (the runtime went): uvloop raises on a write.
+        if out and back is not None and not back.is_closing():
+            back.write(b"".join(out))
         w.drain()
         if self.waiter is not None:
             self._calls_ended()
@@ -345,8 +347,8 @@ class _Conn(asyncio.Protocol):
 
     # -- runtime side ----------------------------------------------------------------------
     def on_backend(self, data: bytes) -> None:
-        if self.closed:
-            return
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return  # the client's connection is going: nothing more reaches it
         buf = self.bin
         buf += data
         w = self.writer

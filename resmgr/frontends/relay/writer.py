@@ -69,7 +69,7 @@ class ClientWriter:
         self.parked.clear()
 
     def drain(self) -> None:
-        if self.closed or self.transport is None:
+        if self.closed or self.transport is None or self.transport.is_closing():
             return
         q = self.out
         chunks = []

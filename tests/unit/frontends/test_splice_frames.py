@@ -10,6 +10,7 @@ import pytest
 
 from resmgr.frontends.relay import frames as h2
 from resmgr.frontends.relay.dispatch import Outcome
+from resmgr.frontends.relay.local import REPLY_HEADERS
 from resmgr.frontends.relay.splice import SpliceServer, _Backend, _Conn
 
 VERSION = b"/runtime.v1.RuntimeService/Version"
@@ -310,6 +311,43 @@ async def test_a_lost_runtime_connection_closes_once_calls_answered_here_end():
     p.dispatcher.release.set()
     await asyncio.wait_for(p.conn.closing, 5)
     assert p.client.closed and (h2.HEADERS, 1) in [(f[0], f[2]) for f in p.client.frames()]
+
+
+class ClosedUvTransport(Transport):
+    """uvloop's transport once closed: a write raises (asyncio's only logs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = True
+
+    def write(self, data: bytes) -> None:
+        raise RuntimeError("unable to perform operation on <UnixTransport closed=True>; the handler is closed")
+
+
+async def test_what_the_client_sends_after_the_runtime_connection_closed_goes_nowhere():
+    # A containerd restart: kubelet went on sending on its connection, the relay wrote that to the
+    # closed runtime connection, and uvloop's error ended kubelet's connection, calls answered
+    # here included ("Fatal error on transport").
+    p = Pair(SlowDispatcher())
+    p.call(1, CREATE, b"req")
+    await asyncio.sleep(0)
+    p.conn.backend.transport = ClosedUvTransport()  # closed; its connection_lost is yet to come
+    p.call(3, VERSION, b"v")  # passed on: goes nowhere
+    p.send(h2.frame(h2.WINDOW_UPDATE, 0, 0, (1 << 16).to_bytes(4, "big")))
+    p.conn.backend_lost()
+    assert not p.client.closed  # the call answered here still runs
+    p.dispatcher.release.set()
+    await asyncio.wait_for(p.conn.closing, 5)
+    assert p.client.closed and (h2.HEADERS, 1) in [(f[0], f[2]) for f in p.client.frames()]
+
+
+def test_what_the_runtime_sends_once_the_client_connection_closed_goes_nowhere():
+    p = Pair()
+    p.call(1, VERSION, b"v")
+    p.conn.transport = p.conn.writer.transport = ClosedUvTransport()  # its connection_lost is yet to come
+    reply = h2.header_frames(1, h2.encode_headers(list(REPLY_HEADERS)), False)
+    p.conn.on_backend(reply + h2.frame(h2.DATA, 0, 1, h2.grpc_message(b"x")))
+    p.conn.writer.drain()
 
 
 def test_the_header_encoder_keeps_only_short_fields_and_a_bounded_number():
