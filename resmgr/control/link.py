@@ -171,8 +171,8 @@ class StatusService:
 class Link:
     """The served link: stop() lets unary calls in flight finish, then ends every stream."""
 
-    def __init__(self, server: Server, calls: Calls, path: str) -> None:
-        self.server, self.calls, self.path = server, calls, path
+    def __init__(self, server: Server, calls: Calls) -> None:
+        self.server, self.calls = server, calls
 
     async def stop(self, grace: float) -> None:
         await self.calls.drained(grace)
@@ -196,4 +196,4 @@ async def serve(control: ConfigManager, path: str, feed: StateFeed | None = None
     if group >= 0:
         sockets.grant_group(path, group)
     log.info("config link serving on %s", path)
-    return Link(server, calls, path)
+    return Link(server, calls)

@@ -26,12 +26,15 @@ class Control:
 
     def __init__(self) -> None:
         self.pushed: list[tuple[str, dict[str, str]]] = []
+        self.started, self.applied = asyncio.Event(), asyncio.Event()
 
     async def push(self, node: str, config: dict[str, str]) -> None:
-        await asyncio.sleep(0.3)
+        self.started.set()
+        await asyncio.sleep(0.3)  # the work of applying it
         if node == "bad":
             raise Rejected("policy: no such policy")
         self.pushed.append((node, config))
+        self.applied.set()
 
     def status(self) -> dict[str, Any]:
         return {"policy": "static", "pods": 2}
@@ -73,7 +76,7 @@ async def test_a_shutdown_lets_a_push_in_flight_finish_and_ends_the_streams(tmp_
         assert (await watch.read()).topology == '{"n": 0}'
         push = asyncio.ensure_future(api_pb2_grpc.ConfigStub(channel).SetConfig(
             api_pb2.SetConfigRequest(node_name="n1"), timeout=5))
-        await asyncio.sleep(0.1)  # the push is being applied
+        await asyncio.wait_for(control.started.wait(), 5)  # the push is being applied
         await asyncio.wait_for(served.stop(2.0), 3.0)
         assert (await push).error == "" and control.pushed == [("n1", {})]
         assert await asyncio.wait_for(watch.read(), 2.0) is grpc.aio.EOF  # ended, not failed: followed again
@@ -122,7 +125,7 @@ async def test_a_push_whose_caller_gives_up_is_applied_whole(tmp_path):
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await api_pb2_grpc.ConfigStub(channel).SetConfig(api_pb2.SetConfigRequest(node_name="n1"), timeout=0.1)
             assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        await asyncio.sleep(0.5)
+        await asyncio.wait_for(control.applied.wait(), 5)
         assert control.pushed == [("n1", {})]
     finally:
         await served.stop(1.0)
