@@ -1,8 +1,11 @@
-"""Where a container's cgroup is, for the cgroupfs and systemd drivers, cgroup v1 and v2."""
+"""Where a container's cgroup is, for the cgroupfs and systemd drivers, cgroup v1 and v2; its cpuset
+read, and written where the runtime took an update without applying it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 
 # The systemd scope of a container, by runtime: containerd, CRI-O.
 SCOPES = ("cri-containerd-{id}.scope", "crio-{id}.scope")
@@ -44,3 +47,37 @@ def read_cpuset(cgroup_root: str, cgroup_parent: str, container_id: str) -> tupl
             continue
         return cpus, mems
     return None
+
+
+def write_cpuset(cgroup_root: str, cgroup_parent: str, container_id: str, cpus: str, mems: str) -> str | None:
+    """Write the container's cgroup cpuset.cpus and cpuset.mems (those given); the directory written,
+    None if the container has no cpuset cgroup. OSError if the kernel refuses a value."""
+    for root in (os.path.join(cgroup_root, "cpuset"), cgroup_root):
+        base = find(root, cgroup_parent, container_id, "cpuset.cpus")
+        if base is None:
+            continue
+        for name, value in (("cpuset.cpus", cpus), ("cpuset.mems", mems)):
+            if value:
+                with open(os.path.join(base, name), "w") as f:
+                    f.write(value)
+        return base
+    return None
+
+
+async def tell_systemd(unit: str, cpus: str, mems: str, timeout: float = 10.0) -> str:
+    """Set a scope's AllowedCPUs and AllowedMemoryNodes as its cgroup now has them, so systemd does not
+    put its old ones back when it next applies the unit's properties. "" when done, else why not."""
+    systemctl = shutil.which("systemctl")
+    if systemctl is None:
+        return "no systemctl"
+    props = [f"{key}={value}" for key, value in (("AllowedCPUs", cpus), ("AllowedMemoryNodes", mems)) if value]
+    proc = await asyncio.create_subprocess_exec(systemctl, "set-property", "--runtime", "--", unit, *props,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(timeout):
+            _, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return f"systemctl gave no answer in {timeout:g}s"
+    return "" if proc.returncode == 0 else (err.decode(errors="replace").strip() or f"exit {proc.returncode}")

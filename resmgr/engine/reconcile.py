@@ -12,7 +12,9 @@ whose outcome is unknown. In one round:
   that is consistent; one that does not fit runs as a plain shared container until it does; one
   adopted before it started is updated again once it has (its start may have been under way);
 - every live container whose cgroup or runtime-reported cpuset differs from its grant, or
-  whose last update never reached the runtime, is updated again;
+  whose last update never reached the runtime, is updated again; one whose cgroup still differs
+  the round after the runtime took that update (a runtime that lost the container's task answers
+  success and changes nothing) has its cgroup's cpuset written here, and its systemd scope told;
 - where the runtime's listing gives every container's limits afresh (NRI's Synchronize), one
   whose CPU or memory limits differ from those we gave it was resized while we were away (the
   runtime took kubelet's update alone): it is placed again for them, as a resize through us is.
@@ -31,7 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from resmgr.controllers.cgroups import read_cpuset
+from resmgr.controllers.cgroups import read_cpuset, tell_systemd, write_cpuset
 from resmgr.engine.state import EngineState, brief
 from resmgr.model import Container, ContainerState, Decision, Pod, PodState, Resources
 from resmgr.policies.base import PolicyError
@@ -58,6 +60,7 @@ class Observation:
     new_pods: dict[str, Pod] = field(default_factory=dict)
     new_containers: dict[str, Container] = field(default_factory=dict)
     actual: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # id -> (cpus, mems) per source
+    cgroups: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (cpus, mems) in its cgroup
 
 
 @dataclass
@@ -71,9 +74,11 @@ class Outcome:
     repaired: int = 0
     revived: int = 0
     resized: int = 0
+    unapplied: list[Container] = field(default_factory=list)  # cgroups to write: the runtime took no update
 
     def changed(self) -> bool:
-        return any(dataclasses.astuple(self))
+        """Anything the state records changed (a cgroup written changes nothing recorded)."""
+        return any(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "unapplied")
 
 
 async def _limited(items: Iterable[T], fn: Callable[[T], Awaitable[Any]]) -> list[Any]:
@@ -108,6 +113,7 @@ class Reconciler:
         self.state = state
         self._sweep_lock = asyncio.Lock()  # one round at a time
         self._swept = False  # a round has completed since start-up
+        self._pushed: dict[str, tuple[str, str]] = {}  # by container: the cpuset a repair pushed last round
 
     # -- the loop ----------------------------------------------------------------------
     async def run(self, interval: float) -> None:
@@ -150,6 +156,8 @@ class Reconciler:
                 outcome, decision, fresh = self._commit(obs, limits)
                 self.state.record(decision.updates)
             await self.state.pusher.push_pending()
+            for c in outcome.unapplied:
+                await self._write_cgroup(c)
             if first:
                 await self.state.reapply()  # containers started while we were away join their classes too
             else:
@@ -187,13 +195,15 @@ class Reconciler:
                 obs.new_containers[c.id] = c
         known = [c for c in self.state.containers.values() if c.id and c.state != ContainerState.EXITED
                  and ctrs.get(c.id) is not None and ctrs[c.id].state.live]
-        for c, seen in zip(known, await _limited(known, self._actual), strict=True):
+        for c, (cg, seen) in zip(known, await _limited(known, self._actual), strict=True):
             obs.actual[c.id] = seen
+            if cg is not None:
+                obs.cgroups[c.id] = cg
         return obs
 
-    async def _actual(self, c: Container) -> list[tuple[str, str]]:
-        """The cpuset a container runs with: from its cgroup, and as the runtime reports it."""
-        seen = []
+    async def _actual(self, c: Container) -> tuple[tuple[str, str] | None, list[tuple[str, str]]]:
+        """The cpuset a container runs with: in its cgroup, and from each source (the cgroup, the runtime)."""
+        seen, cg = [], None
         pod = self.state.pods.get(c.pod_id)
         if self.state.cgroup_root and pod is not None:
             cg = await asyncio.to_thread(read_cpuset, self.state.cgroup_root, pod.cgroup_parent, c.id)
@@ -205,7 +215,7 @@ class Reconciler:
                 seen.append(reported)
         except Exception as err:  # gone meanwhile, or the runtime hiccuped: the next round sees
             log.debug("no status for container %s: %s", c.id, brief(err))
-        return seen
+        return cg, seen
 
     async def _adopt_pod(self, p: Pod) -> Pod:
         try:
@@ -253,11 +263,8 @@ class Reconciler:
                 if moved is not None:
                     decision.updates.update(moved)
                     out.resized += 1
-                elif not c.pending and self._differs(c, obs.actual.get(c.id, [])):
-                    log.warning("container %s runs with other CPUs or memory nodes than granted (%s); "
-                                "updating it again", c.id, self._describe_actual(obs.actual.get(c.id, [])))
-                    c.pending = True
-                    out.repaired += 1
+                elif not c.pending:
+                    self._repair(c, obs, out)
         out.settled += self._settle_in(obs.unsettled, obs.listed_at, obs.containers.values(), obs.new_containers,
                                        fresh)
         for live_pod in obs.pods.values():
@@ -279,7 +286,50 @@ class Reconciler:
             fresh.append(c)
             out.adopted += 1
         decision.updates.update(self.allocate_waiting())
+        for key in [k for k in self._pushed if k not in self.state.containers]:
+            del self._pushed[key]
         return out, decision, fresh
+
+    def _repair(self, c: Container, obs: Observation, out: Outcome) -> None:
+        """Push c again where it runs with other CPUs or memory nodes than granted; where its cgroup
+        still does after the runtime took that very push, write the cgroup (after the round)."""
+        seen = obs.actual.get(c.id, [])
+        if not self._differs(c, seen):
+            self._pushed.pop(c.key, None)
+            return
+        wanted = (c.resources.cpuset_cpus, c.resources.cpuset_mems)
+        cg = obs.cgroups.get(c.id)
+        if self._pushed.get(c.key) == wanted and cg is not None and self._differs(c, [cg]):
+            out.unapplied.append(c)
+            return
+        log.warning("container %s runs with other CPUs or memory nodes than granted (%s); updating it again",
+                    c.id, self._describe_actual(seen))
+        self._pushed[c.key] = wanted
+        c.pending = True
+        out.repaired += 1
+
+    async def _write_cgroup(self, c: Container) -> None:
+        pod = self.state.pods.get(c.pod_id)
+        res = c.resources
+        if pod is None or c.pending:
+            return  # gone, or decided anew meanwhile: the next round sees
+        try:
+            where = await asyncio.to_thread(write_cpuset, self.state.cgroup_root, pod.cgroup_parent, c.id,
+                                            res.cpuset_cpus, res.cpuset_mems)
+        except OSError as err:
+            log.error("container %s: the runtime took its update but runs it as before, and its cgroup cannot "
+                      "be written: %s", c.id, err)
+            return
+        if where is None:
+            return
+        log.warning("container %s: the runtime took its update but runs it as before; its cgroup's cpuset is "
+                    "written instead (cpus %s, mems %s)", c.id, res.cpuset_cpus or "-", res.cpuset_mems or "-")
+        unit = where.rstrip("/").rsplit("/", 1)[-1]
+        if unit.endswith(".scope"):
+            why = await tell_systemd(unit, res.cpuset_cpus, res.cpuset_mems)
+            if why:
+                log.warning("container %s: systemd was not told of its scope's new cpuset (%s); it may put the "
+                            "old one back when it next applies the scope's properties", c.id, why)
 
     def ended(self, c: Container, listed: Container | None) -> Decision:
         """What c gives back, as the runtime lists it (None: not at all): removed, it is forgotten;

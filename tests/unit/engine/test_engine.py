@@ -364,6 +364,66 @@ async def test_reconcile_pushes_again_where_the_runtime_differs(engine):
     assert [(cid, r.cpuset_cpus) for cid, r in engine.state.runtime.client.updates] == [("c1", "0")]
 
 
+def _cgroup(root, parent, name, cpus, mems="0"):
+    d = root / parent.strip("/") / name
+    d.mkdir(parents=True)
+    (d / "cpuset.cpus").write_text(cpus + "\n")
+    (d / "cpuset.mems").write_text(mems + "\n")
+    return d
+
+
+async def test_a_cgroup_the_runtime_took_an_update_for_and_left_as_it_was_is_written(tmp_path):
+    # containerd restarted while starting a container loses its task: it answers updates with
+    # success and the container runs on as before, on CPUs that may be another's exclusive ones.
+    engine = Engine(PinningPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
+                    cgroup_root=str(tmp_path / "cg"))
+    engine.state.store.prepare()
+    rt = engine.state.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    rt.pod(pod_id)
+    rt.run("c1", pod_id)
+    rt.cpusets["c1"] = "0"  # the runtime's record has the update ...
+    cg = _cgroup(tmp_path / "cg", cfg.linux.cgroup_parent, "c1", "0-3")  # ... its task does not
+    await engine.reconcile()
+    assert [(cid, r.cpuset_cpus) for cid, r in rt.updates] == [("c1", "0")]  # pushed again first
+    assert (cg / "cpuset.cpus").read_text().strip() == "0-3"
+    await engine.reconcile()
+    assert (cg / "cpuset.cpus").read_text() == "0"
+    await engine.reconcile()
+    assert len(rt.updates) == 1 and not engine.state.containers["c1"].pending
+
+
+async def test_a_written_scope_is_told_to_systemd(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    told = tmp_path / "told"
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {told}\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    engine = Engine(PinningPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
+                    cgroup_root=str(tmp_path / "cg"))
+    engine.state.store.prepare()
+    rt = engine.state.runtime.client
+    cfg = pod_config("p")
+    cfg.linux.cgroup_parent = "kubepods-besteffort-podp.slice"  # the systemd driver's parent
+
+    async def run(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod-p")
+
+    await front(engine).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
+    await _create(engine, "pod-p", cfg, cid="c1", name="a")
+    rt.pod("pod-p")
+    rt.run("c1", "pod-p")
+    scope = _cgroup(tmp_path / "cg", "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podp.slice",
+                    "cri-containerd-c1.scope", "0-3")
+    for _ in range(2):
+        await engine.reconcile()
+    assert (scope / "cpuset.cpus").read_text() == "0"
+    assert told.read_text().split() == ["set-property", "--runtime", "--", "cri-containerd-c1.scope",
+                                        "AllowedCPUs=0"]
+
+
 async def test_pods_removed_behind_our_back_release_their_containers(engine):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg)
