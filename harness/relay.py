@@ -128,6 +128,9 @@ class NriProcess(RelayProcess):
         super().start(wait=False)
         if wait:
             self.wait_synchronized()
+            link = self.args[len(self.args) - 1 - self.args[::-1].index("--config-socket") + 1]
+            if link != "disabled":  # served once synchronized
+                wait_socket(link, proc=self.proc)
         return self
 
     def wait_synchronized(self, timeout: float = 20.0) -> None:

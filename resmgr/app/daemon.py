@@ -18,7 +18,6 @@ from resmgr import metrics, policies, sockets
 from resmgr.app.options import Options
 from resmgr.config import Config, ConfigError, validate
 from resmgr.control import cgroupcpus
-from resmgr.control import link as configlink
 from resmgr.control.manager import ConfigManager, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers, follow
 from resmgr.controllers.blockio import BlockIOController
@@ -44,11 +43,16 @@ from resmgr.view.feed import StateFeed
 if TYPE_CHECKING:  # loaded only when asked for: each costs memory and start-up time (OpenTelemetry,
     # the front end not run, the DRA driver's protocols)
     from resmgr import telemetry
+    from resmgr.control import link as configlink
     from resmgr.frontends.dra.plugin import AgentClaims, DraPlugin
     from resmgr.metrics_state import StateCollector
     from resmgr.view.server import ViewServer
 
 log = logging.getLogger("cri-resmgr")
+
+# How long the config link waits for the front end to take runtime calls before it is served anyway:
+# loading its HTTP/2 stack (about 20 ms) then does not hold up the runtime's first synchronization.
+LINK_WAIT = 1.0
 
 
 
@@ -73,6 +77,7 @@ class Daemon:
         self.hooks: Hooks | None = None
         self.topology: Topology | None = None
         self.dra: DraPlugin | None = None
+        self.link: configlink.Link | None = None  # the config link, once served
         self.agent_claims: AgentClaims | None = None  # the DRA driver's channel to the agent
         # CPU classes and interrupts: what the policy wants of the node (made with the engine)
         self.cpu_classes = CPUController()
@@ -91,18 +96,19 @@ class Daemon:
         """Prepare the front end, build the core on it, run until stopped, shut down."""
         front = self.front_end()
         front.prepare()
-        config_server: configlink.Link | None = None
         try:
             core = await self.build_core(front)
             await front.start()
             self.dra = await self._start_dra(core.engine)
-            config_server = await self._serve_config(core, front)
+            self._handle_signals(core.control)
+            if self._links() and not front.serving():  # it takes calls already (the relay): the link too
+                await self._serve_link(core, front)
             if self.opts.pid_file:
                 Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
             log.info("%s, policy %s", front.describe(), core.engine.state.policy.name)
             code = await self._run_loops(core, front)
             await self._stop_dra()  # kubelet calls no more: nothing is prepared while shutting down
-            await self._shut_down(core, front, config_server)
+            await self._shut_down(core, front)
         finally:
             await self._stop_dra()
             if self.opts.pid_file:
@@ -171,6 +177,8 @@ class Daemon:
                     loops.append(tg.create_task(self._rebalance(engine)))
                 if core.hooks is not None:
                     loops.append(tg.create_task(core.hooks.watch()))
+                if self._links() and self.link is None:
+                    loops.append(tg.create_task(self._serve_link(core, front)))
                 if self.dra is not None:
                     loops.append(tg.create_task(self.dra.collect()))
                 if core.state_gauges is not None:
@@ -338,9 +346,8 @@ class Daemon:
                                   control.describe(), topo, engine.state.policy.prepared_claims())
         return snapshot
 
-    async def _serve_config(self, core: Core, front: FrontEnd) -> configlink.Link | None:
-        """Signals (SIGHUP reloads the forced file) and the node agent's config link."""
-        control = core.control
+    def _handle_signals(self, control: ConfigManager) -> None:
+        """SIGTERM and SIGINT stop the daemon; SIGHUP reloads the forced configuration file."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
@@ -352,25 +359,37 @@ class Daemon:
             task.add_done_callback(reloads.discard)
 
         loop.add_signal_handler(signal.SIGHUP, reload)
-        if self.opts.config_socket and self.opts.config_socket != "disabled":
-            feed = devices = None
-            engine = core.engine
-            if self.topology is not None:
-                snapshot = self._snapshot(engine, control)
-                feed = StateFeed(lambda: nrt.build(snapshot()), engine.state.changes)
-            if self.opts.dra_driver:
-                devices = configlink.Devices(self.opts.dra_driver,
-                                             StateFeed(lambda: engine.state.policy.devices(), engine.state.changes))
-            return await configlink.serve(control, sockets.path_of(self.opts.config_socket), feed,
-                                          self.opts.config_socket_group, devices, front.serving)
-        return None
 
-    async def _shut_down(self, core: Core, front: FrontEnd, config_server: configlink.Link | None) -> None:
+    def _links(self) -> bool:
+        return bool(self.opts.config_socket) and self.opts.config_socket != "disabled"
+
+    async def _serve_link(self, core: Core, front: FrontEnd) -> None:
+        """The node agent's config link, served once the front end takes runtime calls (the NRI plugin:
+        once the runtime synchronized it), or after LINK_WAIT, so a runtime that is away does not
+        keep the agent out."""
+        from resmgr.control import link as configlink
+
+        loop = asyncio.get_running_loop()
+        until = loop.time() + LINK_WAIT
+        while front.serving() and loop.time() < until:
+            await asyncio.sleep(0.01)
+        feed = devices = None
+        engine = core.engine
+        if self.topology is not None:
+            snapshot = self._snapshot(engine, core.control)
+            feed = StateFeed(lambda: nrt.build(snapshot()), engine.state.changes)
+        if self.opts.dra_driver:
+            devices = configlink.Devices(self.opts.dra_driver,
+                                         StateFeed(lambda: engine.state.policy.devices(), engine.state.changes))
+        self.link = await configlink.serve(core.control, sockets.path_of(self.opts.config_socket), feed,
+                                           self.opts.config_socket_group, devices, front.serving)
+
+    async def _shut_down(self, core: Core, front: FrontEnd) -> None:
         """The one way down: no new calls, in-flight ones finish, updates pushed, the state written."""
         log.info("shutting down: letting in-flight calls finish (grace %.1fs)", self.opts.shutdown_grace)
         await front.stop(self.opts.shutdown_grace)
-        if config_server is not None:
-            await config_server.stop(1.0)
+        if self.link is not None:
+            await self.link.stop(1.0)
             Path(sockets.path_of(self.opts.config_socket)).unlink(missing_ok=True)
         try:  # updates still being pushed: finish them (what does not finish stays pending)
             async with asyncio.timeout(self.opts.shutdown_grace):

@@ -21,10 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-
-from asyncinotify import Inotify, Mask
+from typing import TYPE_CHECKING
 
 from resmgr import sockets
+
+if TYPE_CHECKING:
+    from asyncinotify import Inotify
 
 log = logging.getLogger("cri-resmgr.hooks")
 
@@ -211,6 +213,8 @@ class Registry:
                 await asyncio.sleep(1.0)
 
     async def _watch_once(self) -> None:
+        from asyncinotify import Inotify, Mask  # loaded only where a directory is watched
+
         with Inotify() as inotify:
             if not self.directory.is_dir():
                 await self.rescan()
@@ -235,6 +239,8 @@ class Registry:
 
     async def _until_exists(self, inotify: Inotify) -> None:
         """Wait for the directory to appear: watch the deepest ancestor that exists."""
+        from asyncinotify import Mask
+
         parent = self.directory.parent
         while not parent.is_dir() and parent != parent.parent:
             parent = parent.parent

@@ -74,7 +74,7 @@ def test_a_relay_upgraded_from_the_previous_release_and_rolled_back_keeps_every_
         assert started(direct, b) == runs[b]
         assert back.stop() == 0
     finally:
-        pods.remove_all()
+        pods.remove_all(direct)
         via.close()
 
 

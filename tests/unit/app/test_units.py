@@ -388,6 +388,19 @@ def test_the_nri_plugin_loads_no_grpc():
     assert out.stdout.split() == []
 
 
+def test_the_nri_plugin_loads_neither_http2_nor_inotify_before_it_is_needed():
+    """Loading the config link's HTTP/2 stack (grpclib, h2) takes about 20 ms: it is loaded once the
+    runtime synchronized the plugin, not before; inotify (asyncinotify, ctypes) where a hook
+    directory is watched."""
+    root = Path(__file__).resolve().parents[3]
+    script = ("import sys, resmgr.app.launch, resmgr.app.daemon, resmgr.frontends.nri.frontend, "
+              "resmgr.frontends.nri.plugin, resmgr.hooks\n"
+              "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('grpclib', 'h2', 'asyncinotify')))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == []
+
+
 def test_a_daemon_loads_only_the_policies_it_runs():
     root = Path(__file__).resolve().parents[3]
     script = ("import sys, resmgr.app.daemon\nfrom resmgr import policies\nfrom tests.support.world import machine\n"
