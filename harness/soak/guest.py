@@ -161,7 +161,9 @@ class Guest:
         return int(self.sh(f"systemctl show -p MainPID --value {unit}").strip() or 0)
 
     def journal(self, unit: str, since: float) -> str:
-        return self.run(f"journalctl -u {unit} --no-pager -o cat --since @{since:.0f}").out
+        """The unit's journal from since on (to the second before: journalctl takes whole seconds, and
+        rounding up would drop what was logged in since's own second)."""
+        return self.run(f"journalctl -u {unit} --no-pager -o cat --since @{int(since)}").out
 
     def tail(self, path: str, offset: int) -> bytes:
         """A file's bytes from offset on (at most 4 MB at a time)."""

@@ -47,6 +47,20 @@ def slope(samples: list[tuple[float, int, float]], warm: float, since: float) ->
     return (num / den * 3600 if den else 0.0), used
 
 
+def placements_kept(before: dict[tuple[str, str], str], after: dict[tuple[str, str], str]) -> dict[str, Any]:
+    """Guaranteed containers' CPUs (by pod and container name) before a reboot and after it: kept of
+    those whose pod lived through it (the churn deletes and makes pods meanwhile), and what moved."""
+    lived = [k for k in before if k in after]
+    moved = [f"{pod}/{ctr} {before[(pod, ctr)]} -> {after[(pod, ctr)]}" for pod, ctr in lived
+             if after[(pod, ctr)] != before[(pod, ctr)]]
+    notes: dict[str, Any] = {"placements kept": f"{len(lived) - len(moved)} of {len(lived)}"}
+    if moved:
+        notes["placements moved"] = moved
+    if len(lived) < len(before):
+        notes["pods not through the reboot"] = len(before) - len(lived)
+    return notes
+
+
 def fault_table(strikes: list[Strike]) -> list[dict[str, Any]]:
     kinds: dict[str, list[Strike]] = {}
     for s in strikes:

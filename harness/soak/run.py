@@ -26,7 +26,7 @@ from harness.soak.guest import SAMPLES, Guest
 from harness.soak.judge import Judge, Machine
 from harness.soak.load import NAMESPACE, Load, running
 from harness.soak.proxy import CountingProxy
-from harness.soak.report import Strike, fault_table, slope
+from harness.soak.report import Strike, fault_table, placements_kept, slope
 from harness.vm import Shape, Vm
 from harness.vmnode import NODE_NAME, RELAY_SOCKET
 from resmgr.topology.cpuset import CPUSet
@@ -269,9 +269,7 @@ class Soak:
             s.notes["restarts excused"] = self._excused_restarts
             self._excused_restarts = []
         if kind == "reboot" and self._before_reboot is not None and s.whole:
-            after = self._placements()  # the same pods' new containers
-            kept = [k for k, cpus in self._before_reboot.items() if after.get(k) == cpus]
-            s.notes["placements kept"] = f"{len(kept)} of {len(self._before_reboot)}"
+            s.notes.update(placements_kept(self._before_reboot, self._placements()))  # the pods' new containers
             switched = [t for t, what in self.configs.log if "policy switch" in what and 0 <= s.started - t < SETTLE]
             if switched:  # the kernel may still have held the old policy's CPUs: not a verdict on reboots
                 s.notes["placements kept"] += f" (struck {s.started - switched[-1]:.0f} s after a policy switch)"
@@ -459,6 +457,8 @@ class Soak:
             info = self.guest.inspect()
             seen["log"] = seen["log"] or "cannot write the state" in self.guest.journal(self.guest.unit, since)
             seen["metric"] = seen["metric"] or (info["failing"] or {}).get("cache") == 1.0
+            if not seen["metric"]:  # what the endpoint said instead (None: no answer)
+                s.notes["metric answer"] = info["failing"]
             if not seen["status"]:
                 status = self.guest.run("/usr/bin/cri-resmgr status", timeout=120)
                 seen["status"] = status.code == 4 and "cannot write the state" in status.out

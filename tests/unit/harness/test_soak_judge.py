@@ -112,3 +112,14 @@ def test_a_reboot_waits_for_the_last_policy_switch_to_settle(monkeypatch):
     soak.configs.log = [(100.0, "policy switch to topology-aware")]
     run.Soak._settle(soak)
     assert now[0] == 900.0 + run.SETTLE  # long settled: no wait
+
+
+def test_placements_through_a_reboot_count_only_the_pods_that_lived_through_it_and_name_what_moved():
+    from harness.soak.report import placements_kept
+
+    before = {("g1-3", "main"): "2", ("g2-5", "main"): "4-5", ("g1-7", "main"): "3"}
+    after = {("g1-3", "main"): "2", ("g2-5", "main"): "6-7", ("g1-9", "main"): "3"}  # g1-7 deleted meanwhile
+    assert placements_kept(before, after) == {"placements kept": "1 of 2",
+                                              "placements moved": ["g2-5/main 4-5 -> 6-7"],
+                                              "pods not through the reboot": 1}
+    assert placements_kept(before, before) == {"placements kept": "3 of 3"}

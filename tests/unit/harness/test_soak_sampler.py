@@ -66,3 +66,15 @@ def test_a_zombie_runs_nothing():
         time.sleep(0.02)
     assert sampler.comm(str(proc.pid)) == "" and Path(f"/proc/{proc.pid}").exists()
     proc.wait()
+
+
+def test_the_journal_is_read_from_the_start_of_the_second_asked_for():
+    # journalctl takes whole seconds: rounding 25.65 up to 26 dropped a line logged at 25.70.
+    from harness.soak.guest import Guest
+    from harness.vm import Result
+
+    asked = []
+    guest = Guest.__new__(Guest)
+    guest.run = lambda cmd, timeout=60: asked.append(cmd) or Result(0, "", "")
+    guest.journal("cri-resmgr", 1764391885.65)
+    assert asked == ["journalctl -u cri-resmgr --no-pager -o cat --since @1764391885"]
