@@ -451,14 +451,14 @@ class Soak:
         self.guest.fill_state_fs()
         hold_until = time.monotonic() + self.timing.disk_full
         seen = dict.fromkeys(("log", "metric", "status", "probe", "node status"), False)
+        answer: dict[str, float] | None = None
         until = time.monotonic() + min(90.0, self.timing.disk_full - 5)
         while not all(seen.values()) and time.monotonic() < until:  # once a write has failed, all say so
             time.sleep(5)
             info = self.guest.inspect()
             seen["log"] = seen["log"] or "cannot write the state" in self.guest.journal(self.guest.unit, since)
             seen["metric"] = seen["metric"] or (info["failing"] or {}).get("cache") == 1.0
-            if not seen["metric"]:  # what the endpoint said instead (None: no answer)
-                s.notes["metric answer"] = info["failing"]
+            answer = info["failing"]
             if not seen["status"]:
                 status = self.guest.run("/usr/bin/cri-resmgr status", timeout=120)
                 seen["status"] = status.code == 4 and "cannot write the state" in status.out
@@ -467,6 +467,8 @@ class Soak:
                 seen["probe"] = probe.code != 0 and "cannot write the state" in probe.err
             seen["node status"] = seen["node status"] or bool(self.configs.node_status().get("problems"))
         s.notes["reported"] = seen
+        if not seen["metric"]:  # what the endpoint said instead (None: no answer)
+            s.notes["metric answer"] = answer
         for where, ok in seen.items():
             if not ok:
                 self.violations.append(("disk-full-unreported", f"the full disk is not reported in the {where}"))
