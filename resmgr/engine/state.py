@@ -29,6 +29,9 @@ Call = Callable[[], Awaitable[T]]
 Hints = Callable[[list[str]], dict[str, list[int]]]
 
 READY_WAIT = 10.0  # how long a call waits for the first reconciliation before it is refused
+# How long a write-behind save waits for more changes: the runtime's calls for one container come
+# milliseconds apart, and each write is a snapshot of every container, its JSON and an fsync.
+WRITE_BEHIND = 0.05
 
 
 class NotReady(Exception):
@@ -120,6 +123,7 @@ class EngineState:
         self._fallback: list[str] = []  # the policy's fallback conditions last logged
         self.held_back: dict[str, float] = {}  # starts refused since, by container
         self._saves: set[asyncio.Task[None]] = set()
+        self._soon = False  # a write-behind save is waiting to start
         self._warming: set[asyncio.Task[None]] = set()  # cold starts ending
         self.changes = Changes()  # bumped with every state write
 
@@ -202,9 +206,19 @@ class EngineState:
         if not self.write_behind:
             await self.store.save(self.snapshot)
             return
-        task = asyncio.create_task(self.store.save(self.snapshot))
+        if self._soon:
+            return  # a save waiting to start takes this change too
+        self._soon = True
+        task = asyncio.create_task(self._save_soon())
         self._saves.add(task)
         task.add_done_callback(self._saves.discard)
+
+    async def _save_soon(self) -> None:
+        try:
+            await asyncio.sleep(WRITE_BEHIND)
+        finally:
+            self._soon = False  # changes from now on need a save of their own
+        await self.store.save(self.snapshot)
 
     def problems(self) -> list[str]:
         """What an operator should know about the engine, one line each (none while all is well)."""
