@@ -67,10 +67,18 @@ class RelayProcess:
         if wait:
             try:
                 wait_socket(self.socket, proc=self.proc)
+                self.wait_link()
             except (TimeoutError, RuntimeError) as err:
                 self._kill()  # no fixture will stop what never started
                 raise type(err)(f"{err}; its log ends:\n{self.log()[-3000:]}") from None
         return self
+
+    def wait_link(self) -> None:
+        """Until the config link (the last --config-socket given) takes connections, unless disabled:
+        it is served just after the front end takes calls."""
+        link = self.args[len(self.args) - self.args[::-1].index("--config-socket")]
+        if link != "disabled":
+            wait_socket(link, proc=self.proc)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         assert self.proc is not None
@@ -128,9 +136,7 @@ class NriProcess(RelayProcess):
         super().start(wait=False)
         if wait:
             self.wait_synchronized()
-            link = self.args[len(self.args) - 1 - self.args[::-1].index("--config-socket") + 1]
-            if link != "disabled":  # served once synchronized
-                wait_socket(link, proc=self.proc)
+            self.wait_link()
         return self
 
     def wait_synchronized(self, timeout: float = 20.0) -> None:
