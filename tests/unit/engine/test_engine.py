@@ -1170,3 +1170,30 @@ async def test_a_cold_start_ends_with_the_memory_pushed_and_a_restart_cuts_it_sh
     again.state.restore(snapshot)
     c2 = again.state.containers["c2"]
     assert c2.pending and c2.resources.cpuset_mems == "0-1" and again.state.policy.cold() == []
+
+
+async def test_write_behind_makes_a_burst_of_changes_one_write_and_misses_none(tmp_path, monkeypatch):
+    # The runtime's calls for one container come milliseconds apart: each wrote a snapshot of every
+    # container (7 writes a container, most of the NRI plugin's CPU). A change made while a write is
+    # under way is written by the next one.
+    from resmgr.engine.state import WRITE_BEHIND, EngineState
+
+    store = StateStore(tmp_path)
+    store.prepare()
+    written = []
+    real = store.write
+    monkeypatch.setattr(store, "write", lambda data: written.append(data["policy"]["config"]) or real(data))
+    state = EngineState(PinningPolicy(), store, runtime=None, write_behind=True)
+    for n in range(10):
+        state.policy.config = {"n": n}
+        await state.save()
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(WRITE_BEHIND * 3)
+    assert written == [{"n": 9}]
+    state.policy.config = {"n": 10}
+    await state.save()
+    await asyncio.sleep(WRITE_BEHIND + 0.01)  # its write is under way (in a thread) ...
+    state.policy.config = {"n": 11}
+    await state.save()                        # ... and this change comes meanwhile
+    await asyncio.sleep(WRITE_BEHIND * 3)
+    assert written[-1] == {"n": 11} and store.load()["policy"]["config"] == {"n": 11}

@@ -110,30 +110,3 @@ def test_the_engine_writes_the_oldest_state_version_that_holds_its_state(tmp_pat
     store.write({"version": 2, **plain, "vanished": {"u1": 1700000000.5}})
     assert store.load(statefile.check)["vanished"] == {"u1": 1700000000.5}
 
-
-async def test_write_behind_makes_a_burst_of_changes_one_write_and_misses_none(tmp_path, monkeypatch):
-    # The runtime's calls for one container come milliseconds apart: each wrote a snapshot of every
-    # container (7 writes a container, most of the NRI plugin's CPU). A change made while a write is
-    # under way is written by the next one.
-    from resmgr.engine.state import WRITE_BEHIND, EngineState
-    from tests.unit.engine.test_engine import PinningPolicy
-
-    store = StateStore(tmp_path)
-    store.prepare()
-    written = []
-    real = store.write
-    monkeypatch.setattr(store, "write", lambda data: written.append(data["policy"]["config"]) or real(data))
-    state = EngineState(PinningPolicy(), store, runtime=None, write_behind=True)
-    for n in range(10):
-        state.policy.config = {"n": n}
-        await state.save()
-        await asyncio.sleep(0.001)
-    await asyncio.sleep(WRITE_BEHIND * 3)
-    assert written == [{"n": 9}]
-    state.policy.config = {"n": 10}
-    await state.save()
-    await asyncio.sleep(WRITE_BEHIND + 0.01)  # its write is under way (in a thread) ...
-    state.policy.config = {"n": 11}
-    await state.save()                        # ... and this change comes meanwhile
-    await asyncio.sleep(WRITE_BEHIND * 3)
-    assert written[-1] == {"n": 11} and store.load()["policy"]["config"] == {"n": 11}
