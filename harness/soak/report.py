@@ -8,6 +8,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from resmgr.topology.cpuset import CPUSet
+
 
 @dataclass
 class Strike:
@@ -49,13 +51,17 @@ def slope(samples: list[tuple[float, int, float]], warm: float, since: float) ->
 
 def placements_kept(before: dict[tuple[str, str], str], after: dict[tuple[str, str], str]) -> dict[str, Any]:
     """Guaranteed containers' CPUs (by pod and container name) before a reboot and after it: kept of
-    those whose pod lived through it (the churn deletes and makes pods meanwhile), and what moved."""
+    those whose pod lived through it (the churn deletes and makes pods meanwhile), and what moved.
+    One that came back on more CPUs including all it had kept them (its pod was resized: kubelet
+    makes the container anew at its new size)."""
     lived = [k for k in before if k in after]
-    moved = [f"{pod}/{ctr} {before[(pod, ctr)]} -> {after[(pod, ctr)]}" for pod, ctr in lived
-             if after[(pod, ctr)] != before[(pod, ctr)]]
+    moved = [k for k in lived if not CPUSet.parse(after[k]) >= CPUSet.parse(before[k])]
     notes: dict[str, Any] = {"placements kept": f"{len(lived) - len(moved)} of {len(lived)}"}
     if moved:
-        notes["placements moved"] = moved
+        notes["placements moved"] = [f"{pod}/{ctr} {before[(pod, ctr)]} -> {after[(pod, ctr)]}" for pod, ctr in moved]
+    if grown := [k for k in lived if after[k] != before[k] and k not in moved]:
+        notes["grown where they were"] = [f"{pod}/{ctr} {before[(pod, ctr)]} -> {after[(pod, ctr)]}"
+                                          for pod, ctr in grown]
     if len(lived) < len(before):
         notes["pods not through the reboot"] = len(before) - len(lived)
     return notes

@@ -123,3 +123,7 @@ def test_placements_through_a_reboot_count_only_the_pods_that_lived_through_it_a
                                               "placements moved": ["g2-5/main 4-5 -> 6-7"],
                                               "pods not through the reboot": 1}
     assert placements_kept(before, before) == {"placements kept": "3 of 3"}
+    # A 1-CPU pod resized to 2 comes back from the reboot at its new size, where it was.
+    grown = {**before, ("g1-3", "main"): "2-3"}
+    assert placements_kept(before, grown) == {"placements kept": "3 of 3",
+                                              "grown where they were": ["g1-3/main 2 -> 2-3"]}
