@@ -114,6 +114,7 @@ class Reconciler:
         self._sweep_lock = asyncio.Lock()  # one round at a time
         self._swept = False  # a round has completed since start-up
         self._pushed: dict[str, tuple[str, str]] = {}  # by container: the cpuset a repair pushed last round
+        self._written: dict[str, tuple[str, str]] = {}  # by container: the cpuset its cgroup was last written
 
     # -- the loop ----------------------------------------------------------------------
     async def run(self, interval: float) -> None:
@@ -286,8 +287,9 @@ class Reconciler:
             fresh.append(c)
             out.adopted += 1
         decision.updates.update(self.allocate_waiting())
-        for key in [k for k in self._pushed if k not in self.state.containers]:
-            del self._pushed[key]
+        for seen in (self._pushed, self._written):
+            for key in [k for k in seen if k not in self.state.containers]:
+                del seen[key]
         return out, decision, fresh
 
     def _repair(self, c: Container, obs: Observation, out: Outcome) -> None:
@@ -313,23 +315,29 @@ class Reconciler:
         res = c.resources
         if pod is None or c.pending:
             return  # gone, or decided anew meanwhile: the next round sees
+        wanted = (res.cpuset_cpus, res.cpuset_mems)
+        # Said once per grant: a cgroup the kernel keeps refusing is tried again every round.
+        first = self._written.get(c.key) != wanted
+        self._written[c.key] = wanted
         try:
             where = await asyncio.to_thread(write_cpuset, self.state.cgroup_root, pod.cgroup_parent, c.id,
                                             res.cpuset_cpus, res.cpuset_mems)
         except OSError as err:
-            log.error("container %s: the runtime took its update but runs it as before, and its cgroup cannot "
-                      "be written: %s", c.id, err)
+            (log.error if first else log.debug)("container %s: the runtime took its update but runs it as "
+                                                "before, and its cgroup cannot be written: %s", c.id, err)
             return
         if where is None:
             return
-        log.warning("container %s: the runtime took its update but runs it as before; its cgroup's cpuset is "
-                    "written instead (cpus %s, mems %s)", c.id, res.cpuset_cpus or "-", res.cpuset_mems or "-")
+        (log.warning if first else log.debug)("container %s: the runtime took its update but runs it as before; "
+                                              "its cgroup's cpuset is written instead (cpus %s, mems %s)", c.id,
+                                              res.cpuset_cpus or "-", res.cpuset_mems or "-")
         unit = where.rstrip("/").rsplit("/", 1)[-1]
         if unit.endswith(".scope"):
             why = await tell_systemd(unit, res.cpuset_cpus, res.cpuset_mems)
             if why:
-                log.warning("container %s: systemd was not told of its scope's new cpuset (%s); it may put the "
-                            "old one back when it next applies the scope's properties", c.id, why)
+                (log.warning if first else log.debug)("container %s: systemd was not told of its scope's new "
+                                                      "cpuset (%s); it may put the old one back when it next "
+                                                      "applies the scope's properties", c.id, why)
 
     def ended(self, c: Container, listed: Container | None) -> Decision:
         """What c gives back, as the runtime lists it (None: not at all): removed, it is forgotten;

@@ -394,6 +394,32 @@ async def test_a_cgroup_the_runtime_took_an_update_for_and_left_as_it_was_is_wri
     assert len(rt.updates) == 1 and not engine.state.containers["c1"].pending
 
 
+async def test_a_cgroup_the_kernel_refuses_is_tried_every_round_and_reported_once(tmp_path, monkeypatch, caplog):
+    engine = Engine(PinningPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
+                    cgroup_root=str(tmp_path / "cg"))
+    engine.state.store.prepare()
+    rt = engine.state.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    rt.pod(pod_id)
+    rt.run("c1", pod_id)
+    rt.cpusets["c1"] = "0"
+    _cgroup(tmp_path / "cg", cfg.linux.cgroup_parent, "c1", "0-3")
+    tried = []
+
+    def refuse(*args):
+        tried.append(args)
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(reconcile, "write_cpuset", refuse)
+    with caplog.at_level(logging.DEBUG, logger="cri-resmgr.engine"):
+        for _ in range(5):
+            await engine.reconcile()
+    assert len(tried) == 4  # from the second round on
+    assert [r.levelno for r in caplog.records if "cannot be written" in r.getMessage()] == \
+        [logging.ERROR] + [logging.DEBUG] * 3
+
+
 async def test_a_written_scope_is_told_to_systemd(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
