@@ -372,19 +372,32 @@ def _cgroup(root, parent, name, cpus, mems="0"):
     return d
 
 
-async def test_a_cgroup_the_runtime_took_an_update_for_and_left_as_it_was_is_written(tmp_path):
-    # containerd restarted while starting a container loses its task: it answers updates with
-    # success and the container runs on as before, on CPUs that may be another's exclusive ones.
+def _cgroup_engine(tmp_path):
+    """An engine that reads (and may write) container cgroups under tmp_path/cg."""
     engine = Engine(PinningPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
                     cgroup_root=str(tmp_path / "cg"))
     engine.state.store.prepare()
+    return engine
+
+
+async def _lost_task(tmp_path):
+    """Container c1 granted CPU 0, which the runtime's record has and its cgroup (the returned
+    directory) does not: as after containerd lost the task of a container it was starting."""
+    engine = _cgroup_engine(tmp_path)
     rt = engine.state.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     rt.pod(pod_id)
     rt.run("c1", pod_id)
     rt.cpusets["c1"] = "0"  # the runtime's record has the update ...
-    cg = _cgroup(tmp_path / "cg", cfg.linux.cgroup_parent, "c1", "0-3")  # ... its task does not
+    return engine, _cgroup(tmp_path / "cg", cfg.linux.cgroup_parent, "c1", "0-3")  # ... its task does not
+
+
+async def test_a_cgroup_the_runtime_took_an_update_for_and_left_as_it_was_is_written(tmp_path):
+    # containerd restarted while starting a container loses its task: it answers updates with
+    # success and the container runs on as before, on CPUs that may be another's exclusive ones.
+    engine, cg = await _lost_task(tmp_path)
+    rt = engine.state.runtime.client
     await engine.reconcile()
     assert [(cid, r.cpuset_cpus) for cid, r in rt.updates] == [("c1", "0")]  # pushed again first
     assert (cg / "cpuset.cpus").read_text().strip() == "0-3"
@@ -395,16 +408,7 @@ async def test_a_cgroup_the_runtime_took_an_update_for_and_left_as_it_was_is_wri
 
 
 async def test_a_cgroup_the_kernel_refuses_is_tried_every_round_and_reported_once(tmp_path, monkeypatch, caplog):
-    engine = Engine(PinningPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
-                    cgroup_root=str(tmp_path / "cg"))
-    engine.state.store.prepare()
-    rt = engine.state.runtime.client
-    pod_id, cfg = await _run_pod(engine)
-    await _create(engine, pod_id, cfg, cid="c1", name="a")
-    rt.pod(pod_id)
-    rt.run("c1", pod_id)
-    rt.cpusets["c1"] = "0"
-    _cgroup(tmp_path / "cg", cfg.linux.cgroup_parent, "c1", "0-3")
+    engine, _ = await _lost_task(tmp_path)
     tried = []
 
     def refuse(*args):
@@ -427,9 +431,7 @@ async def test_a_written_scope_is_told_to_systemd(tmp_path, monkeypatch):
     (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {told}\n')
     (bin_dir / "systemctl").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    engine = Engine(PinningPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
-                    cgroup_root=str(tmp_path / "cg"))
-    engine.state.store.prepare()
+    engine = _cgroup_engine(tmp_path)
     rt = engine.state.runtime.client
     cfg = pod_config("p")
     cfg.linux.cgroup_parent = "kubepods-besteffort-podp.slice"  # the systemd driver's parent
