@@ -57,11 +57,14 @@ def placements_kept(before: dict[tuple[str, str], str], after: dict[tuple[str, s
     lived = [k for k in before if k in after]
     moved = [k for k in lived if not CPUSet.parse(after[k]) >= CPUSet.parse(before[k])]
     notes: dict[str, Any] = {"placements kept": f"{len(lived) - len(moved)} of {len(lived)}"}
+
+    def changes(keys: list[tuple[str, str]]) -> list[str]:
+        return [f"{pod}/{ctr} {before[(pod, ctr)]} -> {after[(pod, ctr)]}" for pod, ctr in keys]
+
     if moved:
-        notes["placements moved"] = [f"{pod}/{ctr} {before[(pod, ctr)]} -> {after[(pod, ctr)]}" for pod, ctr in moved]
+        notes["placements moved"] = changes(moved)
     if grown := [k for k in lived if after[k] != before[k] and k not in moved]:
-        notes["grown where they were"] = [f"{pod}/{ctr} {before[(pod, ctr)]} -> {after[(pod, ctr)]}"
-                                          for pod, ctr in grown]
+        notes["grown where they were"] = changes(grown)
     if len(lived) < len(before):
         notes["pods not through the reboot"] = len(before) - len(lived)
     return notes

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -331,7 +332,7 @@ class Reconciler:
         (log.warning if first else log.debug)("container %s: the runtime took its update but runs it as before; "
                                               "its cgroup's cpuset is written instead (cpus %s, mems %s)", c.id,
                                               res.cpuset_cpus or "-", res.cpuset_mems or "-")
-        unit = where.rstrip("/").rsplit("/", 1)[-1]
+        unit = os.path.basename(where)
         if unit.endswith(".scope"):
             why = await tell_systemd(unit, res.cpuset_cpus, res.cpuset_mems)
             if why:
