@@ -367,12 +367,13 @@ class Daemon:
         """The node agent's config link, served once the front end takes runtime calls (the NRI plugin:
         once the runtime synchronized it), or after LINK_WAIT, so a runtime that is away does not
         keep the agent out."""
-        from resmgr.control import link as configlink
-
         loop = asyncio.get_running_loop()
         until = loop.time() + LINK_WAIT
         while front.serving() and loop.time() < until:
             await asyncio.sleep(0.01)
+        # Loaded only now: its HTTP/2 stack takes about 20 ms, which would hold the runtime's dial back.
+        from resmgr.control import link as configlink
+
         feed = devices = None
         engine = core.engine
         if self.topology is not None:

@@ -10,10 +10,10 @@ the container's OCI spec, so its first process starts with them.
 
 from __future__ import annotations
 
-import ctypes
 import errno
+import functools
 import os
-import platform
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -30,20 +30,23 @@ IOPRIO_CLASS_SHIFT = 13
 IOPRIO_WHO_PROCESS = 1
 
 
-class _SchedAttr(ctypes.Structure):
-    """struct sched_attr, its first version (48 bytes)."""
-
-    _fields_ = [("size", ctypes.c_uint32), ("sched_policy", ctypes.c_uint32), ("sched_flags", ctypes.c_uint64),
-                ("sched_nice", ctypes.c_int32), ("sched_priority", ctypes.c_uint32),
-                ("sched_runtime", ctypes.c_uint64), ("sched_deadline", ctypes.c_uint64),
-                ("sched_period", ctypes.c_uint64)]
+# struct sched_attr, its first version (48 bytes): size, policy, flags, nice, priority, runtime,
+# deadline, period.
+SCHED_ATTR = struct.Struct("=IIQiIQQQ")
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
+@functools.cache
+def _libc() -> Any:
+    import ctypes  # loaded where a class is first set, not at every start (it takes ~2 ms)
+
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _syscall(number: int, *args: Any) -> None:
-    if _libc.syscall(number, *args) != 0:
+    libc = _libc()
+    if libc.syscall(number, *args) != 0:
+        import ctypes
+
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -57,9 +60,9 @@ def set_scheduling(tid: int, cls: SchedulingClass) -> None:
     flags = 0
     for flag in cls.flags:
         flags |= FLAGS[flag]
-    attr = _SchedAttr(ctypes.sizeof(_SchedAttr), POLICY[cls.policy], flags, cls.nice or 0, cls.priority or 0,
-                      cls.runtime * 1000, cls.deadline * 1000, (cls.period or cls.deadline) * 1000)
-    _syscall(_numbers()[0], tid, ctypes.byref(attr), 0)
+    attr = SCHED_ATTR.pack(SCHED_ATTR.size, POLICY[cls.policy], flags, cls.nice or 0, cls.priority or 0,
+                           cls.runtime * 1000, cls.deadline * 1000, (cls.period or cls.deadline) * 1000)
+    _syscall(_numbers()[0], tid, attr, 0)  # bytes go to the kernel as a pointer to them
 
 
 def set_io_priority(tid: int, cls: SchedulingClass) -> None:
@@ -70,9 +73,10 @@ def set_io_priority(tid: int, cls: SchedulingClass) -> None:
 
 
 def _numbers() -> tuple[int, int]:
-    numbers = SYSCALLS.get(platform.machine())
+    machine = os.uname().machine
+    numbers = SYSCALLS.get(machine)
     if numbers is None:
-        raise ControllerError(f"scheduling classes are not supported on {platform.machine()}")
+        raise ControllerError(f"scheduling classes are not supported on {machine}")
     return numbers
 
 

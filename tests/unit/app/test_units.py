@@ -401,6 +401,27 @@ def test_the_nri_plugin_loads_neither_http2_nor_inotify_before_it_is_needed():
     assert out.stdout.split() == []
 
 
+def test_the_config_link_is_loaded_only_once_the_runtime_synchronized_the_plugin():
+    """The link's wait comes before its HTTP/2 stack is loaded: loaded first, it held the event loop
+    for about 20 ms before the plugin dialled the runtime."""
+    root = Path(__file__).resolve().parents[3]
+    script = ("import asyncio, sys\n"
+              "from resmgr.app.daemon import Daemon\n"
+              "class Front:\n"
+              "    def serving(self):\n"
+              "        return 'not synchronized yet'\n"
+              "async def main():\n"
+              "    try:\n"
+              "        await asyncio.wait_for(Daemon._serve_link(object(), None, Front()), 0.2)\n"
+              "    except TimeoutError:\n"
+              "        pass\n"
+              "asyncio.run(main())\n"
+              "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('grpclib', 'h2')))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == []
+
+
 def test_a_daemon_loads_only_the_policies_it_runs():
     root = Path(__file__).resolve().parents[3]
     script = ("import sys, resmgr.app.daemon\nfrom resmgr import policies\nfrom tests.support.world import machine\n"
