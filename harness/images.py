@@ -64,7 +64,7 @@ def write_oci_archive(path: Path, name: str, layer: bytes, config: dict) -> None
         "config": config,
         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
     }
-    tmp = path.with_suffix(".partial")
+    tmp = path.with_suffix(f".{os.getpid()}.partial")  # the VM tier and the suite may build at once
     with tarfile.open(tmp, "w") as out:
         _add_file(out, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
         layer_desc = _blob(out, layer, "application/vnd.oci.image.layer.v1.tar")

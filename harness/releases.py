@@ -8,12 +8,16 @@ into a virtual environment of its own, cached by commit under ~/.cache/cri-resmg
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,10 +97,11 @@ def install(version: str, commit: str) -> Release:
 def built(out: Path, pattern: str, cmd: list[str], cwd: Path, what: str) -> Path:
     """The file a release's own build script made in out (cached: made once); its path is the last
     line the script prints."""
-    found = sorted(out.glob(pattern))
-    if found:
-        return found[0]
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1800)
+    with _locked():
+        found = sorted(out.glob(pattern))
+        if found:
+            return found[0]
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"building {what}: {done.stderr[-2000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
@@ -127,7 +132,21 @@ def fetched(commit: str) -> bool:
     return in_git(commit)
 
 
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """One process at a time fetches and builds releases (the VM tier runs beside the suite)."""
+    where = TOOLS_BIN.parent / "releases"
+    where.mkdir(parents=True, exist_ok=True)
+    fd = os.open(where, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def previous_installed() -> Release | None:
     """The previous release built, or None when its commit cannot be had in this clone."""
     version, commit = previous()
-    return install(version, commit) if fetched(commit) else None
+    with _locked():
+        return install(version, commit) if fetched(commit) else None

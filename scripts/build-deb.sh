@@ -26,7 +26,9 @@ mkdir -p "$root/DEBIAN" "$root/opt/cri-resmgr" "$root/usr/bin" "$root/lib/system
 
 # The environment is made where it will live (/opt/cri-resmgr), so its scripts' paths are right: in a
 # private mount namespace that shows the package's tree there, leaving the host's /opt untouched.
-.venv/bin/python -m pip wheel -q --no-deps -w "$work/wheel" .
+# setuptools builds in the tree (build/, *.egg-info): one wheel build of a tree at a time (the image
+# builder takes the same lock).
+flock . .venv/bin/python -m pip wheel -q --no-deps -w "$work/wheel" .
 mkdir -p /opt/cri-resmgr
 unshare --mount --propagation private sh -euc '
     mount --bind "$1/opt/cri-resmgr" /opt/cri-resmgr

@@ -216,7 +216,9 @@ def build(outdir: Path, log: Path | None = None) -> Path:
         shutil.copytree(base / "oci", oci)
         wheels, stage_root = work / "wheel", work / "project"
         python = tool_python(log)
-        run([python, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+        # setuptools builds in the tree (build/, *.egg-info): one wheel build of a tree at a time
+        # (scripts/build-deb.sh takes the same lock, on the tree's directory).
+        run(["flock", str(ROOT), python, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
              "-w", str(wheels), str(ROOT)], log)
         wheel = next(wheels.glob("*.whl"))
         # The project into the cached venv's place, written under stage_root only; this pip runs

@@ -7,8 +7,10 @@
 # --vm runs the VM tier instead: the test node booted as a virtual machine shaped like production
 # (systemd, cgroup v2, the systemd cgroup driver, 2 sockets x 2 NUMA nodes; tests/vm/); with
 # --vm-soak it ends with the soak's short form (tests/vm/test_soak.py; benchmarks/soak.py runs it
-# for hours). --with-vm runs everything, the VM tier beside the conformance runs (those mostly
-# wait on containers; the emulated node keeps one core busy).
+# for hours). --with-vm runs everything in two lanes: the VM tier (and its soak with --vm-soak)
+# from the start, its output kept until the end; beside it the suite, then the conformance runs,
+# a little below the emulator's priority (one host thread runs the whole emulated node, whose pace
+# the soak's deadlines assume; the host's tests mostly wait on containers and kubelet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for arg in "$@"; do
@@ -30,6 +32,8 @@ for arg in "$@"; do
     --with-vm) with_vm=1 ;;
     tests*|-m) critest=0; args+=("$arg") ;;
     -q|-v|--durations=*) args+=("$arg"); vm_args+=("$arg") ;;
+    --vm-soak*) vm_args+=("$arg") ;;  # --vm-soak, --vm-soak-seconds=N, --vm-soak-mode=nri
+    --soak-seed=*) args+=("$arg"); vm_args+=("$arg") ;;
     *) args+=("$arg") ;;
     esac
 done
@@ -37,19 +41,26 @@ done
 .venv/bin/ruff check .
 # The Helm chart: lint here, rendered and applied to a real API server by tests/cluster/test_chart.py.
 "${CRI_RESMGR_CACHE:-$HOME/.cache/cri-resmgr}/bin/helm" lint --strict deployment/helm/cri-resmgr
-.venv/bin/python -m pytest "${args[@]}"
-conformance=0
+if [ "$with_vm" = 0 ]; then
+    .venv/bin/python -m pytest "${args[@]}"
+    [ "$critest" = 0 ] || .venv/bin/python -m harness.conformance
+    exit 0
+fi
+vm_log=$(mktemp --suffix=.vm-tier.log)
+started=$SECONDS
+.venv/bin/python -m pytest -m vm -p no:cacheprovider tests/vm/ "${vm_args[@]}" >"$vm_log" 2>&1 &
+vm=$!
+trap 'kill "$vm" 2>/dev/null || true' INT TERM
+echo "the VM tier runs beside the suite; its output follows the suite's ($vm_log)"
+status=0
+nice -n 5 .venv/bin/python -m pytest "${args[@]}" || status=$?
 if [ "$critest" != 0 ]; then
-    if [ "$with_vm" = 1 ]; then
-        .venv/bin/python -m harness.conformance &
-        conformance=$!
-    else
-        .venv/bin/python -m harness.conformance
-    fi
+    nice -n 5 .venv/bin/python -m harness.conformance || status=$?
 fi
-if [ "$with_vm" = 1 ]; then
-    vm=0
-    .venv/bin/python -m pytest -m vm -p no:cacheprovider tests/vm/ "${vm_args[@]}" || vm=$?
-    if [ "$conformance" != 0 ]; then wait "$conformance"; fi
-    exit "$vm"
-fi
+echo "the suite and conformance took $(( (SECONDS - started) / 60 )) min; waiting for the VM tier"
+vm_status=0
+wait "$vm" || vm_status=$?
+echo "----- the VM tier ($(( (SECONDS - started) / 60 )) min since the lanes started) -----"
+cat "$vm_log"
+[ "$vm_status" = 0 ] || status=$vm_status
+exit "$status"

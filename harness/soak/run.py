@@ -487,6 +487,9 @@ class Soak:
         self.guest.free_state_fs()
 
     def _freeze_containerd(self, s: Strike) -> None:
+        # The freeze outlasts kubelet's runtime request timeout on purpose: a start it cuts is made
+        # anew by kubelet (a restart) as it would be without cri-resmgr; noted, not held against it.
+        self._excused = True
         pid = self.guest.main_pid("containerd")
         self.guest.sh(f"kill -STOP {pid}")
         frozen = time.monotonic()
