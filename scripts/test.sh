@@ -7,10 +7,10 @@
 # --vm runs the VM tier instead: the test node booted as a virtual machine shaped like production
 # (systemd, cgroup v2, the systemd cgroup driver, 2 sockets x 2 NUMA nodes; tests/vm/); with
 # --vm-soak it ends with the soak's short form (tests/vm/test_soak.py; benchmarks/soak.py runs it
-# for hours). --with-vm runs everything in two lanes: the VM tier (and its soak with --vm-soak)
-# from the start, its output kept until the end; beside it the suite, then the conformance runs,
-# a little below the emulator's priority (one host thread runs the whole emulated node, whose pace
-# the soak's deadlines assume; the host's tests mostly wait on containers and kubelet).
+# for hours). --with-vm runs everything at once in three lanes: the VM tier (and its soak with
+# --vm-soak), the conformance runs and the suite, the last two a little below the emulator's
+# priority (one host thread runs the whole emulated node, whose pace the soak's deadlines assume;
+# the host's tests mostly wait on containers and kubelet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for arg in "$@"; do
@@ -46,21 +46,31 @@ if [ "$with_vm" = 0 ]; then
     [ "$critest" = 0 ] || .venv/bin/python -m harness.conformance
     exit 0
 fi
+# Three lanes from here: the VM tier, the conformance runs and the suite, the last in the
+# foreground; the other two print their output after it.
 vm_log=$(mktemp --suffix=.vm-tier.log)
 started=$SECONDS
 .venv/bin/python -m pytest -m vm -p no:cacheprovider tests/vm/ "${vm_args[@]}" >"$vm_log" 2>&1 &
 vm=$!
-trap 'kill "$vm" 2>/dev/null || true' INT TERM
-echo "the VM tier runs beside the suite; its output follows the suite's ($vm_log)"
+conformance=0
+if [ "$critest" != 0 ]; then
+    critest_log=$(mktemp --suffix=.critest.log)
+    nice -n 5 .venv/bin/python -m harness.conformance >"$critest_log" 2>&1 &
+    conformance=$!
+fi
+trap 'kill "$vm" $( [ "$conformance" = 0 ] || echo "$conformance" ) 2>/dev/null || true' INT TERM
+echo "the VM tier and the conformance runs go beside the suite; their output follows the suite's"
 status=0
 nice -n 5 .venv/bin/python -m pytest "${args[@]}" || status=$?
-if [ "$critest" != 0 ]; then
-    nice -n 5 .venv/bin/python -m harness.conformance || status=$?
+echo "----- the suite took $(( (SECONDS - started) / 60 )) min -----"
+if [ "$conformance" != 0 ]; then
+    wait "$conformance" || status=$?
+    echo "----- the conformance runs ($critest_log) -----"
+    cat "$critest_log"
 fi
-echo "the suite and conformance took $(( (SECONDS - started) / 60 )) min; waiting for the VM tier"
 vm_status=0
 wait "$vm" || vm_status=$?
-echo "----- the VM tier ($(( (SECONDS - started) / 60 )) min since the lanes started) -----"
+echo "----- the VM tier ($vm_log), done $(( (SECONDS - started) / 60 )) min after the lanes started -----"
 cat "$vm_log"
 [ "$vm_status" = 0 ] || status=$vm_status
 exit "$status"
