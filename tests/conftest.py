@@ -98,8 +98,8 @@ def pytest_addoption(parser):
                      help="how long each soak test churns pods while killing cri-resmgr and containerd "
                           "(default: %(default)s)")
     parser.addoption("--vm-soak", action="store_true",
-                     help="run the VM tier's soak too (tests/vm/test_soak.py; left out by default: it does "
-                          "not pass reliably yet, see docs/benchmarks.md)")
+                     help="run the VM tier's soak too (tests/vm/test_soak.py, about 10 minutes; .ci/run "
+                          "asks for it)")
     parser.addoption("--vm-soak-seconds", type=float, default=300.0,
                      help="how long the VM tier's soak churns pods and strikes faults (default: %(default)s)")
     parser.addoption("--vm-soak-mode", choices=["relay", "nri"], default="relay",
