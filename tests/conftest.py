@@ -98,7 +98,7 @@ def pytest_addoption(parser):
                      help="how long each soak test churns pods while killing cri-resmgr and containerd "
                           "(default: %(default)s)")
     parser.addoption("--vm-soak", action="store_true",
-                     help="run the VM tier's soak too (tests/vm/test_soak.py, about 10 minutes; .ci/run "
+                     help="run the VM tier's soak too (tests/vm/test_soak.py, 12-17 minutes; .ci/run "
                           "asks for it)")
     parser.addoption("--vm-soak-seconds", type=float, default=300.0,
                      help="how long the VM tier's soak churns pods and strikes faults (default: %(default)s)")
