@@ -366,12 +366,22 @@ def test_the_probe_does_not_load_the_engine(tmp_path):
                                                     "resmgr.view"))}
 
 
+def _modules_after(script: str) -> set[str]:
+    """The modules a fresh interpreter holds after running script at the checkout's root."""
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", script + "\nimport sys\nprint(' '.join(sys.modules))"], cwd=root,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def _packages(modules: set[str], *names: str) -> set[str]:
+    return {m for m in modules if m.split(".")[0] in names}
+
+
 def test_the_daemon_loads_the_http_endpoint_and_the_otlp_exporter_only_when_asked_for():
     """aiohttp and OpenTelemetry's SDK cost about 20 MB and a quarter of a second at start."""
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run([sys.executable, "-c", "import sys, resmgr.app.daemon; print(' '.join(sys.modules))"],
-                         cwd=root, capture_output=True, text=True, timeout=60, check=True)
-    loaded = set(out.stdout.split())
+    loaded = _modules_after("import resmgr.app.daemon")
     assert "resmgr.app.daemon" in loaded
     assert not {m for m in loaded if m.startswith(("aiohttp", "opentelemetry.sdk", "opentelemetry.exporter",
                                                     "resmgr.view.server"))}
@@ -380,56 +390,42 @@ def test_the_daemon_loads_the_http_endpoint_and_the_otlp_exporter_only_when_aske
 def test_the_nri_plugin_loads_no_grpc():
     """gRPC's C core costs about 10 MB at rest: the config link is served by grpclib, and gRPC is
     loaded for hook plugins once one registers, for the relay's runtime client, DRA and OTLP."""
-    root = Path(__file__).resolve().parents[3]
-    script = ("import sys, resmgr.app.launch, resmgr.app.daemon, resmgr.frontends.nri.frontend, resmgr.hooks.runner, "
-              "resmgr.control.link\nprint(' '.join(m for m in sys.modules if m.split('.')[0] == 'grpc'))")
-    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == []
+    loaded = _modules_after("import resmgr.app.launch, resmgr.app.daemon, resmgr.frontends.nri.frontend, "
+                            "resmgr.hooks.runner, resmgr.control.link")
+    assert _packages(loaded, "grpc") == set()
 
 
 def test_the_nri_plugin_loads_neither_http2_nor_inotify_before_it_is_needed():
     """Loading the config link's HTTP/2 stack (grpclib, h2) takes about 20 ms: it is loaded once the
     runtime synchronized the plugin, not before; inotify (asyncinotify, ctypes) where a hook
     directory is watched."""
-    root = Path(__file__).resolve().parents[3]
-    script = ("import sys, resmgr.app.launch, resmgr.app.daemon, resmgr.frontends.nri.frontend, "
-              "resmgr.frontends.nri.plugin, resmgr.hooks\n"
-              "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('grpclib', 'h2', 'asyncinotify')))")
-    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == []
+    loaded = _modules_after("import resmgr.app.launch, resmgr.app.daemon, resmgr.frontends.nri.frontend, "
+                            "resmgr.frontends.nri.plugin, resmgr.hooks")
+    assert _packages(loaded, "grpclib", "h2", "asyncinotify") == set()
 
 
 def test_the_config_link_is_loaded_only_once_the_runtime_synchronized_the_plugin():
     """The link's wait comes before its HTTP/2 stack is loaded: loaded first, it held the event loop
     for about 20 ms before the plugin dialled the runtime."""
-    root = Path(__file__).resolve().parents[3]
-    script = ("import asyncio, sys\n"
-              "from resmgr.app.daemon import Daemon\n"
-              "class Front:\n"
-              "    def serving(self):\n"
-              "        return 'not synchronized yet'\n"
-              "async def main():\n"
-              "    try:\n"
-              "        await asyncio.wait_for(Daemon._serve_link(object(), None, Front()), 0.2)\n"
-              "    except TimeoutError:\n"
-              "        pass\n"
-              "asyncio.run(main())\n"
-              "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('grpclib', 'h2')))")
-    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == []
+    loaded = _modules_after("import asyncio\n"
+                            "from resmgr.app.daemon import Daemon\n"
+                            "class Front:\n"
+                            "    def serving(self):\n"
+                            "        return 'not synchronized yet'\n"
+                            "async def main():\n"
+                            "    try:\n"
+                            "        await asyncio.wait_for(Daemon._serve_link(object(), None, Front()), 0.2)\n"
+                            "    except TimeoutError:\n"
+                            "        pass\n"
+                            "asyncio.run(main())")
+    assert _packages(loaded, "grpclib", "h2") == set()
 
 
 def test_a_daemon_loads_only_the_policies_it_runs():
-    root = Path(__file__).resolve().parents[3]
-    script = ("import sys, resmgr.app.daemon\nfrom resmgr import policies\nfrom tests.support.world import machine\n"
-              "policies.create('static', {}, machine('sockets=1,nodes=1,cores=2,threads=1'))\n"
-              "print(' '.join(m for m in sys.modules if m.startswith('resmgr.policies.')))")
-    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
-    loaded = set(out.stdout.split())
-    assert "resmgr.policies.static" in loaded, out.stderr
+    loaded = _modules_after("import resmgr.app.daemon\nfrom resmgr import policies\n"
+                            "from tests.support.world import machine\n"
+                            "policies.create('static', {}, machine('sockets=1,nodes=1,cores=2,threads=1'))")
+    assert "resmgr.policies.static" in loaded
     assert not {m for m in loaded if m.startswith(("resmgr.policies.topology_aware", "resmgr.policies.balloons",
                                                     "resmgr.policies.podpools"))}
 
