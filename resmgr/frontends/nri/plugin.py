@@ -337,13 +337,20 @@ class NriPlugin:
         requested = c.requested
 
         async def call(plan: CreatePlan, adj: Adjustment | None) -> tuple[Adjustment | None, str]:
+            # In the record before the engine knows its ID: a reconciliation round from then on
+            # must find it there, or it drops the container and gives its CPUs away.
+            self.runtime.seen_container(req.container, nri.CONTAINER_CREATED)
             return adj, cid  # the runtime makes it from our answer, which carries the adjustment
 
         with collecting() as collector:
-            adj, created = await self.calls.create_container(convert.pod(req.pod), c, call, deadline=deadline)
+            try:
+                adj, created = await self.calls.create_container(convert.pod(req.pod), c, call, deadline=deadline)
+            except BaseException:
+                if cid not in self.engine.state.containers:
+                    self.runtime.gone_container(cid)
+                raise
             await self.engine.state.settle_updates()
         res = collector.updates.pop(cid, None) or created.resources
-        self.runtime.seen_container(req.container, nri.CONTAINER_CREATED)
         self.runtime.applied(cid, res)
         resp = nri.CreateContainerResponse(update=self._updates(collector, cid))
         sched = self.engine.state.scheduling_class(created.classes.get("sched", ""))

@@ -256,3 +256,54 @@ async def test_a_container_that_does_not_fit_is_refused_with_the_same_status(dri
 def test_the_status_table_speaks_grpc_codes():
     for _, code, _ in errors.TABLE:
         assert grpc.StatusCode[code].value[0] == errors.CODES[code]
+
+
+
+async def _create_with_a_round_in_between(driver, monkeypatch) -> tuple[str, str, bool]:
+    """Create a Guaranteed container of 2 CPUs with a reconciliation round run at the first save
+    after the engine learned its ID; (status, container ID, whether the round ran)."""
+    state = driver.engine.state
+    g_pod = await driver.run_pod("exclusive", "guaranteed")
+    save, rounds = state.save, []
+
+    async def save_with_a_round_in_between() -> None:
+        if not rounds and any(c.id for c in state.containers.values()):
+            rounds.append(True)
+            await driver.engine.reconcile()
+        await save()
+
+    monkeypatch.setattr(state, "save", save_with_a_round_in_between)
+    code, g = await driver.create(g_pod, "app", 2000, True)
+    monkeypatch.setattr(state, "save", save)
+    return code, g, bool(rounds)
+
+
+async def test_a_reconciliation_as_a_create_lands_keeps_the_new_container(drivers, monkeypatch):
+    """A round that lists the runtime between the engine learning a new container's ID and the
+    front end answering the create must see it: in NRI mode the record of what the runtime runs
+    is the plugin's own, and a container missing from it is dropped and its CPUs given away."""
+    for driver in drivers:
+        state = driver.engine.state
+        code, g, rounds = await _create_with_a_round_in_between(driver, monkeypatch)
+        assert (driver.name, code, rounds) == (driver.name, "OK", True)
+        assert g in state.containers and state.containers[g].state.live, driver.name
+        assert len(CPUSet.parse(driver.cpus(g))) == 2, driver.name
+        shared_pod = await driver.run_pod("shared", "besteffort")
+        _, shared = await driver.create(shared_pod, "app", 0, False)
+        assert CPUSet.parse(driver.cpus(shared)).isdisjoint(CPUSet.parse(driver.cpus(g))), driver.name
+
+
+async def test_a_create_that_fails_after_the_runtime_was_answered_leaves_no_record_behind(drivers, monkeypatch):
+    """The NRI plugin puts a new container in its record of the runtime before the engine commits
+    it; a create that fails there must take it out again, or a reconciliation would adopt a
+    container the runtime never made."""
+    driver = drivers[1]
+    pod = await driver.run_pod("shared", "besteffort")
+
+    async def fail(plan, container_id):
+        raise RuntimeError("commit failed")
+
+    monkeypatch.setattr(driver.engine.creating, "commit_create", fail)
+    with pytest.raises(RuntimeError):
+        await driver.create(pod, "app", 0, False)
+    assert not driver.runtime.containers
