@@ -61,8 +61,16 @@ def placements_kept(before: dict[tuple[str, str], str], after: dict[tuple[str, s
     def changes(keys: list[tuple[str, str]]) -> list[str]:
         return [f"{pod}/{ctr} {before[(pod, ctr)]} -> {after[(pod, ctr)]}" for pod, ctr in keys]
 
+    def holders(key: tuple[str, str]) -> str:
+        """Who runs on the CPUs it left: a pod new since the reboot may take them (docs/limitations.md)."""
+        left = CPUSet.parse(before[key]) - CPUSet.parse(after[key])
+        names = [f"{p}/{c}" + ("" if (p, c) in before else " (new)") for (p, c), cpus in sorted(after.items())
+                 if (p, c) != key and CPUSet.parse(cpus) & left]
+        return ", ".join(names) or "no Guaranteed container"
+
     if moved:
-        notes["placements moved"] = changes(moved)
+        notes["placements moved"] = [f"{text}: its CPUs held by {holders(k)}" for k, text in zip(moved, changes(moved),
+                                                                                                strict=True)]
     if grown := [k for k in lived if after[k] != before[k] and k not in moved]:
         notes["grown where they were"] = changes(grown)
     if len(lived) < len(before):

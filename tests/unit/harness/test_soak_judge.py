@@ -119,9 +119,15 @@ def test_placements_through_a_reboot_count_only_the_pods_that_lived_through_it_a
 
     before = {("g1-3", "main"): "2", ("g2-5", "main"): "4-5", ("g1-7", "main"): "3"}
     after = {("g1-3", "main"): "2", ("g2-5", "main"): "6-7", ("g1-9", "main"): "3"}  # g1-7 deleted meanwhile
-    assert placements_kept(before, after) == {"placements kept": "1 of 2",
-                                              "placements moved": ["g2-5/main 4-5 -> 6-7"],
-                                              "pods not through the reboot": 1}
+    assert placements_kept(before, after) == {
+        "placements kept": "1 of 2",
+        "placements moved": ["g2-5/main 4-5 -> 6-7: its CPUs held by no Guaranteed container"],
+        "pods not through the reboot": 1}
+    # Who took a moved container's CPUs: a pod new since the reboot, or one that lived through it.
+    taken = {**after, ("g1-9", "main"): "4", ("g1-3", "main"): "5"}
+    assert placements_kept(before, taken)["placements moved"] == [
+        "g1-3/main 2 -> 5: its CPUs held by no Guaranteed container",
+        "g2-5/main 4-5 -> 6-7: its CPUs held by g1-3/main, g1-9/main (new)"]
     assert placements_kept(before, before) == {"placements kept": "3 of 3"}
     # A 1-CPU pod resized to 2 comes back from the reboot at its new size, where it was.
     grown = {**before, ("g1-3", "main"): "2-3"}
