@@ -321,14 +321,20 @@ class Adjustment:
 
 
 class View:
-    """Read-only view of the pods and containers, handed to a policy."""
+    """Read-only view of the pods and containers, handed to a policy.
 
-    __slots__ = ("pods", "containers")
+    held: CPUs kept for containers the runtime lost with their pod's sandbox (a node reboot) until
+    kubelet makes them again; a policy gives them to another container only where nothing else will do.
+    """
 
-    def __init__(self, pods: Mapping[str, Pod], containers: Mapping[str, Container]) -> None:
+    __slots__ = ("pods", "containers", "held")
+
+    def __init__(self, pods: Mapping[str, Pod], containers: Mapping[str, Container],
+                 held: CPUSet | None = None) -> None:
         self.pods: Mapping[str, Pod] = MappingProxyType(pods) if isinstance(pods, dict) else pods
         self.containers: Mapping[str, Container] = \
             MappingProxyType(containers) if isinstance(containers, dict) else containers
+        self.held: CPUSet = held if held is not None else CPUSet()
 
 
 @dataclass(frozen=True)

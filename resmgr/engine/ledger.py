@@ -8,9 +8,11 @@ It also remembers the CPUs each pod's container ran on by pod UID and container 
 (previous), so a restarted container, or every container after a node reboot, is offered
 them again; the memory goes with the pod's last sandbox when kubelet removes it. A pod whose
 sandboxes vanished from the runtime instead (the node rebooted: kubelet makes it anew) is
-remembered for VANISHED_KEEP seconds (vanished). The DRA claims kubelet prepared are the
-policy's to record (Policy.prepared_claims); a policy switch prepares them again under the new
-policy.
+remembered for VANISHED_KEEP seconds (vanished), and the CPUs of their own its containers held
+are kept for them (awaited) until kubelet makes them again: other containers get them only where
+nothing else will do (View.held), as kubelet's CPU manager keeps a pod's CPUs for it. The DRA
+claims kubelet prepared are the policy's to record (Policy.prepared_claims); a policy switch
+prepares them again under the new policy.
 
 Whatever resources a decision gives a container, the fields runtime hook plugins set for
 it (Container.adjusted) are laid over them, so a later move keeps a plugin's changes.
@@ -31,6 +33,7 @@ from collections.abc import Iterable
 
 from resmgr.model import Claim, Container, ContainerState, Decision, Pod, QOSClass, Resources, View
 from resmgr.policies.base import Policy, PolicyError
+from resmgr.topology.cpuset import CPUSet
 
 log = logging.getLogger("cri-resmgr.engine")
 
@@ -59,9 +62,19 @@ class Ledger:
         self.previous: dict[str, str] = {}
         # Pod UIDs whose sandboxes vanished from the runtime, and when (wall clock: it outlives reboots).
         self.vanished: dict[str, float] = {}
+        # The exclusive CPUs of containers of vanished pods, by identity, until they are made again.
+        self.awaited: dict[str, str] = {}
 
-    def view(self) -> View:
-        return View(self.pods, self.containers)
+    def held(self, but: str = "") -> CPUSet:
+        """The CPUs kept for containers kubelet is to make again (but the one of identity but)."""
+        out = CPUSet()
+        for identity, cpus in self.awaited.items():
+            if identity != but:
+                out |= CPUSet.parse_or_empty(cpus)
+        return out
+
+    def view(self, but: str = "") -> View:
+        return View(self.pods, self.containers, self.held(but))
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -69,12 +82,14 @@ class Ledger:
 
     def load(self, pods: Iterable[Pod], containers: Iterable[Container], unallocated: Iterable[str] = (),
              degraded: Iterable[str] = (), previous: dict[str, str] | None = None,
-             vanished: dict[str, float] | None = None, now: float | None = None) -> None:
+             vanished: dict[str, float] | None = None, now: float | None = None,
+             awaited: dict[str, str] | None = None) -> None:
         self.pods = {p.id: p for p in pods}
         now = time.time() if now is None else now
         self.vanished = {u: t for u, t in (vanished or {}).items() if now - t < VANISHED_KEEP}
         uids = {p.uid for p in self.pods.values()} | set(self.vanished)
         self.previous = {k: v for k, v in (previous or {}).items() if k.partition("/")[0] in uids}
+        self.awaited = {k: v for k, v in (awaited or {}).items() if k.partition("/")[0] in uids}
         self.containers = {c.key: c for c in containers}
         self.seq = max([p.seq for p in self.pods.values()] + [c.seq for c in self.containers.values()] + [0])
         self.unallocated = set(unallocated) & set(self.containers)
@@ -107,6 +122,8 @@ class Ledger:
         without kubelet removing it (a reboot): where its containers ran is kept a while."""
         decision = Decision()
         for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
+            if vanished:
+                self._await(c)
             decision.updates.update(self.forget(c).updates)
         self.pods.pop(pod.id, None)
         now = time.time() if now is None else now
@@ -119,7 +136,16 @@ class Ledger:
             for uid in gone:
                 self.vanished.pop(uid, None)
             self.previous = {k: v for k, v in self.previous.items() if k.partition("/")[0] not in gone}
+            self.awaited = {k: v for k, v in self.awaited.items() if k.partition("/")[0] not in gone}
         return decision
+
+    def _await(self, c: Container) -> None:
+        """Keep the CPUs of its own a container of a vanished pod runs on for when it is made again."""
+        identity = self._identity(c)
+        grant = self.policy.describe_grant(c.key) if identity and self.pins(c) and c.key not in self.degraded \
+            else None
+        if grant and grant.get("kind") in ("exclusive", "mixed") and c.state != ContainerState.EXITED:
+            self.awaited[identity] = str(grant.get("exclusive", ""))
 
     def _identity(self, c: Container) -> str:
         """The container's name within its pod's identity, which outlives sandboxes ("": none)."""
@@ -135,13 +161,15 @@ class Ledger:
         """
         c.seq = self.next_seq()
         self.containers[c.key] = c
+        identity = self._identity(c)
         if not adopt:
-            c.previous = self.previous.get(self._identity(c), "") if self.policy.pins else ""
+            c.previous = self.previous.get(identity, "") if self.policy.pins else ""
         try:
-            decision = (self.policy.adopt if adopt else self.policy.allocate)(c, pod, self.view())
+            decision = (self.policy.adopt if adopt else self.policy.allocate)(c, pod, self.view(identity))
         except BaseException:
             del self.containers[c.key]
             raise
+        self.awaited.pop(identity, None)  # made again: whether it got them or not, they are kept no longer
         self.apply(c, decision)
         return decision
 
@@ -289,7 +317,7 @@ class Ledger:
         Returns the containers whose resources change; their classes are taken at once.
         """
         shadow = {k: dataclasses.replace(c, previous="") for k, c in self.containers.items()}
-        view = View(self.pods, shadow)
+        view = View(self.pods, shadow, self.held())
         for _, claim in sorted(self.policy.prepared_claims().items()):  # one it cannot prepare refuses the switch
             policy.prepare_claim(claim, view)
         for c in self.allocation_order(shadow.values()):

@@ -165,7 +165,7 @@ class EngineState:
             "policy": {"name": self.policy.name, "data": self.policy.export_state(), "config": self.policy.config},
             "unallocated": sorted(self.ledger.unallocated & ids),
             "degraded": sorted(self.ledger.degraded & ids),
-            "previous": statefile.with_vanished(self.ledger.previous, self.ledger.vanished),
+            "previous": statefile.with_vanished(self.ledger.previous, self.ledger.vanished, self.ledger.awaited),
             # Beside the policy's data, for another policy to prepare (and for 0.1.0, which reads them).
             "claims": [c.to_dict() for _, c in sorted(self.policy.prepared_claims().items())],
         }
@@ -174,11 +174,12 @@ class EngineState:
         """Take a persisted state (validated by resmgr.engine.statefile) as the starting point."""
         if not data:
             return
-        previous, vanished = statefile.split_vanished(data.get("previous") or {})
+        previous, vanished, awaited = statefile.split_vanished(data.get("previous") or {})
         vanished.update(data.get("vanished") or {})  # state version 2
         self.ledger.load([Pod.from_dict(p) for p in data.get("pods", [])],
                          [Container.from_dict(c) for c in data.get("containers", [])],
-                         data.get("unallocated", []), data.get("degraded", []), previous, vanished)
+                         data.get("unallocated", []), data.get("degraded", []), previous, vanished,
+                         awaited=awaited)
         pdata = data.get("policy") or {}
         if pdata.get("name") == self.policy.name:
             try:

@@ -95,14 +95,24 @@ class InvalidState(ValueError):
 # A pod whose sandboxes vanished is remembered as the entry "<uid>/" of previous, whose value is
 # when (seconds since the epoch). The file stays version 1, which 0.1.0 reads: it drops the entry
 # as a pod it does not know. (Development versions wrote them as version 2's "vanished".)
-def with_vanished(previous: dict[str, str], vanished: dict[str, float]) -> dict[str, str]:
-    return {**previous, **{f"{uid}/": repr(t) for uid, t in vanished.items()}}
+# The CPUs kept for a vanished pod's container are the entry "<uid>/<name>/held" (a container's
+# name has no slash): 0.1.0 takes it for the placement of a container that never comes.
+HELD = "/held"
 
 
-def split_vanished(previous: dict[str, str]) -> tuple[dict[str, str], dict[str, float]]:
-    """(placements, vanished pods) of a state's previous."""
-    placements, vanished = {}, {}
+def with_vanished(previous: dict[str, str], vanished: dict[str, float],
+                  awaited: dict[str, str] | None = None) -> dict[str, str]:
+    return {**previous, **{f"{uid}/": repr(t) for uid, t in vanished.items()},
+            **{identity + HELD: cpus for identity, cpus in (awaited or {}).items()}}
+
+
+def split_vanished(previous: dict[str, str]) -> tuple[dict[str, str], dict[str, float], dict[str, str]]:
+    """(placements, vanished pods, CPUs kept for their containers) of a state's previous."""
+    placements, vanished, awaited = {}, {}, {}
     for key, value in previous.items():
+        if key.endswith(HELD) and key.count("/") == 2:
+            awaited[key[:-len(HELD)]] = value
+            continue
         if not key.endswith("/"):
             placements[key] = value
             continue
@@ -110,7 +120,7 @@ def split_vanished(previous: dict[str, str]) -> tuple[dict[str, str], dict[str, 
             vanished[key[:-1]] = float(value)
         except ValueError:
             pass  # a hand edit: forgotten, as the pod would be after 15 minutes
-    return placements, vanished
+    return placements, vanished, awaited
 
 
 def _schema_problem(data: Any) -> str:

@@ -57,7 +57,8 @@ class PoolPolicy(Policy):
         """Current CPU set of every shared pool."""
         raise NotImplementedError
 
-    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
+    def place(self, container: Container, pod: Pod, req: Requirements, held: CPUSet = EMPTY) -> Grant:
+        """The grant for a container; exclusive CPUs none of held where enough others are free."""
         raise NotImplementedError
 
     def exclusive_sources(self) -> list[tuple[CPUSet, int]]:
@@ -116,7 +117,7 @@ class PoolPolicy(Policy):
         before = self.pool_cpus()  # before the old grant goes: a re-allocation may free CPUs
         with self.grants.transaction():  # a failed re-allocation keeps what it had
             self.grants.remove(container.key)
-            grant = self.place(container, pod, req)
+            grant = self.place(container, pod, req, view.held)
             if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
                 if any(keep <= free and len(free) - len(keep) >= spare for free, spare in self.exclusive_sources()):
                     grant = replace(grant, exclusive=keep)

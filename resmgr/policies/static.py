@@ -21,7 +21,7 @@ from resmgr.policies.toolkit.annotations import prefer_isolated
 from resmgr.policies.toolkit.grants import Grant
 from resmgr.policies.toolkit.options import Option
 from resmgr.requests import Requirements
-from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
 
 DEFAULT = "default"
@@ -57,11 +57,11 @@ class StaticPolicy(PoolPolicy):
         taken = self.taken()
         return [(self.isolated - taken, 0), (self.available - taken - self.reserved, 0 if self.reserved else 1)]
 
-    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
+    def place(self, container: Container, pod: Pod, req: Requirements, held: CPUSet = EMPTY) -> Grant:
         if req.qos != QOSClass.GUARANTEED or req.cpu_request <= 0 or req.fraction:
             return grant_in(DEFAULT, milli=req.cpu_request)
         count = req.whole_cpus
-        prefer = preferences(container, pod, self.topology)
+        prefer = preferences(container, pod, self.topology, avoid=held)
         taken = self.taken()
         free_isolated = self.isolated - taken
         preferred = prefer_isolated(container, pod)

@@ -24,7 +24,7 @@ from resmgr.policies.toolkit.annotations import prefer_isolated
 from resmgr.policies.toolkit.grants import Grant
 from resmgr.policies.toolkit.options import Option, in_namespaces, reserved_namespaces
 from resmgr.requests import Requirements
-from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.cpuset import EMPTY, CPUSet
 from resmgr.topology.model import Topology
 
 RESERVED, SHARED = "reserved", "shared"
@@ -84,14 +84,14 @@ class StaticPlusPolicy(PoolPolicy):
         return [f"exclusive grants hold every shared CPU: the shared containers run on the reserved CPUs "
                 f"{self.reserved}"] if self.shared_elsewhere() else []
 
-    def place(self, container: Container, pod: Pod, req: Requirements) -> Grant:
+    def place(self, container: Container, pod: Pod, req: Requirements, held: CPUSet = EMPTY) -> Grant:
         who = f"container {pod.namespace}/{pod.name}/{container.name}"
         if in_namespaces(pod.namespace, self.reserved_namespaces):
             return grant_in(RESERVED if self.reserved else SHARED, milli=req.cpu_request)
         count = req.whole_cpus
         if count == 0:
             return grant_in(SHARED, milli=req.cpu_request)
-        prefer = preferences(container, pod, self.topology)
+        prefer = preferences(container, pod, self.topology, avoid=held)
         taken = self.taken()
         free_isolated = self.isolated - taken
         pool = SHARED if req.fraction else ""

@@ -43,18 +43,21 @@ class Preferences:
     kind: CoreKind = CoreKind.UNKNOWN  # a core kind to take first (UNKNOWN: any)
     spread_cores: bool = False  # one thread per physical core first
     balance: bool = False  # the domains with the most free CPUs first, instead of packing
+    avoid: CPUSet = EMPTY  # CPUs taken only where the others do not do (kept for containers to come)
 
 
 ANY = Preferences()
 
 
-def preferences(container: Container, pod: Pod, topology: Topology, balance: bool = False) -> Preferences:
+def preferences(container: Container, pod: Pod, topology: Topology, balance: bool = False,
+                avoid: CPUSet = EMPTY) -> Preferences:
     """What a container's exclusive CPUs should be: the prefer-core-type annotation, else
-    performance cores for Guaranteed containers on a hybrid part."""
+    performance cores for Guaranteed containers on a hybrid part; none of avoid (View.held) where
+    enough others are free."""
     kind = core_kind(container, pod)
     if kind is None:
         kind = CoreKind.PERFORMANCE if topology.hybrid and pod.qos_class == QOSClass.GUARANTEED else CoreKind.UNKNOWN
-    return Preferences(kind=kind, balance=balance)
+    return Preferences(kind=kind, balance=balance, avoid=avoid)
 
 
 def one_thread_per_core(topology: Topology, cpus: CPUSet) -> CPUSet:
@@ -79,6 +82,8 @@ def take_cpus(topology: Topology, available: CPUSet, count: int, prefer: Prefere
         raise AllocationError(f"need {count} CPUs, only {len(available)} available ({available or 'none'})")
     if count == 0:
         return EMPTY
+    if prefer.avoid and len(available - prefer.avoid) >= count:
+        available = available - prefer.avoid
     if prefer.kind and topology.hybrid:
         own = available & topology.kinds.get(prefer.kind, EMPTY)
         other = available - own

@@ -108,6 +108,9 @@ class Placement:
             split = self._split(pool, r) if r.exclusive and not isolated else 0
             # The deepest pool holding where it ran before, as kubelet keeps a container's CPUs.
             sticky = -pool.depth if r.previous and r.previous <= pool.cpus else 1
+            # One that gives exclusive CPUs kept for a container kubelet is to make again (View.held)
+            # loses to one that need not.
+            held = not isolated and self._held_short(pool, r)
             # A Burstable container goes no deeper than what it may burst to allows.
             narrow = not r.bursts_in(pool)
             # A pool it would fill exactly loses to one that keeps room, as cri-resource-manager and
@@ -119,8 +122,8 @@ class Placement:
             if any(self.accounts.idle[q.id] for q in pool.subtree):
                 left -= 1
             spread = (-left, 0) if r.exclusive else (self.accounts.colocated[pool.id], -left)
-            ranked.append(((elsewhere, sticky, exhausts, -affinity, narrow, not all_types, -hinted, not preferred_cpu,
-                            split, -pool.depth, *spread, pool.id), pool))
+            ranked.append(((elsewhere, sticky, held, exhausts, -affinity, narrow, not all_types, -hinted,
+                            not preferred_cpu, split, -pool.depth, *spread, pool.id), pool))
         if not ranked:
             raise PolicyError(f"container {r.who}: no pool can take {r.describe() or 'it'}; free: {self.free()}")
         best = min(ranked, key=lambda x: x[0])[1]
@@ -129,6 +132,11 @@ class Placement:
                 break
             best = best.parent
         return best
+
+    def _held_short(self, pool: Pool, r: Request) -> bool:
+        """Whether the pool's free CPUs other than those kept for others are too few for r's exclusive ones."""
+        return bool(r.exclusive and r.prefer.avoid) and \
+            len(self.accounts.sharable(pool) - r.prefer.avoid) < r.exclusive
 
     @staticmethod
     def _cold(pool: Pool, r: Request) -> bool:
@@ -173,8 +181,9 @@ class Placement:
             return take_cpus(self.topology, self.accounts.sharable(pool), count, prefer)
         spare = {c.id: max(self.accounts.spare(c), 0) for c in pool.children}
         holding = [c for c in pool.children if spare[c.id] >= count]
-        if holding:  # the child that holds it with the least to spare
-            return self.slice(min(holding, key=lambda c: (spare[c.id], c.id)), count, prefer)
+        if holding:  # the child that holds it with the least to spare, sparing CPUs kept for others
+            return self.slice(min(holding, key=lambda c: (len(self.accounts.sharable(c) - prefer.avoid) < count,
+                                                         spare[c.id], c.id)), count, prefer)
         out = EMPTY
         threads = self._threads
         for whole in (True, False):  # whole cores from each child first, so no core is split between two

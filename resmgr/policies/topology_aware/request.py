@@ -152,7 +152,7 @@ class Asking:
             if problems:
                 raise PolicyError(f"container {who}: " + "; ".join(problems))
         r.irq_claim, r.irq_mask, r.irq_claim_first = irqs
-        r.prefer = preferences(container, pod, self.topology)
+        r.prefer = preferences(container, pod, self.topology, avoid=view.held)
         iso_hint = annotations.prefer_isolated(container, pod)
         r.isolated = iso_hint if iso_hint is not None else (self.settings.prefer_isolated and whole == 1)
         return r
