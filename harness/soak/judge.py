@@ -20,7 +20,10 @@ balloons that overlap, count at once). CPUs a container held come back to the sh
 once the runtime confirms it gone, so a shared container narrower than its pool, or a balloon
 part-moved, is given the longer slow_grace (more than kubelet's runtime request timeout).
 While a configuration change is in flight the snapshot may follow the old configuration
-or the new one; the change is done once it follows the new one.
+or the new one; the change is done once it follows the new one. A snapshot that follows neither
+(containers part-moved) may show two containers sharing CPUs; that is a violation unless they
+shared those CPUs before the change or share them once it is done (a Guaranteed container and the
+others of the balloon it joins, one of which moved first), which is known when the change is done.
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ class Finding:
     kind: str
     key: str  # the same finding in two snapshots has the same key
     text: str
+    pairs: tuple[tuple[str, str], ...] = ()  # the containers (IDs) that share CPUs
 
 
 def findings(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[Finding]:
@@ -165,7 +169,7 @@ def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[F
             if o is not c and o.cpus & c.cpus:
                 pair = "/".join(sorted((c.id, o.id)))
                 out.append(Finding("exclusive-shared", pair, f"CPU {o.cpus & c.cpus} of {_short(c)} is also under "
-                                                             f"{_short(o)}"))
+                                                             f"{_short(o)}", ((c.id, o.id),)))
     pools = machine.pools()
     for c in ctrs:
         if c.whole_cpus or c.cpus <= expect.reserved:
@@ -191,7 +195,8 @@ def _balloons(ctrs: list[Ctr], expect: Expect) -> list[Finding]:
                 x, y = balloons[a][0], balloons[b][0]
                 kind = "balloon-moving" if a <= b or b <= a else "balloon-overlap"
                 out.append(Finding(kind, "/".join(sorted((x.id, y.id))),
-                                   f"{_short(x)} on {a} and {_short(y)} on {b} share CPUs {a & b}"))
+                                   f"{_short(x)} on {a} and {_short(y)} on {b} share CPUs {a & b}",
+                                   tuple((m.id, n.id) for m in balloons[a] for n in balloons[b])))
     for cpus, members in balloons.items():
         need = math.ceil(sum(c.quota or 0 for c in members if c.qos == "guaranteed") - 1e-6)
         if len(cpus) < need or (expect.max_balloon and len(cpus) > expect.max_balloon):
@@ -224,6 +229,11 @@ class Judge:
     switches: list[tuple[str, float]] = field(default_factory=list)  # (to what, seconds until followed)
     open: dict[str, Violation] = field(default_factory=dict)  # findings seen, by kind/key
     violations: list[Violation] = field(default_factory=list)
+    # While a change is in flight: each container's CPUs before it, and the mixes seen meanwhile
+    # (judged once the change is done: Judge.feed).
+    before_change: dict[str, CPUSet] = field(default_factory=dict)
+    mixes: dict[str, tuple[Violation, dict[tuple[str, str], CPUSet]]] = field(default_factory=dict)
+    last_cpus: dict[str, CPUSet] = field(default_factory=dict)
     seen: int = 0
     last_clean: float = 0.0
     last_time: float = 0.0
@@ -232,18 +242,22 @@ class Judge:
         """A new configuration was written to the cluster at t."""
         if expect == self.expect:
             return
+        self._judge_mixes(None)  # a change on top of one in flight: what it left unresolved counts
         self.previous, self.expect, self.switch_started = self.expect, expect, t
+        self.before_change = dict(self.last_cpus)
 
     def feed(self, t: float, snapshot: dict[str, list[str]]) -> list[Finding]:
         """One snapshot at t; what it breaks (of the configuration the node is judged by now)."""
         self.seen += 1
         self.last_time = t
         ctrs = parse(snapshot)
+        self.last_cpus = {c.id: c.cpus for c in ctrs}
         found = findings(ctrs, self.expect, self.machine)
         if self.previous is not None:
             if not found:
                 self.switches.append((self.expect.policy, t - self.switch_started))
                 self.previous = None
+                self._judge_mixes(self.last_cpus)
             elif t - self.switch_started < self.switch_bound:
                 before = findings(ctrs, self.previous, self.machine)
                 if not before:
@@ -251,11 +265,38 @@ class Judge:
                 elif not any(f.kind in STRICT for f in before):
                     found = before  # as before, its own moves in flight: judged by that policy's graces
                 else:  # neither: a mix while containers move; said apart from the steady kinds
-                    found = [Finding(f"switch-{f.kind}", f.key, f.text) for f in found if f.kind in STRICT]
+                    found = [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found if f.kind in STRICT]
+                    self._note_mixes(t, found)
+                    found = []
+            else:
+                self._judge_mixes(None)  # not done within its bound: every mix counts
         self._track(t, found)
         if not found:
             self.last_clean = t
         return found
+
+    def _note_mixes(self, t: float, found: list[Finding]) -> None:
+        for f in found:
+            v, shared = self.mixes.setdefault(f"{f.kind}:{f.key}", (Violation(f.kind, f.text, t, t), {}))
+            v.last = t
+            for a, b in f.pairs:
+                shared[(a, b)] = shared.get((a, b), CPUSet()) | (self.last_cpus.get(a, CPUSet())
+                                                                 & self.last_cpus.get(b, CPUSet()))
+
+    def _judge_mixes(self, after: dict[str, CPUSet] | None) -> None:
+        """The mixes of the change in flight: a violation where two containers shared CPUs they shared
+        neither before it nor after it (after None: the change did not end, every mix counts)."""
+        empty = CPUSet()
+        for v, shared in self.mixes.values():
+            if after is None or any(
+                    not cpus <= (self.before_change.get(a, empty) & self.before_change.get(b, empty))
+                    | (after.get(a, empty) & after.get(b, empty)) for (a, b), cpus in shared.items()):
+                self.violations.append(v)
+        self.mixes = {}
+
+    def finish(self) -> None:
+        """The run ended: the mixes of a change still in flight count."""
+        self._judge_mixes(None)
 
     def _track(self, t: float, found: list[Finding]) -> None:
         now = {f"{f.kind}:{f.key}": f for f in found}

@@ -571,6 +571,7 @@ class Soak:
                             # apart from a steady climb (a leak).
                             "rss_by_life": {str(pid): [[round(t), round(v, 1)] for t, q, v in rss if q == pid]
                                             for pid in dict.fromkeys(q for _, q, _ in rss)}}
+        self.judge.finish()
         # When (the guest's clock, as its journals have it) and for how long, to find in the journals.
         judged = [(v.kind, f"{time.strftime('%H:%M:%S', time.gmtime(v.first))} UTC for {v.last - v.first:.0f} s: "
                            f"{v.text}") for v in self.judge.violations]

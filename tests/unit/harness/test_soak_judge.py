@@ -77,9 +77,38 @@ def test_a_configuration_change_is_in_flight_until_the_node_follows_it():
     judge.feed(21.0, topology)  # not moved yet: as before, nothing counted
     mixed = {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "3-4", "0-1", 0.2)}
     judge.feed(22.0, mixed)
-    assert [v.kind for v in judge.violations] == ["switch-balloon-overlap"]
+    assert judge.violations == []  # known once the change is done: do g and b share CPU 4 then?
     judge.feed(25.0, {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5", "1", 0.2)})
     assert judge.switches == [("balloons", 5.0)] and judge.previous is None
+    assert [v.kind for v in judge.violations] == ["switch-balloon-overlap"]  # neither before nor after
+
+
+def test_in_a_switch_containers_of_one_balloon_to_be_may_share_its_cpus_as_they_move():
+    """topology-aware -> balloons: a Burstable container moved first into the balloon a Guaranteed
+    one is to join shares CPUs the Guaranteed one held as its own; once both are in the balloon,
+    they share them as the new policy has it: a move, not a violation. Had the switch not been
+    done within its bound, it would count."""
+    for done in (True, False):
+        judge = Judge(MACHINE, TA, switch_bound=60)
+        judge.feed(10.0, {"g": ctr("guaranteed", "12-15", "3", 4), "b": ctr("burstable", "4-7", "1", 0.2)})
+        judge.change(BALLOONS, 20.0)
+        judge.feed(22.0, {"g": ctr("guaranteed", "12-15", "3", 4), "b": ctr("burstable", "10-13", "2-3", 0.2)})
+        assert judge.violations == []
+        if done:
+            judge.feed(24.0, {"g": ctr("guaranteed", "10-13", "2-3", 4), "b": ctr("burstable", "10-13", "2-3", 0.2)})
+            assert judge.previous is None and judge.violations == []
+        else:
+            judge.feed(90.0, {"g": ctr("guaranteed", "12-15", "3", 4), "b": ctr("burstable", "10-13", "2-3", 0.2)})
+            assert [v.kind for v in judge.violations] == ["switch-balloon-overlap", "balloon-overlap"]
+
+
+def test_a_mix_of_a_change_the_run_ends_in_counts():
+    judge = Judge(MACHINE, TA)
+    judge.feed(10.0, {"g": ctr("guaranteed", "12-15", "3", 4), "b": ctr("burstable", "4-7", "1", 0.2)})
+    judge.change(BALLOONS, 20.0)
+    judge.feed(22.0, {"g": ctr("guaranteed", "12-15", "3", 4), "b": ctr("burstable", "10-13", "2-3", 0.2)})
+    judge.finish()
+    assert [v.kind for v in judge.violations] == ["switch-balloon-overlap"]
 
 
 def test_before_a_switch_lands_the_old_policys_own_moves_are_judged_by_its_graces():
