@@ -27,7 +27,7 @@ from resmgr.controllers.rdt import RDTController
 from resmgr.controllers.sched import SchedController
 from resmgr.engine import Engine, statefile
 from resmgr.engine.state import Runtime
-from resmgr.engine.store import StateInUse, StateStore, StateTooNew
+from resmgr.engine.store import StateInUse, StateStore, StateTooNew, boot_time
 from resmgr.frontends import DumpSink, FrontEnd, StartupError
 from resmgr.hooks import Hooks
 from resmgr.policies import PolicyError
@@ -76,6 +76,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self.hooks: Hooks | None = None
         self.topology: Topology | None = None
+        self.rebooted = False  # the node booted since the state file was written
         self.dra: DraPlugin | None = None
         self.link: configlink.Link | None = None  # the config link, once served
         self.agent_claims: AgentClaims | None = None  # the DRA driver's channel to the agent
@@ -237,6 +238,10 @@ class Daemon:
             state = store.load(statefile.check)
         except StateTooNew as err:
             raise StartupError(str(err)) from None
+        self.rebooted = state is not None and store.written_before(boot_time())
+        if self.rebooted:
+            log.info("the node booted since the state was written: the exclusive CPUs of the containers found "
+                     "ended are kept for them until kubelet makes them again")
         self._keep_persisted_policy(state, store)
         return store, state
 
@@ -273,7 +278,7 @@ class Daemon:
             raise StartupError(f"the containers were allocated by the {persisted} policy and {self.config.source} "
                                f"asks for {policy.name}; policy switching is disabled (--disable-policy-switch; "
                                "--reset-policy drops the old allocations)")
-        engine.state.restore(state)
+        engine.state.restore(state, self.rebooted)
         return engine
 
     def _make_hooks(self) -> Hooks | None:

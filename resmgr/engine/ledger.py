@@ -8,9 +8,10 @@ It also remembers the CPUs each pod's container ran on by pod UID and container 
 (previous), so a restarted container, or every container after a node reboot, is offered
 them again; the memory goes with the pod's last sandbox when kubelet removes it. A pod whose
 sandboxes vanished from the runtime instead (the node rebooted: kubelet makes it anew) is
-remembered for VANISHED_KEEP seconds (vanished), and the CPUs of their own its containers held
-are kept for them (awaited) until kubelet makes them again: other containers get them only where
-nothing else will do (View.held), as kubelet's CPU manager keeps a pod's CPUs for it. The DRA
+remembered for VANISHED_KEEP seconds (vanished). The CPUs of their own that containers which
+ended with their pod held (a reboot) are kept for them (awaited) while the pod is known, until
+kubelet makes them again: other containers get them only where nothing else will do (View.held),
+as kubelet's CPU manager keeps a pod's CPUs for it. The DRA
 claims kubelet prepared are the policy's to record (Policy.prepared_claims); a policy switch
 prepares them again under the new policy.
 
@@ -66,10 +67,14 @@ class Ledger:
         self.awaited: dict[str, str] = {}
 
     def held(self, but: str = "") -> CPUSet:
-        """The CPUs kept for containers kubelet is to make again (but the one of identity but)."""
+        """The CPUs kept for containers kubelet is to make again (but the one of identity but), while
+        their pod is known (a sandbox of it, or vanished lately)."""
         out = CPUSet()
+        if not self.awaited:
+            return out
+        uids = {p.uid for p in self.pods.values()} | set(self.vanished)
         for identity, cpus in self.awaited.items():
-            if identity != but:
+            if identity != but and identity.partition("/")[0] in uids:
                 out |= CPUSet.parse_or_empty(cpus)
         return out
 
@@ -123,7 +128,7 @@ class Ledger:
         decision = Decision()
         for c in [c for c in self.containers.values() if c.pod_id == pod.id]:
             if vanished:
-                self._await(c)
+                self.await_return(c)
             decision.updates.update(self.forget(c).updates)
         self.pods.pop(pod.id, None)
         now = time.time() if now is None else now
@@ -139,8 +144,10 @@ class Ledger:
             self.awaited = {k: v for k, v in self.awaited.items() if k.partition("/")[0] not in gone}
         return decision
 
-    def _await(self, c: Container) -> None:
-        """Keep the CPUs of its own a container of a vanished pod runs on for when it is made again."""
+    def await_return(self, c: Container) -> None:
+        """Keep the CPUs of its own a container runs on for when kubelet makes it again: its pod's
+        sandbox is gone, or not ready with the container ended (a node reboot: containerd keeps
+        the sandbox; a sandbox that died)."""
         identity = self._identity(c)
         grant = self.policy.describe_grant(c.key) if identity and self.pins(c) and c.key not in self.degraded \
             else None

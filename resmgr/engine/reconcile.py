@@ -246,11 +246,19 @@ class Reconciler:
             if not c.id or c.seq > obs.start_seq:
                 continue
             live = obs.containers.get(c.id)
+            sandbox = obs.pods.get(c.pod_id)
+            # Its pod went down with it (a reboot; containerd keeps the sandbox, not ready): kubelet
+            # makes it again.
+            down = self.state.rebooted or sandbox is None or sandbox.state == PodState.NOT_READY
             if live is None or c.pod_id not in self.state.pods:
+                if down:
+                    self.state.ledger.await_return(c)
                 decision.updates.update(self.ended(c, None).updates)
                 out.dropped += 1
             elif live.state == ContainerState.EXITED:
                 if c.state != ContainerState.EXITED:
+                    if down:
+                        self.state.ledger.await_return(c)
                     decision.updates.update(self.ended(c, live).updates)
                     out.exited += 1
             elif live.state.live:
@@ -288,6 +296,7 @@ class Reconciler:
             fresh.append(c)
             out.adopted += 1
         decision.updates.update(self.allocate_waiting())
+        self.state.rebooted = False
         for seen in (self._pushed, self._written):
             for key in [k for k in seen if k not in self.state.containers]:
                 del seen[key]

@@ -116,6 +116,9 @@ class EngineState:
         if not gated:
             self.reconciled.set()
         self.woken = asyncio.Event()  # set by wake(); the reconciler waits on it
+        # The node rebooted since the restored state was written: the containers the first
+        # reconciliation finds ended are made again by kubelet (Ledger.await_return).
+        self.rebooted = False
         self.pusher = Pusher(self.ledger, runtime, self.wake, brief)
         # A front end whose answers need not wait for the disk (NRI's): a crash between the answer
         # and the write loses nothing, reconciliation finds the container where the answer put it.
@@ -170,10 +173,12 @@ class EngineState:
             "claims": [c.to_dict() for _, c in sorted(self.policy.prepared_claims().items())],
         }
 
-    def restore(self, data: dict[str, Any] | None) -> None:
-        """Take a persisted state (validated by resmgr.engine.statefile) as the starting point."""
+    def restore(self, data: dict[str, Any] | None, rebooted: bool = False) -> None:
+        """Take a persisted state (validated by resmgr.engine.statefile) as the starting point;
+        rebooted: the node booted since it was written."""
         if not data:
             return
+        self.rebooted = rebooted
         previous, vanished, awaited = statefile.split_vanished(data.get("previous") or {})
         vanished.update(data.get("vanished") or {})  # state version 2
         self.ledger.load([Pod.from_dict(p) for p in data.get("pods", [])],

@@ -56,6 +56,18 @@ class StateNotWritten(Exception):
     """A strict save could not write the state (the reason is the message)."""
 
 
+def boot_time(path: str = "/proc/stat") -> float:
+    """When the node booted (seconds since the epoch; 0.0 where it cannot be read)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
 class StateStore:
     def __init__(self, directory: str | Path, name: str = "cache",
                  on_loss: str = "rebuilding from the runtime") -> None:
@@ -95,6 +107,13 @@ class StateStore:
             os.close(fd)
             raise StateInUse(f"another cri-resmgr uses the state in {self.dir}") from None
         self._claim = fd  # held until the process exits
+
+    def written_before(self, when: float) -> bool:
+        """Whether the state file was last written before when (seconds since the epoch)."""
+        try:
+            return self.path.stat().st_mtime < when
+        except OSError:
+            return False
 
     def load(self, check: Callable[[Any], None] | None = None) -> dict[str, Any] | None:
         """The saved state, or None. A file that is broken, or that check (raising ValueError)

@@ -110,3 +110,18 @@ def test_the_engine_writes_the_oldest_state_version_that_holds_its_state(tmp_pat
     store.write({"version": 2, **plain, "vanished": {"u1": 1700000000.5}})
     assert store.load(statefile.check)["vanished"] == {"u1": 1700000000.5}
 
+
+
+def test_a_state_written_before_the_node_booted_says_so(tmp_path):
+    booted = store_mod.boot_time()
+    assert 0 < booted < __import__("time").time()  # this machine's own /proc/stat
+    (tmp_path / "stat").write_text("cpu  1 2 3\nbtime 1700000000\nprocesses 5\n")
+    assert store_mod.boot_time(str(tmp_path / "stat")) == 1700000000.0
+    assert store_mod.boot_time(str(tmp_path / "missing")) == 0.0  # unknown: no reboot is assumed
+    store = StateStore(tmp_path / "state")
+    store.prepare()
+    assert not store.written_before(booted)  # no state at all
+    store.write({"version": 1, "pods": [], "containers": []})
+    assert not store.written_before(booted)
+    os.utime(store.path, (booted - 60, booted - 60))
+    assert store.written_before(booted)

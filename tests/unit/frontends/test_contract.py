@@ -26,6 +26,7 @@ from resmgr.frontends.relay.dispatch import Dispatcher
 from resmgr.frontends.relay.methods import KNOWN
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.generated.nri import api_pb2 as nri
+from resmgr.model import ContainerState
 from resmgr.requests import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.generate import generate, parse_spec
@@ -307,3 +308,54 @@ async def test_a_create_that_fails_after_the_runtime_was_answered_leaves_no_reco
     with pytest.raises(RuntimeError):
         await driver.create(pod, "app", 0, False)
     assert not driver.runtime.containers
+
+
+async def test_after_a_reboot_a_new_pod_takes_none_of_the_cpus_of_a_pod_kubelet_makes_again(tmp_path):
+    """containerd keeps a pod's sandbox through a node reboot, not ready, with its containers
+    exited; kubelet makes the pod a new sandbox. A Guaranteed pod new to the node made first must
+    not take the old pod's CPUs, as kubelet's CPU manager keeps them for it."""
+    generate(parse_spec("sockets=1,cores=8,threads=1"), tmp_path / "sys")
+    store = StateStore(tmp_path / "state")
+    store.prepare()
+    driver = CriDriver(policies.create("static", CONFIG, discover(str(tmp_path / "sys"))), store)
+    old_pod = await driver.run_pod("old", "guaranteed")
+    _, old = await driver.create(old_pod, "app", 2000, True)
+    await driver.start(old)
+    held = CPUSet.parse(driver.cpus(old))
+    rt = driver.runtime
+    rt.pods = [cri.PodSandbox(id=p.id, state=cri.SANDBOX_NOTREADY, metadata=p.metadata) for p in rt.pods]
+    rt.run(old, old_pod, "app", state=cri.CONTAINER_EXITED)  # the node rebooted
+    await driver.engine.reconcile()
+    assert driver.engine.state.containers[old].state == ContainerState.EXITED
+    newcomer_pod = await driver.run_pod("new", "guaranteed")
+    _, newcomer = await driver.create(newcomer_pod, "app", 2000, True)
+    assert CPUSet.parse(driver.cpus(newcomer)).isdisjoint(held)
+    code, reply = await driver._call("RunPodSandbox", cri.RunPodSandboxRequest(config=driver.configs[old_pod]))
+    again_pod = cri.RunPodSandboxResponse.FromString(reply).pod_sandbox_id
+    driver.configs[again_pod] = driver.configs[old_pod]
+    _, again = await driver.create(again_pod, "app", 2000, True)
+    assert CPUSet.parse(driver.cpus(again)) == held
+
+
+async def test_after_a_reboot_a_restart_keeps_the_cpus_of_pods_the_runtime_still_lists_as_ready(tmp_path):
+    """The NRI plugin is not told whether a sandbox runs: after a reboot it sees the old pods and
+    none of their containers. A state file older than the boot says the node rebooted."""
+    generate(parse_spec("sockets=1,cores=8,threads=1"), tmp_path / "sys")
+    machine = discover(str(tmp_path / "sys"))
+    store = StateStore(tmp_path / "state")
+    store.prepare()
+    driver = CriDriver(policies.create("static", CONFIG, machine), store)
+    old_pod = await driver.run_pod("old", "guaranteed")
+    _, old = await driver.create(old_pod, "app", 2000, True)
+    await driver.start(old)
+    held = CPUSet.parse(driver.cpus(old))
+    snapshot = driver.engine.state.snapshot()
+    for rebooted in (False, True):
+        again = CriDriver(policies.create("static", CONFIG, machine), store)
+        again.runtime.pods, again.runtime.containers = list(driver.runtime.pods), []  # ready, but empty
+        again.configs, again.ids = dict(driver.configs), itertools.count(100)
+        again.engine.state.restore({"version": 1, **snapshot}, rebooted=rebooted)
+        await again.engine.reconcile()
+        newcomer_pod = await again.run_pod("new", "guaranteed")
+        _, newcomer = await again.create(newcomer_pod, "app", 2000, True)
+        assert CPUSet.parse(again.cpus(newcomer)).isdisjoint(held) == rebooted
