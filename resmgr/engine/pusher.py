@@ -204,6 +204,7 @@ class Pusher:
 
     def forget(self, key: str) -> None:
         self.raced.discard(key)
+        self.starting.pop(key, None)
         self.held.pop(key, None)
         lock = self._locks.get(key)
         if lock is not None and not lock.locked():  # a push in flight drops it when it ends

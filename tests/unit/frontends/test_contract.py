@@ -8,6 +8,7 @@ status code of a refused call. The scenarios hold both to the same answers.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import grpc
@@ -359,3 +360,28 @@ async def test_after_a_reboot_a_restart_keeps_the_cpus_of_pods_the_runtime_still
         newcomer_pod = await again.run_pod("new", "guaranteed")
         _, newcomer = await again.create(newcomer_pod, "app", 2000, True)
         assert CPUSet.parse(again.cpus(newcomer)).isdisjoint(held) == rebooted
+
+
+async def test_nri_a_container_moved_between_its_create_and_its_start_is_moved_again_once_started(drivers):
+    """containerd reads a container's spec when its start begins and starts the task from it: an
+    update that an answer carried meanwhile (another container's create took its CPUs) reaches the
+    record, not the task. Once started, it is sent again."""
+    driver = drivers[1]
+    shared_pod = await driver.run_pod("shared", "besteffort")
+    _, shared = await driver.create(shared_pod, "app", 0, False)
+    first = driver.cpus(shared)
+    g_pod = await driver.run_pod("exclusive", "guaranteed")
+    _, g = await driver.create(g_pod, "app", 2000, True)  # its answer moves the shared one
+    moved = driver.cpus(shared)
+    assert moved != first and CPUSet.parse(moved).isdisjoint(CPUSet.parse(driver.cpus(g)))
+    driver.told[shared] = first  # the task started with what the spec held when the start began
+    sender = asyncio.create_task(driver.runtime.run_sender())
+    try:
+        await driver.start(shared)
+        for _ in range(50):  # the sender delivers the queue
+            if driver.cpus(shared) == moved:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        sender.cancel()
+    assert driver.cpus(shared) == moved
