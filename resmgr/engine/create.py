@@ -197,6 +197,8 @@ class Create:
             if late is not None:  # the policy moved it while the runtime was creating it
                 c.resources, c.pending = late.overlaid(c.adjusted), True
                 plan.updates[c.key] = c.resources
+        log.debug("container %s (%s, pod %s) created on cpus %s mems %s; %s", c.id, c.name, plan.pod.name,
+                  c.resources.cpuset_cpus or "-", c.resources.cpuset_mems or "-", _moves(plan.updates))
         self.state.apply_soon(Decision(updates=plan.updates), before_start=c.key)
         if plan.warm_after:
             self.state.warm_later(c.key, plan.warm_after)
@@ -228,3 +230,11 @@ class Create:
         self.state.apply_soon(Decision(updates=updates), before_start=c.key)
         await self.state.save()
         return c
+
+
+def _moves(updates: dict[str, Resources]) -> str:
+    """Who moves where, for the debug log."""
+    if not updates:
+        return "nobody moves"
+    return "moves " + ", ".join(f"{k[:12]} to {r.cpuset_cpus or '-'}" for k, r in sorted(updates.items()))
+

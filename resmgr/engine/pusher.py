@@ -93,6 +93,8 @@ class Pusher:
                 log.error("updating resources of container %s failed (will retry): %s", c.id, self.describe(err))
                 self.wake()
                 return
+            log.debug("container %s: cpus %s mems %s sent to the runtime%s", c.id, res.cpuset_cpus or "-",
+                      res.cpuset_mems or "-", " (it is being started)" if starting else "")
             if starting or key in self.starting:
                 self.raced.add(key)
             self.held[key] = res.cpuset_cpus

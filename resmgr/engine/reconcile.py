@@ -253,6 +253,7 @@ class Reconciler:
             if live is None or c.pod_id not in self.state.pods:
                 if down:
                     self.state.ledger.await_return(c)
+                log.debug("container %s (%s) is gone from the runtime; forgotten", c.id, c.name)
                 decision.updates.update(self.ended(c, None).updates)
                 out.dropped += 1
             elif live.state == ContainerState.EXITED:
@@ -287,6 +288,8 @@ class Reconciler:
         for cid, c in obs.new_containers.items():
             if cid in self.state.containers or c.pod_id not in self.state.pods:
                 continue
+            log.debug("container %s (%s) found running on cpus %s; adopted", cid, c.name,
+                      c.resources.cpuset_cpus or "-")
             self.state.ledger.enter(c)
             self.state.ledger.unallocated.add(cid)
             if c.state == ContainerState.CREATED:
