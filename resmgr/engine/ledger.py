@@ -11,9 +11,9 @@ sandboxes vanished from the runtime instead (the node rebooted: kubelet makes it
 remembered for VANISHED_KEEP seconds (vanished). The CPUs of their own that containers which
 ended with their pod held (a reboot) are kept for them (awaited) while the pod is known, until
 kubelet makes them again: other containers get them only where nothing else will do (View.held),
-as kubelet's CPU manager keeps a pod's CPUs for it. The DRA
-claims kubelet prepared are the policy's to record (Policy.prepared_claims); a policy switch
-prepares them again under the new policy.
+as kubelet's CPU manager keeps a pod's CPUs for it. The DRA claims kubelet prepared are the
+policy's to record (Policy.prepared_claims); a policy switch prepares them again under the new
+policy.
 
 Whatever resources a decision gives a container, the fields runtime hook plugins set for
 it (Container.adjusted) are laid over them, so a later move keeps a plugin's changes.
@@ -63,7 +63,7 @@ class Ledger:
         self.previous: dict[str, str] = {}
         # Pod UIDs whose sandboxes vanished from the runtime, and when (wall clock: it outlives reboots).
         self.vanished: dict[str, float] = {}
-        # The exclusive CPUs of containers of vanished pods, by identity, until they are made again.
+        # The exclusive CPUs of containers that ended with their pod, by identity, until made again.
         self.awaited: dict[str, str] = {}
 
     def held(self, but: str = "") -> CPUSet:
