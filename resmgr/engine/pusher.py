@@ -8,7 +8,7 @@ at once overall. A failed push is retried by reconciliation (it stays pending).
 Pushes may run in the background so the call that caused them returns at once; a new
 container's start waits for those that move others off its CPUs (`repins`). A container
 updated while the runtime starts it is updated again once started (`raced`): the runtime
-may have started it from what it held before.
+may have started it from what it held before, so until then its move is not taken.
 
 Of many pushes at once (a policy switch, a rebalance), those that only take CPUs away go first:
 a container moved onto CPUs another one still runs on would share them with it until both
@@ -93,10 +93,14 @@ class Pusher:
                 log.error("updating resources of container %s failed (will retry): %s", c.id, self.describe(err))
                 self.wake()
                 return
+            starting = starting or key in self.starting
             log.debug("container %s: cpus %s mems %s sent to the runtime%s", c.id, res.cpuset_cpus or "-",
                       res.cpuset_mems or "-", " (it is being started)" if starting else "")
-            if starting or key in self.starting:
+            if starting:
+                # Not taken until it runs and is sent again (start_container): whoever gains the
+                # CPUs it leaves waits for that.
                 self.raced.add(key)
+                return
             self.held[key] = res.cpuset_cpus
             if c.resources is res:
                 c.pending = False

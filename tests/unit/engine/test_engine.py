@@ -860,7 +860,8 @@ async def test_a_container_updated_while_the_runtime_starts_it_is_updated_again(
     finish.set()
     await asyncio.gather(first, second)
     assert events == ["c1 started", "c2 started"]
-    assert [cid for cid, _ in rt.updates].count("c1") == 2  # once while starting, once after
+    # While starting (pushed again while its move is not taken), and once after.
+    assert [cid for cid, _ in rt.updates].count("c1") >= 2
 
 
 async def test_balloons_are_reconfigured_live_and_persisted(tmp_path):
@@ -1115,6 +1116,44 @@ async def test_a_resize_goes_to_the_runtime_only_once_the_containers_it_moves_ha
     await front(engine).update_container_resources(grow(), send, deadline=time.monotonic() + 10)
     assert seen == [("1-2", "3")]  # c2 was on CPU 3 alone before c1 was sent CPUs 1-2
     assert engine.state.containers["c1"].resources.cpuset_cpus == "1-2" and not engine.state.containers["c2"].pending
+
+
+async def test_a_resize_waits_for_a_container_it_moves_that_the_runtime_is_starting(tmp_path):
+    """The runtime answers an update of a container it is starting and may start it from what it
+    held before: the move is not taken until the container runs and is updated again, so a resize
+    that gains its CPUs goes to the runtime only then (it ran 2 s on a resized Guaranteed
+    container's CPUs in a soak)."""
+    import time
+
+    engine = taking_engine(tmp_path, ResizingPolicy())
+    rt = engine.state.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="g")
+    await _create(engine, pod_id, cfg, cid="c2", name="s")
+    rt.cpusets.update(c1="1", c2="2-3")
+    events = []
+    in_runtime, finish = asyncio.Event(), asyncio.Event()
+
+    async def slow_start():
+        in_runtime.set()
+        await finish.wait()
+        rt.cpusets["c2"] = "2-3"  # started from what the runtime held when the start began
+        events.append("c2 started")
+
+    async def send(req):
+        events.append(f"c1 sent {req.linux.cpuset_cpus} with c2 on {rt.cpusets['c2']}")
+        return cri.UpdateContainerResourcesResponse()
+
+    starting_c2 = asyncio.create_task(engine.starting.start_container("c2", slow_start))
+    await in_runtime.wait()
+    resize = asyncio.create_task(front(engine).update_container_resources(
+        cri.UpdateContainerResourcesRequest(container_id="c1", linux=cri.LinuxContainerResources(
+            cpu_shares=2048, cpu_quota=200000, cpu_period=100000)), send, deadline=time.monotonic() + 10))
+    await asyncio.sleep(0.3)
+    assert events == []  # c2's move was answered, but c2 is still being started
+    finish.set()
+    await asyncio.gather(starting_c2, resize)
+    assert events == ["c2 started", "c1 sent 1-2 with c2 on 3"]
 
 
 async def test_of_many_pushes_none_moves_onto_cpus_a_refused_move_did_not_free(tmp_path):
