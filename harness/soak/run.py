@@ -455,10 +455,6 @@ class Soak:
         until = time.monotonic() + min(90.0, self.timing.disk_full - 5)
         while not all(seen.values()) and time.monotonic() < until:  # once a write has failed, all say so
             time.sleep(5)
-            info = self.guest.inspect()
-            seen["log"] = seen["log"] or "cannot write the state" in self.guest.journal(self.guest.unit, since)
-            seen["metric"] = seen["metric"] or (info["failing"] or {}).get("cache") == 1.0
-            answer = info["failing"]
             if not seen["status"]:
                 status = self.guest.run("/usr/bin/cri-resmgr status", timeout=120)
                 seen["status"] = status.code == 4 and "cannot write the state" in status.out
@@ -466,6 +462,12 @@ class Soak:
                 probe = self.guest.run("/usr/bin/cri-resmgr-agent probe", timeout=120)
                 seen["probe"] = probe.code != 0 and "cannot write the state" in probe.err
             seen["node status"] = seen["node status"] or bool(self.configs.node_status().get("problems"))
+            # After the slow questions, not before: on the emulated node they take seconds, and the
+            # last round must not miss what the first failed write (perhaps made meanwhile) logged.
+            info = self.guest.inspect()
+            seen["log"] = seen["log"] or "cannot write the state" in self.guest.journal(self.guest.unit, since)
+            seen["metric"] = seen["metric"] or (info["failing"] or {}).get("cache") == 1.0
+            answer = info["failing"]
         s.notes["reported"] = seen
         if not seen["metric"]:  # what the endpoint said instead (None: no answer)
             s.notes["metric answer"] = answer
