@@ -21,6 +21,12 @@ class Start:
     def __init__(self, state: EngineState, reconciler: Reconciler) -> None:
         self.state, self.reconciler = state, reconciler
 
+    def starts_later(self, container_id: str) -> None:
+        """The runtime is to start the container from what it reads when the start begins, which
+        may be before an update sent from now lands (containerd under NRI): such an update is not
+        taken until the container has started and it is sent again (start_container)."""
+        self.state.pusher.starting.setdefault(container_id, asyncio.Event())
+
     async def start_container(self, container_id: str, call: Call[T], before: bool = True,
                               deadline: float | None = None) -> T:
         """Start a container through call(), once the containers its grant moved are off its CPUs.

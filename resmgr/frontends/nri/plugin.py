@@ -9,7 +9,6 @@ see runtime.py).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import re
@@ -354,9 +353,8 @@ class NriPlugin:
         res = collector.updates.pop(cid, None) or created.resources
         self.runtime.applied(cid, res)
         # containerd starts the task from the spec as it reads it when the start begins, which may
-        # be before an update another event's answer carries for it lands in the spec: one updated
-        # from now until it has started is updated again then (start_container, `raced`).
-        self.engine.state.pusher.starting.setdefault(cid, asyncio.Event())
+        # be before an update another event's answer carries for it lands in the spec.
+        self.engine.starting.starts_later(cid)
         resp = nri.CreateContainerResponse(update=self._updates(collector, cid))
         sched = self.engine.state.scheduling_class(created.classes.get("sched", ""))
         resp.adjust.CopyFrom(convert.adjustment(res, requested, adj, sched=sched))
