@@ -1086,34 +1086,42 @@ class ResizingPolicy(Policy):
         return Decision(resources=Resources(cpuset_cpus="1-2" if grow else "1"), updates=others)
 
 
-async def test_a_resize_goes_to_the_runtime_only_once_the_containers_it_moves_have_left_its_new_cpus(tmp_path):
-    """A Guaranteed container resized from 1 to 2 CPUs takes CPU 2 from a shared one: the runtime
-    takes the shared one's move first, and while it refuses that move the resize is refused (kubelet
-    asks again) rather than sent, which would run both on CPU 2."""
-    import time
-
+async def _resizing_pair(tmp_path):
+    """An engine on ResizingPolicy with c1 ("g", on CPU 1) and c2 ("s", on 2-3) in one pod, and its runtime."""
     engine = taking_engine(tmp_path, ResizingPolicy())
     rt = engine.state.runtime.client
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="g")
     await _create(engine, pod_id, cfg, cid="c2", name="s")
     rt.cpusets.update(c1="1", c2="2-3")
+    return engine, rt
+
+
+def _grow_c1() -> cri.UpdateContainerResourcesRequest:
+    """c1 resized to 2 CPUs (ResizingPolicy gives it 1-2 and moves the others to 3)."""
+    return cri.UpdateContainerResourcesRequest(container_id="c1", linux=cri.LinuxContainerResources(
+        cpu_shares=2048, cpu_quota=200000, cpu_period=100000))
+
+
+async def test_a_resize_goes_to_the_runtime_only_once_the_containers_it_moves_have_left_its_new_cpus(tmp_path):
+    """A Guaranteed container resized from 1 to 2 CPUs takes CPU 2 from a shared one: the runtime
+    takes the shared one's move first, and while it refuses that move the resize is refused (kubelet
+    asks again) rather than sent, which would run both on CPU 2."""
+    import time
+
+    engine, rt = await _resizing_pair(tmp_path)
     seen = []
 
     async def send(req):
         seen.append((req.linux.cpuset_cpus, rt.cpusets["c2"]))
         return cri.UpdateContainerResourcesResponse()
 
-    def grow():
-        return cri.UpdateContainerResourcesRequest(container_id="c1", linux=cri.LinuxContainerResources(
-            cpu_shares=2048, cpu_quota=200000, cpu_period=100000))
-
     rt.fail_updates = True
     with pytest.raises(NotReady, match="c2"):
-        await front(engine).update_container_resources(grow(), send, deadline=time.monotonic() + 1)
+        await front(engine).update_container_resources(_grow_c1(), send, deadline=time.monotonic() + 1)
     assert seen == [] and engine.state.containers["c1"].resources.cpuset_cpus == "1"  # undone
     rt.fail_updates = False
-    await front(engine).update_container_resources(grow(), send, deadline=time.monotonic() + 10)
+    await front(engine).update_container_resources(_grow_c1(), send, deadline=time.monotonic() + 10)
     assert seen == [("1-2", "3")]  # c2 was on CPU 3 alone before c1 was sent CPUs 1-2
     assert engine.state.containers["c1"].resources.cpuset_cpus == "1-2" and not engine.state.containers["c2"].pending
 
@@ -1125,12 +1133,7 @@ async def test_a_resize_waits_for_a_container_it_moves_that_the_runtime_is_start
     container's CPUs in a soak)."""
     import time
 
-    engine = taking_engine(tmp_path, ResizingPolicy())
-    rt = engine.state.runtime.client
-    pod_id, cfg = await _run_pod(engine)
-    await _create(engine, pod_id, cfg, cid="c1", name="g")
-    await _create(engine, pod_id, cfg, cid="c2", name="s")
-    rt.cpusets.update(c1="1", c2="2-3")
+    engine, rt = await _resizing_pair(tmp_path)
     events = []
     in_runtime, finish = asyncio.Event(), asyncio.Event()
 
@@ -1147,8 +1150,7 @@ async def test_a_resize_waits_for_a_container_it_moves_that_the_runtime_is_start
     starting_c2 = asyncio.create_task(engine.starting.start_container("c2", slow_start))
     await in_runtime.wait()
     resize = asyncio.create_task(front(engine).update_container_resources(
-        cri.UpdateContainerResourcesRequest(container_id="c1", linux=cri.LinuxContainerResources(
-            cpu_shares=2048, cpu_quota=200000, cpu_period=100000)), send, deadline=time.monotonic() + 10))
+        _grow_c1(), send, deadline=time.monotonic() + 10))
     await asyncio.sleep(0.3)
     assert events == []  # c2's move was answered, but c2 is still being started
     finish.set()

@@ -311,14 +311,20 @@ async def test_a_create_that_fails_after_the_runtime_was_answered_leaves_no_reco
     assert not driver.runtime.containers
 
 
+def _eight_cpus(tmp_path):
+    """A machine of 8 CPUs and a state directory for the relay's driver (static, 1 CPU reserved)."""
+    generate(parse_spec("sockets=1,cores=8,threads=1"), tmp_path / "sys")
+    store = StateStore(tmp_path / "state")
+    store.prepare()
+    return discover(str(tmp_path / "sys")), store
+
+
 async def test_after_a_reboot_a_new_pod_takes_none_of_the_cpus_of_a_pod_kubelet_makes_again(tmp_path):
     """containerd keeps a pod's sandbox through a node reboot, not ready, with its containers
     exited; kubelet makes the pod a new sandbox. A Guaranteed pod new to the node made first must
     not take the old pod's CPUs, as kubelet's CPU manager keeps them for it."""
-    generate(parse_spec("sockets=1,cores=8,threads=1"), tmp_path / "sys")
-    store = StateStore(tmp_path / "state")
-    store.prepare()
-    driver = CriDriver(policies.create("static", CONFIG, discover(str(tmp_path / "sys"))), store)
+    machine, store = _eight_cpus(tmp_path)
+    driver = CriDriver(policies.create("static", CONFIG, machine), store)
     old_pod = await driver.run_pod("old", "guaranteed")
     _, old = await driver.create(old_pod, "app", 2000, True)
     await driver.start(old)
@@ -341,10 +347,7 @@ async def test_after_a_reboot_a_new_pod_takes_none_of_the_cpus_of_a_pod_kubelet_
 async def test_after_a_reboot_a_restart_keeps_the_cpus_of_pods_the_runtime_still_lists_as_ready(tmp_path):
     """The NRI plugin is not told whether a sandbox runs: after a reboot it sees the old pods and
     none of their containers. A state file older than the boot says the node rebooted."""
-    generate(parse_spec("sockets=1,cores=8,threads=1"), tmp_path / "sys")
-    machine = discover(str(tmp_path / "sys"))
-    store = StateStore(tmp_path / "state")
-    store.prepare()
+    machine, store = _eight_cpus(tmp_path)
     driver = CriDriver(policies.create("static", CONFIG, machine), store)
     old_pod = await driver.run_pod("old", "guaranteed")
     _, old = await driver.create(old_pod, "app", 2000, True)
