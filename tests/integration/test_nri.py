@@ -60,9 +60,15 @@ def remove(pods: Pods, cid: str) -> None:
     pods.client.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid), timeout=30)
 
 
-def grants(relay_dir: Path) -> dict[str, str]:
-    state = json.loads((relay_dir / "cache").read_text())
-    return {c["id"]: c["resources"].get("cpuset_cpus", "") for c in state["containers"]}
+def grants(relay_dir: Path, *ids: str) -> dict[str, str]:
+    """The CPUs the saved state grants, once it names every one of ids: the state is written
+    moments after the runtime applied the answer that carried them."""
+    def read() -> dict[str, str]:
+        path = relay_dir / "cache"
+        state = json.loads(path.read_text()) if path.exists() else {"containers": []}
+        return {c["id"]: c["resources"].get("cpuset_cpus", "") for c in state["containers"]}
+    wait_until(lambda: set(ids) <= read().keys(), what=f"state saved with {', '.join(ids)}")
+    return read()
 
 
 @pytest.mark.parametrize("policy", ["static", "topology-aware"])
@@ -97,7 +103,7 @@ def test_synchronize_adopts_what_runs_and_restarts_lose_nothing(containerd, work
         wait_until(lambda: len(cgroup_cpus(g_cfg, mine_id)) == 1, what="adopted exclusive container pinned")
         mine = cgroup_cpus(g_cfg, mine_id)
         wait_until(lambda: cgroup_cpus(s_cfg, shared) == ONLINE - mine, what="adopted shared container moved")
-        before = grants(plugin.relay_dir)
+        before = grants(plugin.relay_dir, mine_id, shared)
 
         # containerd killed and started again under the plugin: it reconnects and synchronizes again.
         containerd.restart()

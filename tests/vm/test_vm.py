@@ -200,13 +200,16 @@ def test_block_io_classes_land_in_io_max_and_the_weights_of_the_container_scope(
     _, slow = node.pod("io-be", "besteffort")
     _, free = node.pod("io-b", "burstable", "250m")
     dev = node.sh("cat /sys/block/vda/dev").strip()
+    want = {slow: ["default 100", f"{dev} 50"], free: ["default 200"]}
+    # The classes are written after the start, throttles before weights: wait for the last write.
     deadline = time.monotonic() + 30
-    while f"{dev} " not in (limits := node.sh(f"cat {node.scope(slow)}/io.max")) and time.monotonic() < deadline:
+    while (weights := {c: node.sh(f"cat {node.scope(c)}/io.bfq.weight").splitlines() for c in want}) != want \
+            and time.monotonic() < deadline:
         time.sleep(0.5)
+    assert weights == want, weights
+    limits = node.sh(f"cat {node.scope(slow)}/io.max")
     assert f"{dev} rbps=max wbps=20000000 riops=500 wiops=max" in limits, limits
     assert node.sh(f"cat {node.scope(free)}/io.max").strip() == "", "a class without throttles got some"
-    weights = {c: node.sh(f"cat {node.scope(c)}/io.bfq.weight").splitlines() for c in (slow, free)}
-    assert weights == {slow: ["default 100", f"{dev} 50"], free: ["default 200"]}, weights
     assert "weights cannot be set" not in node.sh("journalctl -u cri-resmgr --no-pager")
     node.sh(f"crictl --runtime-endpoint unix://{RELAY_SOCKET} rmp -af; "
             "echo mq-deadline > /sys/block/vda/queue/scheduler")
