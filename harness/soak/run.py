@@ -604,8 +604,8 @@ AGENT_OPTIONS = "--export-topology on --status-interval 5 --resync-interval 30"
 def settings_for(seconds: float, mode: str, seed: int, reboot: bool | None, daemon_options: str = "") -> Settings:
     if seconds >= SHORT:
         return Settings(seconds, mode, seed, reboot=True if reboot is None else reboot, daemon_options=daemon_options)
-    # A full disk shows once a state write fails, and none may be due for half a minute: 60 s
-    # leaves time to see it reported everywhere.
+    # The daemon finds a full disk within 10 s, but on the emulated node each round's status and
+    # probe take seconds: 60 s leaves time to see it reported everywhere.
     short = Timing(api_away=30, disk_full=60, runtime_timeout=60, freeze=75, config_every=60, warmup=30,
                    whole_within=300, pod_bound=300)
     return Settings(seconds, mode, seed, per_kind=1, reboot=bool(reboot), timing=short,

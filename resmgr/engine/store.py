@@ -6,7 +6,10 @@ Saves are coalesced: callers that ask while a write is running share the next on
 
 A write that fails (the file system full or read-only) never fails the call that asked for
 it: the decisions stay in memory, the failure is reported (a log line, a metric, `problem`
-for the status and the agent), and `keep_written` writes the state once it can. What is lost
+for the status and the agent), and `keep_written` writes the state once it can. It also
+watches the file system's free space: a quiet node may have no write due for minutes, so when
+the next write might not fit, it writes at once, and a failure is reported when the disk fills,
+not when a pod next comes. What is lost
 if the daemon dies meanwhile is rebuilt from the runtime at the next start, as after any
 crash; only what the runtime cannot tell (a prepared DRA claim) insists on the disk
 (`save(strict=True)`).
@@ -38,6 +41,8 @@ NEWEST = 2
 KEEP_BROKEN = 3  # broken state files kept for a post-mortem; older ones are removed
 RETRY_FIRST = 1.0  # seconds before the first retry of a failed write
 RETRY_MAX = 30.0  # longest wait between retries while writes fail
+SPACE_EVERY = 10.0  # seconds between looks at the free space while writes work
+SPACE_MARGIN = 64 << 10  # free bytes beyond two states' worth (the new file beside the old) that count as room
 
 
 class StateFileError(Exception):
@@ -82,6 +87,7 @@ class StateStore:
         self._failures = 0
         self._retry = asyncio.Event()  # set when a write failed and must be tried again
         self._snapshot: Callable[[], dict[str, Any]] | None = None
+        self._size = 0  # bytes of the last state written
 
     @property
     def tmp(self) -> Path:
@@ -169,6 +175,7 @@ class StateStore:
         payload = memoryview(json.dumps({"version": VERSION, **data}, sort_keys=True, separators=(",", ":"),
                                         default=str).encode())
         tmp = self.tmp
+        self._size = len(payload)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -244,12 +251,27 @@ class StateStore:
 
     async def keep_written(self) -> None:
         """Runs for the daemon's life: write the latest state again after a failed write, backing off
-        while writes keep failing."""
+        while writes keep failing; while they work, write at once when the disk may be too full."""
         while True:
-            await self._retry.wait()
+            try:
+                await asyncio.wait_for(self._retry.wait(), SPACE_EVERY)
+            except TimeoutError:
+                if self._snapshot is not None and await asyncio.to_thread(self._short_of_room):
+                    await self.save(self._snapshot)  # a failure now is reported now
+                continue
             await asyncio.sleep(min(RETRY_FIRST * 2 ** max(0, self._failures - 1), RETRY_MAX))
             if self._snapshot is not None and self.failing:
                 await self.save(self._snapshot)
+
+    def _short_of_room(self) -> bool:
+        """Whether the state directory's file system may be too full for the next write."""
+        try:
+            fs = os.statvfs(self.dir)
+        except OSError:
+            return False
+        # Root writes into the blocks the file system keeps back from others.
+        free = (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) * fs.f_frsize
+        return free < 2 * self._size + SPACE_MARGIN
 
     def remove(self) -> None:
         try:

@@ -183,8 +183,8 @@ def test_a_full_state_directory_refuses_no_pod_crashes_nothing_and_is_written_on
 
     def failing() -> str:
         metrics = client.get(address, "/metrics").decode()
-        return next(line.split()[1] for line in metrics.splitlines()
-                    if line.startswith('cri_resmgr_state_write_failing{file="cache"}'))
+        return next((line.split()[1] for line in metrics.splitlines()
+                     if line.startswith('cri_resmgr_state_write_failing{file="cache"}')), "absent")
 
     try:
         first, via = relay()
@@ -197,6 +197,8 @@ def test_a_full_state_directory_refuses_no_pod_crashes_nothing_and_is_written_on
                     f.write(b"\0" * 4096)
             except OSError:
                 pass
+        # No write is due: the daemon finds the full disk by itself.
+        wait_until(lambda: failing() == "1.0", timeout=30, what="the full disk reported with no call made")
         during = via.run_container(pods[0], cfg, container_config("during", resources=guaranteed_cpu()))
         running = {c.id for c in direct.rt.ListContainers(cri.ListContainersRequest(filter=cri.ContainerFilter(
             state=cri.ContainerStateValue(state=cri.CONTAINER_RUNNING)))).containers}

@@ -125,3 +125,40 @@ def test_a_state_written_before_the_node_booted_says_so(tmp_path):
     assert not store.written_before(booted)
     os.utime(store.path, (booted - 60, booted - 60))
     assert store.written_before(booted)
+
+
+async def test_a_disk_that_fills_while_no_write_is_due_is_reported_without_waiting_for_one(tmp_path, monkeypatch):
+    metrics.enable()
+    disk = Disk(monkeypatch)
+    store = StateStore(tmp_path)
+    monkeypatch.setattr(store_mod, "SPACE_EVERY", 0.05, raising=False)
+    room = {"free": 1 << 30}
+    real = os.statvfs
+
+    def statvfs(path: str | os.PathLike[str]) -> os.statvfs_result:
+        fs = list(real(path))
+        fs[0] = fs[1] = 1  # f_bsize, f_frsize: free counts in bytes
+        fs[3] = fs[4] = room["free"]  # f_bfree, f_bavail
+        return os.statvfs_result(fs)
+
+    monkeypatch.setattr(store_mod.os, "statvfs", statvfs)
+    await store.save(lambda: {"pods": ["a"]})
+    keeper = asyncio.create_task(store.keep_written())
+    try:
+        await asyncio.sleep(0.2)
+        assert disk.calls == 1  # room enough: no write but the one asked for
+        disk.full, room["free"] = True, 0
+        for _ in range(100):
+            if store.problem:
+                break
+            await asyncio.sleep(0.02)
+        assert "No space left on device" in store.problem
+        assert metrics.STATE_FAILING.labels("cache")._value.get() == 1
+        disk.full, room["free"] = False, 1 << 30
+        for _ in range(100):
+            if not store.problem:
+                break
+            await asyncio.sleep(0.05)
+        assert store.problem == ""
+    finally:
+        keeper.cancel()
