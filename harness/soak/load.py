@@ -112,12 +112,17 @@ class Load:
     resized: int = 0
     errors: list[str] = field(default_factory=list)
     paused: threading.Event = field(default_factory=threading.Event)
+    spared: set[str] = field(default_factory=set)  # pods the churn neither deletes nor resizes for now
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def live(self) -> list[PodRecord]:
         with self._lock:
             return [p for p in self.pods.values() if not p.deleted]
+
+    def movable(self) -> list[PodRecord]:
+        """The live pods the churn may delete or resize."""
+        return [p for p in self.live() if p.name not in self.spared]
 
     def run(self) -> None:
         while not self._stop.is_set():
@@ -156,8 +161,8 @@ class Load:
             self.make()
         elif r < (0.65 if self.resized else 0.85):  # a short run resizes at least once too
             self.resize()
-        else:
-            self.delete(self.rng.choice(live))
+        elif movable := self.movable():
+            self.delete(self.rng.choice(movable))
 
     def _budget(self, extra: PodRecord | None = None, more: int = 0) -> tuple[int, int]:
         """Milli-CPUs of Guaranteed pods and of all, as kubelet admits: pods being deleted count until gone."""
@@ -198,7 +203,7 @@ class Load:
 
     def resize(self) -> None:
         """A Guaranteed 1-CPU pod to 2 CPUs, or a limited Burstable one's request doubled."""
-        candidates = [p for p in self.live() if p.kind in ("g1", "bl") and not p.resized and p.running]
+        candidates = [p for p in self.movable() if p.kind in ("g1", "bl") and not p.resized and p.running]
         if not candidates:
             return
         rec = self.rng.choice(candidates)

@@ -51,7 +51,8 @@ def slope(samples: list[tuple[float, int, float]], warm: float, since: float) ->
 
 def placements_kept(before: dict[tuple[str, str], str], after: dict[tuple[str, str], str]) -> dict[str, Any]:
     """Guaranteed containers' CPUs (by pod and container name) before a reboot and after it: kept of
-    those whose pod lived through it (the churn deletes and makes pods meanwhile), and what moved.
+    those whose pod lived through it (the churn makes pods meanwhile and spares those of before),
+    and what moved.
     One that came back on more CPUs including all it had kept them (its pod was resized: kubelet
     makes the container anew at its new size)."""
     lived = [k for k in before if k in after]

@@ -270,6 +270,8 @@ class Soak:
             self._excused_restarts = []
         if kind == "reboot" and self._before_reboot is not None and s.whole:
             s.notes.update(placements_kept(self._before_reboot, self._placements()))  # the pods' new containers
+        if kind == "reboot":
+            self.load.spared = set()
             switched = [t for t, what in self.configs.log if "policy switch" in what and 0 <= s.started - t < SETTLE]
             if switched:  # the kernel may still have held the old policy's CPUs: not a verdict on reboots
                 s.notes["placements kept"] += f" (struck {s.started - switched[-1]:.0f} s after a policy switch)"
@@ -536,6 +538,9 @@ class Soak:
             self.configs.write(self.configs.in_force, good)
 
     def _reboot(self, s: Strike) -> None:
+        # The pods of before live through it, as on a node that reboots: the churn makes new ones
+        # meanwhile (which must not take their CPUs) but neither deletes nor resizes them.
+        self.load.spared = {p.name for p in self.load.live()}
         self._before_reboot = self._placements()
         s.notes["policy"] = self.configs.expect().policy  # how placements come back differs by policy
         self._pulling.clear()
