@@ -274,7 +274,7 @@ class Reconciler:
                 if moved is not None:
                     decision.updates.update(moved)
                     out.resized += 1
-                elif not c.pending:
+                elif not c.pending and not self.state.runtime.delivering(c.id):
                     self._repair(c, obs, out)
         out.settled += self._settle_in(obs.unsettled, obs.listed_at, obs.containers.values(), obs.new_containers,
                                        fresh)

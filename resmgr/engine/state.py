@@ -77,6 +77,11 @@ class Runtime(Protocol):
 
     async def update_resources(self, container_id: str, res: Resources) -> None: ...
 
+    def delivering(self, container_id: str) -> bool:
+        """Whether an update the runtime was given for the container is still on its way (queued,
+        or sent and not yet answered): until it lands, the container runs where it was."""
+        ...
+
 
 class Changes:
     """Counts the engine's state changes, for those who follow them (the topology feed)."""

@@ -254,7 +254,8 @@ class StateStore:
         while writes keep failing; while they work, write at once when the disk may be too full."""
         while True:
             try:
-                await asyncio.wait_for(self._retry.wait(), SPACE_EVERY)
+                async with asyncio.timeout(SPACE_EVERY):
+                    await self._retry.wait()
             except TimeoutError:
                 if self._snapshot is not None and await asyncio.to_thread(self._short_of_room):
                     await self.save(self._snapshot)  # a failure now is reported now

@@ -141,5 +141,8 @@ class CriRuntime:
         linux = st.status.resources.linux
         return linux.cpuset_cpus, linux.cpuset_mems
 
+    def delivering(self, container_id: str) -> bool:
+        return False  # an update returns once the runtime has taken it
+
     async def update_resources(self, container_id: str, res: Resources) -> None:
         await self.client.update_resources(container_id, convert.to_linux(res))

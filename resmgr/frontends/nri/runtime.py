@@ -80,6 +80,7 @@ class NriRuntime:
         self.containers: dict[str, nri.Container] = {}
         self._send: Send | None = None  # UpdateContainers over the live connection
         self._outbox: dict[str, Resources] = {}
+        self._sending: dict[str, Resources] = {}  # the UpdateContainers call in flight
         self._latest: dict[str, Resources] = {}  # the newest value given per container
         self._kick = asyncio.Event()
         self.on_failure: Callable[[], None] = lambda: None  # the engine's wake
@@ -162,6 +163,9 @@ class NriRuntime:
             return None
         return c.linux.resources.cpu.cpus, c.linux.resources.cpu.mems
 
+    def delivering(self, container_id: str) -> bool:
+        return container_id in self._outbox or container_id in self._sending
+
     async def update_resources(self, container_id: str, res: Resources) -> None:
         self._latest[container_id] = res
         collector = COLLECTING.get()
@@ -188,7 +192,8 @@ class NriRuntime:
             self._verify = False
             if not self._outbox:
                 continue
-            batch, self._outbox = self._outbox, {}
+            batch = self._sending = self._outbox
+            self._outbox = {}
             call = asyncio.ensure_future(send([convert.update(cid, res) for cid, res in self.in_order(batch)]))
             try:
                 failed = await self._answer(call, len(batch))
@@ -197,6 +202,8 @@ class NriRuntime:
                             "synchronization", len(batch), str(err) or type(err).__name__)
                 self.on_failure()
                 continue
+            finally:
+                self._sending = {}
             refused = {u.container_id for u in failed}
             for cid, res in batch.items():
                 if cid in refused:

@@ -490,6 +490,33 @@ async def test_a_container_adopted_while_the_runtime_starts_it_is_updated_again_
     assert await _updates_of_c1(peer) == granted
 
 
+@pytest.mark.parametrize("policy", ["static"])
+async def test_a_reconciliation_while_an_update_is_on_its_way_neither_warns_nor_sends_it_again(dialled, caplog):
+    """A slow runtime has not yet answered the UpdateContainers that moves c1: c1 still runs where
+    it was, and a reconciliation meanwhile is not to take that for a container gone astray."""
+    plugin, trunk, peer = dialled
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version="v2.4.2").SerializeToString())))
+    await peer.response(1)
+    pod, c = _guaranteed(1, cpuset="0-3")
+    await _synchronized(peer, 3, pod, c)
+    sid, kind, data = await peer.message(2)  # UpdateContainers, not answered yet
+    granted = nri.UpdateContainersRequest.FromString(ttrpc.Request.FromString(data).payload).update[0]
+    await plugin.engine.reconcile()
+    assert "runs with other CPUs" not in caplog.text
+    assert not plugin.engine.state.containers["c1"].pending
+    await peer.send(frame(2, message(sid, 2, ttrpc.Response(
+        payload=nri.UpdateContainersResponse().SerializeToString()).SerializeToString())))
+    for _ in range(100):
+        if plugin.runtime.containers["c1"].linux.resources.cpu.cpus == granted.linux.resources.cpu.cpus:
+            break
+        await asyncio.sleep(0.01)
+    await plugin.engine.reconcile()
+    assert "runs with other CPUs" not in caplog.text
+    with pytest.raises(TimeoutError):
+        await peer.message(2, timeout=0.3)  # nothing sent again
+
+
 async def test_no_update_goes_out_while_the_runtime_has_not_answered_the_last(dialled, monkeypatch):
     """A stopped or busy runtime queues the UpdateContainers calls it has not read and runs them all
     once it goes on, in any order: a newer call must not be made while an older one is unanswered,
