@@ -7,9 +7,9 @@ Saves are coalesced: callers that ask while a write is running share the next on
 A write that fails (the file system full or read-only) never fails the call that asked for
 it: the decisions stay in memory, the failure is reported (a log line, a metric, `problem`
 for the status and the agent), and `keep_written` writes the state once it can. It also
-watches the file system's free space: a quiet node may have no write due for minutes, so when
-the next write might not fit, it writes at once, and a failure is reported when the disk fills,
-not when a pod next comes. What is lost
+watches the file system: a quiet node may have no write due for minutes, so when the next write
+might not fit, or the file system turned read-only, it writes at once, and a failure is reported
+when the disk fills, not when a pod next comes. What is lost
 if the daemon dies meanwhile is rebuilt from the runtime at the next start, as after any
 crash; only what the runtime cannot tell (a prepared DRA claim) insists on the disk
 (`save(strict=True)`).
@@ -265,11 +265,14 @@ class StateStore:
                 await self.save(self._snapshot)
 
     def _short_of_room(self) -> bool:
-        """Whether the state directory's file system may be too full for the next write."""
+        """Whether the state directory's file system may not take the next write: too full, or
+        read-only (as a file system remounts itself after an error)."""
         try:
             fs = os.statvfs(self.dir)
         except OSError:
             return False
+        if fs.f_flag & os.ST_RDONLY:
+            return True
         # Root writes into the blocks the file system keeps back from others.
         free = (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) * fs.f_frsize
         return free < 2 * self._size + SPACE_MARGIN

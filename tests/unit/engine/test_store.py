@@ -127,18 +127,23 @@ def test_a_state_written_before_the_node_booted_says_so(tmp_path):
     assert store.written_before(booted)
 
 
-async def test_a_disk_that_fills_while_no_write_is_due_is_reported_without_waiting_for_one(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["full", "read-only"])
+async def test_a_disk_that_fills_while_no_write_is_due_is_reported_without_waiting_for_one(tmp_path, monkeypatch,
+                                                                                           how):
+    """A quiet node has no write due for minutes: a file system that fills, or turns read-only after
+    an error, is found by looking at it, and reported as the write it makes then fails."""
     metrics.enable()
     disk = Disk(monkeypatch)
     store = StateStore(tmp_path)
     monkeypatch.setattr(store_mod, "SPACE_EVERY", 0.05, raising=False)
-    room = {"free": 1 << 30}
+    fs_now = {"free": 1 << 30, "flag": 0}
     real = os.statvfs
 
     def statvfs(path: str | os.PathLike[str]) -> os.statvfs_result:
         fs = list(real(path))
         fs[0] = fs[1] = 1  # f_bsize, f_frsize: free counts in bytes
-        fs[3] = fs[4] = room["free"]  # f_bfree, f_bavail
+        fs[3] = fs[4] = fs_now["free"]  # f_bfree, f_bavail
+        fs[8] = fs_now["flag"]  # f_flag
         return os.statvfs_result(fs)
 
     monkeypatch.setattr(store_mod.os, "statvfs", statvfs)
@@ -147,14 +152,18 @@ async def test_a_disk_that_fills_while_no_write_is_due_is_reported_without_waiti
     try:
         await asyncio.sleep(0.2)
         assert disk.calls == 1  # room enough: no write but the one asked for
-        disk.full, room["free"] = True, 0
+        disk.full = True  # what the write meets (ENOSPC; EROFS reads the same to the store)
+        if how == "full":
+            fs_now["free"] = 0
+        else:
+            fs_now["flag"] = os.ST_RDONLY
         for _ in range(100):
             if store.problem:
                 break
             await asyncio.sleep(0.02)
-        assert "No space left on device" in store.problem
+        assert "cannot write the state" in store.problem
         assert metrics.STATE_FAILING.labels("cache")._value.get() == 1
-        disk.full, room["free"] = False, 1 << 30
+        disk.full, fs_now["free"], fs_now["flag"] = False, 1 << 30, 0
         for _ in range(100):
             if not store.problem:
                 break
