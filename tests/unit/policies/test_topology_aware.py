@@ -700,6 +700,21 @@ def test_best_effort_falls_back_to_the_parent_pools_shared_cpus_first():
     assert "fallback" not in w.policy.describe_grant(other.key) and w.cpus(other) == w.policy.sharable(root)
 
 
+def test_best_effort_on_the_parent_pools_shared_cpus_takes_their_memory_nodes():
+    """Memory follows the CPUs a container runs on, also while its pool's exclusive grants send it
+    to another NUMA node's shared CPUs (docs/policies.md), and comes back with it."""
+    w = World(TA, machine("sockets=2,nodes=1,cores=2,threads=1"), ReservedResources={"cpu": "cpuset:0"})
+    be = w.add(BE, 0)
+    home = w.policy.by_name[pool_of(w, be)]
+    at_home = w.mems(be)
+    g = w.add(G, 1000 * len(w.policy.sharable(home)))
+    assert w.policy.describe_grant(be.key)["fallback"] == "parent"
+    nodes = CPUSet(n.id for n in w.policy.topology.nodes.values() if n.cpus & w.cpus(be))
+    assert w.mems(be) == nodes != at_home
+    w.remove(g)
+    assert w.mems(be) == at_home
+
+
 def test_without_reserved_cpus_a_pool_with_shared_users_keeps_one():
     w = World(TA, ONE_NODE)
     w.add(BE, 0)
