@@ -159,9 +159,11 @@ class TopologyAwarePolicy(Policy):
         cpus = self.cpus_of_grant(g) if cpus is None else cpus
         foreign = CPUSet(n.id for n in self.topology.nodes.values() if n.cpus and not n.cpus & cpus)
         near = mems - foreign
-        if not near and g.on_shared and not g.exclusive and (lender := self.accounts.lender(pool)) is not None:
-            # Its pool's shared CPUs are all taken: it runs on an ancestor's, and its memory goes there too.
-            near = (lender.mems_of(g.mem_types) or lender.all_mems) - foreign
+        if not near and g.on_shared and not g.exclusive:
+            # Its pool's shared CPUs are all taken: it runs on an ancestor's (or the reserved CPUs),
+            # and its memory goes there too.
+            wider = self.accounts.lender(pool) or self.pools[0]
+            near = (wider.mems_of(g.mem_types) or wider.all_mems) - foreign
         if not near or sum(self.topology.nodes[n].memory for n in near) < g.memory:
             return mems
         return near

@@ -715,6 +715,16 @@ def test_best_effort_on_the_parent_pools_shared_cpus_takes_their_memory_nodes():
     assert w.mems(be) == at_home
 
 
+def test_best_effort_on_the_reserved_cpus_takes_their_memory_nodes():
+    w = World(TA, machine("sockets=2,nodes=1,cores=2,threads=1"), ReservedResources={"cpu": "cpuset:0"})
+    be = w.add(BE, 0)
+    at_home = w.mems(be)
+    for _ in range(3):  # every shared CPU
+        w.add(G, 1000)
+    assert w.policy.describe_grant(be.key)["fallback"] == "reserved" and w.cpus(be) == CPUSet([0])
+    assert w.mems(be) == CPUSet([0]) != at_home
+
+
 def test_without_reserved_cpus_a_pool_with_shared_users_keeps_one():
     w = World(TA, ONE_NODE)
     w.add(BE, 0)
