@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import logging
 import os
 import signal
@@ -376,8 +377,9 @@ class Daemon:
         until = loop.time() + LINK_WAIT
         while front.serving() and loop.time() < until:
             await asyncio.sleep(0.01)
-        # Loaded only now: its HTTP/2 stack takes about 20 ms, which would hold the runtime's dial back.
-        from resmgr.control import link as configlink
+        # Loaded only now, and in a thread: its HTTP/2 stack takes about 20 ms (seconds on a slow node),
+        # which on the event loop would hold the runtime's dial, or its first Synchronize, back.
+        links = await asyncio.to_thread(importlib.import_module, "resmgr.control.link")
 
         feed = devices = None
         engine = core.engine
@@ -385,10 +387,10 @@ class Daemon:
             snapshot = self._snapshot(engine, core.control)
             feed = StateFeed(lambda: nrt.build(snapshot()), engine.state.changes)
         if self.opts.dra_driver:
-            devices = configlink.Devices(self.opts.dra_driver,
-                                         StateFeed(lambda: engine.state.policy.devices(), engine.state.changes))
-        self.link = await configlink.serve(core.control, sockets.path_of(self.opts.config_socket), feed,
-                                           self.opts.config_socket_group, devices, front.serving)
+            devices = links.Devices(self.opts.dra_driver,
+                                    StateFeed(lambda: engine.state.policy.devices(), engine.state.changes))
+        self.link = await links.serve(core.control, sockets.path_of(self.opts.config_socket), feed,
+                                      self.opts.config_socket_group, devices, front.serving)
 
     async def _shut_down(self, core: Core, front: FrontEnd) -> None:
         """The one way down: no new calls, in-flight ones finish, updates pushed, the state written."""
