@@ -366,13 +366,17 @@ def test_the_probe_does_not_load_the_engine(tmp_path):
                                                     "resmgr.view"))}
 
 
+def _fresh(script: str) -> str:
+    """What a fresh interpreter prints running script at the checkout's root."""
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def _modules_after(script: str) -> set[str]:
     """The modules a fresh interpreter holds after running script at the checkout's root."""
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run([sys.executable, "-c", script + "\nimport sys\nprint(' '.join(sys.modules))"], cwd=root,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return set(out.stdout.split())
+    return set(_fresh(script + "\nimport sys\nprint(' '.join(sys.modules))").split())
 
 
 def _packages(modules: set[str], *names: str) -> set[str]:
@@ -425,28 +429,26 @@ def test_the_config_link_loads_its_http2_stack_beside_the_event_loop_not_on_it()
     """The link loads at the latest LINK_WAIT after the start, synchronized or not; on a slow node the
     import of its HTTP/2 stack held the event loop for 1.7 s in the middle of the runtime's first
     Synchronize, which then missed containerd's 2 s deadline."""
-    out = subprocess.run([sys.executable, "-c", (
-        "import asyncio, sys, threading\n"
-        "from resmgr.app.daemon import Daemon\n"
-        "where = []\n"
-        "class Watch:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'h2':\n"
-        "            where.append(threading.current_thread() is threading.main_thread())\n"
-        "        return None\n"
-        "sys.meta_path.insert(0, Watch())\n"
-        "class Front:\n"
-        "    def serving(self):\n"
-        "        return ''\n"
-        "async def main():\n"
-        "    try:\n"
-        "        await Daemon._serve_link(object(), None, Front())\n"
-        "    except AttributeError:\n"
-        "        pass  # past the load: no core to serve\n"
-        "asyncio.run(main())\n"
-        "print(where)")], cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["[False]"]
+    printed = _fresh("import asyncio, sys, threading\n"
+                     "from resmgr.app.daemon import Daemon\n"
+                     "where = []\n"
+                     "class Watch:\n"
+                     "    def find_spec(self, name, path=None, target=None):\n"
+                     "        if name == 'h2':\n"
+                     "            where.append(threading.current_thread() is threading.main_thread())\n"
+                     "        return None\n"
+                     "sys.meta_path.insert(0, Watch())\n"
+                     "class Front:\n"
+                     "    def serving(self):\n"
+                     "        return ''\n"
+                     "async def main():\n"
+                     "    try:\n"
+                     "        await Daemon._serve_link(object(), None, Front())\n"
+                     "    except AttributeError:\n"
+                     "        pass  # past the load: no core to serve\n"
+                     "asyncio.run(main())\n"
+                     "print(where)")
+    assert printed.split() == ["[False]"]
 
 
 def test_a_daemon_loads_only_the_policies_it_runs():

@@ -237,12 +237,17 @@ async def plugin_pair(tmp_path):
     await _ended(trunk, peer, [task])
 
 
+async def _configure(peer: Runtime, version: str) -> nri.ConfigureResponse:
+    """The runtime's Configure, as containerd of that version sends it, and the plugin's answer."""
+    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
+        runtime_name="containerd", runtime_version=version).SerializeToString())))
+    return nri.ConfigureResponse.FromString((await peer.response(1)).payload)
+
+
 async def test_the_plugin_refuses_bad_calls_with_ttrpc_errors(plugin_pair, caplog):
     plugin, peer = plugin_pair
     caplog.set_level(logging.WARNING, "cri-resmgr.nri")
-    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
-        runtime_name="containerd", runtime_version="v1.7.20").SerializeToString())))
-    events = nri.ConfigureResponse.FromString((await peer.response(1)).payload).events
+    events = (await _configure(peer, "v1.7.20")).events
     assert events and events <= 0x7FF  # an older runtime: nothing above REMOVE_CONTAINER
     await peer.send(frame(1, request(3, "Frobnicate")))
     assert (await peer.response(3)).status.code == 12  # UNIMPLEMENTED
@@ -259,9 +264,7 @@ async def test_the_plugin_refuses_bad_calls_with_ttrpc_errors(plugin_pair, caplo
 
 async def test_a_new_runtime_gets_the_pod_update_event_too(plugin_pair):
     plugin, peer = plugin_pair
-    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
-        runtime_name="containerd", runtime_version="v2.2.9").SerializeToString())))
-    events = nri.ConfigureResponse.FromString((await peer.response(1)).payload).events
+    events = (await _configure(peer, "v2.2.9")).events
     assert events & (1 << (nri.UPDATE_POD_SANDBOX - 1))
     assert not events & (1 << (nri.POST_CREATE_CONTAINER - 1))
 
@@ -278,9 +281,7 @@ async def test_a_refused_create_is_answered_with_the_status_the_relay_gives(plug
         raise error()
 
     plugin.engine.state.policy.allocate = refuse
-    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
-        runtime_name="containerd", runtime_version="v2.2.0").SerializeToString())))
-    await peer.response(1)
+    await _configure(peer, "v2.2.0")
     create = nri.CreateContainerRequest(pod=nri.PodSandbox(id="p1", name="pod", namespace="default", uid="u1"),
                                         container=nri.Container(id="c1", pod_sandbox_id="p1", name="ctr"))
     await peer.send(frame(1, request(3, "CreateContainer", create.SerializeToString())))
@@ -313,9 +314,7 @@ async def dialled(tmp_path, monkeypatch, policy):
 
 async def _configured(peer: Runtime, version: str) -> nri.SynchronizeResponse:
     """Configured by containerd of that version and synchronized with one container, c1."""
-    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
-        runtime_name="containerd", runtime_version=version).SerializeToString())))
-    await peer.response(1)
+    await _configure(peer, version)
     await peer.send(frame(1, request(3, "Synchronize", nri.SynchronizeRequest(
         containers=[nri.Container(id="c1", pod_sandbox_id="p1", name="ctr")]).SerializeToString())))
     return nri.SynchronizeResponse.FromString((await peer.response(3)).payload)
@@ -456,9 +455,7 @@ async def test_a_resize_while_the_plugin_was_away_is_placed_at_the_next_synchron
     """kubelet resized a Guaranteed container while the plugin was down: the runtime took the new
     limits alone. The next synchronization lists them, and the container gets CPUs for them."""
     plugin, trunk, peer = dialled
-    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
-        runtime_name="containerd", runtime_version="v2.4.2").SerializeToString())))
-    await peer.response(1)
+    await _configure(peer, "v2.4.2")
     pod, c = _guaranteed(1)
     await _synchronized(peer, 3, pod, c)
     one = await _updates_of_c1(peer)
@@ -477,9 +474,7 @@ async def test_a_container_adopted_while_the_runtime_starts_it_is_updated_again_
     sends may reach its record and not the task being made from the old one (containerd reports no
     failure), so once it has started it is updated again."""
     plugin, trunk, peer = dialled
-    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
-        runtime_name="containerd", runtime_version="v2.4.2").SerializeToString())))
-    await peer.response(1)
+    await _configure(peer, "v2.4.2")
     pod, c = _guaranteed(1, state=nri.CONTAINER_CREATED)
     await _synchronized(peer, 3, pod, c)
     granted = await _updates_of_c1(peer)
@@ -495,9 +490,7 @@ async def test_a_reconciliation_while_an_update_is_on_its_way_neither_warns_nor_
     """A slow runtime has not yet answered the UpdateContainers that moves c1: c1 still runs where
     it was, and a reconciliation meanwhile is not to take that for a container gone astray."""
     plugin, trunk, peer = dialled
-    await peer.send(frame(1, request(1, "Configure", nri.ConfigureRequest(
-        runtime_name="containerd", runtime_version="v2.4.2").SerializeToString())))
-    await peer.response(1)
+    await _configure(peer, "v2.4.2")
     pod, c = _guaranteed(1, cpuset="0-3")
     await _synchronized(peer, 3, pod, c)
     sid, kind, data = await peer.message(2)  # UpdateContainers, not answered yet
