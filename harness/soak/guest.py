@@ -165,6 +165,12 @@ class Guest:
         rounding up would drop what was logged in since's own second)."""
         return self.run(f"journalctl -u {unit} --no-pager -o cat --since @{int(since)}").out
 
+    def nri_journal(self, since: float) -> str:
+        """containerd's lines of creates made without the plugin and the plugin's synchronizations,
+        from since on (`-o short-unix`: harness.soak.judge.nri_windows reads them)."""
+        return self.run(f"journalctl -u containerd -u {self.unit} --no-pager -o short-unix --since @{int(since)} | "
+                        "grep -E 'failed to handle CreateContainer request|NRI: synchronized'", timeout=120).out
+
     def tail(self, path: str, offset: int) -> bytes:
         """A file's bytes from offset on (at most 4 MB at a time)."""
         res = self.run(f"tail -c +{offset + 1} {path} 2>/dev/null | head -c 4194304")

@@ -212,6 +212,30 @@ class Violation:
     text: str
     first: float
     last: float
+    key: str = ""  # the finding's: the container IDs it names, "/"-joined
+
+
+def nri_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float]]:
+    """When containerd made a container without the NRI plugin, from the journal of containerd and
+    the plugin (`journalctl -o short-unix`): from a CreateContainer the plugin died answering
+    (containerd closes the plugin and lets the create through: containerd issue 11217) to the
+    plugin's next synchronization, which places what was made meanwhile (bound: none came)."""
+    out: list[tuple[float, float]] = []
+    opened: float | None = None
+    for line in journal.splitlines():
+        stamp, _, text = line.partition(" ")
+        try:
+            t = float(stamp)
+        except ValueError:
+            continue
+        if "failed to handle CreateContainer request" in text:
+            opened = t if opened is None else opened
+        elif "NRI: synchronized" in text and opened is not None:
+            out.append((opened, t))
+            opened = None
+    if opened is not None:
+        out.append((opened, opened + bound))
+    return out
 
 
 @dataclass
@@ -234,6 +258,7 @@ class Judge:
     before_change: dict[str, CPUSet] = field(default_factory=dict)
     mixes: dict[str, tuple[Violation, dict[tuple[str, str], CPUSet]]] = field(default_factory=dict)
     last_cpus: dict[str, CPUSet] = field(default_factory=dict)
+    first_seen: dict[str, float] = field(default_factory=dict)  # when each container was first seen started
     seen: int = 0
     last_clean: float = 0.0
     last_time: float = 0.0
@@ -252,6 +277,8 @@ class Judge:
         self.last_time = t
         ctrs = parse(snapshot)
         self.last_cpus = {c.id: c.cpus for c in ctrs}
+        for c in ctrs:
+            self.first_seen.setdefault(c.id, t)
         found = findings(ctrs, self.expect, self.machine)
         if self.previous is not None:
             if not found:
@@ -277,7 +304,7 @@ class Judge:
 
     def _note_mixes(self, t: float, found: list[Finding]) -> None:
         for f in found:
-            v, shared = self.mixes.setdefault(f"{f.kind}:{f.key}", (Violation(f.kind, f.text, t, t), {}))
+            v, shared = self.mixes.setdefault(f"{f.kind}:{f.key}", (Violation(f.kind, f.text, t, t, f.key), {}))
             v.last = t
             for a, b in f.pairs:
                 shared[(a, b)] = shared.get((a, b), CPUSet()) | (self.last_cpus.get(a, CPUSet())
@@ -306,13 +333,26 @@ class Judge:
         for key, f in now.items():
             v = self.open.get(key)
             if v is None:
-                v = self.open[key] = Violation(f.kind, f.text, t, t)
+                v = self.open[key] = Violation(f.kind, f.text, t, t, f.key)
                 if f.kind in STRICT or f.kind.startswith("switch-"):
                     self.violations.append(v)
                 continue
             v.last, v.text = t, f.text
             if t - v.first >= (self.slow_grace if f.kind in SLOW else self.grace) and v not in self.violations:
                 self.violations.append(v)
+
+    def set_apart(self, windows: list[tuple[float, float]]) -> list[Violation]:
+        """Take out of the violations (and return) those of the NRI window: each names a container
+        first seen within a window (nri_windows) and was over by the window's end and a grace, the
+        plugin's moves in flight. What lasts longer, or names only containers made outside every
+        window, stays a violation."""
+        def within(v: Violation) -> bool:
+            return any(start <= self.first_seen.get(cid, -math.inf) <= end and v.last <= end + self.grace
+                       for cid in v.key.split("/") for start, end in windows)
+
+        apart = [v for v in self.violations if within(v)]
+        self.violations = [v for v in self.violations if not within(v)]
+        return apart
 
     def clean(self) -> bool:
         """The last snapshot broke nothing."""

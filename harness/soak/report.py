@@ -106,6 +106,9 @@ def text(report: dict[str, Any]) -> str:
     lines += ["", f"violations: {sum(report['violations'].values())} {report['violations'] or ''}"]
     for v in report["violation_examples"]:
         lines.append(f"  {v}")
+    if report.get("nri_window"):
+        lines.append(f"set apart, made without the NRI plugin (containerd issue 11217): {len(report['nri_window'])}")
+        lines += [f"  {v}" for v in report["nri_window"][:10]]
     lines.append("")
     for name, fig in report["slopes"].items():
         lines.append(f"{name:11} RSS {fig['rss_mb_per_h']:+.2f} MB/h ({fig['rss_samples']} samples; last "

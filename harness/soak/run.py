@@ -23,7 +23,7 @@ from kubernetes.client import CustomObjectsApi
 from harness.kube import ControlPlane, container_ids
 from harness.soak import config as cfg
 from harness.soak.guest import SAMPLES, Guest
-from harness.soak.judge import Judge, Machine
+from harness.soak.judge import Judge, Machine, Violation, nri_windows
 from harness.soak.load import NAMESPACE, Load, running
 from harness.soak.proxy import CountingProxy
 from harness.soak.report import Strike, fault_table, placements_kept, slope
@@ -567,6 +567,21 @@ class Soak:
                 and not v[0].startswith(("kubepods-burstable-", "kubepods-besteffort-"))}
 
     # -- the report ------------------------------------------------------------------------------
+    def _nri_window(self) -> list[Violation]:
+        """The judge's findings of containers containerd made without the plugin (NRI mode: a create
+        the plugin died answering), set apart from the violations: the runtime's window, not a
+        placement of cri-resmgr's (docs/nri.md)."""
+        if self.guest.mode != "nri":
+            return []
+        try:
+            journal = self.guest.nri_journal(self.started_wall)
+        except Exception as err:  # a guest that does not answer: every finding stays a violation
+            self.notes["nri window"] = f"journal not read: {type(err).__name__}: {err}"
+            return []
+        windows = nri_windows(journal)
+        self.notes["creates made without the plugin"] = len(windows)
+        return self.judge.set_apart(windows)
+
     def report(self) -> dict[str, Any]:
         since = self.started_wall + self.timing.warmup  # the guest's clock follows the host's (its RTC)
         slopes = {}
@@ -582,9 +597,13 @@ class Soak:
                             "rss_by_life": {str(pid): [[round(t), round(v, 1)] for t, q, v in rss if q == pid]
                                             for pid in dict.fromkeys(q for _, q, _ in rss)}}
         self.judge.finish()
-        # When (the guest's clock, as its journals have it) and for how long, to find in the journals.
-        judged = [(v.kind, f"{time.strftime('%H:%M:%S', time.gmtime(v.first))} UTC for {v.last - v.first:.0f} s: "
-                           f"{v.text}") for v in self.judge.violations]
+        window = self._nri_window()
+
+        def when(v: Violation) -> str:
+            """When (the guest's clock, as its journals have it) and for how long, to find in the journals."""
+            return f"{time.strftime('%H:%M:%S', time.gmtime(v.first))} UTC for {v.last - v.first:.0f} s: {v.text}"
+
+        judged = [(v.kind, when(v)) for v in self.judge.violations]
         counts: dict[str, int] = {}
         for kind, _ in judged + self.violations:
             counts[kind] = counts.get(kind, 0) + 1
@@ -599,6 +618,7 @@ class Soak:
             "strikes": [{"fault": s.kind, "to_whole_s": None if s.to_whole is None else round(s.to_whole, 1),
                          **s.notes} for s in self.strikes],
             "violations": counts, "violation_examples": [f"{k}: {t}" for k, t in (judged + self.violations)[:20]],
+            "nri_window": [f"{v.kind}: {when(v)}" for v in window],
             "snapshots": self.judge.seen, "slopes": slopes, "state_max_bytes": self.state_max,
             "notes": {**self.notes, **({"runtime leftovers": sorted(self.leftovers)} if self.leftovers else {})},
         }

@@ -162,3 +162,39 @@ def test_placements_through_a_reboot_count_only_the_pods_that_lived_through_it_a
     grown = {**before, ("g1-3", "main"): "2-3"}
     assert placements_kept(before, grown) == {"placements kept": "3 of 3",
                                               "grown where they were": ["g1-3/main 2 -> 2-3"]}
+
+
+JOURNAL = """\
+1000.10 node containerd[300]: msg="closing plugin cri-resmgr, failed to handle CreateContainer request: closed"
+1030.50 node cri-resmgr[412]: NRI: synchronized 9 pods, 14 containers in 58.0 ms; 1 container(s) updated
+1500.00 node cri-resmgr[412]: NRI: synchronized 9 pods, 14 containers in 61.0 ms; 0 container(s) updated
+2000.00 node containerd[300]: level=error msg="closing plugin cri-resmgr, failed to handle CreateContainer request: EOF"
+"""
+
+
+def test_the_nri_window_runs_from_a_create_the_plugin_died_answering_to_its_next_synchronization():
+    from harness.soak.judge import nri_windows
+
+    assert nri_windows(JOURNAL, bound=300) == [(1000.10, 1030.50), (2000.0, 2300.0)]  # the last: no sync yet
+    assert nri_windows("-- No entries --\n") == []
+
+
+def test_what_containerd_made_without_the_plugin_is_set_apart_and_nothing_else():
+    """A Burstable container made in the window runs on every CPU until the plugin is back: set
+    apart. One made before it, or a finding that outlasts the plugin's return, stays a violation."""
+    judge = Judge(MACHINE, TA, grace=30)
+    placed = {"g": ctr("guaranteed", "4", "1", 1), "old": ctr("burstable", "1-3", "0", 0.2)}
+    judge.feed(990.0, placed)
+    judge.feed(1010.0, {**placed, "new": ctr("burstable", "0-15", "0-3", 0.2)})  # made without the plugin
+    judge.feed(1040.0, {**placed, "new": ctr("burstable", "5-7", "1", 0.2)})  # placed once the plugin is back
+    judge.feed(1200.0, {**placed, "new": ctr("burstable", "5-7", "1", 0.2), "old": ctr("burstable", "1-4", "0-1")})
+    judge.feed(1210.0, placed)
+    judge.feed(1700.0, {**placed, "late": ctr("burstable", "0-15", "0-3", 0.2)})  # in no window
+    judge.feed(2010.0, {**placed, "new2": ctr("burstable", "0-15", "0-3", 0.2)})
+    judge.feed(2400.0, {**placed, "new2": ctr("burstable", "0-15", "0-3", 0.2)})  # past the window's bound
+    judge.finish()
+    apart = judge.set_apart([(1000.1, 1030.5), (2000.0, 2300.0)])
+    assert [(v.kind, v.key) for v in apart] == [("exclusive-shared", "g/new")]
+    assert [(v.kind, v.key) for v in judge.violations if v.kind == "exclusive-shared"] == [
+        ("exclusive-shared", "g/old"), ("exclusive-shared", "g/late"), ("exclusive-shared", "g/new2")]
+    assert {v.key for v in judge.violations} == {"g/old", "g/late", "g/new2", "new2"}  # and new2's lasting pool
