@@ -20,7 +20,7 @@ balloons that overlap, count at once). CPUs a container held come back to the sh
 once the runtime confirms it gone, so a shared container narrower than its pool, or a balloon
 part-moved, is given the longer slow_grace (more than kubelet's runtime request timeout).
 While a configuration change is in flight the snapshot may follow the old configuration
-or the new one; the change is done once it follows the new one. A snapshot that follows neither
+or the new one; the change is done once one taken after it was written follows the new one. A snapshot that follows neither
 (containers part-moved) may show two containers sharing CPUs; that is a violation unless they
 shared those CPUs before the change or share them once it is done (a Guaranteed container and the
 others of the balloon it joins, one of which moved first), which is known when the change is done.
@@ -280,7 +280,10 @@ class Judge:
         for c in ctrs:
             self.first_seen.setdefault(c.id, t)
         found = findings(ctrs, self.expect, self.machine)
-        if self.previous is not None:
+        if self.previous is not None and t < self.switch_started:
+            # Taken before the change was written (snapshots arrive seconds late): the old one's.
+            found = findings(ctrs, self.previous, self.machine)
+        elif self.previous is not None:
             if not found:
                 self.switches.append((self.expect.policy, t - self.switch_started))
                 self.previous = None

@@ -83,6 +83,23 @@ def test_a_configuration_change_is_in_flight_until_the_node_follows_it():
     assert [v.kind for v in judge.violations] == ["switch-balloon-overlap"]  # neither before nor after
 
 
+def test_a_snapshot_taken_before_a_change_was_written_is_judged_by_the_configuration_before_it():
+    """The sampler's snapshots reach the judge seconds after they are taken: one from before the
+    change that happens to suit both configurations does not end the change."""
+    judge = Judge(MACHINE, TA)
+    both = {"g": ctr("guaranteed", "4-5", "1", 2), "be": ctr("besteffort", "6-7", "1")}  # either policy's
+    judge.change(BALLOONS, 20.0)
+    judge.feed(18.0, both)
+    assert judge.previous is not None and judge.switches == []
+    topology = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "1-3", "0", 0.2),
+                "w": ctr("burstable", "1-3,5-7", "0-1")}
+    judge.feed(19.0, topology)  # topology-aware's, not balloons': not a finding
+    judge.feed(24.0, topology)  # still before the switch lands
+    assert judge.violations == [] and judge.previous is not None
+    judge.feed(30.0, both)
+    assert judge.switches == [("balloons", 10.0)] and judge.violations == []
+
+
 def test_in_a_switch_containers_of_one_balloon_to_be_may_share_its_cpus_as_they_move():
     """topology-aware -> balloons: a Burstable container moved first into the balloon a Guaranteed
     one is to join shares CPUs the Guaranteed one held as its own; once both are in the balloon,
