@@ -20,10 +20,12 @@ balloons that overlap, count at once). CPUs a container held come back to the sh
 once the runtime confirms it gone, so a shared container narrower than its pool, or a balloon
 part-moved, is given the longer slow_grace (more than kubelet's runtime request timeout).
 While a configuration change is in flight the snapshot may follow the old configuration
-or the new one; the change is done once one taken after it was written follows the new one. A snapshot that follows neither
-(containers part-moved) may show two containers sharing CPUs; that is a violation unless they
-shared those CPUs before the change or share them once it is done (a Guaranteed container and the
-others of the balloon it joins, one of which moved first), which is known when the change is done.
+or the new one; the change is done once a snapshot taken after it was written follows the new
+one. A snapshot that follows neither (containers part-moved) may show two containers sharing
+CPUs; that is a violation unless they shared those CPUs before the change or share them once it
+is done (a Guaranteed container and the others of the balloon it joins, one of which moved
+first), which is known when the change is done. In NRI mode, findings of a container containerd
+made without the plugin are set apart (Judge.set_apart).
 """
 
 from __future__ import annotations
