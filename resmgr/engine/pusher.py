@@ -51,7 +51,7 @@ class Pusher:
                  describe: Callable[[BaseException], str] = str) -> None:
         self.ledger = ledger
         self.runtime = runtime
-        self.wake = wake  # a push failed: reconciliation retries it
+        self.wake = wake  # a push failed: reconciliation retries it (with backoff: engine/retry.py)
         self.describe = describe
         self._locks: dict[str, asyncio.Lock] = {}
         self._slots = asyncio.Semaphore(PARALLEL)

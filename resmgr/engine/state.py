@@ -18,6 +18,7 @@ from resmgr.controllers import Controllers
 from resmgr.engine import statefile
 from resmgr.engine.ledger import Ledger
 from resmgr.engine.pusher import Pusher
+from resmgr.engine.retry import Retry
 from resmgr.engine.store import StateStore
 from resmgr.model import Claim, Container, ContainerState, Decision, Pod, Resources, SchedulingClass, View
 from resmgr.policies.base import Policy
@@ -124,7 +125,8 @@ class EngineState:
         # The node rebooted since the restored state was written: the containers the first
         # reconciliation finds ended are made again by kubelet (Ledger.await_return).
         self.rebooted = False
-        self.pusher = Pusher(self.ledger, runtime, self.wake, brief)
+        self.retry = Retry(self.wake)  # what the runtime failed, tried again with backoff
+        self.pusher = Pusher(self.ledger, runtime, self.retry, brief)
         # A front end whose answers need not wait for the disk (NRI's): a crash between the answer
         # and the write loses nothing, reconciliation finds the container where the answer put it.
         self.write_behind = write_behind

@@ -33,7 +33,7 @@ class NriFrontEnd:
         return self.nri_runtime
 
     def bind(self, engine: Engine, hooks: HookPoints | None) -> DumpSink | None:
-        self.nri_runtime.on_failure = engine.state.wake
+        self.nri_runtime.on_failure = engine.state.retry
         self.plugin = NriPlugin(engine, self.nri_runtime, hooks)
         return None  # no CRI messages to dump
 

@@ -83,7 +83,7 @@ class NriRuntime:
         self._sending: dict[str, Resources] = {}  # the UpdateContainers call in flight
         self._latest: dict[str, Resources] = {}  # the newest value given per container
         self._kick = asyncio.Event()
-        self.on_failure: Callable[[], None] = lambda: None  # the engine's wake
+        self.on_failure: Callable[[], None] = lambda: None  # the engine's retry (with backoff)
         # Set while this runtime's UpdateContainers is unsafe: ends the connection so that a new
         # Synchronize delivers the queue; returns False when it cannot now (an event in flight).
         self.resync: Callable[[], bool] | None = None

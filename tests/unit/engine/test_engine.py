@@ -1266,3 +1266,66 @@ async def test_write_behind_makes_a_burst_of_changes_one_write_and_misses_none(t
     await state.save()                        # ... and this change comes meanwhile
     await asyncio.sleep(WRITE_BEHIND * 3)
     assert written[-1] == {"n": 11} and store.load()["policy"]["config"] == {"n": 11}
+
+
+async def test_an_update_the_runtime_keeps_failing_is_retried_with_backoff_not_in_a_tight_loop(engine, monkeypatch):
+    """A runtime that lists the container but fails its every update (one it is stopping, say):
+    each failed push asked for a round at once, whose push failed and asked again, thousands of
+    rounds a second, each logging. Retries in a row now wait longer each time, and once the
+    runtime takes the update the next failure is retried at once again."""
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    rt = engine.state.runtime.client
+    rt.pod(pod_id)
+    rt.run("c1", pod_id)
+    rt.cpusets["c1"] = "1"  # not what it was granted
+    rounds = []
+    real = engine.reconciler.reconcile
+
+    async def counted(*args, **kwargs):
+        rounds.append(asyncio.get_running_loop().time())
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.reconciler, "reconcile", counted)
+    engine.state.retry.most = 1.0
+    rt.fail_updates = True
+    task = asyncio.create_task(engine.run_reconciler(10))
+    try:
+        engine.state.wake()
+        await asyncio.sleep(2.0)
+        assert 2 <= len(rounds) <= 6, f"{len(rounds)} rounds in 2 s"
+        rt.fail_updates = False
+        await asyncio.sleep(1.5)
+        assert rt.cpusets["c1"] == "0" and not engine.state.containers["c1"].pending
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_retry_is_at_once_the_first_time_and_doubles_in_a_row():
+    """Failures may be known after the round that retried them (NRI's UpdateContainers answers
+    later): a run of retries ends with quiet, not with a round."""
+    from resmgr.engine.retry import Retry
+
+    woken = []
+    loop = asyncio.get_running_loop()
+    retry = Retry(lambda: woken.append(loop.time()), first=0.05, most=0.2)
+    began = loop.time()
+    retry()
+    assert len(woken) == 1  # at once
+    for _ in range(4):
+        retry()
+        retry()  # one already due covers it
+        await asyncio.sleep(0.25)
+    assert len(woken) == 5 and woken[-1] - began >= 0.05 + 0.1 + 0.2 + 0.2
+    await asyncio.sleep(0.45)  # quiet for longer than twice the longest delay
+    retry()
+    assert retry.asked == 1 and len(woken) == 6  # at once again
+
+
+async def test_the_nri_plugins_failed_updates_are_retried_by_the_engine_with_backoff(engine):
+    from resmgr.frontends.nri.frontend import NriFrontEnd
+
+    front = NriFrontEnd("/run/nri.sock", "cri-resmgr", "90")
+    front.bind(engine, None)
+    assert front.nri_runtime.on_failure is engine.state.retry
