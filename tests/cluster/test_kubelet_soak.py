@@ -1,10 +1,12 @@
 """A real kubelet churning pods made and deleted through the API while cri-resmgr is SIGKILLed now and
 then; judged from containerd and the cgroups: a CPU held exclusively is never under another running
-container, and kubelet restarts no container. `--soak-seconds` sets the length."""
+container, and kubelet restarts no container (but one whose start a SIGKILL of the relay cut, which
+kubelet makes anew: docs/limitations.md). `--soak-seconds` sets the length."""
 
 from __future__ import annotations
 
 import random
+import re
 import signal
 import threading
 import time
@@ -37,6 +39,14 @@ def holds(c: cri.Container, cpus: CPUSet) -> bool:
 def _refused_for_cpus(pod: Any) -> bool:
     return any("exclusive CPUs" in (getattr(st.state.waiting, "message", None) or "")
                for st in pod.status.container_statuses or [])
+
+
+def cut_by_a_kill(log: str, restarts: dict[str, str]) -> set[str]:
+    """The restarted pods whose last start failed because the relay was gone in the middle of it
+    (kubelet's "start failed" with gRPC's Unavailable): what a SIGKILL of a relay in kubelet's
+    path does to the calls in flight, as documented; anything else is held against cri-resmgr."""
+    return {n for n in restarts
+            if re.search(rf"start failed in pod {re.escape(n)}_\S+: RunContainerError: .*code = Unavailable", log)}
 
 
 def settle(node: KubeNode, live: list[str], timeout: float = 90.0) -> None:
@@ -99,6 +109,7 @@ def test_kubelet_soak_with_relay_kills(kube, request):
         assert node.direct is not None
         running = [c for c, _ in live_cgroups(node.direct, (cri.CONTAINER_RUNNING,))]
         restarts = node.last_ends()
+        cut = cut_by_a_kill(node.kubelet.log(), restarts)
     finally:
         stop.set()
         watcher.join()
@@ -107,5 +118,8 @@ def test_kubelet_soak_with_relay_kills(kube, request):
     print(f"\nkubelet soak (--soak-seed {seed}): {seconds:.0f}s, {made} pods made, {deleted} deleted, "
           f"{kills} cri-resmgr kills, {len(running)} running at the end, {len(violations)} violations")
     assert violations == [], "\n".join(violations[:20])
-    assert restarts == {}, f"containers kubelet restarted: {restarts}"
+    if cut:
+        print(f"restarts of a start the relay's SIGKILL cut (kubelet makes such a container anew, "
+              f"docs/limitations.md): {sorted(cut)}")
+    assert {n: v for n, v in restarts.items() if n not in cut} == {}, f"containers kubelet restarted: {restarts}"
 
