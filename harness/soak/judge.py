@@ -355,8 +355,10 @@ class Judge:
             return any(start <= self.first_seen.get(cid, -math.inf) <= end and v.last <= end + self.grace
                        for cid in v.key.split("/") for start, end in windows)
 
-        apart = [v for v in self.violations if within(v)]
-        self.violations = [v for v in self.violations if not within(v)]
+        apart, kept = [], []
+        for v in self.violations:
+            (apart if within(v) else kept).append(v)
+        self.violations = kept
         return apart
 
     def clean(self) -> bool:

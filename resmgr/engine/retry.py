@@ -29,7 +29,8 @@ class Retry:
         """Something failed that a reconciliation round tries again."""
         if self._due is not None:
             return  # a retry is due already: it covers this one
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         if now - self._last > 2 * self.most:
             self.asked = 0  # quiet since the last: this one is new
         self._last = now
@@ -38,7 +39,7 @@ class Retry:
         if not delay:
             self._wake()
             return
-        self._due = asyncio.get_running_loop().call_later(delay, self._fire)
+        self._due = loop.call_later(delay, self._fire)
 
     def _fire(self) -> None:
         self._due = None
