@@ -22,10 +22,12 @@ runtime (update.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Protocol
 
 from resmgr.engine.ledger import Ledger
@@ -60,6 +62,28 @@ class Pusher:
         self.starting: dict[str, asyncio.Event] = {}  # containers the runtime is starting
         self.raced: set[str] = set()  # of those, the ones updated meanwhile
         self.held: dict[str, str] = {}  # by container: the CPUs the runtime holds, where known
+        self.removing: Counter[str] = Counter()  # pods and containers whose removal is under way
+
+    @contextlib.asynccontextmanager
+    async def holding_off(self, ids: Iterable[str]) -> AsyncIterator[None]:
+        """Nothing is sent to these pods' and containers' containers meanwhile, and pushes to them in
+        flight end first: their removal is under way, and an update racing with a removal makes
+        containerd 2.3 panic. What stays pending is pushed by reconciliation if they stay."""
+        ids = list(ids)
+        self.removing.update(ids)
+        try:
+            for c in list(self.ledger.containers.values()):
+                lock = self._locks.get(c.key)
+                if lock is not None and self._removed(c.id, c.pod_id):
+                    async with lock:
+                        pass
+            yield
+        finally:
+            self.removing.subtract(ids)
+            self.removing += Counter()  # drops the zeros
+
+    def _removed(self, cid: str, pod_id: str) -> bool:
+        return self.removing[cid] > 0 or self.removing[pod_id] > 0
 
     def note_held(self, updates: Mapping[str, Resources]) -> None:
         """Before updates are recorded: what the runtime holds of containers it has taken all of."""
@@ -83,8 +107,8 @@ class Pusher:
         containers = self.ledger.containers
         async with self._slots, lock:
             c = containers.get(key)
-            if c is None or not c.id or not c.pending:
-                return  # gone, or an earlier push already sent the latest
+            if c is None or not c.id or not c.pending or self._removed(c.id, c.pod_id):
+                return  # gone, or an earlier push already sent the latest, or being removed
             res = c.resources
             starting = key in self.starting  # the runtime may start it from what it held before
             try:
@@ -145,6 +169,8 @@ class Pusher:
             return
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with self._slots, lock:
+            if self._removed(c.id, c.pod_id):
+                return
             try:
                 await self.runtime.update_resources(c.id, dataclasses.replace(c.resources, cpuset_cpus=str(keep)))
             except Exception as err:

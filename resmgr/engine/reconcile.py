@@ -262,6 +262,12 @@ class Reconciler:
                         self.state.ledger.await_return(c)
                     decision.updates.update(self.ended(c, live).updates)
                     out.exited += 1
+            elif live.state == ContainerState.CREATED and _stopped(sandbox):
+                # Made in a pod stopped since: it can never start. It holds nothing, and is sent
+                # nothing: an update racing with its removal makes containerd 2.3 panic.
+                if c.state != ContainerState.EXITED:
+                    decision.updates.update(self.state.release(c).updates)
+                    out.exited += 1
             elif live.state.live:
                 if c.state == ContainerState.EXITED:  # released, yet it runs: it needs a grant again
                     log.warning("container %s was released but still runs; allocating it again", c.id)
@@ -288,6 +294,8 @@ class Reconciler:
         for cid, c in obs.new_containers.items():
             if cid in self.state.containers or c.pod_id not in self.state.pods:
                 continue
+            if c.state == ContainerState.CREATED and _stopped(obs.pods.get(c.pod_id)):
+                continue  # it can never start (see above)
             log.debug("container %s (%s) found running on cpus %s; adopted", cid, c.name,
                       c.resources.cpuset_cpus or "-")
             self.state.ledger.enter(c)
@@ -493,3 +501,8 @@ class Reconciler:
                   pod.namespace, pod.name, c.name, err)
         self.state.ledger.degraded.add(c.key)
         return decision
+
+
+def _stopped(sandbox: Pod | None) -> bool:
+    """Whether a pod as the runtime lists it is gone or stopped: its containers can no longer start."""
+    return sandbox is None or sandbox.state == PodState.NOT_READY

@@ -41,7 +41,8 @@ class Stop:
 
     async def remove_pod(self, pod_id: str, call: Call[T]) -> T:
         """Remove a pod through call(); it and its containers are forgotten once it is done."""
-        resp = await self._call_or_wake(f"removing pod {pod_id}", call)
+        async with self.state.pusher.holding_off([pod_id]):
+            resp = await self._call_or_wake(f"removing pod {pod_id}", call)
         async with self.state.lock:
             pod = self.state.pods.get(pod_id)
             decision = self.state.drop_pod(pod) if pod is not None else Decision()
@@ -56,7 +57,8 @@ class Stop:
 
     async def remove_container(self, container_id: str, call: Call[T]) -> T:
         """Remove a container through call(); it is forgotten once that is done."""
-        return await self._end_container(f"removing container {container_id}", container_id, call, forget=True)
+        async with self.state.pusher.holding_off([container_id]):
+            return await self._end_container(f"removing container {container_id}", container_id, call, forget=True)
 
     async def _end_container(self, what: str, container_id: str, call: Call[T], forget: bool) -> T:
         resp = await self._call_or_wake(what, call)

@@ -116,7 +116,8 @@ def test_a_stop_that_fails_keeps_the_cpu_until_the_container_is_gone(direct, sta
 
 
 def test_a_stop_whose_runtime_dies_keeps_the_cpu(workdir):
-    ctrd = PrivateContainerd().start()
+    # Its own bridge and addresses: the suite's containerd may run beside it.
+    ctrd = PrivateContainerd(workdir / "ctrd", subnet="10.88.92.0/24", bridge="crirm92").start()
     relay = policy_relay(workdir, ctrd.socket, "static", "--reconcile-interval", "300ms").start()
     via, direct = Cri(relay.socket), Cri(ctrd.socket)
     pods = Pods(via, workdir)
@@ -138,6 +139,8 @@ def test_a_stop_whose_runtime_dies_keeps_the_cpu(workdir):
         pods.remove_all()
         via.close()
         direct.close()
+        relay.stop()
+        ctrd.stop()
         relay.stop()
         ctrd.stop()
 

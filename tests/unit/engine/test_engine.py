@@ -167,6 +167,71 @@ async def test_failed_or_cancelled_stop_keeps_resources_until_the_runtime_says_s
     assert released == ["c1"] and engine.state.containers["c1"].state == ContainerState.EXITED
 
 
+async def test_a_created_container_of_a_stopped_pod_is_not_given_its_cpus_again(engine):
+    """StopPodSandbox leaves a container that never started CREATED in the runtime, and it can never
+    start. Granting it again sent an update while kubelet removed the pod, which containerd 2.3.7
+    answers with a nil-pointer panic in its NRI code (seen under the relay): nothing is sent."""
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg)
+    client = engine.state.runtime.client
+    client.pod(pod_id)
+    client.run("c1", pod_id, state=cri.CONTAINER_CREATED)
+
+    async def stop(req):
+        client.pods = [cri.PodSandbox(id=p.id, state=cri.SANDBOX_NOTREADY, metadata=p.metadata)
+                       for p in client.pods]
+        return cri.StopPodSandboxResponse()
+
+    await front(engine).stop_pod_sandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod_id), stop)
+    client.updates.clear()
+    await engine.reconcile()
+    await engine.reconcile()
+    assert engine.state.containers["c1"].state == ContainerState.EXITED
+    assert "c1" not in engine.state.ledger.unallocated
+    assert client.updates == []
+
+
+async def test_nothing_is_sent_to_a_container_while_its_pod_or_itself_is_removed(engine):
+    """An update racing with a removal makes containerd 2.3 panic: pushes wait for the removal, and
+    one already in flight ends before the removal is sent."""
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg)
+    client = engine.state.runtime.client
+    client.updates.clear()
+    c = engine.state.containers["c1"]
+    c.pending = True
+    in_flight = asyncio.Event()
+    release = asyncio.Event()
+    sent = []
+
+    async def slow_update(cid, res):
+        in_flight.set()
+        await release.wait()
+        sent.append(cid)
+
+    client.update_resources = slow_update
+    push = asyncio.create_task(engine.state.pusher.push("c1"))
+    await in_flight.wait()
+    order = []
+
+    async def remove(req):
+        order.append(("removed", list(sent)))
+        c.pending = True
+        await engine.state.pusher.push("c1")  # reconciliation meanwhile: nothing goes out
+        order.append(("pushed meanwhile", list(sent)))
+        return cri.RemovePodSandboxResponse()
+
+    removal = asyncio.create_task(front(engine).remove_pod_sandbox(
+        cri.RemovePodSandboxRequest(pod_sandbox_id=pod_id), remove))
+    await asyncio.sleep(0.05)
+    assert order == []  # the removal waits for the push in flight
+    release.set()
+    await push
+    await removal
+    assert order == [("removed", ["c1"]), ("pushed meanwhile", ["c1"])]
+    assert not engine.state.pusher.removing
+
+
 async def test_failed_remove_keeps_the_container(engine):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg)
