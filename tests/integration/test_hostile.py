@@ -115,6 +115,22 @@ def test_a_stop_that_fails_keeps_the_cpu_until_the_container_is_gone(direct, sta
     wait_until(lambda: exclusive_fits(via, workdir), what="the CPU is free once the container stopped")
 
 
+def test_a_container_created_in_a_pod_stopped_before_it_started_is_given_nothing(static_relay, churn, workdir):
+    """It stays "created" in containerd and can never start. It was granted its CPU again and sent
+    an update, which raced with the pod's removal: containerd 2.3 panics on that."""
+    via, pods = churn
+    cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+    pod = via.run_pod(cfg)
+    cid = via.create(pod, cfg, container_config(resources=GUARANTEED_CPU))
+    via.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod), timeout=60)
+    stopped = len(static_relay.log())
+    time.sleep(1.5)  # several reconciliation rounds
+    assert exclusive_fits(via, workdir)  # its CPU is free for another
+    via.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=60)
+    since = static_relay.log()[stopped:]
+    assert "still runs" not in since and f"container {cid}: cpus" not in since  # nothing sent to it
+
+
 def test_a_stop_whose_runtime_dies_keeps_the_cpu(workdir):
     # Its own bridge and addresses: the suite's containerd may run beside it.
     ctrd = PrivateContainerd(workdir / "ctrd", subnet="10.88.92.0/24", bridge="crirm92").start()
