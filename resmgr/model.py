@@ -147,6 +147,11 @@ class ContainerState(StrEnum):
         return self in (ContainerState.CREATED, ContainerState.RUNNING)
 
 
+class Stopped(Exception):
+    """An update the runtime cannot apply because the container's processes have stopped (its
+    record may say running while it ends them): nothing of it runs on the CPUs it would leave."""
+
+
 class ContainerEvent(StrEnum):
     """What a runtime reports happened to a container, in any front end's terms."""
 

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from resmgr.engine.ledger import Ledger
 from resmgr.engine.moves import movable
-from resmgr.model import ContainerState, Resources
+from resmgr.model import ContainerState, Resources, Stopped
 from resmgr.topology.cpuset import CPUSet
 
 log = logging.getLogger("cri-resmgr.engine")
@@ -113,6 +113,14 @@ class Pusher:
             starting = key in self.starting  # the runtime may start it from what it held before
             try:
                 await self.runtime.update_resources(c.id, res)
+            except Stopped:
+                # Nothing of it runs anywhere: the move is as good as taken, and sending it again
+                # only loads a runtime already slow to end it. What it holds returns when it is gone.
+                log.debug("container %s: not updated, its processes have stopped", c.id)
+                self.held[key] = res.cpuset_cpus
+                if c.resources is res:
+                    c.pending = False
+                return
             except Exception as err:
                 log.error("updating resources of container %s failed (will retry): %s", c.id, self.describe(err))
                 self.wake()
@@ -173,6 +181,8 @@ class Pusher:
                 return
             try:
                 await self.runtime.update_resources(c.id, dataclasses.replace(c.resources, cpuset_cpus=str(keep)))
+            except Stopped:
+                pass  # nothing of it runs on the CPUs it leaves
             except Exception as err:
                 log.error("narrowing container %s to CPUs %s failed: %s", c.id, keep, self.describe(err))
                 return

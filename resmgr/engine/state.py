@@ -76,7 +76,9 @@ class Runtime(Protocol):
         """The cpuset CPUs and memory nodes the runtime reports for a container."""
         ...
 
-    async def update_resources(self, container_id: str, res: Resources) -> None: ...
+    async def update_resources(self, container_id: str, res: Resources) -> None:
+        """Push res; raises Stopped where the container's processes have stopped."""
+        ...
 
     def delivering(self, container_id: str) -> bool:
         """Whether an update the runtime was given for the container is still on its way (queued,

@@ -15,11 +15,12 @@ from google.protobuf.message import DecodeError, Message
 
 from resmgr.frontends.cri import convert, protowire
 from resmgr.generated.cri import api_pb2 as cri
-from resmgr.model import Container, Pod, Resources, qos_class_from_cgroup_parent
+from resmgr.model import Container, Pod, Resources, Stopped, qos_class_from_cgroup_parent
 
 log = logging.getLogger("cri-resmgr.engine")
 
 CALL_TIMEOUT = 10.0
+STOPPED = "cannot update a stopped container"  # containerd's refusal of an update
 _SERVICE = "/runtime.v1.RuntimeService/"
 
 M = TypeVar("M", bound=Message)
@@ -145,4 +146,12 @@ class CriRuntime:
         return False  # an update returns once the runtime has taken it
 
     async def update_resources(self, container_id: str, res: Resources) -> None:
-        await self.client.update_resources(container_id, convert.to_linux(res))
+        try:
+            await self.client.update_resources(container_id, convert.to_linux(res))
+        except Exception as err:
+            # containerd's words while its record still says running (a stop under way whose exit
+            # it has not handled yet: minutes on a starved node).
+            details = getattr(err, "details", None)
+            if callable(details) and STOPPED in (details() or ""):
+                raise Stopped(details()) from err
+            raise

@@ -416,6 +416,29 @@ async def test_failed_updates_stay_pending_across_restarts_until_pushed(engine, 
     assert not again.state.containers["c1"].pending
 
 
+async def test_a_move_of_a_container_whose_processes_stopped_is_not_sent_again(engine):
+    """containerd refuses an update of a container whose task has stopped while its record still
+    says running (its stop under way, slow to end on a starved node). Nothing of it runs, so its
+    move is as good as taken: sending it again every few seconds, as a call waiting for the move
+    did, only loaded the runtime that was slow to end it."""
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    rt = engine.state.runtime.client
+    sent = []
+
+    async def stopped(cid, res):
+        sent.append(cid)
+        raise RuntimeError_(grpc.StatusCode.UNKNOWN,
+                            "failed to update resources: failed to update resources: cannot update a stopped container")
+
+    rt.update_resources = stopped
+    woken = []
+    engine.state.pusher.wake = lambda: woken.append(1)
+    await _create(engine, pod_id, cfg, cid="c2", name="b")  # moves c1 to 0-1
+    assert sent == ["c1"] and not engine.state.containers["c1"].pending and woken == []
+    assert engine.state.pusher.unconfirmed(["c1"]) == []  # nobody waits for it
+
+
 async def test_reconcile_pushes_again_where_the_runtime_differs(engine):
     pod_id, cfg = await _run_pod(engine)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
