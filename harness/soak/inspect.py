@@ -69,6 +69,13 @@ def failing() -> dict[str, float] | None:
     return out
 
 
+def describe(c: dict) -> str:
+    labels = c.get("labels") or {}
+    meta = c.get("metadata") or {}
+    return (f"{c['state'].removeprefix('CONTAINER_').lower()} {labels.get('io.kubernetes.pod.name', '?')}/"
+            f"{meta.get('name', '?')}#{meta.get('attempt', 0)}")
+
+
 def main() -> int:
     unit = sys.argv[1]
     units = [unit, "cri-resmgr-agent", "containerd", "kubelet"]
@@ -88,6 +95,8 @@ def main() -> int:
         "scopes": held,
         "containers": None if containers is None else [c["id"] for c in containers],
         "running": None if containers is None else [c["id"] for c in containers if c["state"] == "CONTAINER_RUNNING"],
+        # What a finding names a container by: its state, pod and attempt as containerd has them.
+        "described": None if containers is None else {c["id"][:12]: describe(c) for c in containers},
         "sandboxes": None if sandboxes is None else sandboxes.split(),
         "state": saved, "failing": failing(),
     }))

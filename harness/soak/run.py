@@ -94,8 +94,9 @@ class Soak:
         self._pulling.set()
         self._restarts: dict[tuple[str, str], int] = {}
         self.leftovers: set[str] = set()  # the runtime's own leftover scopes
-        self._known: set[str] = set()  # container IDs the API server's pods have
+        self._known: dict[str, str] = {}  # container IDs the API server's pods have -> "pod/container"
         self._expected: set[str] = set()  # ... of those, the running ones of pods not being deleted
+        self._found: dict[str, dict[str, float]] = {}  # by kind of finding: container -> found first
         self._lost: set[str] = set()
         self._rejected = False  # the configuration in force is the broken one
         self._excused = False  # restarts are the fault's: the reboot's, or calls in flight through a killed relay
@@ -293,6 +294,7 @@ class Soak:
     # -- whole again -----------------------------------------------------------------------------
     def wait_whole(self, s: Strike) -> None:
         deadline = s.recovered + self.timing.whole_within
+        self._found = {}
         told = time.monotonic()
         while True:
             try:
@@ -358,13 +360,32 @@ class Soak:
         if stuck:
             reasons.append(f"the kernel breaks an invariant: {[v.text for v in stuck][:3]}")
         started = {cid for cid, v in snapshot.items() if v[5] == "started"}
-        stray = [c[:12] for c in started - self._known]
+        runtime = info.get("described") or {}
+        stray = [f"{c[:12]} ({runtime.get(c[:12], 'not in containerd')}; runs {snapshot[c][6]}; {age:.0f} s)"
+                 for c, age in self._lasting("stray", started - self._known.keys())]
         if stray:
             reasons.append(f"containers run that no pod has: {stray}")
-        missing = [c[:12] for c in self._expected - started]
+        missing = [f"{c[:12]} ({self._known.get(c, '?')}; {runtime.get(c[:12], 'not in containerd')}; "
+                   f"scope {snapshot[c][5] if c in snapshot else 'none'}; {age:.0f} s)"
+                   for c, age in self._lasting("missing", self._expected - started)]
         if missing:
             reasons.append(f"containers of running pods do not run: {missing}")
         return reasons
+
+    def _lasting(self, kind: str, found: set[str]) -> list[tuple[str, float]]:
+        """Of the containers found (of a kind) now, those found in every look for kubelet's runtime
+        request timeout or longer, with how long. A shorter one is kubelet's status catching up
+        with the kernel: a container runs before its StartContainer returns, which may take that
+        long (a start waits for the moves off its CPUs), and on the emulated node under churn a
+        look at a moment with no such lag at all may not come within the bound."""
+        lag = self.timing.runtime_timeout
+        now = time.monotonic()
+        first = self._found.setdefault(kind, {})
+        for cid in set(first) - found:
+            del first[cid]
+        for cid in found:
+            first.setdefault(cid, now)
+        return [(cid, now - first[cid]) for cid in sorted(found) if now - first[cid] >= lag]
 
     def _pods(self, since: float) -> list[str]:
         """Pods made before since (monotonic) run; the deleted go; no container restarts. Also notes
@@ -372,8 +393,8 @@ class Soak:
         reasons = []
         pods = self.load.look()
         now = time.monotonic()
-        self._known = {cid for pod in pods.values() for st in pod.status.container_statuses or []
-                       if st.container_id for cid in [st.container_id.split("://", 1)[-1]]}
+        self._known = {st.container_id.split("://", 1)[-1]: f"{name}/{st.name}" for name, pod in pods.items()
+                       for st in pod.status.container_statuses or [] if st.container_id}
         self._expected = {cid for pod in pods.values() if pod.metadata.deletion_timestamp is None
                           for cid in container_ids(pod).values()}
         for rec in list(self.load.pods.values()):
