@@ -41,6 +41,10 @@ log = logging.getLogger("cri-resmgr.engine")
 # How long the CPUs of a pod whose sandboxes vanished are kept for it: kubelet makes its pods anew
 # minutes after a reboot (an emulated node took 8), and a pod deleted meanwhile never comes back.
 VANISHED_KEEP = 900.0
+# How long after a container was released the runtime may still list it running before that
+# counts: containerd answers a StopContainer before it has handled the exit, and on a starved node
+# its record says running for seconds after.
+RELEASE_LAG = 60.0
 _QOS_ORDER = {QOSClass.GUARANTEED: 0, QOSClass.BURSTABLE: 1, QOSClass.BEST_EFFORT: 2}
 
 
@@ -57,6 +61,8 @@ class Ledger:
         # Creates whose runtime call failed or was cancelled (made or not, nobody knows yet), with
         # when that was known (time.monotonic()).
         self.unsettled: dict[str, float] = {}
+        # Containers released, with when (time.monotonic()): see RELEASE_LAG.
+        self.released_at: dict[str, float] = {}
         # Updates for containers whose create was still in flight, applied once it lands.
         self.deferred: dict[str, Resources] = {}
         # The CPUs a container ended on, by "<pod UID>/<container name>".
@@ -272,7 +278,13 @@ class Ledger:
         c.pending = False
         # Newer than any reconciliation observation in flight, which may still list it running.
         c.seq = self.next_seq()
+        self.released_at[c.key] = time.monotonic()
         return decision
+
+    def released_lately(self, c: Container) -> bool:
+        """Whether c was released less than RELEASE_LAG ago (the runtime's record may lag it)."""
+        at = self.released_at.get(c.key)
+        return at is not None and time.monotonic() - at < RELEASE_LAG
 
     def forget(self, c: Container) -> Decision:
         """Release c and drop it."""
@@ -282,6 +294,7 @@ class Ledger:
         self.degraded.discard(c.key)
         self.unsettled.pop(c.key, None)
         self.deferred.pop(c.key, None)
+        self.released_at.pop(c.key, None)
         return decision
 
     def remove(self, c: Container) -> Decision:

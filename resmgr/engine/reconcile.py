@@ -4,7 +4,9 @@ It runs at start-up, then every reconcile interval, and soon after any runtime c
 whose outcome is unknown. In one round:
 
 - pods and containers the runtime no longer has are dropped and release what they held;
-- containers that exited release theirs; one we released that still runs is allocated again;
+- containers that exited release theirs; one we released that the runtime still lists running a
+  minute later is allocated again (containerd answers a stop before its record says so); one
+  still "created" in a pod stopped since can never start, holds nothing and is sent nothing;
 - creates whose outcome was unknown (the runtime failed or the caller went away) are
   settled: adopted with the grant decided for them if the runtime has them, else released;
 - pods and containers made behind our back (or while we were down) are adopted and
@@ -270,6 +272,8 @@ class Reconciler:
                     out.exited += 1
             elif live.state.live:
                 if c.state == ContainerState.EXITED:  # released, yet it runs: it needs a grant again
+                    if self.state.ledger.released_lately(c):
+                        continue  # the runtime's record has not caught up with the stop yet
                     log.warning("container %s was released but still runs; allocating it again", c.id)
                     c.state = live.state
                     self.state.ledger.unallocated.add(c.key)

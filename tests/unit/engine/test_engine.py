@@ -8,7 +8,7 @@ import logging
 import grpc
 import pytest
 
-from resmgr.engine import Engine, NotReady, reconcile
+from resmgr.engine import Engine, NotReady, ledger, reconcile
 from resmgr.engine import pusher as pushing
 from resmgr.engine import start as starting
 from resmgr.engine.store import StateStore
@@ -230,6 +230,29 @@ async def test_nothing_is_sent_to_a_container_while_its_pod_or_itself_is_removed
     await removal
     assert order == [("removed", ["c1"]), ("pushed meanwhile", ["c1"])]
     assert not engine.state.pusher.removing
+
+
+async def test_a_stopped_container_the_runtime_still_lists_running_for_a_while_is_not_granted_again(
+        engine, monkeypatch):
+    """containerd answers a StopContainer before it has handled the exit: on a starved node its
+    list says running for seconds after. The container was granted its CPUs again (and sent them)
+    as one "released but still runs"; it is only once that has lasted longer than any such lag."""
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg)
+    client = engine.state.runtime.client
+    client.pod(pod_id)
+    client.run("c1", pod_id)  # still listed running after the stop returned
+
+    async def stop(req):
+        return cri.StopContainerResponse()
+
+    await front(engine).stop_container(cri.StopContainerRequest(container_id="c1"), stop)
+    client.updates.clear()
+    await engine.reconcile()
+    assert engine.state.containers["c1"].state == ContainerState.EXITED and client.updates == []
+    monkeypatch.setattr(ledger, "RELEASE_LAG", 0.0)  # as if that long had passed
+    await engine.reconcile()  # it really runs: it needs its grant
+    assert engine.state.containers["c1"].state == ContainerState.RUNNING
 
 
 async def test_failed_remove_keeps_the_container(engine):
