@@ -251,7 +251,7 @@ class Reconciler:
             sandbox = obs.pods.get(c.pod_id)
             # Its pod went down with it (a reboot; containerd keeps the sandbox, not ready): kubelet
             # makes it again.
-            down = self.state.rebooted or sandbox is None or sandbox.state == PodState.NOT_READY
+            down = self.state.rebooted or _stopped(sandbox)
             if live is None or c.pod_id not in self.state.pods:
                 if down:
                     self.state.ledger.await_return(c)
