@@ -157,6 +157,16 @@ class Guest:
     def free_state_fs(self) -> None:
         self.sh(f"rm -f {FILLER}; sync")
 
+    def set_mems(self, cid: str, mems: str) -> str:
+        """Write a container's cpuset.mems in its cgroup behind everyone's back (the soak's planted
+        violation); returns what it held before."""
+        path = self.sh(f"find /sys/fs/cgroup/kubepods.slice -type d -name cri-containerd-{cid}.scope | head -1").strip()
+        if not path:
+            raise RuntimeError(f"no cgroup of container {cid[:12]}")
+        old = self.sh(f"cat {path}/cpuset.mems").strip()
+        self.sh(f"echo '{mems}' > {path}/cpuset.mems")
+        return old
+
     def main_pid(self, unit: str) -> int:
         return int(self.sh(f"systemctl show -p MainPID --value {unit}").strip() or 0)
 

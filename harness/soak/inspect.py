@@ -51,8 +51,11 @@ def state() -> dict:
         mtime = os.stat(STATE).st_mtime
     except (OSError, ValueError) as err:
         return {"error": str(err)}
+    # Where cri-resmgr says each container runs: [cpus, memory nodes, a move still in flight].
+    placed = {c["id"]: [c.get("resources", {}).get("cpuset_cpus", ""), c.get("resources", {}).get("cpuset_mems", ""),
+                        bool(c.get("pending"))] for c in doc.get("containers", [])}
     return {"containers": [c["id"] for c in doc.get("containers", [])], "pods": [p["id"] for p in doc.get("pods", [])],
-            "claims": len(doc.get("claims", [])), "mtime": mtime}
+            "claims": len(doc.get("claims", [])), "mtime": mtime, "placed": placed}
 
 
 def failing() -> dict[str, float] | None:

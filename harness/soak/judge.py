@@ -16,16 +16,20 @@ given as a cpuset, no kube-system pods):
 
 A snapshot that breaks a rule is a finding; a finding becomes a violation when it lasts longer
 than the grace a move in flight may take (an exclusive CPU under another container, or two
-balloons that overlap, count at once). CPUs a container held come back to the shared ones only
-once the runtime confirms it gone, so a shared container narrower than its pool, or a balloon
-part-moved, is given the longer slow_grace (more than kubelet's runtime request timeout).
+balloons that overlap, count at once). A finding that clears for less than DIP seconds keeps
+the time it was first seen. Every longer allowance is an excuse with a cause the judge saw and
+a bound (EXCUSES, and the table in docs/benchmarks.md): CPUs a container held come back to the
+shared ones only once the runtime confirms it gone, so a shared container narrower than its
+pool, or a balloon part-moved, is excused for slow_grace (more than kubelet's runtime request
+timeout) after a container that held some of those CPUs went away or gave them up.
 While a configuration change is in flight the snapshot may follow the old configuration
 or the new one; the change is done once a snapshot taken after it was written follows the new
-one. A snapshot that follows neither (containers part-moved) may show two containers sharing
-CPUs; that is a violation unless they shared those CPUs before the change or share them once it
-is done (a Guaranteed container and the others of the balloon it joins, one of which moved
-first), which is known when the change is done. In NRI mode, findings of a container containerd
-made without the plugin are set apart (Judge.set_apart).
+one, and may take until the node reports it applied and a grace more (switch_bound at most).
+A snapshot that follows neither (containers part-moved) may show two containers sharing CPUs;
+that is a violation unless they shared those CPUs before the change or share them once it is
+done (a Guaranteed container and the others of the balloon it joins, one of which moved first),
+which is known when the change is done. In NRI mode, findings of a container containerd made
+without the plugin (its plugin killed by the soak) are set apart (Judge.set_apart).
 """
 
 from __future__ import annotations
@@ -37,7 +41,24 @@ from typing import Any
 from resmgr.topology.cpuset import CPUSet
 
 STRICT = frozenset({"exclusive-shared", "balloon-overlap"})  # counted the moment they are seen
-SLOW = frozenset({"pool", "balloon-moving"})  # counted when they outlast slow_grace
+SLOW = frozenset({"pool", "balloon-moving"})  # may wait for a stop the runtime confirms (a release)
+DIP = 5.0  # a finding that clears for less than this (two reads and a half) keeps its first-seen time
+
+# Every excuse the verdict knows: what opens it (an event the soak caused or saw), what it covers
+# and what bounds it. docs/benchmarks.md has the same table with the tests that prove each bound.
+EXCUSES = {
+    "move": "any finding but exclusive-shared and balloon-overlap, from when it is first seen: grace",
+    "release": "pool and balloon-moving findings about CPUs a container held, from when the snapshot "
+               "shows it gone or its CPUs given up: slow_grace",
+    "switch": "a configuration written by the soak, until a snapshot follows it: until the node reports "
+              "it applied and grace more, switch_bound at most; a pair that shares CPUs meanwhile must "
+              "have shared them before it or share them after it",
+    "nri-kill": "NRI mode: a container first seen between the soak's SIGKILL of the plugin cutting a "
+                "CreateContainer (ttrpc closed, EOF) and the plugin's next synchronization: grace more",
+    "restart": "a container restart counted before and after a fault the soak struck that cuts starts "
+               "in flight (cri-resmgr killed in relay mode, containerd or kubelet restarted, "
+               "containerd frozen, the reboot): that fault's strike",
+}
 
 
 @dataclass(frozen=True)
@@ -129,12 +150,26 @@ class Finding:
     key: str  # the same finding in two snapshots has the same key
     text: str
     pairs: tuple[tuple[str, str], ...] = ()  # the containers (IDs) that share CPUs
+    cpus: CPUSet = CPUSet()  # slow kinds: the CPUs out of place, which a release may explain
 
 
-def findings(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[Finding]:
+def held(snapshot: dict[str, list[str]]) -> CPUSet:
+    """The CPUs of Guaranteed containers created with whole CPUs but not started yet: exclusive
+    already (the runtime made their cgroups so), though nothing runs there yet."""
+    out = CPUSet()
+    for pod, cpus, _mems, cpu_max, _weight, runs, *_ in snapshot.values():
+        quota, _, period = cpu_max.partition(" ")
+        if runs == "created" and qos_of(pod) == "guaranteed" and quota != "max":
+            n = int(quota) / int(period or 100000)
+            if abs(n - round(n)) < 1e-6:
+                out |= CPUSet.parse_or_empty(cpus)
+    return out
+
+
+def findings(ctrs: list[Ctr], expect: Expect, machine: Machine, created: CPUSet = CPUSet()) -> list[Finding]:
     out = _common(ctrs, expect, machine)
     if expect.policy == "topology-aware":
-        out += _topology_aware(ctrs, expect, machine)
+        out += _topology_aware(ctrs, expect, machine, created)
     elif expect.policy == "balloons":
         out += _balloons(ctrs, expect)
     return out
@@ -159,10 +194,10 @@ def _common(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[Finding]:
     return out
 
 
-def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[Finding]:
+def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine, created: CPUSet) -> list[Finding]:
     out = []
     exclusive = [c for c in ctrs if c.whole_cpus]
-    taken = _union(c.cpus for c in exclusive)
+    taken = _union(c.cpus for c in exclusive) | created
     for c in exclusive:
         if len(c.cpus) != c.whole_cpus:
             out.append(Finding("exclusive-count", c.id, f"{_short(c)} has {c.whole_cpus} CPUs of its own but runs "
@@ -180,7 +215,7 @@ def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[F
         shared = pool - expect.reserved - taken
         if c.cpus != shared:
             out.append(Finding("pool", c.id, f"shared {_short(c)} runs on {c.cpus}; its pool {pool} has the shared "
-                                             f"CPUs {shared}"))
+                                             f"CPUs {shared}", cpus=(shared - c.cpus) | (c.cpus - shared)))
     return out
 
 
@@ -196,9 +231,9 @@ def _balloons(ctrs: list[Ctr], expect: Expect) -> list[Finding]:
             if a & b:
                 x, y = balloons[a][0], balloons[b][0]
                 kind = "balloon-moving" if a <= b or b <= a else "balloon-overlap"
-                out.append(Finding(kind, "/".join(sorted((x.id, y.id))),
-                                   f"{_short(x)} on {a} and {_short(y)} on {b} share CPUs {a & b}",
-                                   tuple((m.id, n.id) for m in balloons[a] for n in balloons[b])))
+                # Keyed by the CPU sets: members come and go while the same two balloons overlap.
+                out.append(Finding(kind, f"{a}|{b}", f"{_short(x)} on {a} and {_short(y)} on {b} share CPUs {a & b}",
+                                   tuple((m.id, n.id) for m in balloons[a] for n in balloons[b]), a | b))
     for cpus, members in balloons.items():
         need = math.ceil(sum(c.quota or 0 for c in members if c.qos == "guaranteed") - 1e-6)
         if len(cpus) < need or (expect.max_balloon and len(cpus) > expect.max_balloon):
@@ -214,14 +249,23 @@ class Violation:
     text: str
     first: float
     last: float
-    key: str = ""  # the finding's: the container IDs it names, "/"-joined
+    key: str = ""  # the finding's
+    ids: tuple[str, ...] = ()  # the containers it names
+
+
+def _ids(f: Finding) -> tuple[str, ...]:
+    if f.pairs:
+        return tuple(sorted({cid for pair in f.pairs for cid in pair}))
+    return () if f.kind == "balloon-size" else (f.key,)
 
 
 def nri_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float]]:
     """When containerd made a container without the NRI plugin, from the journal of containerd and
-    the plugin (`journalctl -o short-unix`): from a CreateContainer the plugin died answering
-    (containerd closes the plugin and lets the create through: containerd issue 11217) to the
-    plugin's next synchronization, which places what was made meanwhile (bound: none came)."""
+    the plugin (`journalctl -o short-unix`): from a CreateContainer the plugin died answering (its
+    connection closed under it: containerd closes the plugin and lets the create through,
+    containerd issue 11217) to the plugin's next synchronization, which places what was made
+    meanwhile (bound: none came). A CreateContainer the plugin was merely slow to answer (a
+    deadline) opens nothing: containerd waits for the plugin then, or fails the create."""
     out: list[tuple[float, float]] = []
     opened: float | None = None
     for line in journal.splitlines():
@@ -230,7 +274,7 @@ def nri_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float]]
             t = float(stamp)
         except ValueError:
             continue
-        if "failed to handle CreateContainer request" in text:
+        if "failed to handle CreateContainer request" in text and any(k in text for k in KILLED):
             opened = t if opened is None else opened
         elif "NRI: synchronized" in text and opened is not None:
             out.append((opened, t))
@@ -240,26 +284,32 @@ def nri_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float]]
     return out
 
 
+KILLED = (": closed", "EOF", "connection reset by peer", "broken pipe")  # ttrpc's words for a dead peer
+
+
 @dataclass
 class Judge:
     """Follows the snapshots: findings that last become violations; configuration changes are
-    timed until the node follows them."""
+    timed until the node follows them. Every allowance beyond grace is an excuse of EXCUSES."""
 
     machine: Machine
     expect: Expect
     grace: float = 30.0  # how long a finding may last while a move is in flight
-    slow_grace: float = 180.0  # ... or while CPUs given back wait for the runtime to confirm a stop
-    switch_bound: float = 120.0  # how long a configuration change may take before it is judged
+    slow_grace: float = 180.0  # ... after a release, while the CPUs wait for the runtime to confirm a stop
+    switch_bound: float = 120.0  # how long a configuration change may take at most before it is judged
     previous: Expect | None = None  # while a change is in flight: the configuration before it
     switch_started: float = 0.0
+    switch_applied: float | None = None  # when the node reported the change in flight applied
     switches: list[tuple[str, float]] = field(default_factory=list)  # (to what, seconds until followed)
     open: dict[str, Violation] = field(default_factory=dict)  # findings seen, by kind/key
+    absent: dict[str, float] = field(default_factory=dict)  # ... of those, not in the last snapshot: since when
     violations: list[Violation] = field(default_factory=list)
     # While a change is in flight: each container's CPUs before it, and the mixes seen meanwhile
     # (judged once the change is done: Judge.feed).
     before_change: dict[str, CPUSet] = field(default_factory=dict)
     mixes: dict[str, tuple[Violation, dict[tuple[str, str], CPUSet]]] = field(default_factory=dict)
     last_cpus: dict[str, CPUSet] = field(default_factory=dict)
+    released: list[tuple[float, CPUSet]] = field(default_factory=list)  # CPUs given up, and when (the release excuse)
     first_seen: dict[str, float] = field(default_factory=dict)  # when each container was first seen started
     seen: int = 0
     last_clean: float = 0.0
@@ -271,35 +321,50 @@ class Judge:
             return
         self._judge_mixes(None)  # a change on top of one in flight: what it left unresolved counts
         self.previous, self.expect, self.switch_started = self.expect, expect, t
+        self.switch_applied = None
         self.before_change = dict(self.last_cpus)
+
+    def applied(self, t: float) -> None:
+        """The node reported the change in flight applied at t: its moves have grace more to land."""
+        if self.previous is not None and self.switch_applied is None:
+            self.switch_applied = t
+
+    def _in_switch(self, t: float) -> bool:
+        if t - self.switch_started >= self.switch_bound:
+            return False
+        return self.switch_applied is None or t - self.switch_applied < self.grace
 
     def feed(self, t: float, snapshot: dict[str, list[str]]) -> list[Finding]:
         """One snapshot at t; what it breaks (of the configuration the node is judged by now)."""
         self.seen += 1
         self.last_time = t
         ctrs = parse(snapshot)
-        self.last_cpus = {c.id: c.cpus for c in ctrs}
+        created = held(snapshot)
+        now = {c.id: c.cpus for c in ctrs}
+        whole = {c.id for c in ctrs if c.whole_cpus}
+        for cid, cpus in self.last_cpus.items():  # gone, or an exclusive one resized down
+            if (cid not in now or cid in whole) and cpus - now.get(cid, CPUSet()):
+                self.released.append((t, cpus - now.get(cid, CPUSet())))
+        self.released = [(r, cpus) for r, cpus in self.released if t - r < self.slow_grace]
+        self.last_cpus = now
         for c in ctrs:
             self.first_seen.setdefault(c.id, t)
-        found = findings(ctrs, self.expect, self.machine)
+        found = findings(ctrs, self.expect, self.machine, created)
         if self.previous is not None and t < self.switch_started:
             # Taken before the change was written (snapshots arrive seconds late): the old one's.
-            found = findings(ctrs, self.previous, self.machine)
+            found = findings(ctrs, self.previous, self.machine, created)
         elif self.previous is not None:
             if not found:
                 self.switches.append((self.expect.policy, t - self.switch_started))
                 self.previous = None
                 self._judge_mixes(self.last_cpus)
-            elif t - self.switch_started < self.switch_bound:
-                before = findings(ctrs, self.previous, self.machine)
-                if not before:
-                    found = []  # still as before the change: in flight
-                elif not any(f.kind in STRICT for f in before):
-                    found = before  # as before, its own moves in flight: judged by that policy's graces
-                else:  # neither: a mix while containers move; said apart from the steady kinds
-                    found = [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found if f.kind in STRICT]
-                    self._note_mixes(t, found)
-                    found = []
+            elif self._in_switch(t):
+                before = findings(ctrs, self.previous, self.machine, created)
+                self._carry(t, {self._key(f) for f in found + before})
+                if any(f.kind in STRICT for f in before):  # neither: a mix while containers move
+                    mixed = [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found if f.kind in STRICT]
+                    self._note_mixes(t, mixed)
+                return []
             else:
                 self._judge_mixes(None)  # not done within its bound: every mix counts
         self._track(t, found)
@@ -307,9 +372,13 @@ class Judge:
             self.last_clean = t
         return found
 
+    @staticmethod
+    def _key(f: Finding) -> str:
+        return f"{f.kind}:{f.key}"
+
     def _note_mixes(self, t: float, found: list[Finding]) -> None:
         for f in found:
-            v, shared = self.mixes.setdefault(f"{f.kind}:{f.key}", (Violation(f.kind, f.text, t, t, f.key), {}))
+            v, shared = self.mixes.setdefault(self._key(f), (Violation(f.kind, f.text, t, t, f.key, _ids(f)), {}))
             v.last = t
             for a, b in f.pairs:
                 shared[(a, b)] = shared.get((a, b), CPUSet()) | (self.last_cpus.get(a, CPUSet())
@@ -327,23 +396,42 @@ class Judge:
         self.mixes = {}
 
     def finish(self) -> None:
-        """The run ended: the mixes of a change still in flight count."""
+        """The run ended: the mixes of a change still in flight count, and so does every finding
+        still open that has lasted its grace, whatever excused it so far."""
         self._judge_mixes(None)
+        for key, v in self.open.items():
+            if key not in self.absent and v not in self.violations and v.last - v.first >= self.grace:
+                self.violations.append(v)
+
+    def _forget(self, t: float, present: set[str]) -> None:
+        """Open findings not present now are closed once absent for DIP (a shorter dip keeps them)."""
+        for key in list(self.open):
+            if key in present:
+                self.absent.pop(key, None)
+            elif t - self.absent.setdefault(key, t) >= DIP:
+                del self.open[key], self.absent[key]
+
+    def _carry(self, t: float, present: set[str]) -> None:
+        """In a switch: findings seen under either configuration keep their first-seen time."""
+        self._forget(t, present)
+        for key in present & self.open.keys():
+            self.open[key].last = t
+
+    def _released(self, f: Finding, t: float) -> bool:
+        return f.kind in SLOW and any(cpus & f.cpus for r, cpus in self.released if t - r < self.slow_grace)
 
     def _track(self, t: float, found: list[Finding]) -> None:
-        now = {f"{f.kind}:{f.key}": f for f in found}
-        for key in list(self.open):
-            if key not in now:
-                del self.open[key]
+        now = {self._key(f): f for f in found}
+        self._forget(t, set(now))
         for key, f in now.items():
             v = self.open.get(key)
             if v is None:
-                v = self.open[key] = Violation(f.kind, f.text, t, t, f.key)
+                v = self.open[key] = Violation(f.kind, f.text, t, t, f.key, _ids(f))
                 if f.kind in STRICT or f.kind.startswith("switch-"):
                     self.violations.append(v)
                 continue
             v.last, v.text = t, f.text
-            if t - v.first >= (self.slow_grace if f.kind in SLOW else self.grace) and v not in self.violations:
+            if t - v.first >= self.grace and v not in self.violations and not self._released(f, t):
                 self.violations.append(v)
 
     def set_apart(self, windows: list[tuple[float, float]]) -> list[Violation]:
@@ -353,7 +441,7 @@ class Judge:
         window, stays a violation."""
         def within(v: Violation) -> bool:
             return any(start <= self.first_seen.get(cid, -math.inf) <= end and v.last <= end + self.grace
-                       for cid in v.key.split("/") for start, end in windows)
+                       for cid in v.ids for start, end in windows)
 
         apart, kept = [], []
         for v in self.violations:
@@ -367,7 +455,8 @@ class Judge:
 
     def stuck(self) -> list[Violation]:
         """Findings of the last snapshot that have outlasted their grace (moves in flight aside)."""
-        return [v for v in self.open.values() if v.kind not in STRICT and v in self.violations]
+        return [v for key, v in self.open.items()
+                if v.kind not in STRICT and v in self.violations and key not in self.absent]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

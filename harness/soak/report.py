@@ -106,6 +106,8 @@ def text(report: dict[str, Any]) -> str:
     lines += ["", f"violations: {sum(report['violations'].values())} {report['violations'] or ''}"]
     for v in report["violation_examples"]:
         lines.append(f"  {v}")
+    lines.append(f"planted by the soak: {len(report.get('planted', []))}")
+    lines += [f"  {p}" for p in report.get("planted", [])]
     if report.get("nri_window"):
         lines.append(f"set apart, made without the NRI plugin (containerd issue 11217): {len(report['nri_window'])}")
         lines += [f"  {v}" for v in report["nri_window"][:10]]

@@ -104,6 +104,7 @@ class Soak:
         self._before_reboot: dict[tuple[str, str], str] | None = None
         self.started = self.started_wall = 0.0
         self.notes: dict[str, Any] = {}
+        self.plants: list[Plant] = []
 
     # -- the sampler's records -------------------------------------------------------------------
     def pull(self) -> None:
@@ -177,6 +178,7 @@ class Soak:
         self.rng.shuffle(plan)
         if self.settings.reboot:
             plan.insert(self.rng.randrange(len(plan) // 2, len(plan) + 1) if plan else 0, "reboot")
+        plan.insert(self.rng.randrange(len(plan) + 1), "plant")  # once per run, the judge proven live
         self._between(self.timing.warmup)
         try:
             while plan and not self._ending.is_set():
@@ -212,7 +214,23 @@ class Soak:
                 with self._lock:
                     self.judge.change(self.configs.expect(), self.guest.now())
                 print(f"soak {self.elapsed()}: configuration: {what}", flush=True)
+            self._note_applied()
             time.sleep(min(5.0, max(0.0, end - time.monotonic())))
+
+    def _note_applied(self) -> None:
+        """Tell the judge when the node reports the change in flight applied (the switch excuse ends
+        a grace later)."""
+        with self._lock:
+            waiting = self.judge.previous is not None and self.judge.switch_applied is None
+        if not waiting:
+            return
+        try:
+            if not self.configs.status_current(self._rejected):
+                t = self.guest.now()
+                with self._lock:
+                    self.judge.applied(t)
+        except Exception:  # the API server or the guest busy: next time (the switch's bound holds)
+            pass
 
     def _settle(self) -> None:
         """Churn without configuration changes until the last policy switch is SETTLE s old: a reboot
@@ -250,12 +268,14 @@ class Soak:
 
     def strike(self, kind: str) -> Strike:
         s = Strike(kind, time.monotonic())
+        self._restarts_before(kind)
         print(f"soak {self.elapsed()}: {kind}", flush=True)
         try:
             getattr(self, "_" + kind.replace("-", "_"))(s)
-        except Exception as err:  # a guest too slow to answer: the fault is over, the node judged as ever
+        except Exception as err:  # the fault's own checks did not run: a violation, not a note
             s.notes["error"] = f"{type(err).__name__}: {str(err)[:300]}"
             print(f"soak {self.elapsed()}: {kind}: {s.notes['error']}", flush=True)
+            self.violations.append(("strike-error", f"{kind}: {s.notes['error']}"))
             self._undo(kind)
         if not s.recovered:
             s.recovered = time.monotonic()
@@ -269,16 +289,36 @@ class Soak:
         if self._excused_restarts:
             s.notes["restarts excused"] = self._excused_restarts
             self._excused_restarts = []
-        if kind == "reboot" and self._before_reboot is not None and s.whole:
-            s.notes.update(placements_kept(self._before_reboot, self._placements()))  # the pods' new containers
         if kind == "reboot":
-            self.load.spared = set()
-            switched = [t for t, what in self.configs.log if "policy switch" in what and 0 <= s.started - t < SETTLE]
-            if switched:  # the kernel may still have held the old policy's CPUs: not a verdict on reboots
-                s.notes["placements kept"] += f" (struck {s.started - switched[-1]:.0f} s after a policy switch)"
+            self._judge_reboot(s)
         print(f"soak {self.elapsed()}: {kind} whole after "
               f"{s.to_whole if s.to_whole is not None else 'never'} s {s.notes or ''}", flush=True)
         return s
+
+    def _restarts_before(self, kind: str) -> None:
+        """Restarts are counted before each strike, so one the strike did not cause (a policy
+        switch's, say) is not excused by it."""
+        for attempt in range(3):
+            try:
+                self._pods(time.monotonic())
+                return
+            except Exception as err:  # the API server busy: again, then the strike's own count
+                if attempt == 2:
+                    print(f"soak {self.elapsed()}: restarts before {kind} not read: {err}", flush=True)
+                time.sleep(2)
+
+    def _judge_reboot(self, s: Strike) -> None:
+        """Exclusive CPUs come back to the pods that had them (docs/limitations.md: under
+        topology-aware a reservation; under balloons a preference a new pod may take)."""
+        self.load.spared = set()
+        if self._before_reboot is None or not s.whole:
+            return
+        s.notes.update(placements_kept(self._before_reboot, self._placements()))  # the pods' new containers
+        switched = [t for t, what in self.configs.log if "policy switch" in what and 0 <= s.started - t < SETTLE]
+        if switched:  # the kernel may still have held the old policy's CPUs: not a verdict on reboots
+            s.notes["placements kept"] += f" (struck {s.started - switched[-1]:.0f} s after a policy switch)"
+        elif s.notes.get("placements moved") and s.notes.get("policy") == "topology-aware":
+            self.violations.append(("reboot-moved", "; ".join(s.notes["placements moved"])))
 
     def _undo(self, kind: str) -> None:
         """Take a fault's cause away after its step failed half-way (each step does so itself otherwise)."""
@@ -304,6 +344,7 @@ class Soak:
             if not s.reasons:
                 s.whole = time.monotonic()
                 return
+            self._note_applied()
             if time.monotonic() - told > 60:
                 print(f"soak {self.elapsed()}: not whole yet: {'; '.join(s.reasons)[:600]}", flush=True)
                 told = time.monotonic()
@@ -361,6 +402,11 @@ class Soak:
             reasons.append(f"the kernel breaks an invariant: {[v.text for v in stuck][:3]}")
         started = {cid for cid, v in snapshot.items() if v[5] == "started"}
         runtime = info.get("described") or {}
+        if "placed" in state:
+            off = disagree(state["placed"], snapshot)
+            said = [f"{c[:12]}: cri-resmgr says {off[c]}; {age:.0f} s" for c, age in self._lasting("word", set(off))]
+            if said:
+                reasons.append(f"cri-resmgr's word against the kernel: {said[:5]}")
         stray = [f"{c[:12]} ({runtime.get(c[:12], 'not in containerd')}; runs {snapshot[c][6]}; {age:.0f} s)"
                  for c, age in self._lasting("stray", started - self._known.keys())]
         if stray:
@@ -547,6 +593,33 @@ class Soak:
                                     f"cri-resmgr status while containerd was frozen: {res.err[-200:]}"))
         return notes
 
+    def _plant(self, s: Strike) -> None:
+        """A violation made from outside cri-resmgr: a running container's memory nodes rewritten in
+        its cgroup, and written again every read, for longer than the judge's grace; then put back.
+        The judge must catch it (report: planted, apart from the product's violations)."""
+        self.load.paused.set()  # no churn moves the container meanwhile
+        try:
+            with self._lock:
+                snap = dict(self.snapshot)
+            ids = sorted(cid for cid, v in snap.items() if v[5] == "started" and cid in self._expected)
+            if not ids:
+                raise RuntimeError("no running container of the soak's pods to plant a violation in")
+            cid = self.rng.choice(ids)
+            wrong = wrong_mems(self.judge.machine, CPUSet.parse(snap[cid][1]))
+            old = self.guest.set_mems(cid, wrong)
+            first = self.guest.now()
+            until = time.monotonic() + self.judge.grace + 3 * WHOLE_EVERY
+            while time.monotonic() < until:
+                time.sleep(2)
+                self.guest.set_mems(cid, wrong)
+            last = self.guest.now()
+            self.guest.set_mems(cid, old)
+        finally:
+            self.load.paused.clear()
+        self.plants.append(Plant("memory", cid, first, last, f"{cid[:12]} memory nodes {wrong} on CPUs "
+                                                            f"{snap[cid][1]} ({self._known[cid]})"))
+        s.notes["planted"] = self.plants[-1].text
+
     def _bad_config(self, s: Strike) -> None:
         good = self.configs.break_it()
         self._rejected = True
@@ -619,6 +692,8 @@ class Soak:
                                             for pid in dict.fromkeys(q for _, q, _ in rss)}}
         self.judge.finish()
         window = self._nri_window()
+        self.judge.violations, planted = judge_plants(self.plants, self.judge.violations)
+        self.violations += [("plant-missed", p) for p in planted if p.startswith("MISSED")]
 
         def when(v: Violation) -> str:
             """When (the guest's clock, as its journals have it) and for how long, to find in the journals."""
@@ -639,10 +714,56 @@ class Soak:
             "strikes": [{"fault": s.kind, "to_whole_s": None if s.to_whole is None else round(s.to_whole, 1),
                          **s.notes} for s in self.strikes],
             "violations": counts, "violation_examples": [f"{k}: {t}" for k, t in (judged + self.violations)[:20]],
-            "nri_window": [f"{v.kind}: {when(v)}" for v in window],
+            "nri_window": [f"{v.kind}: {when(v)}" for v in window], "planted": planted,
             "snapshots": self.judge.seen, "slopes": slopes, "state_max_bytes": self.state_max,
             "notes": {**self.notes, **({"runtime leftovers": sorted(self.leftovers)} if self.leftovers else {})},
         }
+
+
+def disagree(placed: dict[str, list], snapshot: dict[str, list[str]]) -> dict[str, str]:
+    """Started containers whose CPUs or memory nodes in the kernel are not what cri-resmgr's state
+    file says it gave them (moves still in flight aside), with what each side says."""
+    out = {}
+    for cid, v in snapshot.items():
+        if v[5] != "started" or cid not in placed or placed[cid][2]:
+            continue
+        cpus, mems, _ = placed[cid]
+        if (cpus and CPUSet.parse(cpus) != CPUSet.parse_or_empty(v[1])) or \
+                (mems and CPUSet.parse(mems) != CPUSet.parse_or_empty(v[2])):
+            out[cid] = f"CPUs {cpus or '-'} memory {mems or '-'}, the kernel CPUs {v[1]} memory {v[2]}"
+    return out
+
+
+@dataclass
+class Plant:
+    """A violation the soak made itself, and when (the guest's clock)."""
+
+    kind: str
+    cid: str
+    first: float
+    last: float
+    text: str
+
+    def catches(self, v: Violation) -> bool:
+        return v.kind == self.kind and self.cid in v.ids and self.first - 3 <= v.first <= self.last
+
+
+def wrong_mems(machine: Machine, cpus: CPUSet) -> str:
+    """Memory nodes a container on cpus must not have: a node none of them is on (or node 0 alone
+    where they span every node)."""
+    own = machine.nodes_of(cpus)
+    other = [n for n in range(len(machine.node_cpus)) if n not in own]
+    return str(other[0]) if other else "0"
+
+
+def judge_plants(plants: list[Plant], violations: list[Violation]) -> tuple[list[Violation], list[str]]:
+    """The violations less those the plants made, and each plant as caught or missed."""
+    kept, told = list(violations), []
+    for p in plants:
+        caught = [v for v in kept if p.catches(v)]
+        kept = [v for v in kept if v not in caught]
+        told.append(f"{'caught' if caught else 'MISSED'}: {p.kind}: {p.text}")
+    return kept, told
 
 
 # -- a soak on a booted node ---------------------------------------------------------------------

@@ -4,6 +4,7 @@ is not a finding; a container that runs with no pod, or a pod's that does not ru
 from __future__ import annotations
 
 from harness.soak import run
+from harness.soak.judge import Expect
 from harness.soak.run import Soak, Timing
 
 STATUS_LAG = 60.0  # kubelet's runtime request timeout in the short form
@@ -37,3 +38,78 @@ def test_containers_that_keep_changing_under_churn_are_never_a_finding(monkeypat
     for i in range(30):
         assert soak._lasting("missing", {f"c{i}", f"c{i + 1}"}) == []
         now[0] += 10
+
+
+def test_a_fault_step_that_raises_is_a_violation_and_restarts_are_counted_before_it():
+    from types import SimpleNamespace
+
+    soak = _soak()
+    soak.violations, soak.strikes, soak._excused, soak._excused_restarts = [], [], False, []
+    soak.started = 0.0
+    soak.guest = SimpleNamespace(now=lambda: 5.0, free_state_fs=None)
+    order: list[str] = []
+    soak._restarts_before = lambda kind: order.append("restarts counted")
+
+    def hangs(s: object) -> None:
+        order.append("fault")
+        raise TimeoutError("cri-resmgr status did not answer in 120 s")
+
+    soak._kill_agent = hangs
+    soak.wait_whole = lambda s: order.append("whole")
+    soak.strike("kill-agent")
+    assert order == ["restarts counted", "fault", "whole"]
+    assert soak.violations == [("strike-error", "kill-agent: TimeoutError: cri-resmgr status did not answer in 120 s")]
+
+
+def test_placements_a_reboot_moved_under_topology_aware_are_a_violation():
+    from types import SimpleNamespace
+
+    from harness.soak.report import Strike
+
+    for policy, switched, counted in (("topology-aware", [], True), ("balloons", [], False),
+                                      ("topology-aware", [(950.0, "policy switch to topology-aware")], False)):
+        soak = _soak()
+        soak.violations = []
+        soak.load = SimpleNamespace(spared={"x"})
+        soak.configs = SimpleNamespace(log=switched)
+        soak._before_reboot = {("g1-3", "main"): "2"}
+        soak._placements = lambda: {("g1-3", "main"): "5"}
+        s = Strike("reboot", 1000.0, whole=1100.0, notes={"policy": policy})
+        soak._judge_reboot(s)
+        assert [k for k, _ in soak.violations] == (["reboot-moved"] if counted else []), policy
+        assert soak.load.spared == set()
+
+
+def test_a_planted_violation_is_told_apart_caught_or_missed():
+    from harness.soak.judge import Judge, Violation
+    from harness.soak.run import Plant, judge_plants, machine_of, wrong_mems
+    from harness.vm import Shape
+    from resmgr.topology.cpuset import CPUSet
+
+    machine = machine_of(Shape())
+    assert wrong_mems(machine, CPUSet.parse("4-5")) == "0"
+    assert wrong_mems(machine, CPUSet.parse("0-1")) == "1"
+    assert wrong_mems(machine, machine.online) == "0"
+    plant = Plant("memory", "c1", 100.0, 160.0, "c1 memory nodes 0")
+    product = Violation("memory", "c2 wrong", 120.0, 200.0, "c2", ("c2",))
+    planted = Violation("memory", "c1 wrong", 101.0, 160.0, "c1", ("c1",))
+    assert judge_plants([plant], [product, planted]) == ([product], ["caught: memory: c1 memory nodes 0"])
+    assert judge_plants([plant], [product]) == ([product], ["MISSED: memory: c1 memory nodes 0"])
+    # The judge itself catches it: memory nodes rewritten for longer than its grace.
+    judge = Judge(machine, Expect("topology-aware", CPUSet([0])), grace=30)
+    for t in range(100, 162, 2):
+        judge.feed(float(t), {"c1": ["kubepods-burstable-pod3_4.slice", "1-3", "1", "max 100000", "", "started"]})
+    assert [p for p in judge_plants([plant], judge.violations)[1]] == ["caught: memory: c1 memory nodes 0"]
+
+
+def test_cri_resmgrs_word_is_held_against_the_kernel():
+    from harness.soak.run import disagree
+
+    snap = {"a": ["kubepods-pod1.slice", "4", "1", "100000 100000", "", "started"],
+            "b": ["kubepods-burstable-pod2.slice", "5-7", "1", "max 100000", "", "started"],
+            "c": ["kubepods-burstable-pod2.slice", "5-7", "1", "max 100000", "", "started"],
+            "d": ["kubepods-burstable-pod2.slice", "1-3", "0", "max 100000", "", "created"]}
+    placed = {"a": ["4", "1", False], "b": ["5-6", "1", False], "c": ["1-3", "0", True], "d": ["9", "2", False]}
+    assert disagree(placed, snap) == {"b": "CPUs 5-6 memory 1, the kernel CPUs 5-7 memory 1"}  # c: in flight
+    assert disagree({"a": ["4", "0-1", False]}, snap) == {"a": "CPUs 4 memory 0-1, the kernel CPUs 4 memory 1"}
+    assert disagree({"a": ["", "", False]}, snap) == {}  # nothing said: nothing held against it
