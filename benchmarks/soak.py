@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import vmimage  # noqa: E402
 from harness.kube import ControlPlane  # noqa: E402
-from harness.soak.guest import AGENT_PORT  # noqa: E402
+from harness.soak.guest import AGENT_PORT, SAMPLES  # noqa: E402
 from harness.soak.proxy import CountingProxy  # noqa: E402
 from harness.soak.report import text  # noqa: E402
 from harness.soak.run import settings_for, soak_on  # noqa: E402
@@ -56,7 +56,12 @@ def save_logs(vm: Vm, into: Path) -> None:
             (into / f"{unit}.log").write_text(out.out)
         except (OSError, TimeoutError, RuntimeError) as err:
             print(f"soak: the journal of {unit}: {err}", file=sys.stderr)
-    print(f"soak: the node's journals are in {into}", flush=True)
+    try:  # the sampler's records: what the judge read (a stream to replay through it)
+        out = vm.run(f"tail -c 15000000 {SAMPLES}", timeout=300)
+        (into / "samples.jsonl").write_text(out.out)
+    except (OSError, TimeoutError, RuntimeError) as err:
+        print(f"soak: the sampler's records: {err}", file=sys.stderr)
+    print(f"soak: the node's journals and the sampler's records are in {into}", flush=True)
 
 
 def main() -> int:

@@ -108,8 +108,11 @@ class Configs:
         self.group = group
 
     def change(self) -> str:
-        """One change of the three kinds, chosen at random; what it was."""
+        """One change of the three kinds, chosen at random (the first a policy switch, so that even a
+        short run has one); what it was."""
         kind = self.rng.choice(["option", "group", "switch"])
+        if not any("policy switch" in what for _, what in self.log):
+            kind = "switch"
         if kind == "option":
             spec = copy.deepcopy(self.spec())
             section, key = OPTION[spec["policy"]["Active"]]

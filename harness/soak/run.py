@@ -105,6 +105,7 @@ class Soak:
         self.started = self.started_wall = 0.0
         self.notes: dict[str, Any] = {}
         self.plants: list[Plant] = []
+        self.events: list[list[Any]] = []  # [guest time, "change", policy, reserved, max balloon] or [t, "applied"]
 
     # -- the sampler's records -------------------------------------------------------------------
     def pull(self) -> None:
@@ -211,8 +212,10 @@ class Soak:
             last = self.configs.log[-1][0] if self.configs.log else self.started
             if now - last >= self.timing.config_every * self.rng.uniform(0.8, 1.2):
                 what = self.configs.change()
+                expect, t = self.configs.expect(), self.guest.now()
                 with self._lock:
-                    self.judge.change(self.configs.expect(), self.guest.now())
+                    self.judge.change(expect, t)
+                self.events.append([t, "change", expect.policy, str(expect.reserved), expect.max_balloon])
                 print(f"soak {self.elapsed()}: configuration: {what}", flush=True)
             self._note_applied()
             time.sleep(min(5.0, max(0.0, end - time.monotonic())))
@@ -229,6 +232,7 @@ class Soak:
                 t = self.guest.now()
                 with self._lock:
                     self.judge.applied(t)
+                self.events.append([t, "applied"])
         except Exception:  # the API server or the guest busy: next time (the switch's bound holds)
             pass
 
@@ -716,6 +720,7 @@ class Soak:
             "violations": counts, "violation_examples": [f"{k}: {t}" for k, t in (judged + self.violations)[:20]],
             "nri_window": [f"{v.kind}: {when(v)}" for v in window], "planted": planted,
             "snapshots": self.judge.seen, "slopes": slopes, "state_max_bytes": self.state_max,
+            "judge_events": self.events,  # the configuration changes as the judge had them (to replay a run)
             "notes": {**self.notes, **({"runtime leftovers": sorted(self.leftovers)} if self.leftovers else {})},
         }
 
