@@ -360,7 +360,7 @@ class Judge:
                 self._judge_mixes(self.last_cpus)
             elif self._in_switch(t):
                 before = findings(ctrs, self.previous, self.machine, created)
-                self._carry(t, {self._key(f) for f in found + before})
+                self._carry(t, found, before)
                 if any(f.kind in STRICT for f in before):  # neither: a mix while containers move
                     mixed = [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found if f.kind in STRICT]
                     self._note_mixes(t, mixed)
@@ -406,16 +406,28 @@ class Judge:
     def _forget(self, t: float, present: set[str]) -> None:
         """Open findings not present now are closed once absent for DIP (a shorter dip keeps them)."""
         for key in list(self.open):
-            if key in present:
-                self.absent.pop(key, None)
-            elif t - self.absent.setdefault(key, t) >= DIP:
+            since = self.absent.get(key)
+            if key in present and since is not None:
+                del self.absent[key]
+                if t - since >= DIP:  # back after a long enough dip: a finding of its own
+                    del self.open[key]
+            elif key not in present and since is None:
+                self.absent[key] = t
+            elif key not in present and t - since >= DIP:
                 del self.open[key], self.absent[key]
 
-    def _carry(self, t: float, present: set[str]) -> None:
-        """In a switch: findings seen under either configuration keep their first-seen time."""
+    def _carry(self, t: float, found: list[Finding], before: list[Finding]) -> None:
+        """In a switch: findings seen under either configuration keep their first-seen time, and
+        one that both configurations find (memory nodes wrong, say) is timed from now on."""
+        present = {self._key(f) for f in found + before}
         self._forget(t, present)
         for key in present & self.open.keys():
             self.open[key].last = t
+        old = {self._key(f) for f in before}
+        for f in found:
+            key = self._key(f)
+            if key in old and key not in self.open and f.kind not in STRICT:
+                self.open[key] = Violation(f.kind, f.text, t, t, f.key, _ids(f))
 
     def _released(self, f: Finding, t: float) -> bool:
         return f.kind in SLOW and any(cpus & f.cpus for r, cpus in self.released if t - r < self.slow_grace)

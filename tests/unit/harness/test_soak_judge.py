@@ -309,3 +309,28 @@ def test_a_finding_keeps_its_first_seen_time_through_a_switch_and_counts_at_the_
     assert judge.violations == []
     judge.finish()
     assert [v.kind for v in judge.violations] == ["pool"]
+
+
+def test_a_finding_both_configurations_make_is_timed_from_its_first_sighting_in_a_switch():
+    judge = Judge(MACHINE, TA, grace=30)
+    right = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5-7", "1", 0.2)}
+    judge.feed(0.0, right)
+    judge.change(Expect("topology-aware", CPUSet([0, 1])), 10.0)  # an option of the same policy
+    judge.applied(12.0)  # the switch excuse ends at 42
+    wrong = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5-7", "0-1", 0.2)}
+    for t in range(12, 50, 2):
+        judge.feed(float(t), wrong)
+    assert [(v.kind, v.first) for v in judge.violations] == [("memory", 12.0)]
+
+
+def test_a_finding_back_after_a_long_dip_between_two_snapshots_is_a_new_one():
+    """The sampler writes a snapshot only when something changes: one clean snapshot and the next,
+    30 s later, with the finding again, is a dip of 30 s."""
+    judge = Judge(MACHINE, TA, grace=30)
+    wrong = {"b": ctr("burstable", "1-3", "0-1", 0.2)}
+    right = {"b": ctr("burstable", "1-3", "0", 0.2)}
+    judge.feed(0.0, wrong)
+    judge.feed(20.0, right)
+    judge.feed(50.0, wrong)
+    judge.feed(60.0, wrong)
+    assert judge.violations == []
