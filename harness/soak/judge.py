@@ -399,9 +399,7 @@ class Judge:
         """The run ended: the mixes of a change still in flight count, and so does every finding
         still open that has lasted its grace, whatever excused it so far."""
         self._judge_mixes(None)
-        for key, v in self.open.items():
-            if key not in self.absent and v not in self.violations and v.last - v.first >= self.grace:
-                self.violations.append(v)
+        self.violations += [v for v in self.lingering() if v not in self.violations]
 
     def _forget(self, t: float, present: set[str]) -> None:
         """Open findings not present now are closed once absent for DIP (a shorter dip keeps them)."""
@@ -469,6 +467,11 @@ class Judge:
         """Findings of the last snapshot that have outlasted their grace (moves in flight aside)."""
         return [v for key, v in self.open.items()
                 if v.kind not in STRICT and v in self.violations and key not in self.absent]
+
+    def lingering(self) -> list[Violation]:
+        """Findings of the last snapshot that have lasted the grace, excused or not (at the end of a
+        run no excuse is left open)."""
+        return [v for key, v in self.open.items() if key not in self.absent and v.last - v.first >= self.grace]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -334,3 +334,16 @@ def test_a_finding_back_after_a_long_dip_between_two_snapshots_is_a_new_one():
     judge.feed(50.0, wrong)
     judge.feed(60.0, wrong)
     assert judge.violations == []
+
+
+def test_at_the_end_a_finding_that_lasted_the_grace_lingers_whatever_excused_it():
+    judge = Judge(MACHINE, TA, grace=30, slow_grace=180)
+    moving = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5-6", "1", 0.2)}
+    judge.feed(0.0, {**moving, "g7": ctr("guaranteed", "7", "1", 1)})
+    judge.feed(2.0, moving)  # CPU 7 released: the pool finding excused
+    judge.feed(20.0, moving)
+    assert judge.lingering() == []  # younger than the grace
+    judge.feed(40.0, moving)
+    assert [v.kind for v in judge.lingering()] == ["pool"] and judge.stuck() == []
+    judge.feed(44.0, {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5-7", "1", 0.2)})
+    assert judge.lingering() == []  # cleared: nothing to count at the end
