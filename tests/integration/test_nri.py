@@ -134,6 +134,7 @@ def test_a_resize_while_the_plugin_is_down_is_placed_once_it_is_back(containerd,
     try:
         g_cfg, mine_id = run(pods, "guaranteed", 1000)
         assert len(cgroup_cpus(g_cfg, mine_id)) == 1
+        grants(plugin.relay_dir, mine_id)  # saved (a write-behind) before the kill, or it comes back as new
         plugin.stop(signal.SIGKILL)
         pods.client.rt.UpdateContainerResources(cri.UpdateContainerResourcesRequest(
             container_id=mine_id, linux=resources(500, True)), timeout=30)  # no longer whole CPUs
