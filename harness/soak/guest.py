@@ -157,15 +157,17 @@ class Guest:
     def free_state_fs(self) -> None:
         self.sh(f"rm -f {FILLER}; sync")
 
-    def set_mems(self, cid: str, mems: str) -> str:
-        """Write a container's cpuset.mems in its cgroup behind everyone's back (the soak's planted
-        violation); returns what it held before."""
+    def scope(self, cid: str) -> str:
+        """The cgroup directory of a container."""
         path = self.sh(f"find /sys/fs/cgroup/kubepods.slice -type d -name cri-containerd-{cid}.scope | head -1").strip()
         if not path:
             raise RuntimeError(f"no cgroup of container {cid[:12]}")
-        old = self.sh(f"cat {path}/cpuset.mems").strip()
-        self.sh(f"echo '{mems}' > {path}/cpuset.mems")
-        return old
+        return path
+
+    def set_mems(self, scope: str, mems: str) -> str:
+        """Write a container's cpuset.mems in its cgroup behind everyone's back (the soak's planted
+        violation); returns what it held before."""
+        return self.sh(f"cat {scope}/cpuset.mems; echo '{mems}' > {scope}/cpuset.mems").strip()
 
     def main_pid(self, unit: str) -> int:
         return int(self.sh(f"systemctl show -p MainPID --value {unit}").strip() or 0)

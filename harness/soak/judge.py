@@ -130,18 +130,32 @@ def qos_of(pod_slice: str) -> str:
     return "guaranteed"
 
 
+def _ctr(cid: str, row: list[str]) -> Ctr:
+    pod, cpus, mems, cpu_max, _weight, runs, *commands = row
+    quota_text, _, period = cpu_max.partition(" ")
+    quota = None if quota_text == "max" else int(quota_text) / int(period or 100000)
+    return Ctr(cid, pod, qos_of(pod), CPUSet.parse_or_empty(cpus), CPUSet.parse_or_empty(mems), quota, runs,
+               "".join(commands))
+
+
 def parse(snapshot: dict[str, list[str]]) -> list[Ctr]:
     """The sampler's snapshot: started containers only (a sandbox or a container not yet started
     runs nothing of its own)."""
-    out = []
-    for cid, (pod, cpus, mems, cpu_max, _weight, runs, *commands) in sorted(snapshot.items()):
-        if runs != "started":
-            continue
-        quota_text, _, period = cpu_max.partition(" ")
-        quota = None if quota_text == "max" else int(quota_text) / int(period or 100000)
-        out.append(Ctr(cid, pod, qos_of(pod), CPUSet.parse_or_empty(cpus), CPUSet.parse_or_empty(mems), quota,
-                       runs, "".join(commands)))
-    return out
+    return [_ctr(cid, row) for cid, row in sorted(snapshot.items()) if row[5] == "started"]
+
+
+def held(snapshot: dict[str, list[str]]) -> CPUSet:
+    """The CPUs of Guaranteed containers created with whole CPUs but not started yet: exclusive
+    already (the runtime made their cgroups so), though nothing runs there yet."""
+    return _union(c.cpus for cid, row in snapshot.items() if row[5] == "created" and (c := _ctr(cid, row)).whole_cpus)
+
+
+def released(before: dict[str, CPUSet], ctrs: list[Ctr]) -> CPUSet:
+    """The CPUs given up since before (each container's CPUs): of a container gone, or of an
+    exclusive one resized down (a shared one narrowed is a move, not a release)."""
+    now = {c.id: c.cpus for c in ctrs}
+    whole = {c.id for c in ctrs if c.whole_cpus}
+    return _union(cpus - now.get(cid, CPUSet()) for cid, cpus in before.items() if cid not in now or cid in whole)
 
 
 @dataclass(frozen=True)
@@ -151,19 +165,6 @@ class Finding:
     text: str
     pairs: tuple[tuple[str, str], ...] = ()  # the containers (IDs) that share CPUs
     cpus: CPUSet = CPUSet()  # slow kinds: the CPUs out of place, which a release may explain
-
-
-def held(snapshot: dict[str, list[str]]) -> CPUSet:
-    """The CPUs of Guaranteed containers created with whole CPUs but not started yet: exclusive
-    already (the runtime made their cgroups so), though nothing runs there yet."""
-    out = CPUSet()
-    for pod, cpus, _mems, cpu_max, _weight, runs, *_ in snapshot.values():
-        quota, _, period = cpu_max.partition(" ")
-        if runs == "created" and qos_of(pod) == "guaranteed" and quota != "max":
-            n = int(quota) / int(period or 100000)
-            if abs(n - round(n)) < 1e-6:
-                out |= CPUSet.parse_or_empty(cpus)
-    return out
 
 
 def findings(ctrs: list[Ctr], expect: Expect, machine: Machine, created: CPUSet = CPUSet()) -> list[Finding]:
@@ -340,13 +341,10 @@ class Judge:
         self.last_time = t
         ctrs = parse(snapshot)
         created = held(snapshot)
-        now = {c.id: c.cpus for c in ctrs}
-        whole = {c.id for c in ctrs if c.whole_cpus}
-        for cid, cpus in self.last_cpus.items():  # gone, or an exclusive one resized down
-            if (cid not in now or cid in whole) and cpus - now.get(cid, CPUSet()):
-                self.released.append((t, cpus - now.get(cid, CPUSet())))
+        if given_up := released(self.last_cpus, ctrs):
+            self.released.append((t, given_up))
         self.released = [(r, cpus) for r, cpus in self.released if t - r < self.slow_grace]
-        self.last_cpus = now
+        self.last_cpus = {c.id: c.cpus for c in ctrs}
         for c in ctrs:
             self.first_seen.setdefault(c.id, t)
         found = findings(ctrs, self.expect, self.machine, created)

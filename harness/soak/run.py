@@ -614,14 +614,15 @@ class Soak:
                 raise RuntimeError("no running container of the soak's pods to plant a violation in")
             cid = self.rng.choice(ids)
             wrong = wrong_mems(self.judge.machine, CPUSet.parse(snap[cid][1]))
-            old = self.guest.set_mems(cid, wrong)
+            scope = self.guest.scope(cid)
+            old = self.guest.set_mems(scope, wrong)
             first = self.guest.now()
             until = time.monotonic() + self.judge.grace + 3 * WHOLE_EVERY
             while time.monotonic() < until:
                 time.sleep(2)
-                self.guest.set_mems(cid, wrong)
+                self.guest.set_mems(scope, wrong)
             last = self.guest.now()
-            self.guest.set_mems(cid, old)
+            self.guest.set_mems(scope, old)
         finally:
             self.load.paused.clear()
         self.plants.append(Plant("memory", cid, first, last, f"{cid[:12]} memory nodes {wrong} on CPUs "

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harness.soak.judge import SLOW, STRICT, Judge, Violation, parse
+from harness.soak.judge import SLOW, STRICT, Judge, Violation, parse, released
 from harness.soak.replay import Snapshot, expect_of_event, replay, snapshots
 from harness.soak.run import machine_of, wrong_mems
 from harness.vm import Shape
@@ -72,16 +72,13 @@ def switch_end(events: list[list[Any]], t: float) -> float:
 
 
 def releases(stream: list[tuple[float, Snapshot]]) -> list[tuple[float, CPUSet]]:
-    """CPUs given up, as the judge counts them: a container gone, an exclusive one shrunk."""
+    """CPUs given up, as the judge counts them."""
     out, last = [], {}
     for t, snap in stream:
         ctrs = parse(snap)
-        now = {c.id: c.cpus for c in ctrs}
-        whole = {c.id for c in ctrs if c.whole_cpus}
-        for cid, cpus in last.items():
-            if (cid not in now or cid in whole) and cpus - now.get(cid, CPUSet()):
-                out.append((t, cpus - now.get(cid, CPUSet())))
-        last = now
+        if given_up := released(last, ctrs):
+            out.append((t, given_up))
+        last = {c.id: c.cpus for c in ctrs}
     return out
 
 
