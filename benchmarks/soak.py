@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import vmimage  # noqa: E402
 from harness.kube import ControlPlane  # noqa: E402
+from harness.soak import config as cfg  # noqa: E402
 from harness.soak.guest import AGENT_PORT, SAMPLES  # noqa: E402
 from harness.soak.proxy import CountingProxy  # noqa: E402
 from harness.soak.report import text  # noqa: E402
@@ -69,6 +70,9 @@ def main() -> int:
     ap.add_argument("--duration", type=duration, default=3600.0, metavar="DURATION",
                     help="how long each mode's soak churns (1h, 5m, 300s; default: 1h)")
     ap.add_argument("--mode", choices=["relay", "nri", "both"], default="both")
+    ap.add_argument("--policy", choices=sorted(cfg.START), default="topology-aware",
+                    help="the policy the node starts in; the first configuration change switches to the other "
+                         "(default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: a new one, printed)")
     ap.add_argument("--reboot", action=argparse.BooleanOptionalAction, default=None,
                     help="reboot the node once (default: in runs of 20 minutes or more)")
@@ -95,7 +99,7 @@ def main() -> int:
         try:
             for mode in (["relay", "nri"] if args.mode == "both" else [args.mode]):
                 report = soak_on(vm, control, proxy, settings_for(args.duration, mode, seed, args.reboot,
-                                                                   args.daemon_options))
+                                                                   args.daemon_options, args.policy))
                 reports.append(report)
                 print(text(report), flush=True)
         finally:

@@ -102,10 +102,10 @@ def pytest_addoption(parser):
                           "asks for it)")
     parser.addoption("--vm-soak-seconds", type=float, default=300.0,
                      help="how long the VM tier's soak churns pods and strikes faults (default: %(default)s)")
-    parser.addoption("--vm-soak-mode", choices=["relay", "nri"], default="relay",
-                     help="cri-resmgr's front end in the VM tier's soak (default: %(default)s)")
     parser.addoption("--soak-seed", type=int, default=0,
-                     help="seed of the soak tests' choices (default: a new one each run, printed)")
+                     help="seed of the soak tests' choices; the VM tier's soak takes its front end, first "
+                          "policy and reboot from it in a fixed rotation (default: the integration soaks a "
+                          "new one each run, the VM soak the commit count of HEAD; printed)")
 
 
 TESTS = Path(__file__).resolve().parent

@@ -1,7 +1,7 @@
 """The soak's configurations, as an operator changes them through the cluster: ResourceManagerConfig
 objects `default` and `group.<name>` in kube-system, and the node's group label that picks one. A
 change is an option of the policy in force, the node moved to another group of the same policy, or
-a policy switch (the balloons group); a broken configuration is one every node rejects."""
+a policy switch (to the group of another policy); a broken configuration is one every node rejects."""
 
 from __future__ import annotations
 
@@ -29,10 +29,18 @@ BALLOONS: dict[str, Any] = {"policy": {
     "Active": "balloons", "ReservedResources": {"cpu": RESERVED},
     "balloons": {"AllocatorTopologyBalancing": True,
                  "BalloonTypes": [{"Name": "soak", "Namespaces": ["*"], "MaxCPUs": MAX_BALLOON}]}}}
-# The option each policy's change toggles.
-OPTION = {"topology-aware": ("topology-aware", "ColocatePods"), "balloons": ("balloons", "AllocatorTopologyBalancing")}
+STATIC: dict[str, Any] = {"policy": {"Active": "static", "ReservedResources": {"cpu": RESERVED}}}
+PODPOOL = "soak"  # the pool type the load's annotated pods ask for (harness/soak/load.py)
+PODPOOLS: dict[str, Any] = {"policy": {
+    "Active": "podpools", "ReservedResources": {"cpu": RESERVED},
+    "podpools": {"Pools": [{"Name": PODPOOL, "CPU": 2, "MaxPods": 3, "Instances": 3}]}}}
+# The option each policy's change toggles (a policy without one is switched away from instead).
+OPTION = {"topology-aware": ("topology-aware", "ColocatePods"), "balloons": ("balloons", "AllocatorTopologyBalancing"),
+          "static": ("static", "RelaxedIsolation")}
 # The group each label value names (None: no label, the default object).
-GROUPS: dict[str | None, dict[str, Any]] = {None: TOPOLOGY_AWARE, "soak-ta": TOPOLOGY_AWARE, "soak-bl": BALLOONS}
+GROUPS: dict[str | None, dict[str, Any]] = {None: TOPOLOGY_AWARE, "soak-ta": TOPOLOGY_AWARE, "soak-bl": BALLOONS,
+                                            "soak-st": STATIC, "soak-pp": PODPOOLS}
+START = {"topology-aware": None, "balloons": "soak-bl", "static": "soak-st", "podpools": "soak-pp"}
 
 FALLBACK = """policy:
   Active: topology-aware
@@ -63,10 +71,11 @@ class Configs:
     specs: dict[str, dict[str, Any]] = field(default_factory=dict)  # by object name, as written
     log: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, what changed)
 
-    def setup(self) -> None:
+    def setup(self, policy: str = "topology-aware") -> None:
+        """Every group's object written, the node in the group of policy."""
         for group, spec in GROUPS.items():
             self.write(object_name(group), copy.deepcopy(spec))
-        self.label(None)
+        self.label(START[policy])
 
     @property
     def in_force(self) -> str:
@@ -113,17 +122,18 @@ class Configs:
         kind = self.rng.choice(["option", "group", "switch"])
         if not any("policy switch" in what for _, what in self.log):
             kind = "switch"
-        if kind == "option":
+        if kind == "option" and self.spec()["policy"]["Active"] in OPTION:
             spec = copy.deepcopy(self.spec())
             section, key = OPTION[spec["policy"]["Active"]]
-            spec["policy"][section][key] = not spec["policy"][section][key]
+            spec["policy"].setdefault(section, {})[key] = not spec["policy"].get(section, {}).get(key, False)
             self.write(self.in_force, spec)
             what = f"{self.in_force}: {key} {spec['policy'][section][key]}"
-        elif kind == "group" and self.group != "soak-bl":
+        elif kind == "group" and self.group in (None, "soak-ta"):  # topology-aware in both groups
             self.label(None if self.group else "soak-ta")
             what = f"group label {self.group or '(none)'}"
         else:
-            self.label("soak-ta" if self.group == "soak-bl" else "soak-bl")
+            policy = self.spec()["policy"]["Active"]
+            self.label(START[self.rng.choice(sorted(p for p in START if p != policy))])
             what = f"policy switch to {self.spec()['policy']['Active']} (group {self.group})"
         self.log.append((time.monotonic(), what))
         return what

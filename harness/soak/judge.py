@@ -12,7 +12,11 @@ given as a cpuset, no kube-system pods):
   every exclusive one), and on all of them once CPUs given back have reached it;
 - balloons: two containers run on the same CPUs or on none in common (balloons are disjoint; one
   set inside the other is a balloon whose containers are being moved), and a balloon holds the
-  whole CPUs of its Guaranteed containers and no more than the type's MaxCPUs.
+  whole CPUs of its Guaranteed containers and no more than the type's MaxCPUs;
+- static (kubelet's CPU manager): exclusive CPUs as topology-aware's, every other container on
+  the default set (every CPU, the reserved ones included, but the exclusive ones), memory on every
+  node (the policy places none, and lifts what another policy placed);
+- podpools: as balloons (each pool instance and the default pool one set of CPUs, disjoint).
 
 A snapshot that breaks a rule is a finding; a finding becomes a violation when it lasts longer
 than the grace a move in flight may take (an exclusive CPU under another container, or two
@@ -41,6 +45,7 @@ from typing import Any
 from resmgr.topology.cpuset import CPUSet
 
 STRICT = frozenset({"exclusive-shared", "balloon-overlap"})  # counted the moment they are seen
+GLANCED = frozenset({"exclusive-shared"})  # ... judged on every read, agreed or not (Judge.glance)
 SLOW = frozenset({"pool", "balloon-moving"})  # may wait for a stop the runtime confirms (a release)
 DIP = 5.0  # a finding that clears for less than this (two reads and a half) keeps its first-seen time
 
@@ -98,7 +103,7 @@ def _union(sets: Any) -> CPUSet:
 class Expect:
     """A configuration as the judge needs it."""
 
-    policy: str  # "topology-aware" or "balloons"
+    policy: str  # "topology-aware", "balloons", "static" or "podpools"
     reserved: CPUSet
     max_balloon: int = 0  # balloons: the type's MaxCPUs (0: no bound)
 
@@ -171,7 +176,9 @@ def findings(ctrs: list[Ctr], expect: Expect, machine: Machine, created: CPUSet 
     out = _common(ctrs, expect, machine)
     if expect.policy == "topology-aware":
         out += _topology_aware(ctrs, expect, machine, created)
-    elif expect.policy == "balloons":
+    elif expect.policy == "static":
+        out += _static(ctrs, machine, created)
+    elif expect.policy in ("balloons", "podpools"):
         out += _balloons(ctrs, expect)
     return out
 
@@ -187,18 +194,21 @@ def _common(ctrs: list[Ctr], expect: Expect, machine: Machine) -> list[Finding]:
         if not c.cpus or not c.cpus <= machine.online:
             out.append(Finding("pinned", c.id, f"{_short(c)} runs on CPUs {c.cpus or 'none'}"))
             continue
-        if c.mems != machine.nodes_of(c.cpus):
+        mems = machine.nodes_of(machine.online if expect.policy == "static" else c.cpus)
+        if c.mems != mems:
             out.append(Finding("memory", c.id, f"{_short(c)} runs on CPUs {c.cpus} with memory nodes {c.mems}, "
-                                               f"not {machine.nodes_of(c.cpus)}"))
+                                               f"not {mems}"))
+        if expect.policy == "static":  # the reserved CPUs are in the default set (kubelet's rule)
+            continue
         if c.cpus & expect.reserved and not (c.cpus <= expect.reserved and everything_taken):
             out.append(Finding("reserved", c.id, f"{_short(c)} runs on reserved CPUs: {c.cpus}"))
     return out
 
 
-def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine, created: CPUSet) -> list[Finding]:
+def _exclusive(ctrs: list[Ctr]) -> list[Finding]:
+    """A Guaranteed container with whole CPUs runs on that many CPUs, no other container on any."""
     out = []
     exclusive = [c for c in ctrs if c.whole_cpus]
-    taken = _union(c.cpus for c in exclusive) | created
     for c in exclusive:
         if len(c.cpus) != c.whole_cpus:
             out.append(Finding("exclusive-count", c.id, f"{_short(c)} has {c.whole_cpus} CPUs of its own but runs "
@@ -208,6 +218,26 @@ def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine, created: 
                 pair = "/".join(sorted((c.id, o.id)))
                 out.append(Finding("exclusive-shared", pair, f"CPU {o.cpus & c.cpus} of {_short(c)} is also under "
                                                              f"{_short(o)}", ((c.id, o.id),)))
+    return out
+
+
+def _taken(ctrs: list[Ctr], created: CPUSet) -> CPUSet:
+    return _union(c.cpus for c in ctrs if c.whole_cpus) | created
+
+
+def _static(ctrs: list[Ctr], machine: Machine, created: CPUSet) -> list[Finding]:
+    out = _exclusive(ctrs)
+    default = machine.online - _taken(ctrs, created)
+    for c in ctrs:
+        if not c.whole_cpus and c.cpus != default:
+            out.append(Finding("pool", c.id, f"shared {_short(c)} runs on {c.cpus}; the default set is {default}",
+                               cpus=(default - c.cpus) | (c.cpus - default)))
+    return out
+
+
+def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine, created: CPUSet) -> list[Finding]:
+    out = _exclusive(ctrs)
+    taken = _taken(ctrs, created)
     pools = machine.pools()
     for c in ctrs:
         if c.whole_cpus or c.cpus <= expect.reserved:
@@ -361,7 +391,7 @@ class Judge:
                 self._carry(t, found, before)
                 if any(f.kind in STRICT for f in before):  # neither: a mix while containers move
                     mixed = [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found if f.kind in STRICT]
-                    self._note_mixes(t, mixed)
+                    self._note_mixes(t, mixed, self.last_cpus)
                 return []
             else:
                 self._judge_mixes(None)  # not done within its bound: every mix counts
@@ -370,17 +400,47 @@ class Judge:
             self.last_clean = t
         return found
 
+    def glance(self, t: float, snapshot: dict[str, list[str]]) -> list[Finding]:
+        """A read no second read agreed with (something moved while it was read): judged only for an
+        exclusive CPU under another container (GLANCED), as a snapshot is; in a change in flight, as
+        a mix (any STRICT kind). Not balloons outside a change: the members of one balloon being
+        reshaped, read apart, look like two balloons that overlap."""
+        ctrs = parse(snapshot)
+        for c in ctrs:
+            self.first_seen.setdefault(c.id, t)
+        created = held(snapshot)
+        switching = self.previous is not None and t >= self.switch_started
+        expect = self.previous if self.previous is not None and not switching else self.expect
+        found = [f for f in findings(ctrs, expect, self.machine, created) if f.kind in STRICT]
+        if switching and self._in_switch(t):  # a pair of one balloon shares CPUs after the switch too
+            assert self.previous is not None
+            before = findings(ctrs, self.previous, self.machine, created)
+            if found and any(f.kind in STRICT for f in before):
+                cpus = {c.id: c.cpus for c in ctrs}
+                self._note_mixes(t, [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found], cpus)
+            return []
+        found = [f for f in found if f.kind in GLANCED]
+        for f in found:
+            since = self.absent.pop(self._key(f), None)
+            if since is not None and t - since >= DIP:  # back after a long enough dip: a finding of its own
+                self.open.pop(self._key(f), None)
+            v = self.open.get(self._key(f))
+            if v is None:
+                v = self.open[self._key(f)] = Violation(f.kind, f.text, t, t, f.key, _ids(f))
+                self.violations.append(v)
+            v.last = t
+        return found
+
     @staticmethod
     def _key(f: Finding) -> str:
         return f"{f.kind}:{f.key}"
 
-    def _note_mixes(self, t: float, found: list[Finding]) -> None:
+    def _note_mixes(self, t: float, found: list[Finding], cpus: dict[str, CPUSet]) -> None:
         for f in found:
             v, shared = self.mixes.setdefault(self._key(f), (Violation(f.kind, f.text, t, t, f.key, _ids(f)), {}))
             v.last = t
             for a, b in f.pairs:
-                shared[(a, b)] = shared.get((a, b), CPUSet()) | (self.last_cpus.get(a, CPUSet())
-                                                                 & self.last_cpus.get(b, CPUSet()))
+                shared[(a, b)] = shared.get((a, b), CPUSet()) | (cpus.get(a, CPUSet()) & cpus.get(b, CPUSet()))
 
     def _judge_mixes(self, after: dict[str, CPUSet] | None) -> None:
         """The mixes of the change in flight: a violation where two containers shared CPUs they shared

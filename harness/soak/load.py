@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes.client import ApiException, CoreV1Api
 
 from harness.images import BUSYBOX_IMAGE
+from harness.soak.config import PODPOOL
 
 NAMESPACE = "default"
 MILLI = 1000
@@ -58,14 +59,20 @@ def _quantities(part: Part) -> dict[str, Any]:
     return res
 
 
-def manifest(name: str, node: str, parts: tuple[Part, ...]) -> dict[str, Any]:
+PODPOOL_ANNOTATION = "pool.podpools.cri-resource-manager.intel.com"
+IN_PODPOOL = ("bn", "be", "mb")  # kinds of which half ask for a pod pool (podpools runs them there)
+
+
+def manifest(name: str, node: str, parts: tuple[Part, ...],
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
     containers = [{"name": f"c{i}", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                    "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
                    "resources": _quantities(p),
                    "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"},
                                     {"resourceName": "memory", "restartPolicy": "NotRequired"}]}
                   for i, p in enumerate(parts)]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"soak": "yes"}},
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"soak": "yes"}, "annotations": annotations or {}},
             "spec": {"nodeName": node, "containers": containers, "terminationGracePeriodSeconds": 5,
                      "automountServiceAccountToken": False, "enableServiceLinks": False}}
 
@@ -186,7 +193,9 @@ class Load:
         exclusive, total = self._budget(rec)
         if exclusive > EXCLUSIVE_BUDGET or total > TOTAL_BUDGET:
             return
-        pod = self.core.create_namespaced_pod(NAMESPACE, manifest(rec.name, self.node, parts))
+        pooled = kind in IN_PODPOOL and self.rng.random() < 0.5
+        annotations = {PODPOOL_ANNOTATION: PODPOOL} if pooled else {}
+        pod = self.core.create_namespaced_pod(NAMESPACE, manifest(rec.name, self.node, parts, annotations))
         rec.uid = pod.metadata.uid
         with self._lock:
             self.pods[rec.name] = rec

@@ -17,8 +17,9 @@ from resmgr.topology.cpuset import CPUSet
 Snapshot = dict[str, list[str]]
 
 
-def snapshots(path: Path) -> list[tuple[float, Snapshot]]:
-    """The cgroup snapshots of a sampler's records (plain or gzipped JSON lines)."""
+def snapshots(path: Path, kind: str = "cg") -> list[tuple[float, Snapshot]]:
+    """The cgroup snapshots of a sampler's records (plain or gzipped JSON lines); kind "read": the
+    reads no second read agreed with."""
     opener: Any = gzip.open if path.suffix == ".gz" else open
     out = []
     with opener(path, "rt") as f:
@@ -27,7 +28,7 @@ def snapshots(path: Path) -> list[tuple[float, Snapshot]]:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if rec.get("kind") == "cg":
+            if rec.get("kind") == kind:
                 out.append((float(rec["t"]), rec["c"]))
     return out
 
@@ -38,17 +39,23 @@ def expect_of_event(event: list[Any]) -> Expect:
 
 
 def replay(stream: Iterable[tuple[float, Snapshot]], events: list[list[Any]], machine: Machine,
-           **graces: float) -> Judge:
-    """A judge fed the stream and the events in time order, as the soak fed its own; finished."""
+           reads: Iterable[tuple[float, Snapshot]] = (), **graces: float) -> Judge:
+    """A judge fed the stream (and the reads no second read agreed with) and the events in time
+    order, as the soak fed its own; finished."""
     judge = Judge(machine, expect_of(TOPOLOGY_AWARE), **graces)
     pending = sorted(events, key=lambda e: e[0])
-    for t, snap in stream:
+    merged = sorted([(t, True, snap) for t, snap in stream] + [(t, False, snap) for t, snap in reads],
+                    key=lambda r: (r[0], r[1]))
+    for t, confirmed, snap in merged:
         while pending and pending[0][0] <= t:
             event = pending.pop(0)
             if event[1] == "change":
                 judge.change(expect_of_event(event), event[0])
             else:
                 judge.applied(event[0])
-        judge.feed(t, snap)
+        if confirmed:
+            judge.feed(t, snap)
+        else:
+            judge.glance(t, snap)
     judge.finish()
     return judge

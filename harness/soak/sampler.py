@@ -5,9 +5,14 @@ its agent hold, as JSON lines the host reads and judges (harness/soak/judge.py).
 
 Every INTERVAL seconds it reads each container scope under kubepods.slice: its effective CPUs and
 memory nodes, cpu.max, and whether its processes have started (a container made but not started
-holds only runc's init; a sandbox holds only `pause`). A snapshot that differs from the last one
-counts only once a second read agrees with it, so a move in progress is never judged half done.
-It writes a snapshot when one differs from the last written, and at least every HEARTBEAT seconds.
+holds only runc's init; a sandbox holds only `pause`). A read that differs from the last one is
+written as a snapshot ("cg") once a second read agrees with it, so a move in progress is never
+judged half done; until then each differing read is written as it is ("read"), which the judge
+holds only to what counts the moment it is seen (an exclusive CPU under two containers): while
+things move all the time no read may agree with the next, and a short overlap would be missed.
+Every read looks at each container's CPUs twice and keeps only the CPUs both looks saw, so two
+containers read apart while a CPU moved from one to the other never seem to share it. A snapshot
+is written at least every HEARTBEAT seconds.
 Every PROC_EVERY seconds it writes the RSS and open file descriptors of the daemons' main
 processes and the state directory's size. It is cheap on purpose: under emulation every guest
 CPU cycle is taken from the node it watches.
@@ -76,29 +81,67 @@ def scope(path: str) -> list | None:
         return None
 
 
-def containers() -> dict[str, list]:
-    out = {}
-    for top, dirs, _ in os.walk(PODS):
-        for d in dirs:
-            if d.startswith("cri-containerd-") and d.endswith(".scope"):
-                got = scope(os.path.join(top, d))
-                if got is not None:
-                    out[d[len("cri-containerd-"):-len(".scope")]] = got
+def cpus_of(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
     return out
 
 
-def stable(previous: dict[str, list] | None, tries: int = 5) -> tuple[dict[str, list], bool]:
-    """A read that is the previous one again, or that a second read agrees with (else the last read,
-    marked unstable)."""
-    last = containers()
+def cpus_text(cpus: set[int]) -> str:
+    parts, run = [], []
+    for c in sorted(cpus):
+        if run and c != run[-1] + 1:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
+
+
+def containers() -> dict[str, list]:
+    out, paths = {}, {}
+    for top, dirs, _ in os.walk(PODS):
+        for d in dirs:
+            if d.startswith("cri-containerd-") and d.endswith(".scope"):
+                cid, path = d[len("cri-containerd-"):-len(".scope")], os.path.join(top, d)
+                got = scope(path)
+                if got is not None:
+                    out[cid], paths[cid] = got, path
+    # A second look at each container's CPUs once all were read, keeping what both looks saw: of two
+    # containers, the first one's looks straddle the other's first, so a CPU seen under both was
+    # under both at once (a CPU moved from one to the other in between is seen under one at most).
+    for cid, path in paths.items():
+        try:
+            again = read(path + "/cpuset.cpus.effective")
+        except OSError:
+            continue
+        if again != out[cid][1]:
+            out[cid][1] = cpus_text(cpus_of(again) & cpus_of(out[cid][1]))
+    return out
+
+
+def reads(previous: dict[str, list] | None, tries: int = 5) -> tuple[list[tuple[float, dict[str, list]]], bool]:
+    """The reads of one round, each with its time: none if the first is the previous one again; else
+    each read that differs from the one before it, up to one a second read agrees with (True) or
+    the last try."""
+    t, last = time.time(), containers()
     if last == previous:
-        return last, True
+        return [], True
+    seen = [(t, last)]
     for _ in range(tries):
-        now = containers()
+        t, now = time.time(), containers()
         if now == last:
-            return now, True
+            return seen, True
+        seen.append((t, now))
         last = now
-    return last, False
+    return seen, False
+
+
+def record(t: float, kind: str, snap: dict[str, list]) -> str:
+    return json.dumps({"t": t, "kind": kind, "c": snap}, separators=(",", ":")) + "\n"
 
 
 def main_pid(units: tuple[str, ...]) -> str:
@@ -144,10 +187,15 @@ def main() -> int:
     last_written = last_proc = 0.0
     while True:
         started = time.time()
-        snap, ok = stable(last)
-        if ok and (snap != last or started - last_written > HEARTBEAT):
-            out.write(json.dumps({"t": started, "kind": "cg", "c": snap}, separators=(",", ":")) + "\n")
-            last, last_written = snap, started
+        seen, agreed = reads(last)
+        for i, (t, snap) in enumerate(seen):  # every read judged; the one a second read agreed with a snapshot
+            confirmed = agreed and i == len(seen) - 1
+            out.write(record(t, "cg" if confirmed else "read", snap))
+            if confirmed:
+                last, last_written = snap, t
+        if not seen and last is not None and started - last_written > HEARTBEAT:
+            out.write(record(started, "cg", last))
+            last_written = started
         if started - last_proc > PROC_EVERY:
             procs = {name: process(pid) for name, units in UNITS.items() if (pid := main_pid(units))}
             out.write(json.dumps({"t": started, "kind": "proc", "p": procs, "state": state_bytes()},

@@ -126,7 +126,7 @@ class PoolPolicy(Policy):
             self.grants.add(container.key, grant)
         cpus = self.cpus_of(container.key)
         classes = class_names(container, pod)
-        resources = container.requested.with_cpus(str(cpus))
+        resources = self._unconfined(container.requested.with_cpus(str(cpus)))
         resources.cpu_shares = milli_to_shares(req.cpu_request)  # the annotation may know better
         return Decision(resources=resources,
                         classes=classes,
@@ -137,7 +137,7 @@ class PoolPolicy(Policy):
         with self.grants.transaction():
             self.grants.remove(container.key)
             self.grants.add(container.key, Grant("", milli=req.cpu_request, claim=claim.uid))
-        resources = container.requested.with_cpus(str(self.dra.cpus(claim.uid)))
+        resources = self._unconfined(container.requested.with_cpus(str(self.dra.cpus(claim.uid))))
         resources.cpu_shares = self._claim_shares(claim.uid)
         return Decision(resources=resources, classes=class_names(container, pod),
                         updates=self._sharers(claim.uid, view, container.key))
@@ -198,7 +198,15 @@ class PoolPolicy(Policy):
         cpus = self.cpus_of(container.key)
         if cpus is None:
             return Decision()
-        return Decision(resources=requested.with_cpus(str(cpus)))
+        return Decision(resources=self._unconfined(requested.with_cpus(str(cpus))))
+
+    def _unconfined(self, res: Resources) -> Resources:
+        """Memory on every node, unless kubelet named nodes (its memory manager): these policies place
+        CPUs only, and the runtime keeps the memory nodes an update leaves out, so a container whose
+        memory the policy before a switch confined would stay confined."""
+        if not res.cpuset_mems:
+            res.cpuset_mems = str(CPUSet(n.id for n in self.topology.memory_nodes()))
+        return res
 
     def resize(self, container: Container, pod: Pod, requested: Resources, view: View) -> Decision:
         held = self.grants.get(container.key)

@@ -1440,3 +1440,35 @@ async def test_the_nri_plugins_failed_updates_are_retried_by_the_engine_with_bac
     front = NriFrontEnd("/run/nri.sock", "cri-resmgr", "90")
     front.bind(engine, None)
     assert front.nri_runtime.on_failure is engine.state.retry
+
+
+async def test_a_switch_to_a_policy_that_places_no_memory_lifts_the_memory_placed_before(tmp_path):
+    """topology-aware confines a container's memory to its CPUs' NUMA node; static (kubelet's CPU
+    manager) places CPUs only. The runtime leaves what an update does not name, so a switch that
+    sent no memory nodes would leave the container on one node's memory, its CPUs on every node."""
+    from resmgr.policies import create
+    from tests.support.world import machine
+
+    topo = machine("sockets=1,nodes=2,cores=2,threads=1")  # node 0 = CPUs 0-1, node 1 = 2-3
+    store = StateStore(tmp_path)
+    store.prepare()
+    runtime = FakeRuntime()
+    eng = Engine(create("topology-aware", {"Active": "topology-aware"}, topo), store, CriRuntime(runtime))
+    cfg = pod_config("p", qos="guaranteed")
+
+    async def run(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod")
+
+    await front(eng).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
+
+    async def send(req):
+        return cri.CreateContainerResponse(container_id="s")
+
+    await front(eng).create_container(cri.CreateContainerRequest(
+        pod_sandbox_id="pod", config=container_config("one", resources=cri.LinuxContainerResources(
+            cpu_shares=1024, cpu_quota=100000, cpu_period=100000)),
+        sandbox_config=cfg), send)
+    assert eng.state.containers["s"].resources.cpuset_mems in ("0", "1")
+    await eng.state.switch_policy(create("static", {"Active": "static"}, topo))
+    assert eng.state.containers["s"].resources.cpuset_mems == "0-1"
+    assert runtime.updates[-1][0] == "s" and runtime.updates[-1][1].cpuset_mems == "0-1"

@@ -347,3 +347,98 @@ def test_at_the_end_a_finding_that_lasted_the_grace_lingers_whatever_excused_it(
     assert [v.kind for v in judge.lingering()] == ["pool"] and judge.stuck() == []
     judge.feed(44.0, {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5-7", "1", 0.2)})
     assert judge.lingering() == []  # cleared: nothing to count at the end
+
+
+def test_an_exclusive_cpu_shared_only_in_reads_no_second_read_agreed_with_is_caught():
+    """While containers move all the time no two reads agree and no snapshot is written: a short
+    overlap is judged from the read that saw it, and counts once however often it is seen."""
+    judge = Judge(MACHINE, TA)
+    clean = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5-7", "1", 0.2)}
+    judge.feed(10.0, clean)
+    overlap = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "4-7", "1", 0.2)}
+    judge.glance(11.0, overlap)
+    judge.glance(11.1, overlap)
+    judge.feed(12.0, clean)
+    assert [(v.kind, v.first) for v in judge.violations] == [("exclusive-shared", 11.0)]
+
+
+def test_a_read_no_second_read_agreed_with_is_held_only_to_what_counts_at_once():
+    judge = Judge(MACHINE, TA, grace=30)
+    half_moved = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5", "0-1", 0.2)}  # memory, pool
+    for t in range(0, 100, 2):
+        judge.glance(float(t), half_moved)
+    assert judge.violations == []
+
+
+def test_in_a_switch_a_read_that_mixes_the_two_configurations_is_judged_once_the_switch_is_done():
+    judge = Judge(MACHINE, TA)
+    topology = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "1-3", "0", 0.2),
+                "w": ctr("burstable", "1-3,5-7", "0-1")}
+    judge.feed(10.0, topology)
+    judge.change(BALLOONS, 20.0)
+    judge.glance(22.0, {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "3-4", "0-1", 0.2)})
+    assert judge.violations == []
+    judge.feed(25.0, {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5", "1", 0.2)})
+    assert [v.kind for v in judge.violations] == ["switch-balloon-overlap"]  # shared neither before nor after
+
+
+def test_an_nri_window_excuses_only_where_the_soak_killed_the_plugin():
+    from harness.soak.run import killed_windows
+
+    windows = [(1000.1, 1030.5), (2000.0, 2300.0)]
+    assert killed_windows(windows, [999.0]) == ([(1000.1, 1030.5)], [(2000.0, 2300.0)])
+    assert killed_windows(windows, []) == ([], windows)  # the plugin died of itself: nothing excused
+    assert killed_windows(windows, [1500.0]) == ([], windows)
+
+
+def test_the_short_forms_rotation_covers_both_modes_in_both_policies_and_a_reboot_in_each():
+    from harness.soak.config import START
+    from harness.soak.run import ROTATION, form_of
+
+    forms = {form_of(seed) for seed in range(len(ROTATION))}
+    assert {(m, p) for m, p, _ in forms} == {(m, p) for m in ("relay", "nri") for p in START}
+    assert {m for m, _, r in forms if r} == {"relay", "nri"} and {p for _, p, r in forms if r} == set(START)
+
+
+STATIC = Expect("static", CPUSet([0]))
+PODPOOLS = Expect("podpools", CPUSet([0]))
+
+
+def test_a_node_as_static_places_it_breaks_nothing_and_what_it_must_not_do_is_caught():
+    every = "0-3"
+    ok = {"g": ctr("guaranteed", "4", every, 1), "g2": ctr("guaranteed", "8-9", every, 2),
+          "b": ctr("burstable", "0-3,5-7,10-15", every, 0.5), "be": ctr("besteffort", "0-3,5-7,10-15", every)}
+    assert kinds(ok, STATIC) == []  # the reserved CPU in the default set, memory on every node
+    assert kinds({**ok, "be": ctr("besteffort", "1-3,5-7,10-15", every)}, STATIC) == ["pool"]
+    assert kinds({**ok, "be": ctr("besteffort", "0-15", every)}, STATIC) == ["exclusive-shared"] * 2 + ["pool"]
+    # Memory a policy before it placed, left in place: the container may use only node 1.
+    assert kinds({**ok, "g": ctr("guaranteed", "4", "1", 1)}, STATIC) == ["memory"]
+
+
+def test_a_node_as_podpools_places_it_breaks_nothing_and_overlapping_pools_are_caught():
+    ok = {"p1": ctr("burstable", "14-15", "3", 0.3), "p2": ctr("besteffort", "14-15", "3"),
+          "p3": ctr("besteffort", "12-13", "3"), "d": ctr("guaranteed", "1-9", "0-2", 1)}
+    assert kinds(ok, PODPOOLS) == []
+    assert kinds({**ok, "p3": ctr("besteffort", "13-14", "3")}, PODPOOLS) == ["balloon-overlap"]
+    assert kinds({**ok, "p3": ctr("besteffort", "0,12-13", "0,3")}, PODPOOLS) == ["reserved"]
+
+
+def test_every_configuration_the_soak_writes_makes_its_policy_on_the_soaks_node():
+    """A configuration the policy refused would be a soak of the fallback, not of the policy."""
+    from harness.soak.config import GROUPS, expect_of
+    from resmgr import policies
+    from tests.support.world import machine as topology
+
+    node = topology("sockets=2,nodes=2,cores=2,threads=2")  # the VM tier's Shape: 4 nodes of 4 CPUs
+    for group, spec in GROUPS.items():
+        policy = policies.create(spec["policy"]["Active"], spec["policy"], node)
+        assert policy.name == expect_of(spec).policy, group
+
+
+def test_a_balloon_reshaped_while_read_is_not_two_balloons_that_overlap():
+    """Two members of one balloon moved from 4-6 to 5-7, read apart: one on each set."""
+    judge = Judge(MACHINE, BALLOONS)
+    judge.feed(10.0, {"a": ctr("burstable", "4-6", "1"), "b": ctr("besteffort", "4-6", "1")})
+    judge.glance(11.0, {"a": ctr("burstable", "4-6", "1"), "b": ctr("besteffort", "5-7", "1")})
+    judge.feed(12.0, {"a": ctr("burstable", "5-7", "1"), "b": ctr("besteffort", "5-7", "1")})
+    assert judge.violations == []

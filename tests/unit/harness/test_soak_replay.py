@@ -210,3 +210,20 @@ def test_the_recorded_runs_cover_both_policies_and_their_switches():
         windows += sum(1 for e in events if e[1] == "change")
         assert len(stream) > 40, run
     assert policies == {"topology-aware", "balloons"} and windows >= 2
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_an_exclusive_cpu_shared_for_one_read_no_second_read_agreed_with_is_caught(run):
+    """Exclusivity is judged on every read: an overlap seen once, in a read the sampler could not
+    confirm (things moved while it read), counts; the recorded run's own verdict does not change."""
+    stream, events = load(run)
+    base = {(v.kind, v.key, v.first) for v in judge(stream, events).violations}
+    plants = [p for p in plan(stream, events, "exclusive-shared") if switch_end(events, p.start) == p.start]
+    assert plants, f"{run}: no moment for the plant"
+    reads = [(p.start + READ / 2, {**at(stream, p.start), **p.change}) for p in plants]
+    got = replay(stream, events, MACHINE, reads=reads, grace=GRACE, slow_grace=SLOW_GRACE,
+                 switch_bound=SWITCH_BOUND).violations
+    missed = [p for p in plants if not any(caught(p, v) for v in got)]
+    assert not missed, f"{len(missed)} of {len(plants)} plants missed: {missed[:3]}"
+    assert {(v.kind, v.key, v.first) for v in got} - base == {(v.kind, v.key, v.first) for v in got
+                                                             if any(caught(p, v) for p in plants)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -78,3 +79,66 @@ def test_the_journal_is_read_from_the_start_of_the_second_asked_for():
     guest.run = lambda cmd, timeout=60: asked.append(cmd) or Result(0, "", "")
     guest.journal("cri-resmgr", 1764391885.65)
     assert asked == ["journalctl -u cri-resmgr --no-pager -o cat --since @1764391885"]
+
+
+def test_cpu_lists_are_read_and_written_as_the_kernel_writes_them():
+    assert sampler.cpus_of("0-2,5,7-8") == {0, 1, 2, 5, 7, 8}
+    assert sampler.cpus_text({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+    assert sampler.cpus_of("") == set() and sampler.cpus_text(set()) == ""
+
+
+def _scope(pods: Path, cid: str, cpus: str) -> Path:
+    d = pods / "kubepods-burstable.slice" / "kubepods-burstable-pod1.slice" / f"cri-containerd-{cid}.scope"
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in (("cgroup.procs", f"{os.getpid()}\n"), ("cpuset.cpus.effective", cpus),
+                       ("cpuset.mems.effective", "0"), ("cpu.max", "max 100000")):
+        (d / name).write_text(text)
+    return d
+
+
+def test_a_cpu_moved_from_one_container_to_another_while_read_is_never_seen_under_both(tmp_path, monkeypatch):
+    """The first container is read holding CPU 3, then CPU 3 moves to the second before that one is
+    read: one look at each would show CPU 3 under both, an overlap that never was."""
+    scopes = {"a": _scope(tmp_path, "a", ""), "b": _scope(tmp_path, "b", "")}
+    real_read = sampler.read
+    order: list[str] = []
+
+    def other(cid: str) -> str:
+        return "b" if cid == "a" else "a"
+
+    def read(path: str) -> str:
+        if path.endswith("cgroup.procs"):
+            order.append(next(cid for cid, d in scopes.items() if path.startswith(str(d))))
+            if len(order) == 1:  # the first read holds CPU 3, the other one not
+                (scopes[order[0]] / "cpuset.cpus.effective").write_text("2-3")
+                (scopes[other(order[0])] / "cpuset.cpus.effective").write_text("4")
+            if len(order) == 2:  # the move lands between the two containers' reads
+                (scopes[order[0]] / "cpuset.cpus.effective").write_text("2")
+                (scopes[order[1]] / "cpuset.cpus.effective").write_text("3-4")
+        return real_read(path)
+
+    monkeypatch.setattr(sampler, "PODS", str(tmp_path))
+    monkeypatch.setattr(sampler, "read", read)
+    got = sampler.containers()
+    first, second = order[:2]
+    assert got[second][1] == "3-4"
+    assert got[first][1] == "2", got  # CPU 3 kept only where both looks saw it
+
+
+def test_every_read_of_a_round_that_changes_all_the_time_is_returned_unconfirmed(tmp_path, monkeypatch):
+    a = _scope(tmp_path, "a", "1")
+    monkeypatch.setattr(sampler, "PODS", str(tmp_path))
+    n = iter(range(1, 100))
+    real = sampler.containers
+
+    def moving() -> dict:
+        (a / "cpuset.cpus.effective").write_text(str(next(n)))
+        return real()
+
+    monkeypatch.setattr(sampler, "containers", moving)
+    seen, agreed = sampler.reads(None, tries=3)
+    assert not agreed and [s["a"][1] for _, s in seen] == ["1", "2", "3", "4"]
+    monkeypatch.setattr(sampler, "containers", real)
+    seen, agreed = sampler.reads(None)
+    assert agreed and len(seen) == 1
+    assert sampler.reads(seen[0][1]) == ([], True)
