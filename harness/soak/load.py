@@ -1,6 +1,6 @@
 """The soak's load: pods made and deleted through the API all the time, of every kind kubelet
 hands cri-resmgr - Guaranteed of 1, 2 and 4 CPUs, Burstable with and without limits, BestEffort,
-pods of several containers - and in-place resizes of running ones; kept inside what the node can
+pods of several containers - and in-place resizes of running ones, up and down; kept inside what the node can
 hold, so that kubelet refuses nothing and every pod made must run."""
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ KINDS: dict[str, tuple[tuple[Part, ...], int]] = {
     "be": ((Part(),), 3),
     "m2": ((Part(1000, 32, 1000, 32), Part(1000, 32, 1000, 32)), 1),  # Guaranteed, two containers
     "mb": ((Part(200, 16, 500, 32), Part(), Part(100)), 1),  # Burstable, three containers
+    "gi": ((Part(1000, 32, 1000, 32),), 1),  # Guaranteed, after an init container of 1 CPU of its own
+    "si": ((Part(100, 16),), 1),  # Burstable, beside a sidecar (an init container that keeps running)
 }
+# The init containers of a kind: (resources, a sidecar: restartPolicy Always, runs all along).
+INIT: dict[str, tuple[Part, bool]] = {"gi": (Part(1000, 32, 1000, 32), False), "si": (Part(100, 16), True)}
 EXCLUSIVE_BUDGET = 8000  # milli-CPUs all Guaranteed pods may hold at once (of 15 after the reserved one)
 TOTAL_BUDGET = 10000  # milli-CPUs all pods may request at once
 LIVE = (2, 5)  # pods alive at once: at least, at most
@@ -63,18 +67,36 @@ PODPOOL_ANNOTATION = "pool.podpools.cri-resource-manager.intel.com"
 IN_PODPOOL = ("bn", "be", "mb")  # kinds of which half ask for a pod pool (podpools runs them there)
 
 
-def manifest(name: str, node: str, parts: tuple[Part, ...],
-             annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    containers = [{"name": f"c{i}", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                   "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+LOOP = ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
+
+
+def manifest(name: str, node: str, parts: tuple[Part, ...], annotations: dict[str, str] | None = None,
+             init: tuple[Part, bool] | None = None) -> dict[str, Any]:
+    containers = [{"name": f"c{i}", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never", "command": LOOP,
                    "resources": _quantities(p),
                    "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"},
                                     {"resourceName": "memory", "restartPolicy": "NotRequired"}]}
                   for i, p in enumerate(parts)]
+    spec: dict[str, Any] = {"nodeName": node, "containers": containers, "terminationGracePeriodSeconds": 5,
+                            "automountServiceAccountToken": False, "enableServiceLinks": False}
+    if init is not None:
+        part, sidecar = init
+        first = {"name": "init", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                 "command": LOOP if sidecar else ["sh", "-c", "sleep 2"], "resources": _quantities(part)}
+        spec["initContainers"] = [{**first, "restartPolicy": "Always"} if sidecar else first]
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"soak": "yes"}, "annotations": annotations or {}},
-            "spec": {"nodeName": node, "containers": containers, "terminationGracePeriodSeconds": 5,
-                     "automountServiceAccountToken": False, "enableServiceLinks": False}}
+            "metadata": {"name": name, "labels": {"soak": "yes"}, "annotations": annotations or {}}, "spec": spec}
+
+
+def statuses(pod: Any) -> list[Any]:
+    """The statuses of every container of the pod, its init containers' (a sidecar's) too."""
+    return [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]
+
+
+def running_ids(pod: Any) -> dict[str, str]:
+    """name -> runtime container ID of the pod's running containers, a running sidecar's too."""
+    return {st.name: st.container_id.split("://", 1)[-1] for st in statuses(pod)
+            if st.container_id and st.state and st.state.running}
 
 
 def running(pod: Any, containers: int) -> bool:
@@ -195,7 +217,8 @@ class Load:
             return
         pooled = kind in IN_PODPOOL and self.rng.random() < 0.5
         annotations = {PODPOOL_ANNOTATION: PODPOOL} if pooled else {}
-        pod = self.core.create_namespaced_pod(NAMESPACE, manifest(rec.name, self.node, parts, annotations))
+        pod = self.core.create_namespaced_pod(NAMESPACE, manifest(rec.name, self.node, parts, annotations,
+                                                                  INIT.get(kind)))
         rec.uid = pod.metadata.uid
         with self._lock:
             self.pods[rec.name] = rec
@@ -211,8 +234,9 @@ class Load:
         self.deleted += 1
 
     def resize(self) -> None:
-        """A Guaranteed 1-CPU pod to 2 CPUs, or a limited Burstable one's request doubled."""
-        candidates = [p for p in self.movable() if p.kind in ("g1", "bl") and not p.resized and p.running]
+        """A Guaranteed 1-CPU pod to 2 CPUs, a 2-CPU one down to 1 (CPUs given back while it runs), or a
+        limited Burstable one's request doubled."""
+        candidates = [p for p in self.movable() if p.kind in ("g1", "g2", "bl") and not p.resized and p.running]
         if not candidates:
             return
         rec = self.rng.choice(candidates)
@@ -222,6 +246,8 @@ class Load:
             exclusive, total = self._budget(more=1000)
             if exclusive > EXCLUSIVE_BUDGET or total > TOTAL_BUDGET:
                 return
+        elif rec.kind == "g2":
+            new = Part(1000, old.memory, 1000, old.memory_limit)
         else:
             new = Part(old.cpu * 2, old.memory, old.cpu_limit, old.memory_limit)
         body = {"spec": {"containers": [{"name": "c0", "resources": _quantities(new)}]}}

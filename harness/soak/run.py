@@ -5,7 +5,8 @@ The faults, each a kind of its own: cri-resmgr SIGKILLed (systemd restarts it); 
 SIGKILLed; containerd restarted; kubelet restarted; the API server away for a while; the state
 directory's file system full for a while (cri-resmgr SIGKILLed once meanwhile); containerd frozen
 (SIGSTOP) for longer than kubelet's runtime request timeout; a configuration every node rejects,
-then its fix; and once per run the node rebooted. After each the soak waits until the node is whole
+then its fix; cri-resmgr's state file cut in half and cri-resmgr SIGKILLed; and once per run the
+node rebooted. After each the soak waits until the node is whole
 again (harness/soak/run.py: Soak.whole) and records how long that took.
 """
 
@@ -20,11 +21,11 @@ from typing import Any
 
 from kubernetes.client import CustomObjectsApi
 
-from harness.kube import ControlPlane, container_ids
+from harness.kube import ControlPlane
 from harness.soak import config as cfg
-from harness.soak.guest import SAMPLES, Guest
+from harness.soak.guest import SAMPLES, STATE_DIR, Guest
 from harness.soak.judge import Judge, Machine, Violation, nri_windows
-from harness.soak.load import NAMESPACE, Load, running
+from harness.soak.load import NAMESPACE, Load, running, running_ids, statuses
 from harness.soak.proxy import CountingProxy
 from harness.soak.report import Strike, fault_table, placements_kept, slope
 from harness.vm import Shape, Vm
@@ -35,7 +36,7 @@ from tests.support.agentenv import install_agent_rbac, install_crds
 WHOLE_EVERY = 10.0  # seconds between two looks at whether the node is whole again
 SETTLE = 180.0  # seconds a policy switch's moves are given to reach the kernel before a reboot
 FAULTS = ("kill-resmgr", "kill-agent", "restart-containerd", "restart-kubelet", "api-away", "disk-full",
-          "freeze-containerd", "bad-config")
+          "freeze-containerd", "bad-config", "corrupt-state")
 
 
 @dataclass
@@ -482,9 +483,9 @@ class Soak:
         pods = self.load.look()
         now = time.monotonic()
         self._known = {st.container_id.split("://", 1)[-1]: f"{name}/{st.name}" for name, pod in pods.items()
-                       for st in pod.status.container_statuses or [] if st.container_id}
+                       for st in statuses(pod) if st.container_id}
         self._expected = {cid for pod in pods.values() if pod.metadata.deletion_timestamp is None
-                          for cid in container_ids(pod).values()}
+                          for cid in running_ids(pod).values()}
         for rec in list(self.load.pods.values()):
             pod = pods.get(rec.name)
             if rec.deleted:
@@ -506,7 +507,7 @@ class Soak:
                 if down > self.timing.pod_bound:
                     self._lose(rec.name, f"pod {rec.name} does not run {down:.0f} s after it was made"
                                          if not rec.seen else f"pod {rec.name} has not run for {down:.0f} s")
-            for st in pod.status.container_statuses or []:
+            for st in statuses(pod):
                 key = (rec.name, st.name)
                 before = self._restarts.get(key, 0)
                 if st.restart_count > before:
@@ -533,6 +534,21 @@ class Soak:
         """SIGKILL of cri-resmgr, its time kept (in NRI mode the only cause a window opens on)."""
         self.kills.append(self.guest.now())
         self.guest.sh(f"systemctl kill -s KILL {self.guest.unit}")
+
+    def _corrupt_state(self, s: Strike) -> None:
+        # The state file cut in half (what a crash would leave of a write that was not atomic) and
+        # cri-resmgr SIGKILLed at once: it must set the file aside and start from the runtime,
+        # placements kept. A write of its own between the two heals the file first (noted).
+        self._excused = self.guest.mode == "relay"
+        aside = f"ls -t {STATE_DIR} | grep '^cache.broken-' | head -1"
+        before = self.guest.sh(aside)
+        self.kills.append(self.guest.now())
+        state = f"{STATE_DIR}/cache"
+        self.guest.sh(f"n=$(stat -c %s {state}); head -c $((n / 2)) {state} > {state}.cut && mv {state}.cut {state} "
+                      f"&& systemctl kill -s KILL {self.guest.unit}")
+        time.sleep(2)
+        self.guest.wait_serving()
+        s.notes["state file"] = "set aside" if self.guest.sh(aside) != before else "healed by a write before the kill"
 
     def _kill_agent(self, s: Strike) -> None:
         self.guest.sh("systemctl kill -s KILL cri-resmgr-agent")
@@ -701,7 +717,7 @@ class Soak:
         """Guaranteed containers' CPUs by pod and container name, from the last snapshot."""
         ids = {}
         for pod in self.control.core().list_namespaced_pod(NAMESPACE, label_selector="soak=yes").items:
-            for name, cid in container_ids(pod).items():
+            for name, cid in running_ids(pod).items():
                 ids[cid] = (pod.metadata.name, name)
         with self._lock:
             snap = dict(self.snapshot)

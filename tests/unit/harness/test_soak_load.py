@@ -12,8 +12,12 @@ class Core:
     def __init__(self) -> None:
         self.made: list[str] = []
 
+        self.bodies: list[dict] = []
+        self.resized: list[tuple[str, dict]] = []
+
     def create_namespaced_pod(self, namespace: str, body: dict) -> SimpleNamespace:
         self.made.append(body["metadata"]["name"])
+        self.bodies.append(body)
         return SimpleNamespace(metadata=SimpleNamespace(uid=f"uid-{len(self.made)}"))
 
 
@@ -63,3 +67,48 @@ def test_the_pods_spared_through_a_reboot_are_neither_deleted_nor_resized():
     for _ in range(200):
         load.step()
     assert set(core.deleted) | set(core.resized)
+
+
+def test_half_the_shared_pods_ask_for_the_pod_pool_and_no_guaranteed_one_does():
+    from harness.soak.load import PODPOOL_ANNOTATION
+
+    core = Core()
+    load = Load(core, "node", random.Random(3))
+    for i in range(40):
+        load.make("be" if i % 2 else "g1")
+        load.pods.clear()  # no budget in the way
+    pooled = [b["metadata"]["name"].split("-")[0] for b in core.bodies if b["metadata"]["annotations"]]
+    assert set(pooled) == {"be"} and 5 <= len(pooled) <= 15
+    assert all(b["metadata"]["annotations"] == {PODPOOL_ANNOTATION: "soak"} for b in core.bodies
+               if b["metadata"]["annotations"])
+
+
+def test_a_two_cpu_guaranteed_pod_is_resized_down_to_one():
+    core = Core()
+    core.patch_namespaced_pod_resize = lambda name, ns, body: core.resized.append((name, body))
+    load = Load(core, "node", random.Random(1))
+    load.make("g2")
+    load.pods["g2-0"].running = 1.0
+    load.resize()
+    assert core.resized == [("g2-0", {"spec": {"containers": [{"name": "c0", "resources": {
+        "requests": {"cpu": "1000m", "memory": "32Mi"}, "limits": {"cpu": "1000m", "memory": "32Mi"}}}]}})]
+
+
+def test_init_containers_and_sidecars_are_made_and_a_running_sidecar_counts_as_the_pods():
+    from harness.soak.load import running_ids
+
+    core = Core()
+    load = Load(core, "node", random.Random(1))
+    load.make("gi")
+    load.make("si")
+    gi, si = (b["spec"]["initContainers"][0] for b in core.bodies)
+    assert "restartPolicy" not in gi and gi["resources"]["limits"] == {"cpu": "1000m", "memory": "32Mi"}
+    assert si["restartPolicy"] == "Always"
+
+    def st(name: str, cid: str, running: bool) -> SimpleNamespace:
+        return SimpleNamespace(name=name, container_id=f"containerd://{cid}",
+                               state=SimpleNamespace(running=SimpleNamespace() if running else None))
+
+    pod = SimpleNamespace(status=SimpleNamespace(init_container_statuses=[st("init", "s1", True)],
+                                                 container_statuses=[st("c0", "m1", True)]))
+    assert running_ids(pod) == {"init": "s1", "c0": "m1"}
