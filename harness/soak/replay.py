@@ -42,8 +42,9 @@ def replay(stream: Iterable[tuple[float, Snapshot]], events: list[list[Any]], ma
            reads: Iterable[tuple[float, Snapshot]] = (), **graces: float) -> Judge:
     """A judge fed the stream (and the reads no second read agreed with) and the events in time
     order, as the soak fed its own; finished."""
-    judge = Judge(machine, expect_of(TOPOLOGY_AWARE), **graces)
-    pending = sorted(events, key=lambda e: e[0])
+    start = [e for e in events if e[1] == "start"]  # runs recorded before it started in topology-aware
+    judge = Judge(machine, expect_of_event(start[0]) if start else expect_of(TOPOLOGY_AWARE), **graces)
+    pending = sorted((e for e in events if e[1] != "start"), key=lambda e: e[0])
     merged = sorted([(t, True, snap) for t, snap in stream] + [(t, False, snap) for t, snap in reads],
                     key=lambda r: (r[0], r[1]))
     for t, confirmed, snap in merged:

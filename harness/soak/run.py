@@ -125,7 +125,8 @@ class Soak:
         self.started = self.started_wall = 0.0
         self.notes: dict[str, Any] = {}
         self.plants: list[Plant] = []
-        self.events: list[list[Any]] = []  # [guest time, "change", policy, reserved, max balloon] or [t, "applied"]
+        # [guest time, "start" or "change", policy, reserved, max balloon] or [t, "applied"]
+        self.events: list[list[Any]] = []
         self.kills: list[float] = []  # when the soak SIGKILLed cri-resmgr (guest clock)
 
     # -- the sampler's records -------------------------------------------------------------------
@@ -202,6 +203,8 @@ class Soak:
     def run(self) -> dict[str, Any]:
         self.configs.setup(self.settings.policy)
         self._applied_first()
+        first = self.configs.expect()
+        self.events.append([self.guest.now(), "start", first.policy, str(first.reserved), first.max_balloon])
         self.notes["node at rest"] = self.baseline()
         self._offset = int(self.guest.sh(f"stat -c %s {SAMPLES} 2>/dev/null || echo 0"))  # judged from now on
         threads = [threading.Thread(target=self.pull, name="soak-pull", daemon=True),
