@@ -462,7 +462,19 @@ class Soak:
                    for c, age in self._lasting("missing", self._expected - started)]
         if missing:
             reasons.append(f"containers of running pods do not run: {missing}")
+        if s.kind == "reboot":
+            reasons += self._unreported(started)
         return reasons
+
+    def _unreported(self, started: set[str]) -> list[str]:
+        """After a reboot: the API server shows the containers of before it running until kubelet
+        reports their new ones, and their restart counts, which the reboot excuses; so no lag is
+        allowed there (a count taken after the reboot's strike would be a restart of no cause)."""
+        stale = self._expected - started
+        if not stale:
+            return []
+        return [f"kubelet has not reported the containers made since the reboot: "
+                f"{sorted(self._known.get(c, c[:12]) for c in stale)[:5]}"]
 
     def _lasting(self, kind: str, found: set[str]) -> list[tuple[str, float]]:
         """Of the containers found (of a kind) now, those found in every look for kubelet's runtime

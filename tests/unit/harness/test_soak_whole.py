@@ -113,3 +113,16 @@ def test_cri_resmgrs_word_is_held_against_the_kernel():
     assert disagree(placed, snap) == {"b": "CPUs 5-6 memory 1, the kernel CPUs 5-7 memory 1"}  # c: in flight
     assert disagree({"a": ["4", "0-1", False]}, snap) == {"a": "CPUs 4 memory 0-1, the kernel CPUs 4 memory 1"}
     assert disagree({"a": ["", "", False]}, snap) == {}  # nothing said: nothing held against it
+
+
+def test_a_reboot_is_whole_only_once_kubelet_reports_the_containers_it_made_since():
+    """Pods' statuses name the containers of before the reboot, running, until kubelet reports the
+    new ones with their restart counts: whole before that, the counts would come after the reboot's
+    strike and be restarts of no cause."""
+    soak = _soak()
+    soak._known = {"old1": "g1-0/c0", "new1": "g1-0/c0"}
+    soak._expected = {"old1"}
+    assert soak._unreported({"new1"}) == ["kubelet has not reported the containers made since the reboot: "
+                                          "['g1-0/c0']"]
+    soak._expected = {"new1"}
+    assert soak._unreported({"new1"}) == []
