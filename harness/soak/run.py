@@ -563,7 +563,11 @@ class Soak:
                       f"&& systemctl kill -s KILL {self.guest.unit}")
         time.sleep(2)
         self.guest.wait_serving()
-        s.notes["state file"] = "set aside" if self.guest.sh(aside) != before else "healed by a write before the kill"
+        # The relay's socket of the killed process may still be there: the state is read a while later.
+        until = time.monotonic() + 60
+        while (moved := self.guest.sh(aside) != before) is False and time.monotonic() < until:
+            time.sleep(3)
+        s.notes["state file"] = "set aside" if moved else "healed by a write before the kill"
 
     def _kill_agent(self, s: Strike) -> None:
         self.guest.sh("systemctl kill -s KILL cri-resmgr-agent")

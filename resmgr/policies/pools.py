@@ -201,11 +201,11 @@ class PoolPolicy(Policy):
         return Decision(resources=self._unconfined(requested.with_cpus(str(cpus))))
 
     def _unconfined(self, res: Resources) -> Resources:
-        """Memory on every node, unless kubelet named nodes (its memory manager): these policies place
-        CPUs only, and the runtime keeps the memory nodes an update leaves out, so a container whose
-        memory the policy before a switch confined would stay confined."""
-        if not res.cpuset_mems:
-            res.cpuset_mems = str(CPUSet(n.id for n in self.topology.memory_nodes()))
+        """Memory on every node, named: these policies place CPUs only, and the runtime keeps the
+        memory nodes an update leaves out, so a container whose memory the policy before a switch
+        confined would stay confined. Whatever the request says: one rebuilt from the runtime (a
+        lost state file, an NRI synchronization) holds that policy's placement, not kubelet's ask."""
+        res.cpuset_mems = str(CPUSet(n.id for n in self.topology.memory_nodes()))
         return res
 
     def resize(self, container: Container, pod: Pod, requested: Resources, view: View) -> Decision:

@@ -1472,3 +1472,22 @@ async def test_a_switch_to_a_policy_that_places_no_memory_lifts_the_memory_place
     await eng.state.switch_policy(create("static", {"Active": "static"}, topo))
     assert eng.state.containers["s"].resources.cpuset_mems == "0-1"
     assert runtime.updates[-1][0] == "s" and runtime.updates[-1][1].cpuset_mems == "0-1"
+
+
+async def test_a_container_adopted_with_memory_another_policy_placed_is_given_every_node_under_static(tmp_path):
+    """A state file lost (cut by a crash) and a switch to static: the container is adopted from the
+    runtime with the memory node topology-aware gave it, which is no request of kubelet's."""
+    from resmgr.model import Container, Pod, QOSClass, View
+    from resmgr.policies import create
+    from tests.support.world import machine
+
+    topo = machine("sockets=1,nodes=2,cores=2,threads=1")
+    policy = create("static", {"Active": "static"}, topo)
+    c = Container("c", "pod", "one", state=ContainerState.RUNNING,
+                  requested=Resources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000, cpuset_cpus="2",
+                                      cpuset_mems="1"),
+                  resources=Resources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000, cpuset_cpus="2",
+                                      cpuset_mems="1"))
+    pod = Pod("pod", "uid", "p", "default", qos_class=QOSClass.GUARANTEED)
+    decision = policy.adopt(c, pod, View({"pod": pod}, {"c": c}))
+    assert decision.resources is not None and decision.resources.cpuset_mems == "0-1"
