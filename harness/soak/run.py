@@ -565,7 +565,7 @@ class Soak:
         self.guest.wait_serving()
         # The relay's socket of the killed process may still be there: the state is read a while later.
         until = time.monotonic() + 60
-        while (moved := self.guest.sh(aside) != before) is False and time.monotonic() < until:
+        while not (moved := self.guest.sh(aside) != before) and time.monotonic() < until:
             time.sleep(3)
         s.notes["state file"] = "set aside" if moved else "healed by a write before the kill"
 
