@@ -9,6 +9,8 @@ see runtime.py).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import functools
 import logging
 import re
@@ -34,6 +36,7 @@ from resmgr.frontends.nri.transport import (
 )
 from resmgr.generated.nri import api_pb2 as nri
 from resmgr.model import Adjustment, ContainerState, Pod, Resources
+from resmgr.topology.cpuset import CPUSet
 
 log = logging.getLogger("cri-resmgr.nri")
 CODE_NAMES = {number: name for name, number in errors.CODES.items()}
@@ -43,11 +46,12 @@ E = nri.Event
 # Every event we act on. Runtimes before UPDATE_POD_SANDBOX existed refuse a mask with
 # a bit above 0x7ff, so that one is asked for only where it is known to exist.
 EVENTS = [E.RUN_POD_SANDBOX, E.STOP_POD_SANDBOX, E.REMOVE_POD_SANDBOX, E.CREATE_CONTAINER,
-          E.START_CONTAINER, E.POST_START_CONTAINER, E.UPDATE_CONTAINER, E.STOP_CONTAINER, E.REMOVE_CONTAINER,
-          E.UPDATE_POD_SANDBOX]
+          E.START_CONTAINER, E.POST_START_CONTAINER, E.UPDATE_CONTAINER, E.POST_UPDATE_CONTAINER, E.STOP_CONTAINER,
+          E.REMOVE_CONTAINER, E.UPDATE_POD_SANDBOX]
 OLD_EVENTS_MASK = 0x7FF
 MARGIN = 0.2  # seconds kept back from the runtime's deadline for our own answer
 RESYNC_IDLE = 5.0  # seconds without an event before the plugin may register again to deliver updates
+AFTER_UPDATE_WAIT = 5.0  # seconds the moves onto CPUs an updated container gives up wait for its PostUpdateContainer
 # Events whose answer carries nothing, by the method newer runtimes deliver them with (older
 # ones use StateChange): request, event, answer.
 EVENT_METHODS = {
@@ -56,6 +60,7 @@ EVENT_METHODS = {
     "RemovePodSandbox": (nri.RemovePodSandboxRequest, E.REMOVE_POD_SANDBOX, nri.RemovePodSandboxResponse),
     "StartContainer": (nri.StartContainerRequest, E.START_CONTAINER, nri.StartContainerResponse),
     "PostStartContainer": (nri.PostStartContainerRequest, E.POST_START_CONTAINER, nri.PostStartContainerResponse),
+    "PostUpdateContainer": (nri.PostUpdateContainerRequest, E.POST_UPDATE_CONTAINER, nri.PostUpdateContainerResponse),
     "RemoveContainer": (nri.RemoveContainerRequest, E.REMOVE_CONTAINER, nri.RemoveContainerResponse),
 }
 
@@ -113,6 +118,7 @@ class NriPlugin:
         self.safe_updates = False  # the runtime's UpdateContainers cannot deadlock it
         self.in_flight = 0  # the runtime's calls being answered
         self.last_event = 0.0  # when the last one was answered (monotonic)
+        self._after_update: dict[str, dict[str, Resources]] = {}  # by updated container: moves it must precede
         self._sync_pods: list[nri.PodSandbox] = []
         self._sync_containers: list[nri.Container] = []
         self._methods: dict[str, tuple[type[Message], Callable[[Any, float | None], Awaitable[Message]]]] = {
@@ -320,9 +326,20 @@ class NriPlugin:
         await self.calls.stop_container(c.id, call, deadline)
         await self.engine.state.settle_updates()  # the CPUs it gave back: in the answer when it carries updates
 
+    async def _container_updated(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
+        self._moves_after(c.id)
+
+    def _moves_after(self, cid: str) -> None:
+        """The moves onto CPUs cid gave up, now that the runtime has applied its update (or waited
+        long enough for it)."""
+        later = self._after_update.pop(cid, None)
+        if later:
+            self.runtime.queue(later)
+
     _events: dict[int, Callable[..., Awaitable[None]]] = {
         E.RUN_POD_SANDBOX: _pod_run, E.STOP_POD_SANDBOX: _pod_stop, E.REMOVE_POD_SANDBOX: _pod_remove,
         E.START_CONTAINER: _container_start, E.POST_START_CONTAINER: _container_started,
+        E.POST_UPDATE_CONTAINER: _container_updated,
         E.REMOVE_CONTAINER: _container_remove, E.STOP_CONTAINER: _container_stop,
     }
 
@@ -378,9 +395,29 @@ class NriPlugin:
                 return nri.UpdateContainerResponse()
             await self.engine.state.settle_updates()
         final = collector.updates.pop(cid, None) or sent
+        self._defer_onto(cid, final, collector)
         self.runtime.applied(cid, final)
         updates = [convert.update(cid, final)] + self._updates(collector, cid)
         return nri.UpdateContainerResponse(update=updates)
+
+    def _defer_onto(self, cid: str, final: Resources, collector: Collector) -> None:
+        """The runtime applies the other containers' updates an UpdateContainer answer carries before
+        the container's own: one that takes CPUs the container gives up (a resize that moves it, a
+        swap) would share them with it until then. Such a move is split: the answer narrows it to
+        what it may hold now, and the rest goes once the runtime reports the container updated."""
+        known = self.runtime.containers.get(cid)
+        held = CPUSet.parse_or_empty(known.linux.resources.cpu.cpus) if known is not None else CPUSet()
+        given_up = held - CPUSet.parse_or_empty(final.cpuset_cpus) if final.cpuset_cpus else CPUSet()
+        later = {}
+        for other, res in collector.updates.items():
+            cpus = CPUSet.parse_or_empty(res.cpuset_cpus)
+            now = cpus - given_up
+            if other != cid and cpus & given_up and now:
+                later[other] = res
+                collector.updates[other] = dataclasses.replace(res, cpuset_cpus=str(now))
+        if later:
+            self._after_update.setdefault(cid, {}).update(later)
+            asyncio.get_running_loop().call_later(AFTER_UPDATE_WAIT, self._moves_after, cid)
 
     async def _stop_container(self, req: nri.StopContainerRequest, deadline: float | None) -> Message:
         self._subscribed(E.STOP_CONTAINER)

@@ -560,3 +560,41 @@ async def test_update_containers_orders_a_swap_so_no_container_shares_a_cpu():
     finally:
         sender.cancel()
     assert sent == [[("b", "2-3"), ("g", "1"), ("b", "0,2-3")]]
+
+
+async def test_a_move_onto_cpus_an_updated_container_gives_up_waits_until_the_runtime_has_updated_it(tmp_path):
+    """kubelet resizes g from CPU 1 to CPUs 2-3 and the shared containers take CPU 1 instead. The
+    runtime applies the other updates an UpdateContainer answer carries before g's own, so the
+    answer narrows them to what they may hold now; CPU 1 follows once g is updated."""
+    from resmgr.frontends.nri import plugin as nri_plugin
+    from resmgr.frontends.nri.runtime import Collector
+    from resmgr.model import Resources
+
+    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path, "static")
+    g = nri.Container(id="g", pod_sandbox_id="p1", name="g")
+    g.linux.resources.cpu.cpus = "1"
+    plugin.runtime.containers["g"] = g
+    collector = Collector(updates={"s": Resources(cpuset_cpus="0-1,8-15"), "t": Resources(cpuset_cpus="4-7")})
+    plugin._defer_onto("g", Resources(cpuset_cpus="2-3"), collector)
+    assert collector.updates["s"].cpuset_cpus == "0,8-15" and collector.updates["t"].cpuset_cpus == "4-7"
+    queued: list[dict] = []
+    plugin.runtime.queue = lambda updates: queued.append(updates) or len(updates)
+    plugin._moves_after("g")
+    assert [{k: r.cpuset_cpus for k, r in q.items()} for q in queued] == [{"s": "0-1,8-15"}]
+    plugin._moves_after("g")  # the fallback after the event finds nothing left
+    assert len(queued) == 1 and nri_plugin.AFTER_UPDATE_WAIT > 0
+    trunk.close()
+    peer.writer.close()
+
+
+async def test_the_runtimes_post_update_event_releases_the_moves_that_waited_for_it(dialled):
+    from resmgr.model import Resources
+
+    plugin, trunk, peer = dialled
+    await _configured(peer, "v2.4.2")
+    plugin._after_update["g"] = {"c1": Resources(cpuset_cpus="1")}
+    event = nri.PostUpdateContainerRequest(container=nri.Container(id="g", pod_sandbox_id="p1", name="g"))
+    await peer.send(frame(1, request(5, "PostUpdateContainer", event.SerializeToString())))
+    assert (await peer.response(5)).status.code == 0
+    assert await _updates_of_c1(peer) == "1"
+    assert plugin._after_update == {}
