@@ -123,6 +123,7 @@ class Pusher:
                 return
             except Exception as err:
                 log.error("updating resources of container %s failed (will retry): %s", c.id, self.describe(err))
+                self._maybe(key, res.cpuset_cpus)
                 self.wake()
                 return
             starting = starting or key in self.starting
@@ -187,6 +188,38 @@ class Pusher:
                 log.error("narrowing container %s to CPUs %s failed: %s", c.id, keep, self.describe(err))
                 return
             self.held[key] = str(keep)
+
+    def _maybe(self, key: str, cpus: str) -> None:
+        """An update that failed may have been taken (a deadline passed, say): the container may run
+        on its old CPUs or on those."""
+        held = self.held.get(key)
+        if held is not None and cpus:
+            self.held[key] = str(CPUSet.parse_or_empty(held) | CPUSet.parse_or_empty(cpus))
+
+    async def step_aside(self, key: str, avoid: CPUSet) -> bool:
+        """Run key, for now, on its desired CPUs but avoid (those another container is still to leave);
+        its desired resources stay pending. False where the runtime did not take it, or nothing
+        would be left."""
+        c = self.ledger.containers.get(key)
+        if c is None or not c.id:
+            return True
+        now = self._new(key) - avoid
+        if not now:
+            return False
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with self._slots, lock:
+            if self._removed(c.id, c.pod_id):
+                return True
+            try:
+                await self.runtime.update_resources(c.id, dataclasses.replace(c.resources, cpuset_cpus=str(now)))
+            except Stopped:
+                return True
+            except Exception as err:
+                log.error("moving container %s to CPUs %s failed: %s", c.id, now, self.describe(err))
+                self._maybe(key, str(now))
+                return False
+            self.held[key] = str(now)
+        return True
 
     def unconfirmed(self, keys: Iterable[str]) -> list[str]:
         """Those of keys whose last update the runtime has not taken (gone or exited ones aside)."""

@@ -99,15 +99,22 @@ class Update:
             CPUSet.parse_or_empty(pusher.held.get(c.key, c.resources.cpuset_cpus))
         if not gained:
             return
-        leaving = []
+        # The CPUs it gives up: a container that moves onto them must wait for this update (commit_update).
+        given_up = CPUSet.parse_or_empty(pusher.held.get(c.key, c.resources.cpuset_cpus)) - \
+            CPUSet.parse_or_empty(plan.resources.cpuset_cpus)
+        leaving, left = [], []
         for key in plan.moved:
             o = self.state.containers.get(key)
             if key == c.key or o is None or CPUSet.parse_or_empty(o.resources.cpuset_cpus) & gained:
                 continue
             held = pusher.held.get(key)
             if held is None or CPUSet.parse_or_empty(held) & gained:  # unknown: it may run there
-                leaving.append(key)
-        left = await pusher.until_taken(leaving, deadline)
+                if CPUSet.parse_or_empty(o.resources.cpuset_cpus) & given_up:  # a swap: aside first
+                    if not await pusher.step_aside(key, given_up):
+                        left.append(key)
+                else:
+                    leaving.append(key)
+        left += await pusher.until_taken(leaving, deadline)
         if left:
             raise NotReady(f"the resize of container {c.id} waits for the runtime to move container(s) "
                            f"{', '.join(k[:12] for k in left)} off CPUs {gained}; try again")

@@ -1237,6 +1237,45 @@ async def test_a_resize_goes_to_the_runtime_only_once_the_containers_it_moves_ha
     assert engine.state.containers["c1"].resources.cpuset_cpus == "1-2" and not engine.state.containers["c2"].pending
 
 
+class SwappingPolicy(Policy):
+    """Container "g" gets CPU 1, any other CPUs 2-4; g resized to 2 CPUs takes 2-3 and the others
+    take 1 and 4: a swap, the others onto the CPU g gives up."""
+
+    name = "test-swapping"
+
+    def allocate(self, container, pod, view):
+        return Decision(resources=Resources(cpuset_cpus="1" if container.name == "g" else "2-4"))
+
+    def resize(self, container, pod, requested, view):
+        others = {k: Resources(cpuset_cpus="1,4") for k in view.containers if k != container.key}
+        return Decision(resources=Resources(cpuset_cpus="2-3"), updates=others)
+
+
+async def test_a_resize_that_moves_a_container_lets_no_other_onto_the_cpus_it_leaves_before_it_has_left(tmp_path):
+    """g resized from CPU 1 to CPUs 2-3, s from 2-4 to 1,4 (topology-aware did so in a soak): s first
+    steps aside onto 4, then g is sent 2-3, then s gets 1 as well. Sent at once, s would share CPU 1
+    with g, or g CPUs 2-3 with s."""
+    import time
+
+    engine = taking_engine(tmp_path, SwappingPolicy())
+    rt = engine.state.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="g")
+    await _create(engine, pod_id, cfg, cid="c2", name="s")
+    rt.cpusets.update(c1="1", c2="2-4")
+    seen = []
+
+    async def send(req):
+        seen.append((req.linux.cpuset_cpus, rt.cpusets["c2"]))
+        rt.cpusets["c1"] = req.linux.cpuset_cpus
+        return cri.UpdateContainerResourcesResponse()
+
+    await front(engine).update_container_resources(_grow_c1(), send, deadline=time.monotonic() + 10)
+    await engine.state.pusher.settle()
+    assert seen == [("2-3", "4")]  # s aside on CPU 4 when g was sent 2-3
+    assert rt.cpusets == {"c1": "2-3", "c2": "1,4"} and not engine.state.containers["c2"].pending
+
+
 async def test_a_resize_waits_for_a_container_it_moves_that_the_runtime_is_starting(tmp_path):
     """The runtime answers an update of a container it is starting and may start it from what it
     held before: the move is not taken until the container runs and is updated again, so a resize

@@ -119,3 +119,20 @@ def test_a_sequence_of_moves_gives_cpus_up_before_they_are_taken_and_breaks_swap
         [("g", p("1")), ("b", p("0,2-3"))]
     # Where the runtime's CPUs are not known, nothing is held back.
     assert sequence({"x": (CPUSet(), p("1")), "y": (p("1"), p("2"))}) == [("y", p("2")), ("x", p("1"))]
+
+
+def test_a_push_whose_outcome_is_unknown_may_hold_the_old_cpus_or_the_new():
+    """An update that failed on a deadline may have been taken: until a push is confirmed the
+    container may run on either (a resize then waits for it to leave the new ones too)."""
+
+    class Late:
+        async def update_resources(self, container_id: str, res: Resources) -> None:
+            raise TimeoutError("DEADLINE_EXCEEDED")
+
+    ledger = ledger_of({"a": "0-1"})
+    pusher = Pusher(ledger, Late(), lambda: None)
+    pusher.note_held({"a": Resources(cpuset_cpus="2-3")})
+    assert pusher.held == {"a": "0-1"}
+    ledger.containers["a"].resources, ledger.containers["a"].pending = Resources(cpuset_cpus="2-3"), True
+    asyncio.run(pusher.push("a"))
+    assert pusher.held == {"a": "0-3"} and ledger.containers["a"].pending
