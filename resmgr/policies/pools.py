@@ -126,7 +126,7 @@ class PoolPolicy(Policy):
             self.grants.add(container.key, grant)
         cpus = self.cpus_of(container.key)
         classes = class_names(container, pod)
-        resources = self._unconfined(container.requested.with_cpus(str(cpus)))
+        resources = self._unconfined(container.requested.with_cpus(str(cpus)), container)
         resources.cpu_shares = milli_to_shares(req.cpu_request)  # the annotation may know better
         return Decision(resources=resources,
                         classes=classes,
@@ -137,7 +137,7 @@ class PoolPolicy(Policy):
         with self.grants.transaction():
             self.grants.remove(container.key)
             self.grants.add(container.key, Grant("", milli=req.cpu_request, claim=claim.uid))
-        resources = self._unconfined(container.requested.with_cpus(str(self.dra.cpus(claim.uid))))
+        resources = self._unconfined(container.requested.with_cpus(str(self.dra.cpus(claim.uid))), container)
         resources.cpu_shares = self._claim_shares(claim.uid)
         return Decision(resources=resources, classes=class_names(container, pod),
                         updates=self._sharers(claim.uid, view, container.key))
@@ -198,14 +198,16 @@ class PoolPolicy(Policy):
         cpus = self.cpus_of(container.key)
         if cpus is None:
             return Decision()
-        return Decision(resources=self._unconfined(requested.with_cpus(str(cpus))))
+        return Decision(resources=self._unconfined(requested.with_cpus(str(cpus)), container))
 
-    def _unconfined(self, res: Resources) -> Resources:
-        """Memory on every node, named: these policies place CPUs only, and the runtime keeps the
-        memory nodes an update leaves out, so a container whose memory the policy before a switch
-        confined would stay confined. Whatever the request says: one rebuilt from the runtime (a
-        lost state file, an NRI synchronization) holds that policy's placement, not kubelet's ask."""
-        res.cpuset_mems = str(CPUSet(n.id for n in self.topology.memory_nodes()))
+    def _unconfined(self, res: Resources, container: Container) -> Resources:
+        """These policies place CPUs only: memory on every node. A container that runs with memory
+        nodes set (another policy placed them before a switch, or they came with it from the runtime:
+        a lost state file, an NRI synchronization) is given every memory node by name, since the
+        runtime keeps the nodes an update leaves out; any other is left to the runtime's default
+        (naming nodes a generated machine has and the host has not would fail its create)."""
+        if container.resources.cpuset_mems or res.cpuset_mems:
+            res.cpuset_mems = str(CPUSet(n.id for n in self.topology.memory_nodes()))
         return res
 
     def resize(self, container: Container, pod: Pod, requested: Resources, view: View) -> Decision:
