@@ -403,23 +403,22 @@ class Judge:
     def glance(self, t: float, snapshot: dict[str, list[str]]) -> list[Finding]:
         """A read no second read agreed with (something moved while it was read): judged only for an
         exclusive CPU under another container (GLANCED), as a snapshot is; in a change in flight, as
-        a mix (any STRICT kind). Not balloons outside a change: the members of one balloon being
-        reshaped, read apart, look like two balloons that overlap."""
+        a mix. Not balloons: the members of one balloon being reshaped (in a switch, too), read
+        apart, look like two balloons that overlap."""
         ctrs = parse(snapshot)
         for c in ctrs:
             self.first_seen.setdefault(c.id, t)
         created = held(snapshot)
         switching = self.previous is not None and t >= self.switch_started
         expect = self.previous if self.previous is not None and not switching else self.expect
-        found = [f for f in findings(ctrs, expect, self.machine, created) if f.kind in STRICT]
-        if switching and self._in_switch(t):  # a pair of one balloon shares CPUs after the switch too
+        found = [f for f in findings(ctrs, expect, self.machine, created) if f.kind in GLANCED]
+        if switching and self._in_switch(t):
             assert self.previous is not None
             before = findings(ctrs, self.previous, self.machine, created)
             if found and any(f.kind in STRICT for f in before):
                 cpus = {c.id: c.cpus for c in ctrs}
                 self._note_mixes(t, [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found], cpus)
             return []
-        found = [f for f in found if f.kind in GLANCED]
         for f in found:
             since = self.absent.pop(self._key(f), None)
             if since is not None and t - since >= DIP:  # back after a long enough dip: a finding of its own

@@ -371,15 +371,15 @@ def test_a_read_no_second_read_agreed_with_is_held_only_to_what_counts_at_once()
 
 
 def test_in_a_switch_a_read_that_mixes_the_two_configurations_is_judged_once_the_switch_is_done():
-    judge = Judge(MACHINE, TA)
-    topology = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "1-3", "0", 0.2),
-                "w": ctr("burstable", "1-3,5-7", "0-1")}
-    judge.feed(10.0, topology)
-    judge.change(BALLOONS, 20.0)
-    judge.glance(22.0, {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "3-4", "0-1", 0.2)})
+    judge = Judge(MACHINE, BALLOONS)
+    balloons = {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "6-7", "1", 0.2)}
+    judge.feed(10.0, balloons)
+    judge.change(TA, 20.0)
+    # Neither configuration's: b moved onto CPU 5 of g's (balloons: two sets partly overlapping).
+    judge.glance(22.0, {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "5-6", "1", 0.2)})
     assert judge.violations == []
-    judge.feed(25.0, {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5", "1", 0.2)})
-    assert [v.kind for v in judge.violations] == ["switch-balloon-overlap"]  # shared neither before nor after
+    judge.feed(25.0, {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "1-3,6-7", "0-1", 0.2)})
+    assert [v.kind for v in judge.violations] == ["switch-exclusive-shared"]  # shared neither before nor after
 
 
 def test_an_nri_window_excuses_only_where_the_soak_killed_the_plugin():
