@@ -521,10 +521,16 @@ def pod_manifest(name: str, node: str, cpu: str = "", memory: str = "", limits: 
                      "automountServiceAccountToken": False, "enableServiceLinks": False}}
 
 
-def container_ids(pod: Any) -> dict[str, str]:
-    """name -> runtime container ID of a pod object's running containers."""
+def statuses(pod: Any, init: bool = False) -> list[Any]:
+    """The statuses of a pod object's containers (with init: its init containers' first, a sidecar's too)."""
+    return [*(pod.status.init_container_statuses or [] if init else []), *(pod.status.container_statuses or [])]
+
+
+def container_ids(pod: Any, init: bool = False) -> dict[str, str]:
+    """name -> runtime container ID of a pod object's running containers (with init: a running
+    sidecar's too)."""
     out = {}
-    for st in (pod.status.container_statuses or []):
+    for st in statuses(pod, init):
         if st.container_id and st.state and st.state.running:
             out[st.name] = st.container_id.split("://", 1)[-1]
     return out

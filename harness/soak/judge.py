@@ -420,9 +420,7 @@ class Judge:
                 self._note_mixes(t, [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found], cpus)
             return []
         for f in found:
-            since = self.absent.pop(self._key(f), None)
-            if since is not None and t - since >= DIP:  # back after a long enough dip: a finding of its own
-                self.open.pop(self._key(f), None)
+            self._back(self._key(f), t)
             v = self.open.get(self._key(f))
             if v is None:
                 v = self.open[self._key(f)] = Violation(f.kind, f.text, t, t, f.key, _ids(f))
@@ -463,13 +461,17 @@ class Judge:
         for key in list(self.open):
             since = self.absent.get(key)
             if key in present and since is not None:
-                del self.absent[key]
-                if t - since >= DIP:  # back after a long enough dip: a finding of its own
-                    del self.open[key]
+                self._back(key, t)
             elif key not in present and since is None:
                 self.absent[key] = t
             elif key not in present and t - since >= DIP:
                 del self.open[key], self.absent[key]
+
+    def _back(self, key: str, t: float) -> None:
+        """A finding seen again: no longer absent; after a dip of DIP or longer, a finding of its own."""
+        since = self.absent.pop(key, None)
+        if since is not None and t - since >= DIP:
+            self.open.pop(key, None)
 
     def _carry(self, t: float, found: list[Finding], before: list[Finding]) -> None:
         """In a switch: findings seen under either configuration keep their first-seen time, and

@@ -88,17 +88,6 @@ def manifest(name: str, node: str, parts: tuple[Part, ...], annotations: dict[st
             "metadata": {"name": name, "labels": {"soak": "yes"}, "annotations": annotations or {}}, "spec": spec}
 
 
-def statuses(pod: Any) -> list[Any]:
-    """The statuses of every container of the pod, its init containers' (a sidecar's) too."""
-    return [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]
-
-
-def running_ids(pod: Any) -> dict[str, str]:
-    """name -> runtime container ID of the pod's running containers, a running sidecar's too."""
-    return {st.name: st.container_id.split("://", 1)[-1] for st in statuses(pod)
-            if st.container_id and st.state and st.state.running}
-
-
 def running(pod: Any, containers: int) -> bool:
     """Every container of the pod runs and is ready."""
     statuses = pod.status.container_statuses or []

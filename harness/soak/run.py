@@ -21,11 +21,11 @@ from typing import Any
 
 from kubernetes.client import CustomObjectsApi
 
-from harness.kube import ControlPlane
+from harness.kube import ControlPlane, container_ids, statuses
 from harness.soak import config as cfg
 from harness.soak.guest import SAMPLES, STATE_DIR, Guest
 from harness.soak.judge import Judge, Machine, Violation, nri_windows
-from harness.soak.load import NAMESPACE, Load, running, running_ids, statuses
+from harness.soak.load import NAMESPACE, Load, running
 from harness.soak.proxy import CountingProxy
 from harness.soak.report import Strike, fault_table, placements_kept, slope
 from harness.vm import Shape, Vm
@@ -498,9 +498,9 @@ class Soak:
         pods = self.load.look()
         now = time.monotonic()
         self._known = {st.container_id.split("://", 1)[-1]: f"{name}/{st.name}" for name, pod in pods.items()
-                       for st in statuses(pod) if st.container_id}
+                       for st in statuses(pod, init=True) if st.container_id}
         self._expected = {cid for pod in pods.values() if pod.metadata.deletion_timestamp is None
-                          for cid in running_ids(pod).values()}
+                          for cid in container_ids(pod, init=True).values()}
         for rec in list(self.load.pods.values()):
             pod = pods.get(rec.name)
             if rec.deleted:
@@ -522,7 +522,7 @@ class Soak:
                 if down > self.timing.pod_bound:
                     self._lose(rec.name, f"pod {rec.name} does not run {down:.0f} s after it was made"
                                          if not rec.seen else f"pod {rec.name} has not run for {down:.0f} s")
-            for st in statuses(pod):
+            for st in statuses(pod, init=True):
                 key = (rec.name, st.name)
                 before = self._restarts.get(key, 0)
                 if st.restart_count > before:
@@ -746,7 +746,7 @@ class Soak:
         """Guaranteed containers' CPUs by pod and container name, from the last snapshot."""
         ids = {}
         for pod in self.control.core().list_namespaced_pod(NAMESPACE, label_selector="soak=yes").items:
-            for name, cid in running_ids(pod).items():
+            for name, cid in container_ids(pod, init=True).items():
                 ids[cid] = (pod.metadata.name, name)
         with self._lock:
             snap = dict(self.snapshot)

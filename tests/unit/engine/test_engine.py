@@ -718,11 +718,13 @@ async def test_runtime_ends_with_the_latest_decision(engine):
 
 
 
-async def test_reconfigure_and_rebalance_push_what_moved(tmp_path):
-    from resmgr.policies import PolicyError, create
+async def _topology_aware_pod(tmp_path):
+    """An engine on topology-aware over two NUMA nodes (node 0 = CPUs 0-1, node 1 = 2-3) with one
+    Guaranteed pod, its fake runtime, the topology, and a maker of containers in that pod."""
+    from resmgr.policies import create
     from tests.support.world import machine
 
-    topo = machine("sockets=1,nodes=2,cores=2,threads=1")  # node 0 = CPUs 0-1, node 1 = 2-3
+    topo = machine("sockets=1,nodes=2,cores=2,threads=1")
     store = StateStore(tmp_path)
     store.prepare()
     runtime = FakeRuntime()
@@ -741,6 +743,13 @@ async def test_reconfigure_and_rebalance_push_what_moved(tmp_path):
         await front(eng).create_container(cri.CreateContainerRequest(
             pod_sandbox_id="pod", config=container_config(name, resources=resources), sandbox_config=cfg), send)
 
+    return eng, runtime, topo, create_as
+
+
+async def test_reconfigure_and_rebalance_push_what_moved(tmp_path):
+    from resmgr.policies import PolicyError
+
+    eng, runtime, _, create_as = await _topology_aware_pod(tmp_path)
     await create_as("g", "big", cri.LinuxContainerResources(cpu_shares=2048, cpu_quota=200000, cpu_period=100000))
     await create_as("s", "small", cri.LinuxContainerResources(cpu_shares=512))
     assert eng.state.containers["g"].resources.cpuset_cpus == "0-1"
@@ -1486,27 +1495,9 @@ async def test_a_switch_to_a_policy_that_places_no_memory_lifts_the_memory_place
     manager) places CPUs only. The runtime leaves what an update does not name, so a switch that
     sent no memory nodes would leave the container on one node's memory, its CPUs on every node."""
     from resmgr.policies import create
-    from tests.support.world import machine
 
-    topo = machine("sockets=1,nodes=2,cores=2,threads=1")  # node 0 = CPUs 0-1, node 1 = 2-3
-    store = StateStore(tmp_path)
-    store.prepare()
-    runtime = FakeRuntime()
-    eng = Engine(create("topology-aware", {"Active": "topology-aware"}, topo), store, CriRuntime(runtime))
-    cfg = pod_config("p", qos="guaranteed")
-
-    async def run(req):
-        return cri.RunPodSandboxResponse(pod_sandbox_id="pod")
-
-    await front(eng).run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run)
-
-    async def send(req):
-        return cri.CreateContainerResponse(container_id="s")
-
-    await front(eng).create_container(cri.CreateContainerRequest(
-        pod_sandbox_id="pod", config=container_config("one", resources=cri.LinuxContainerResources(
-            cpu_shares=1024, cpu_quota=100000, cpu_period=100000)),
-        sandbox_config=cfg), send)
+    eng, runtime, topo, create_as = await _topology_aware_pod(tmp_path)
+    await create_as("s", "one", cri.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000, cpu_period=100000))
     assert eng.state.containers["s"].resources.cpuset_mems in ("0", "1")
     await eng.state.switch_policy(create("static", {"Active": "static"}, topo))
     assert eng.state.containers["s"].resources.cpuset_mems == "0-1"

@@ -95,7 +95,7 @@ def test_a_two_cpu_guaranteed_pod_is_resized_down_to_one():
 
 
 def test_init_containers_and_sidecars_are_made_and_a_running_sidecar_counts_as_the_pods():
-    from harness.soak.load import running_ids
+    from harness.kube import container_ids
 
     core = Core()
     load = Load(core, "node", random.Random(1))
@@ -111,4 +111,5 @@ def test_init_containers_and_sidecars_are_made_and_a_running_sidecar_counts_as_t
 
     pod = SimpleNamespace(status=SimpleNamespace(init_container_statuses=[st("init", "s1", True)],
                                                  container_statuses=[st("c0", "m1", True)]))
-    assert running_ids(pod) == {"init": "s1", "c0": "m1"}
+    assert container_ids(pod) == {"c0": "m1"}
+    assert container_ids(pod, init=True) == {"init": "s1", "c0": "m1"}
