@@ -178,10 +178,12 @@ class Guest:
         return self.run(f"journalctl -u {unit} --no-pager -o cat --since @{int(since)}").out
 
     def nri_journal(self, since: float) -> str:
-        """containerd's lines of creates made without the plugin and the plugin's synchronizations,
-        from since on (`-o short-unix`: harness.soak.judge.nri_windows reads them)."""
+        """containerd's lines of its starts, its creates (made without the plugin, or answered) and the
+        plugin's synchronizations, from since on (`-o short-unix`: harness.soak.judge.nri_windows and
+        away_windows read them)."""
         return self.run(f"journalctl -u containerd -u {self.unit} --no-pager -o short-unix --since @{int(since)} | "
-                        "grep -E 'failed to handle CreateContainer request|NRI: synchronized'", timeout=120).out
+                        "grep -E 'failed to handle CreateContainer request|NRI: synchronized|starting containerd"
+                        "|returns container id'", timeout=120).out
 
     def tail(self, path: str, offset: int) -> bytes:
         """A file's bytes from offset on (at most 4 MB at a time)."""

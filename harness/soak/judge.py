@@ -33,7 +33,8 @@ A snapshot that follows neither (containers part-moved) may show two containers 
 that is a violation unless they shared those CPUs before the change or share them once it is
 done (a Guaranteed container and the others of the balloon it joins, one of which moved first),
 which is known when the change is done. In NRI mode, findings of a container containerd made
-without the plugin (its plugin killed by the soak) are set apart (Judge.set_apart).
+without the plugin (its plugin killed by the soak, or not back yet after the soak restarted
+containerd or rebooted the node) are set apart (Judge.set_apart).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ EXCUSES = {
               "have shared them before it or share them after it",
     "nri-kill": "NRI mode: a container first seen between the soak's SIGKILL of the plugin cutting a "
                 "CreateContainer (ttrpc closed, EOF) and the plugin's next synchronization: grace more",
+    "nri-away": "NRI mode: a container first seen between containerd's first create after the soak "
+                "restarted it or rebooted the node (containerd started within 300 s of the strike) and the "
+                "plugin's next synchronization: grace more",
     "restart": "a container restart counted before and after a fault the soak struck that cuts starts "
                "in flight (cri-resmgr killed in relay mode, containerd or kubelet restarted, "
                "containerd frozen, the reboot): that fault's strike",
@@ -316,6 +320,36 @@ def nri_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float]]
 
 
 KILLED = (": closed", "EOF", "connection reset by peer", "broken pipe")  # ttrpc's words for a dead peer
+
+
+def away_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float, float]]:
+    """When containerd made containers before the plugin was back after containerd itself started (a
+    restart, a node reboot: NRI's design, docs/nri.md), from the journal of containerd and the plugin
+    (`-o short-unix`): (containerd's start, the first create it answered meanwhile, the plugin's
+    next synchronization; bound: none came). A start after which the plugin synchronized before
+    any create opens nothing."""
+    out: list[tuple[float, float, float]] = []
+    started: float | None = None  # containerd started, the plugin not synchronized with it since
+    opened: float | None = None
+    for line in journal.splitlines():
+        stamp, _, text = line.partition(" ")
+        try:
+            t = float(stamp)
+        except ValueError:
+            continue
+        if "starting containerd" in text:
+            if started is not None and opened is not None:
+                out.append((started, opened, t))
+            started, opened = t, None
+        elif "returns container id" in text and started is not None and opened is None:
+            opened = t
+        elif "NRI: synchronized" in text and started is not None:
+            if opened is not None:
+                out.append((started, opened, t))
+            started, opened = None, None
+    if started is not None and opened is not None:
+        out.append((started, opened, opened + bound))
+    return out
 
 
 @dataclass

@@ -24,7 +24,7 @@ from kubernetes.client import CustomObjectsApi
 from harness.kube import ControlPlane, container_ids, statuses
 from harness.soak import config as cfg
 from harness.soak.guest import SAMPLES, STATE_DIR, Guest
-from harness.soak.judge import Judge, Machine, Violation, nri_windows
+from harness.soak.judge import Judge, Machine, Violation, away_windows, nri_windows
 from harness.soak.load import NAMESPACE, Load, running
 from harness.soak.proxy import CountingProxy
 from harness.soak.report import Strike, fault_table, placements_kept, slope
@@ -128,6 +128,7 @@ class Soak:
         # [guest time, "start" or "change", policy, reserved, max balloon] or [t, "applied"]
         self.events: list[list[Any]] = []
         self.kills: list[float] = []  # when the soak SIGKILLed cri-resmgr (guest clock)
+        self.restarts: list[float] = []  # ... restarted containerd or rebooted the node
 
     # -- the sampler's records -------------------------------------------------------------------
     def pull(self) -> None:
@@ -575,6 +576,7 @@ class Soak:
     def _restart_containerd(self, s: Strike) -> None:
         # A start in flight fails with containerd, and kubelet makes that container anew (noted).
         self._excused = True
+        self.restarts.append(self.guest.now())
         self.guest.sh("systemctl restart containerd", timeout=180)
 
     def _restart_kubelet(self, s: Strike) -> None:
@@ -735,6 +737,7 @@ class Soak:
         s.notes["policy"] = self.configs.expect().policy  # how placements come back differs by policy
         self._pulling.clear()
         self._excused = True  # every container is made again; wait_whole takes the new counts
+        self.restarts.append(self.guest.now())
         try:
             self.guest.vm.reboot()
         finally:
@@ -766,10 +769,15 @@ class Soak:
             self.notes["nri window"] = f"journal not read: {type(err).__name__}: {err}"
             return []
         windows, uncaused = killed_windows(nri_windows(journal), self.kills)
+        away, unstruck = restarted_windows(away_windows(journal), self.restarts)
         self.notes["creates made without the plugin"] = len(windows)
+        if away:
+            self.notes["creates made before the plugin was back"] = len(away)
         if uncaused:  # the plugin died of itself, or the words mean something else: nothing excused
             self.notes["nri window without the soak's kill"] = [f"{a:.1f}-{b:.1f}" for a, b in uncaused]
-        return self.judge.set_apart(windows)
+        if unstruck:  # containerd started without the soak's doing: nothing excused
+            self.notes["nri window without the soak's restart"] = [f"{a:.1f}-{b:.1f}" for a, b in unstruck]
+        return self.judge.set_apart(windows + away)
 
     def report(self) -> dict[str, Any]:
         since = self.started_wall + self.timing.warmup  # the guest's clock follows the host's (its RTC)
@@ -874,6 +882,15 @@ def killed_windows(windows: list[tuple[float, float]], kills: list[float],
     and the others, which excuse nothing."""
     ours = [w for w in windows if any(k - 2.0 <= w[0] <= k + within for k in kills)]
     return ours, [w for w in windows if w not in ours]
+
+
+def restarted_windows(windows: list[tuple[float, float, float]], restarts: list[float], within: float = 300.0
+                      ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """The windows of away_windows whose containerd started within `within` s after the soak restarted
+    it or rebooted the node (a boot takes minutes on a starved emulated node), and the others, which
+    excuse nothing; each as (first create, synchronization)."""
+    ours = [(a, b) for started, a, b in windows if any(r - 2.0 <= started <= r + within for r in restarts)]
+    return ours, [(a, b) for _, a, b in windows if (a, b) not in ours]
 
 
 def settings_for(seconds: float, mode: str, seed: int, reboot: bool | None, daemon_options: str = "",

@@ -166,8 +166,8 @@ class Ledger:
         return f"{pod.uid}/{c.name}" if pod is not None and pod.uid else ""
 
     # -- containers ----------------------------------------------------------------------
-    def place(self, c: Container, pod: Pod, adopt: bool = False) -> Decision:
-        """Add c and let the policy allocate it (adopt: it already runs with c.resources).
+    def place(self, c: Container, pod: Pod) -> Decision:
+        """Add c and let the policy allocate it.
 
         The decision is applied to c; its updates (other containers) are the caller's to
         record. If the policy refuses, the ledger is as it was and the error propagates.
@@ -175,15 +175,28 @@ class Ledger:
         c.seq = self.next_seq()
         self.containers[c.key] = c
         identity = self._identity(c)
-        if not adopt:
-            c.previous = self.previous.get(identity, "") if self.policy.pins else ""
+        c.previous = self.previous.get(identity, "") if self.policy.pins else ""
         try:
-            decision = (self.policy.adopt if adopt else self.policy.allocate)(c, pod, self.view(identity))
+            decision = self.policy.allocate(c, pod, self.view(identity))
         except BaseException:
             del self.containers[c.key]
             raise
         self.awaited.pop(identity, None)  # made again: whether it got them or not, they are kept no longer
         self.apply(c, decision)
+        return decision
+
+    def place_waiting(self, c: Container, pod: Pod) -> Decision:
+        """Let the policy allocate a known container it holds nothing for (adopted: it stays where it
+        runs where that will do, else it is offered the CPUs its pod's container of that name ran on,
+        as a container kubelet made again after a reboot before the plugin was back), or one that did
+        not fit (allocated afresh). PolicyError: nothing changed. The decision is the caller's to apply."""
+        identity = self._identity(c)
+        c.previous = self.previous.get(identity, "") if self.policy.pins else ""
+        degraded = c.key in self.degraded
+        decision = (self.policy.allocate if degraded else self.policy.adopt)(c, pod, self.view(identity))
+        self.awaited.pop(identity, None)  # its own CPUs were offered to it: kept no longer
+        self.degraded.discard(c.key)
+        self.unallocated.discard(c.key)
         return decision
 
     @staticmethod

@@ -458,13 +458,11 @@ class Reconciler:
     def allocate_waiting(self) -> dict[str, Resources]:
         """Allocate containers the policy holds nothing for, and retry those that did not fit."""
         updates: dict[str, Resources] = {}
-        view = self.state.view()
         for c in self.state.ledger.waiting():
             pod = self.state.pods[c.pod_id]
             degraded = c.key in self.state.ledger.degraded
             try:
-                decision = (self.state.policy.allocate if degraded else self.state.policy.adopt)(c, pod, view)
-                self.state.ledger.degraded.discard(c.key)
+                decision = self.state.ledger.place_waiting(c, pod)
                 if degraded:
                     log.info("container %s now gets what it asks for", c.id)
             except PolicyError as err:

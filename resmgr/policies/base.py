@@ -173,3 +173,10 @@ class Policy:
 
     def restore_state(self, data: Mapping[str, Any]) -> None:
         pass
+
+
+def kept(container: Container) -> tuple[CPUSet, CPUSet]:
+    """The CPUs a container found running keeps where they would do, first to last: those it runs
+    on, then those its pod's container of that name ran on (one made while cri-resmgr was away,
+    on every CPU, after a reboot)."""
+    return CPUSet.parse_or_empty(container.resources.cpuset_cpus), CPUSet.parse_or_empty(container.previous)

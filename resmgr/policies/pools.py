@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from resmgr.model import Claim, Container, Pod, Resources
-from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
+from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements, kept
 from resmgr.policies.pool_devices import MODES, PoolDevices
 from resmgr.policies.toolkit import claims
 from resmgr.policies.toolkit.allocator import one_thread_per_core
@@ -102,13 +102,13 @@ class PoolPolicy(Policy):
         return updates
 
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
-        return self._allocate(container, pod, view, keep=CPUSet.parse_or_empty(container.previous))
+        return self._allocate(container, pod, view, CPUSet.parse_or_empty(container.previous))
 
     def adopt(self, container: Container, pod: Pod, view: View) -> Decision:
-        return self._allocate(container, pod, view, keep=CPUSet.parse_or_empty(container.resources.cpuset_cpus))
+        return self._allocate(container, pod, view, *kept(container))
 
-    def _allocate(self, container: Container, pod: Pod, view: View, keep: CPUSet) -> Decision:
-        """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""
+    def _allocate(self, container: Container, pod: Pod, view: View, *keep: CPUSet) -> Decision:
+        """Place the container; an exclusive grant takes the first CPUs of keep that would do instead."""
         req = container_requirements(container, pod)
         claim = claims.claim_of(container, pod, self.dra.book.usable())
         if claim is not None:
@@ -118,9 +118,11 @@ class PoolPolicy(Policy):
         with self.grants.transaction():  # a failed re-allocation keeps what it had
             self.grants.remove(container.key)
             grant = self.place(container, pod, req, view.held)
-            if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
-                if any(keep <= free and len(free) - len(keep) >= spare for free, spare in self.exclusive_sources()):
-                    grant = replace(grant, exclusive=keep)
+            for cpus in keep:
+                if grant.exclusive and len(cpus) == len(grant.exclusive) and (cpus == grant.exclusive or any(
+                        cpus <= free and len(free) - len(cpus) >= spare for free, spare in self.exclusive_sources())):
+                    grant = replace(grant, exclusive=cpus)
+                    break
             if hide:
                 grant = replace(grant, hide_ht=True)
             self.grants.add(container.key, grant)

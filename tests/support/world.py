@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from resmgr import policies
 from resmgr.engine.ledger import Ledger
-from resmgr.model import Container, ContainerState, Pod, QOSClass, Resources
+from resmgr.model import Container, ContainerState, Decision, Pod, QOSClass, Resources
 from resmgr.policies import PolicyError
 from resmgr.requests import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
@@ -40,7 +40,7 @@ class World(Ledger):
                       state=ContainerState.PENDING if running_on is None else ContainerState.RUNNING,
                       requested=res, resources=res if running_on is None else res.with_cpus(running_on))
         try:
-            d = self.place(c, pod, adopt=running_on is not None)
+            d = self.place(c, pod) if running_on is None else self._adopt(c, pod)
         except PolicyError:
             if new_pod:
                 del self.pods[pod.id]
@@ -48,6 +48,19 @@ class World(Ledger):
         c.state = ContainerState.RUNNING
         self.record(d.updates)
         return c
+
+    def _adopt(self, c: Container, pod: Pod) -> Decision:
+        """As reconciliation adopts a container found running: known first, then placed."""
+        self.enter(c)
+        self.unallocated.add(c.key)
+        try:
+            d = self.place_waiting(c, pod)
+        except PolicyError:
+            del self.containers[c.key]
+            self.unallocated.discard(c.key)
+            raise
+        self.apply(c, d)
+        return d
 
     def cpus(self, c: Container) -> CPUSet:
         return CPUSet.parse(self.containers[c.key].resources.cpuset_cpus)

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from resmgr.model import Claim, Container, IrqPlan, Pod, Resources, SchedulingClass
-from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements
+from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements, kept
 from resmgr.policies.toolkit import claims, cpuvalues, scheduling
 from resmgr.policies.toolkit.allocator import one_thread_per_core
 from resmgr.policies.toolkit.describe import pool_entry
@@ -204,13 +204,13 @@ class TopologyAwarePolicy(Policy):
 
     # -- the policy interface -------------------------------------------------------------
     def allocate(self, container: Container, pod: Pod, view: View) -> Decision:
-        return self._allocate(container, pod, view, keep=CPUSet.parse_or_empty(container.previous))
+        return self._allocate(container, pod, view, CPUSet.parse_or_empty(container.previous))
 
     def adopt(self, container: Container, pod: Pod, view: View) -> Decision:
-        return self._allocate(container, pod, view, keep=CPUSet.parse_or_empty(container.resources.cpuset_cpus))
+        return self._allocate(container, pod, view, *kept(container))
 
-    def _allocate(self, container: Container, pod: Pod, view: View, keep: CPUSet) -> Decision:
-        """Place the container; an exclusive grant takes the CPUs in keep instead when they would do."""
+    def _allocate(self, container: Container, pod: Pod, view: View, *keep: CPUSet) -> Decision:
+        """Place the container; an exclusive grant takes the first CPUs of keep that would do instead."""
         req = container_requirements(container, pod)
         claim = claims.claim_of(container, pod, self.dra.book.usable())
         if claim is not None:
@@ -220,8 +220,12 @@ class TopologyAwarePolicy(Policy):
             self.grants.remove(container.key)
             r = self.asking.request(container, pod, req, view)
             grant = self.placement.place(r)
-            if grant.exclusive and keep != grant.exclusive and len(keep) == len(grant.exclusive):
-                grant = self.placement.keep(container.key, grant, keep)
+            for cpus in keep:
+                if grant.exclusive and len(cpus) == len(grant.exclusive):
+                    if cpus != grant.exclusive:
+                        grant = self.placement.keep(container.key, grant, cpus)
+                    if grant.exclusive == cpus:
+                        break
             self.grants.add(container.key, grant)
         classes = self._classes(container, pod)
         resources = self._resources(container.requested, grant)

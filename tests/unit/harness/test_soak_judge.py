@@ -442,3 +442,38 @@ def test_a_balloon_reshaped_while_read_is_not_two_balloons_that_overlap():
     judge.glance(11.0, {"a": ctr("burstable", "4-6", "1"), "b": ctr("besteffort", "5-7", "1")})
     judge.feed(12.0, {"a": ctr("burstable", "5-7", "1"), "b": ctr("besteffort", "5-7", "1")})
     assert judge.violations == []
+
+
+AWAY = """\
+1000.00 node containerd[300]: level=info msg="starting containerd" revision= version=v2.4.2
+1003.00 node containerd[300]: msg="CreateContainer within sandbox \\"s1\\" returns container id \\"a\\""
+1004.00 node containerd[300]: msg="CreateContainer within sandbox \\"s2\\" returns container id \\"b\\""
+1020.00 node cri-resmgr[412]: NRI: synchronized 9 pods, 14 containers in 58.0 ms; 2 container(s) updated
+1030.00 node containerd[300]: msg="CreateContainer within sandbox \\"s3\\" returns container id \\"c\\""
+2000.00 node containerd[301]: level=info msg="starting containerd" revision= version=v2.4.2
+2010.00 node cri-resmgr[412]: NRI: synchronized 9 pods, 15 containers in 58.0 ms; 0 container(s) updated
+2020.00 node containerd[301]: msg="CreateContainer within sandbox \\"s4\\" returns container id \\"d\\""
+3000.00 node containerd[302]: level=info msg="starting containerd" revision= version=v2.4.2
+3100.00 node containerd[302]: msg="CreateContainer within sandbox \\"s5\\" returns container id \\"e\\""
+"""
+
+
+def test_containers_made_before_the_plugin_was_back_after_containerd_started_open_a_window():
+    """After a reboot kubelet's creates can reach containerd before the plugin has registered: they
+    run on every CPU until its synchronization (NRI's design, docs/nri.md). A start the plugin was
+    back from before any create opens nothing; creates after its synchronization are its own."""
+    from harness.soak.judge import away_windows
+
+    assert away_windows(AWAY, bound=300) == [(1000.0, 1003.0, 1020.0), (3000.0, 3100.0, 3400.0)]
+    assert away_windows("-- No entries --\n") == []
+
+
+def test_an_away_window_excuses_only_where_the_soak_restarted_containerd_or_rebooted_the_node():
+    from harness.soak.judge import away_windows
+    from harness.soak.run import restarted_windows
+
+    windows = away_windows(AWAY, bound=300)
+    # The reboot struck at 2890 (containerd up 110 s later); the first start was no doing of the soak's.
+    assert restarted_windows(windows, [2890.0]) == ([(3100.0, 3400.0)], [(1003.0, 1020.0)])
+    assert restarted_windows(windows, []) == ([], [(1003.0, 1020.0), (3100.0, 3400.0)])
+    assert restarted_windows(windows, [500.0]) == ([], [(1003.0, 1020.0), (3100.0, 3400.0)])

@@ -215,3 +215,16 @@ def test_the_none_policy_and_unpinned_containers_get_no_hint():
     c = w.add(G, 2000, pod=pod)
     w.record(w.release(c).updates)
     assert w.previous == {} and w.add(G, 2000, pod=pod).previous == ""
+
+
+@pytest.mark.parametrize("policy", EXCLUSIVE)
+def test_a_container_made_again_while_cri_resmgr_was_away_after_a_reboot_is_given_its_cpus_again(policy):
+    # NRI mode: containerd ran kubelet's creates after a reboot before the plugin had registered, so
+    # the containers ran on every CPU and were adopted. One was placed afresh, off the CPUs kept for it.
+    w = World(policy, N4C16, **CONFIGS[policy])
+    pods = [w.pod(G) for _ in range(3)]
+    cpus = {i: w.cpus(c) for i, c in placed(w, pods, [0, 1, 2], G, 2000).items()}
+    back = vanish(w, pods)
+    after = {i: w.add(G, 2000, pod=w.add_pod(back[i]), running_on="0-15") for i in (2, 0, 1)}  # every CPU
+    assert {i: w.cpus(c) for i, c in after.items()} == cpus
+    assert not w.awaited and not w.held()
