@@ -34,7 +34,7 @@ from resmgr.topology.cpuset import CPUSet
 from tests.support.agentenv import install_agent_rbac, install_crds
 
 WHOLE_EVERY = 10.0  # seconds between two looks at whether the node is whole again
-SETTLE = 180.0  # seconds a policy switch's moves are given to reach the kernel before a reboot
+SETTLE = 180.0  # seconds a configuration change is given to reach the kernel before a reboot, at most
 FAULTS = ("kill-resmgr", "kill-agent", "restart-containerd", "restart-kubelet", "api-away", "disk-full",
           "freeze-containerd", "bad-config", "corrupt-state")
 
@@ -122,6 +122,7 @@ class Soak:
         self._excused = False  # restarts are the fault's: the reboot's, or calls in flight through a killed relay
         self._excused_restarts: list[str] = []
         self._before_reboot: dict[tuple[str, str], str] | None = None
+        self._switching_at_reboot = False
         self.started = self.started_wall = 0.0
         self.notes: dict[str, Any] = {}
         self.plants: list[Plant] = []
@@ -278,11 +279,16 @@ class Soak:
             pass
 
     def _settle(self) -> None:
-        """Churn without configuration changes until the last policy switch is SETTLE s old: a reboot
-        then judges whether placements come back, not whether a switch's moves had reached the kernel."""
-        switched = [t for t, what in self.configs.log if "policy switch" in what]
-        while switched and time.monotonic() - switched[-1] < SETTLE and not self._ending.is_set():
+        """Churn without configuration changes until the change in flight is done (a snapshot follows
+        it), SETTLE s after it at most: a reboot then judges whether placements come back, not whether
+        a switch's moves had reached the kernel."""
+        last = self.configs.log[-1][0] if self.configs.log else 0.0
+        while self._in_flight() and time.monotonic() - last < SETTLE and not self._ending.is_set():
             time.sleep(1.0)
+
+    def _in_flight(self) -> bool:
+        with self._lock:
+            return self.judge.previous is not None
 
     def _guaranteed_for_reboot(self, want: int = 2, bound: float = 300.0) -> None:
         """At least two Guaranteed pods running when the node reboots, so that it shows whether
@@ -359,9 +365,8 @@ class Soak:
         if self._before_reboot is None or not s.whole:
             return
         s.notes.update(placements_kept(self._before_reboot, self._placements()))  # the pods' new containers
-        switched = [t for t, what in self.configs.log if "policy switch" in what and 0 <= s.started - t < SETTLE]
-        if switched:  # the kernel may still have held the old policy's CPUs: not a verdict on reboots
-            s.notes["placements kept"] += f" (struck {s.started - switched[-1]:.0f} s after a policy switch)"
+        if self._switching_at_reboot:  # the kernel may still have held the old policy's CPUs: no verdict
+            s.notes["placements kept"] += " (struck while a configuration change was in flight)"
         elif s.notes.get("placements moved") and s.notes.get("policy") == "topology-aware":
             self.violations.append(("reboot-moved", "; ".join(s.notes["placements moved"])))
 
@@ -734,6 +739,7 @@ class Soak:
         # meanwhile (which must not take their CPUs) but neither deletes nor resizes them.
         self.load.spared = {p.name for p in self.load.live()}
         self._before_reboot = self._placements()
+        self._switching_at_reboot = self._in_flight()
         s.notes["policy"] = self.configs.expect().policy  # how placements come back differs by policy
         self._pulling.clear()
         self._excused = True  # every container is made again; wait_whole takes the new counts

@@ -3,6 +3,8 @@ through and what they catch, moves in flight, and configuration changes."""
 
 from __future__ import annotations
 
+import math
+
 from harness.soak.judge import Expect, Judge, findings, held, parse
 from harness.soak.run import machine_of
 from harness.vm import Shape
@@ -196,7 +198,7 @@ def test_before_a_switch_lands_the_old_policys_own_moves_are_judged_by_its_grace
     assert judge.violations == []
 
 
-def test_a_reboot_waits_for_the_last_policy_switch_to_settle(monkeypatch):
+def test_a_reboot_waits_for_the_change_in_flight_to_be_followed_for_settle_at_most(monkeypatch):
     import threading
     import time
     from types import SimpleNamespace
@@ -205,14 +207,26 @@ def test_a_reboot_waits_for_the_last_policy_switch_to_settle(monkeypatch):
 
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
-    soak = SimpleNamespace(configs=SimpleNamespace(log=[(900.0, "policy switch to balloons"), (990.0, "option")]),
-                           _ending=threading.Event())
+    judge = Judge(MACHINE, TA)
+    followed_at = [1030.0]
+
+    def sleep(s):
+        now[0] += s
+        if now[0] >= followed_at[0]:
+            judge.previous = None  # a snapshot followed the change
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    soak = SimpleNamespace(configs=SimpleNamespace(log=[(990.0, "policy switch to balloons")]),
+                           _ending=threading.Event(), _lock=threading.Lock(), judge=judge)
+    soak._in_flight = lambda: run.Soak._in_flight(soak)
+    judge.previous = TA
     run.Soak._settle(soak)
-    assert now[0] == 900.0 + run.SETTLE  # an option's change is no reason to wait
-    soak.configs.log = [(100.0, "policy switch to topology-aware")]
+    assert now[0] == 1030.0  # followed: no longer
+    followed_at[0], judge.previous = math.inf, TA
     run.Soak._settle(soak)
-    assert now[0] == 900.0 + run.SETTLE  # long settled: no wait
+    assert now[0] == 990.0 + run.SETTLE  # never followed: SETTLE at most
+    run.Soak._settle(soak)
+    assert now[0] == 990.0 + run.SETTLE  # long past: no wait
 
 
 def test_placements_through_a_reboot_count_only_the_pods_that_lived_through_it_and_name_what_moved():

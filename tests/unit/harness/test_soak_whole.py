@@ -66,12 +66,12 @@ def test_placements_a_reboot_moved_under_topology_aware_are_a_violation():
 
     from harness.soak.report import Strike
 
-    for policy, switched, counted in (("topology-aware", [], True), ("balloons", [], False),
-                                      ("topology-aware", [(950.0, "policy switch to topology-aware")], False)):
+    for policy, switching, counted in (("topology-aware", False, True), ("balloons", False, False),
+                                       ("topology-aware", True, False)):
         soak = _soak()
         soak.violations = []
         soak.load = SimpleNamespace(spared={"x"})
-        soak.configs = SimpleNamespace(log=switched)
+        soak._switching_at_reboot = switching  # a change in flight when it struck: no verdict
         soak._before_reboot = {("g1-3", "main"): "2"}
         soak._placements = lambda: {("g1-3", "main"): "5"}
         s = Strike("reboot", 1000.0, whole=1100.0, notes={"policy": policy})
