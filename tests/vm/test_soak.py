@@ -48,3 +48,5 @@ def test_a_node_struck_by_every_fault_stays_whole(vm, kube, agent_proxy, request
     assert report["planted"] and all(p.startswith("caught") for p in report["planted"]), (report["planted"], again)
     uncaused = report["notes"].get("nri window without the soak's kill")
     assert not uncaused, (uncaused, again)  # the plugin died of itself
+    unstruck = report["notes"].get("nri window without the soak's restart")
+    assert not unstruck, (unstruck, again)  # containerd started of itself
