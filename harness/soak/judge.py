@@ -59,6 +59,8 @@ EXCUSES = {
     "switch": "a configuration written by the soak, until a snapshot follows it: until the node reports "
               "it applied and grace more, switch_bound at most; a pair that shares CPUs meanwhile must "
               "have shared them before it or share them after it",
+    "freeze": "a configuration change in flight while the soak froze containerd: the switch excuse's bound "
+              "grows by the freeze's length and its grace runs from the thaw",
     "nri-kill": "NRI mode: a container first seen between the soak's SIGKILL of the plugin cutting a "
                 "CreateContainer (ttrpc closed, EOF) and the plugin's next synchronization: grace more",
     "nri-away": "NRI mode: a container first seen between containerd's first create after the soak "
@@ -376,6 +378,7 @@ class Judge:
     last_cpus: dict[str, CPUSet] = field(default_factory=dict)
     released: list[tuple[float, CPUSet]] = field(default_factory=list)  # CPUs given up, and when (the release excuse)
     first_seen: dict[str, float] = field(default_factory=dict)  # when each container was first seen started
+    stalls: list[tuple[float, float]] = field(default_factory=list)  # containerd frozen by the soak (the freeze excuse)
     seen: int = 0
     last_clean: float = 0.0
     last_time: float = 0.0
@@ -394,10 +397,21 @@ class Judge:
         if self.previous is not None and self.switch_applied is None:
             self.switch_applied = t
 
+    def stalled(self, start: float, end: float = math.inf) -> None:
+        """The soak froze containerd at start, until end (not yet known: inf): no move reaches the
+        kernel meanwhile."""
+        self.stalls = [(a, b) for a, b in self.stalls if a != start] + [(start, end)]
+
     def _in_switch(self, t: float) -> bool:
-        if t - self.switch_started >= self.switch_bound:
+        """Whether the change in flight is still excused at t: until the node reports it applied and a
+        grace more, switch_bound at most; a freeze of containerd during it adds its length to the
+        bound and the grace runs from the thaw."""
+        during = [(max(a, self.switch_started), b) for a, b in self.stalls if b > self.switch_started and a < t]
+        if t - self.switch_started >= self.switch_bound + sum(b - a for a, b in during):
             return False
-        return self.switch_applied is None or t - self.switch_applied < self.grace
+        if self.switch_applied is None:
+            return True
+        return t - max([self.switch_applied] + [b for _, b in during]) < self.grace
 
     def feed(self, t: float, snapshot: dict[str, list[str]]) -> list[Finding]:
         """One snapshot at t; what it breaks (of the configuration the node is judged by now)."""

@@ -44,7 +44,8 @@ def replay(stream: Iterable[tuple[float, Snapshot]], events: list[list[Any]], ma
     order, as the soak fed its own; finished."""
     start = [e for e in events if e[1] == "start"]  # runs recorded before it started in topology-aware
     judge = Judge(machine, expect_of_event(start[0]) if start else expect_of(TOPOLOGY_AWARE), **graces)
-    pending = sorted((e for e in events if e[1] != "start"), key=lambda e: e[0])
+    frozen = [[e[2], "frozen", e[2]] for e in events if e[1] == "stalled"]  # the freeze, as the soak told it
+    pending = sorted([e for e in events if e[1] != "start"] + frozen, key=lambda e: e[0])
     merged = sorted([(t, True, snap) for t, snap in stream] + [(t, False, snap) for t, snap in reads],
                     key=lambda r: (r[0], r[1]))
     for t, confirmed, snap in merged:
@@ -52,6 +53,10 @@ def replay(stream: Iterable[tuple[float, Snapshot]], events: list[list[Any]], ma
             event = pending.pop(0)
             if event[1] == "change":
                 judge.change(expect_of_event(event), event[0])
+            elif event[1] == "frozen":
+                judge.stalled(event[0])
+            elif event[1] == "stalled":  # [thaw, "stalled", freeze]
+                judge.stalled(event[2], event[0])
             else:
                 judge.applied(event[0])
         if confirmed:

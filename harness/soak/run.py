@@ -654,6 +654,9 @@ class Soak:
         # anew by kubelet (a restart) as it would be without cri-resmgr; noted, not held against it.
         self._excused = True
         pid = self.guest.main_pid("containerd")
+        began = self.guest.now()
+        with self._lock:
+            self.judge.stalled(began)
         self.guest.sh(f"kill -STOP {pid}")
         frozen = time.monotonic()
         try:
@@ -662,6 +665,10 @@ class Soak:
             time.sleep(max(0.0, frozen + self.timing.freeze - time.monotonic()))
         finally:
             self.guest.sh(f"kill -CONT {pid}")
+            thawed = self.guest.now()
+            with self._lock:  # a change in flight could not reach the kernel meanwhile
+                self.judge.stalled(began, thawed)
+            self.events.append([thawed, "stalled", began])
 
     def _while_frozen(self) -> dict[str, Any]:
         """Calls through the relay time out by their deadline with a clear error; cri-resmgr itself answers."""

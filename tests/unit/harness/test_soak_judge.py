@@ -304,6 +304,25 @@ def test_a_switch_is_excused_until_the_node_reports_it_applied_and_a_grace_more(
         assert counted == ([46.0] if applied else [130.0])  # applied + grace, or the bound
 
 
+def test_a_freeze_of_containerd_during_a_switch_holds_its_moves_for_as_long_and_no_longer():
+    """The switch's moves cannot reach the kernel while the soak holds containerd frozen: the bound
+    grows by the freeze, the grace runs from the thaw; a freeze before the switch excuses nothing."""
+    one_balloon = {"g": ctr("guaranteed", "4", "1", 1), "be": ctr("besteffort", "4", "1")}
+    for stall, applied, first in (((14.0, 104.0), 15.0, 134.0), ((14.0, 104.0), None, 220.0),
+                                  ((0.0, 8.0), 15.0, 46.0)):
+        judge = Judge(MACHINE, BALLOONS, grace=30, switch_bound=120)
+        judge.feed(0.0, one_balloon)
+        judge.change(TA, 10.0)
+        judge.stalled(stall[0])  # the thaw's time is known once it comes
+        if applied is not None:
+            judge.applied(applied)
+        for t in range(12, 240, 2):
+            if t == int(stall[1]) + 2 or (t == 12 and stall[1] < 12):
+                judge.stalled(*stall)
+            judge.feed(float(t), one_balloon)
+        assert [v.first for v in judge.violations if v.kind == "exclusive-shared"] == [first], stall
+
+
 def test_a_finding_keeps_its_first_seen_time_through_a_switch_and_counts_at_the_end():
     judge = Judge(MACHINE, TA, grace=30)
     wrong = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5-7", "0-1", 0.2)}
