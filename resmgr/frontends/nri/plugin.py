@@ -368,6 +368,7 @@ class NriPlugin:
                 raise
             await self.engine.state.settle_updates()
         res = collector.updates.pop(cid, None) or created.resources
+        self._clear_for(cid, res, collector)
         self.runtime.applied(cid, res)
         # containerd starts the task from the spec as it reads it when the start begins, which may
         # be before an update another event's answer carries for it lands in the spec.
@@ -399,6 +400,19 @@ class NriPlugin:
         self.runtime.applied(cid, final)
         updates = [convert.update(cid, final)] + self._updates(collector, cid)
         return nri.UpdateContainerResponse(update=updates)
+
+    def _clear_for(self, cid: str, res: Resources, collector: Collector) -> None:
+        """A new container's answer also carries the update of each container the runtime still runs
+        on CPUs given to it that it is to leave (an update the runtime has not taken: it was frozen,
+        say, and the call failed): the runtime applies it before the new container can start."""
+        cpus = CPUSet.parse_or_empty(res.cpuset_cpus)
+        for oid, known in self.runtime.containers.items():
+            c = self.engine.state.containers.get(oid)
+            if oid == cid or oid in collector.updates or c is None or not c.resources.cpuset_cpus:
+                continue
+            leaving = CPUSet.parse_or_empty(known.linux.resources.cpu.cpus) - CPUSet.parse(c.resources.cpuset_cpus)
+            if leaving & cpus and c.state.live:
+                collector.updates[oid] = c.resources
 
     def _defer_onto(self, cid: str, final: Resources, collector: Collector) -> None:
         """The runtime applies the other containers' updates an UpdateContainer answer carries before

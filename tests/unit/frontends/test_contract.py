@@ -388,3 +388,25 @@ async def test_nri_a_container_moved_between_its_create_and_its_start_is_moved_a
     finally:
         sender.cancel()
     assert driver.cpus(shared) == moved
+
+
+async def test_nri_a_create_given_cpus_a_resized_container_has_not_left_moves_it_off_first(drivers):
+    """A resize to fewer CPUs whose update the runtime never took (frozen: the call failed) leaves the
+    container on its old CPUs; a container made next on the CPUs it gave up must not start beside it."""
+    driver = drivers[1]
+    g_pod = await driver.run_pod("resized", "guaranteed")
+    _, g = await driver.create(g_pod, "app", 2000, True)
+    await driver.start(g)
+    before = driver.runtime.containers[g].linux.resources.cpu.cpus
+    c = driver.containers[g]
+    req = nri.UpdateContainerRequest(pod=driver.pods[g_pod], container=c)
+    cpu = req.linux_resources.cpu
+    cpu.shares.value, cpu.quota.value, cpu.period.value = milli_to_shares(1000), 100000, 100000
+    req.linux_resources.memory.limit.value = 64 << 20
+    code, _ = await driver._call("UpdateContainer", req, nri.UpdateContainerResponse)
+    assert code == "OK" and len(CPUSet.parse(driver.engine.state.containers[g].resources.cpuset_cpus)) == 1
+    driver.runtime.containers[g].linux.resources.cpu.cpus = before  # the runtime did not take it
+    n_pod = await driver.run_pod("next", "guaranteed")
+    _, n = await driver.create(n_pod, "app", 1000, True)
+    still = CPUSet.parse(driver.runtime.containers[g].linux.resources.cpu.cpus)
+    assert CPUSet.parse(driver.cpus(n)).isdisjoint(still), (before, driver.cpus(n), still)

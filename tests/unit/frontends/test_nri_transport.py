@@ -598,3 +598,29 @@ async def test_the_runtimes_post_update_event_releases_the_moves_that_waited_for
     assert (await peer.response(5)).status.code == 0
     assert await _updates_of_c1(peer) == "1"
     assert plugin._after_update == {}
+
+
+async def test_a_new_container_answer_carries_the_update_of_one_still_on_its_cpus(tmp_path):
+    """g was resized from CPUs 2-3 to CPU 3, and the runtime never took the update (frozen, the
+    call failed): it still runs on 2-3. A new container given CPU 2 must not start there before g
+    has left: its create's answer carries g's update, which the runtime applies first."""
+    from resmgr.frontends.nri.runtime import Collector
+    from resmgr.model import Container, ContainerState, Resources
+
+    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path, "static")
+    for cid, cpus in (("g", "2-3"), ("s", "0-1")):
+        known = nri.Container(id=cid, pod_sandbox_id="p1", name=cid)
+        known.linux.resources.cpu.cpus = cpus
+        plugin.runtime.containers[cid] = known
+    ledger = plugin.engine.state.ledger
+    ledger.containers["g"] = Container(id="g", pod_id="p1", name="g", state=ContainerState.RUNNING,
+                                       resources=Resources(cpuset_cpus="3"), pending=True)
+    ledger.containers["s"] = Container(id="s", pod_id="p1", name="s", state=ContainerState.RUNNING,
+                                       resources=Resources(cpuset_cpus="0-1"))
+    collector = Collector(updates={})
+    plugin._clear_for("new", Resources(cpuset_cpus="1-2"), collector)
+    assert {k: r.cpuset_cpus for k, r in collector.updates.items()} == {"g": "3"}  # s stays where it is
+    plugin._clear_for("new", Resources(cpuset_cpus="0"), collector := Collector(updates={}))
+    assert collector.updates == {}  # nothing g leaves
+    trunk.close()
+    peer.writer.close()
