@@ -1,6 +1,7 @@
 """In what order containers move from CPUs to CPUs, so that none runs for a moment on a CPU another
 one is still to leave: a container that takes CPUs goes after those that give them up; where each
-waits for another (a swap), each first runs on only the CPUs it keeps.
+waits for another (a swap, a cycle), one first steps aside (aside): onto its new CPUs but those
+the others are still to leave, else onto the CPUs it keeps.
 
 The pusher applies this wave by wave, waiting for the runtime between them (relay mode); the NRI
 runtime sends a whole sequence in one UpdateContainers call, which containerd applies in order.
@@ -22,10 +23,24 @@ def movable(todo: Iterable[K], leaves: Callable[[K], CPUSet], new: Callable[[K],
     return [k for k in leaving if not any(cpus & new(k) for p, cpus in leaving.items() if p != k)]
 
 
+def aside(k: K, todo: Iterable[K], held: CPUSet, leaves: Callable[[K], CPUSet], new: Callable[[K], CPUSet]) -> CPUSet:
+    """Where k, running on held, may run for now without taking a CPU another of todo is still to
+    leave: its new CPUs but those, else the CPUs it keeps; empty where neither helps (nothing left,
+    or no change)."""
+    blocked = CPUSet()
+    for p in todo:
+        if p != k:
+            blocked |= leaves(p)
+    for step in (new(k) - blocked, held & new(k)):
+        if step and step != held:
+            return step
+    return CPUSet()
+
+
 def sequence(moves: Mapping[K, tuple[CPUSet, CPUSet]], narrow: bool = True) -> list[tuple[K, CPUSet]]:
     """Steps (container, CPUs to run on) for moves (container -> (CPUs it runs on, CPUs it is to run
-    on); an empty "runs on" is not known). With narrow, a swap's members first get a step to the
-    CPUs they keep; without it (an answer that holds one update per container) they go as they are."""
+    on); an empty "runs on" is not known). With narrow, the members of a swap or a cycle first get a
+    step aside (aside); without it (an answer that holds one update per container) they go as they are."""
     held = {k: old for k, (old, _) in moves.items()}
 
     def new(k: K) -> CPUSet:
@@ -39,11 +54,11 @@ def sequence(moves: Mapping[K, tuple[CPUSet, CPUSet]], narrow: bool = True) -> l
     while todo:
         wave = movable(todo, leaves, new)
         if not wave and narrow:
-            for k in todo:
-                keep = held[k] & new(k)
-                if keep and keep != held[k]:
-                    steps.append((k, keep))
-                    held[k] = keep
+            for k in todo:  # one after the other: each step frees what the next may take
+                step = aside(k, todo, held[k], leaves, new)
+                if step:
+                    steps.append((k, step))
+                    held[k] = step
             wave = movable(todo, leaves, new)
         wave = wave or todo  # nothing kept to step aside to: no order spares a moment
         steps += [(k, new(k)) for k in wave]

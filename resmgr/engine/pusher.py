@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Protocol
 
 from resmgr.engine.ledger import Ledger
-from resmgr.engine.moves import movable
+from resmgr.engine.moves import aside, movable
 from resmgr.model import ContainerState, Resources, Stopped
 from resmgr.topology.cpuset import CPUSet
 
@@ -159,22 +159,23 @@ class Pusher:
                 self.wake()
                 todo = [k for k in todo if k not in waiting]
             wave = movable(todo, self._leaves, self._new)
-            if not wave:  # a cycle (a swap): each first gives up the CPUs it leaves, then they move
-                await asyncio.gather(*(self.narrow(k) for k in todo))
-                wave = movable(todo, self._leaves, self._new) or todo  # one keeping nothing cannot step aside
+            if not wave:  # a cycle (a swap): one after the other steps aside, then they move
+                for k in todo:
+                    await self.narrow(k, todo)
+                wave = movable(todo, self._leaves, self._new) or todo  # none could step aside
             await asyncio.gather(*(self.push(k) for k in wave))
             tried += wave
             todo = [k for k in todo if k not in wave]
 
-    async def narrow(self, key: str) -> None:
-        """Run key, for now, on those of the CPUs it runs on that it keeps (if any): it then takes no
-        CPU and leaves all it is to leave. Its desired resources stay pending."""
+    async def narrow(self, key: str, todo: list[str]) -> None:
+        """Run key, for now, where it takes no CPU another of todo is still to leave and leaves all it
+        is to leave (moves.aside), if anywhere. Its desired resources stay pending."""
         held = self.held.get(key)
         c = self.ledger.containers.get(key)
         if held is None or c is None or not c.id or not c.pending:
             return
-        keep = CPUSet.parse_or_empty(held) & self._new(key)
-        if not keep or keep == CPUSet.parse_or_empty(held):
+        keep = aside(key, todo, CPUSet.parse_or_empty(held), self._leaves, self._new)
+        if not keep:
             return
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with self._slots, lock:

@@ -90,11 +90,12 @@ def test_a_pushed_container_leaves_nothing_behind_when_it_goes():
     assert pusher._locks == {} and pusher.held == {}
 
 
-def applied_without_overlap(before: dict[str, str], steps: list[tuple[str, CPUSet]]) -> bool:
+def applied_without_overlap(before: dict[str, str], steps: list[tuple[str, CPUSet]],
+                            shared_after: frozenset[tuple[str, str]] = frozenset()) -> bool:
     """Whether applying steps one after the other ever has two containers on one CPU that did not
-    share it before."""
+    share it before (or, for the pairs of shared_after, do share some after)."""
     now = {k: CPUSet.parse(v) for k, v in before.items()}
-    shared_before = {(a, b) for a in now for b in now if a < b and now[a] & now[b]}
+    shared_before = {(a, b) for a in now for b in now if a < b and now[a] & now[b]} | shared_after
     for key, cpus in steps:
         now[key] = cpus
         if any(a < b and now[a] & now[b] and (a, b) not in shared_before for a in now for b in now):
@@ -119,6 +120,31 @@ def test_a_sequence_of_moves_gives_cpus_up_before_they_are_taken_and_breaks_swap
         [("g", p("1")), ("b", p("0,2-3"))]
     # Where the runtime's CPUs are not known, nothing is held back.
     assert sequence({"x": (CPUSet(), p("1")), "y": (p("1"), p("2"))}) == [("y", p("2")), ("x", p("1"))]
+
+
+def test_a_cycle_in_which_no_container_keeps_a_cpu_is_broken_by_a_step_onto_cpus_nobody_leaves():
+    """A switch to static: g leaves CPU 12 (exclusive) for CPU 1, where a shared container c runs
+    that moves to the default set 0,6-15, and b (13-15) joins that set. Each waits for another and c
+    keeps none of its CPUs: c and b first go to the default set but CPU 12, then g, then the rest."""
+    from resmgr.engine.moves import sequence
+
+    p = CPUSet.parse
+    before = {"g": "12", "c": "1-3", "b": "13-15"}
+    moves = {"g": (p("12"), p("1")), "c": (p("1-3"), p("0,6-15")), "b": (p("13-15"), p("0,6-15"))}
+    steps = sequence(moves)
+    assert steps[-1] in [("b", p("0,6-15")), ("c", p("0,6-15"))] and ("g", p("1")) in steps
+    assert applied_without_overlap(before, steps, frozenset({("b", "c")})), steps
+    # The relay's pusher, wave by wave, the same.
+    ledger = ledger_of(before)
+    runtime = SlowRuntime(before)
+    pusher = Pusher(ledger, runtime, lambda: None)
+    updates = {k: Resources(cpuset_cpus=str(new)) for k, (_, new) in moves.items()}
+    pusher.note_held(updates)
+    for key, res in updates.items():
+        ledger.containers[key].resources, ledger.containers[key].pending = res, True
+    asyncio.run(pusher.push_all(updates))
+    assert runtime.held == {"g": "1", "c": "0,6-15", "b": "0,6-15"}
+    assert [o for o in runtime.overlaps if "g" in o.split()[::3]] == [], runtime.overlaps
 
 
 def test_a_push_whose_outcome_is_unknown_may_hold_the_old_cpus_or_the_new():
