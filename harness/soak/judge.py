@@ -40,6 +40,7 @@ containerd or rebooted the node) are set apart (Judge.set_apart).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -296,6 +297,17 @@ def _ids(f: Finding) -> tuple[str, ...]:
     return () if f.kind == "balloon-size" else (f.key,)
 
 
+def _stamped(journal: str) -> Iterator[tuple[float, str]]:
+    """The lines of a `journalctl -o short-unix` text with their time (others, "-- Boot" say, skipped)."""
+    for line in journal.splitlines():
+        stamp, _, text = line.partition(" ")
+        try:
+            t = float(stamp)
+        except ValueError:
+            continue
+        yield t, text
+
+
 def nri_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float]]:
     """When containerd made a container without the NRI plugin, from the journal of containerd and
     the plugin (`journalctl -o short-unix`): from a CreateContainer the plugin died answering (its
@@ -305,12 +317,7 @@ def nri_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float]]
     deadline) opens nothing: containerd waits for the plugin then, or fails the create."""
     out: list[tuple[float, float]] = []
     opened: float | None = None
-    for line in journal.splitlines():
-        stamp, _, text = line.partition(" ")
-        try:
-            t = float(stamp)
-        except ValueError:
-            continue
+    for t, text in _stamped(journal):
         if "failed to handle CreateContainer request" in text and any(k in text for k in KILLED):
             opened = t if opened is None else opened
         elif "NRI: synchronized" in text and opened is not None:
@@ -333,12 +340,7 @@ def away_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float,
     out: list[tuple[float, float, float]] = []
     started: float | None = None  # containerd started, the plugin not synchronized with it since
     opened: float | None = None
-    for line in journal.splitlines():
-        stamp, _, text = line.partition(" ")
-        try:
-            t = float(stamp)
-        except ValueError:
-            continue
+    for t, text in _stamped(journal):
         if "starting containerd" in text:
             if started is not None and opened is not None:
                 out.append((started, opened, t))

@@ -126,7 +126,8 @@ class Soak:
         self.started = self.started_wall = 0.0
         self.notes: dict[str, Any] = {}
         self.plants: list[Plant] = []
-        # [guest time, "start" or "change", policy, reserved, max balloon] or [t, "applied"]
+        # [guest time, "start" or "change", policy, reserved, max balloon], [t, "applied"] or
+        # [thaw, "stalled", freeze] (containerd frozen by the soak)
         self.events: list[list[Any]] = []
         self.kills: list[float] = []  # when the soak SIGKILLed cri-resmgr (guest clock)
         self.restarts: list[float] = []  # ... restarted containerd or rebooted the node

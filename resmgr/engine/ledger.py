@@ -174,8 +174,7 @@ class Ledger:
         """
         c.seq = self.next_seq()
         self.containers[c.key] = c
-        identity = self._identity(c)
-        c.previous = self.previous.get(identity, "") if self.policy.pins else ""
+        identity = self._offer_previous(c)
         try:
             decision = self.policy.allocate(c, pod, self.view(identity))
         except BaseException:
@@ -190,14 +189,19 @@ class Ledger:
         runs where that will do, else it is offered the CPUs its pod's container of that name ran on,
         as a container kubelet made again after a reboot before the plugin was back), or one that did
         not fit (allocated afresh). PolicyError: nothing changed. The decision is the caller's to apply."""
-        identity = self._identity(c)
-        c.previous = self.previous.get(identity, "") if self.policy.pins else ""
+        identity = self._offer_previous(c)
         degraded = c.key in self.degraded
         decision = (self.policy.allocate if degraded else self.policy.adopt)(c, pod, self.view(identity))
         self.awaited.pop(identity, None)  # its own CPUs were offered to it: kept no longer
         self.degraded.discard(c.key)
         self.unallocated.discard(c.key)
         return decision
+
+    def _offer_previous(self, c: Container) -> str:
+        """c's identity; the CPUs its pod's container of that name ran on are offered to it (previous)."""
+        identity = self._identity(c)
+        c.previous = self.previous.get(identity, "") if self.policy.pins else ""
+        return identity
 
     @staticmethod
     def apply(c: Container, decision: Decision) -> None:
