@@ -1,7 +1,8 @@
 """The soak's load: pods made and deleted through the API all the time, of every kind kubelet
 hands cri-resmgr - Guaranteed of 1, 2 and 4 CPUs, Burstable with and without limits, BestEffort,
 pods of several containers - and in-place resizes of running ones, up and down; kept inside what the node can
-hold, so that kubelet refuses nothing and every pod made must run."""
+hold, so that kubelet refuses nothing and every pod made must run. The soak's crowd (harness/soak/run.py)
+goes past the exclusive budget on purpose, up to what kubelet admits, until cri-resmgr refuses a pod."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ KINDS: dict[str, tuple[tuple[Part, ...], int]] = {
 INIT: dict[str, tuple[Part, bool]] = {"gi": (Part(1000, 32, 1000, 32), False), "si": (Part(100, 16), True)}
 EXCLUSIVE_BUDGET = 8000  # milli-CPUs all Guaranteed pods may hold at once (of 15 after the reserved one)
 TOTAL_BUDGET = 10000  # milli-CPUs all pods may request at once
+ADMITTED = 16000  # milli-CPUs kubelet admits on the soak's node (its 16 CPUs, none reserved to the system)
 LIVE = (2, 5)  # pods alive at once: at least, at most
 
 
@@ -93,6 +95,15 @@ def running(pod: Any, containers: int) -> bool:
     statuses = pod.status.container_statuses or []
     return pod.status.phase == "Running" and len(statuses) == containers and all(
         st.ready and st.state and st.state.running for st in statuses)
+
+
+def refusal(pod: Any) -> str:
+    """Why the runtime refused to make a container of the pod, as kubelet reports it ("": none)."""
+    for st in pod.status.container_statuses or []:
+        waiting = st.state.waiting if st.state else None
+        if waiting is not None and waiting.reason == "CreateContainerError":
+            return waiting.message or waiting.reason
+    return ""
 
 
 @dataclass
@@ -194,16 +205,17 @@ class Load:
         live = [p for p in self.live() if p.guaranteed]
         return len(live), sum(1 for p in live if p.running)
 
-    def make(self, kind: str = "") -> None:
-        """A pod of the kind given, or of one drawn by how often each comes; none beyond the budgets."""
+    def make(self, kind: str = "", budgets: tuple[int, int] = (EXCLUSIVE_BUDGET, TOTAL_BUDGET)) -> PodRecord | None:
+        """A pod of the kind given, or of one drawn by how often each comes; none beyond the budgets
+        (milli-CPUs of Guaranteed pods, of all pods): the pod made, or None."""
         if not kind:
             kinds = list(KINDS)
             kind = self.rng.choices(kinds, weights=[KINDS[k][1] for k in kinds])[0]
         parts = KINDS[kind][0]
         rec = PodRecord(f"{kind}-{self.made}", kind, parts, time.monotonic())
         exclusive, total = self._budget(rec)
-        if exclusive > EXCLUSIVE_BUDGET or total > TOTAL_BUDGET:
-            return
+        if exclusive > budgets[0] or total > budgets[1]:
+            return None
         pooled = kind in IN_PODPOOL and self.rng.random() < 0.5
         annotations = {PODPOOL_ANNOTATION: PODPOOL} if pooled else {}
         pod = self.core.create_namespaced_pod(NAMESPACE, manifest(rec.name, self.node, parts, annotations,
@@ -212,6 +224,7 @@ class Load:
         with self._lock:
             self.pods[rec.name] = rec
         self.made += 1
+        return rec
 
     def delete(self, rec: PodRecord) -> None:
         try:

@@ -6,7 +6,9 @@ SIGKILLed; containerd restarted; kubelet restarted; the API server away for a wh
 directory's file system full for a while (cri-resmgr SIGKILLed once meanwhile); containerd frozen
 (SIGSTOP) for longer than kubelet's runtime request timeout; a configuration every node rejects,
 then its fix; cri-resmgr's state file cut in half and cri-resmgr SIGKILLed; and once per run the
-node rebooted. After each the soak waits until the node is whole
+node rebooted. Once per run, too, the node is crowded (Guaranteed pods made until cri-resmgr
+refuses one, then room made, which the refused pod must take) and a violation is planted for the
+judge to catch. After each the soak waits until the node is whole
 again (harness/soak/run.py: Soak.whole) and records how long that took.
 """
 
@@ -25,7 +27,7 @@ from harness.kube import ControlPlane, container_ids, statuses
 from harness.soak import config as cfg
 from harness.soak.guest import SAMPLES, STATE_DIR, Guest
 from harness.soak.judge import Judge, Machine, Violation, away_windows, nri_windows
-from harness.soak.load import NAMESPACE, Load, running
+from harness.soak.load import ADMITTED, NAMESPACE, Load, PodRecord, refusal, running
 from harness.soak.proxy import CountingProxy
 from harness.soak.report import Strike, fault_table, placements_kept, slope
 from harness.vm import Shape, Vm
@@ -35,6 +37,7 @@ from tests.support.agentenv import install_agent_rbac, install_crds
 
 WHOLE_EVERY = 10.0  # seconds between two looks at whether the node is whole again
 SETTLE = 180.0  # seconds a configuration change is given to reach the kernel before a reboot, at most
+CROWD_BOUND = 300.0  # seconds the crowd waits for a refusal, and then for the refused pod to run
 FAULTS = ("kill-resmgr", "kill-agent", "restart-containerd", "restart-kubelet", "api-away", "disk-full",
           "freeze-containerd", "bad-config", "corrupt-state")
 
@@ -221,6 +224,7 @@ class Soak:
         if self.settings.reboot:
             plan.insert(self.rng.randrange(len(plan) // 2, len(plan) + 1) if plan else 0, "reboot")
         plan.insert(self.rng.randrange(len(plan) + 1), "plant")  # once per run, the judge proven live
+        plan.insert(self.rng.randrange(len(plan) + 1), "crowd")  # once per run, every exclusive CPU taken
         self._between(self.timing.warmup)
         try:
             while plan and not self._ending.is_set():
@@ -727,6 +731,48 @@ class Soak:
         self.plants.append(Plant("memory", cid, first, last, f"{cid[:12]} memory nodes {wrong} on CPUs "
                                                             f"{snap[cid][1]} ({self._known[cid]})"))
         s.notes["planted"] = self.plants[-1].text
+
+    def _crowd(self, s: Strike) -> None:
+        """Every exclusive CPU taken: Guaranteed pods of 2 CPUs made one after the other, past the
+        churn's budget but within what kubelet admits, until cri-resmgr refuses one (kubelet reports
+        CreateContainerError and tries again); then the others deleted, and the refused pod must run
+        in the room they leave. Under balloons and podpools Guaranteed pods share their pools, so
+        kubelet's admission may end the crowd first: noted, not a violation."""
+        self.load.paused.set()
+        made: list[PodRecord] = []
+        try:
+            refused, why = None, ""
+            end = time.monotonic() + CROWD_BOUND
+            while time.monotonic() < end and refused is None:
+                pods = self.load.look()
+                refused, why = next(((r, w) for r in made if r.name in pods and (w := refusal(pods[r.name]))),
+                                    (None, ""))
+                if refused is None and all(r.running for r in made):
+                    rec = self.load.make("g2", budgets=(ADMITTED, ADMITTED))
+                    if rec is None:
+                        break  # kubelet would admit no more
+                    made.append(rec)
+                if refused is None:
+                    time.sleep(5.0)
+            s.notes["pods made"] = len(made)
+            if refused is None:
+                s.notes["refused"] = f"none ({self.configs.expect().policy})"
+                return
+            s.notes["refused"] = f"{refused.name}: {why[-160:]}"
+            for rec in made:
+                if rec is not refused:
+                    self.load.delete(rec)
+            room = time.monotonic()
+            while time.monotonic() - room < CROWD_BOUND and not refused.running:
+                time.sleep(5.0)
+                self.load.look()
+            if not refused.running:
+                self.violations.append(("crowd", f"{refused.name}, refused for want of CPUs, not running "
+                                                 f"{CROWD_BOUND:.0f} s after room was made"))
+            else:
+                s.notes["runs after room s"] = round(refused.running - room, 1)
+        finally:
+            self.load.paused.clear()
 
     def _bad_config(self, s: Strike) -> None:
         good = self.configs.break_it()

@@ -126,3 +126,85 @@ def test_a_reboot_is_whole_only_once_kubelet_reports_the_containers_it_made_sinc
                                           "['g1-0/c0']"]
     soak._expected = {"new1"}
     assert soak._unreported({"new1"}) == []
+
+
+class Crowded:
+    """The API server of a node that runs `room` Guaranteed pods of 2 CPUs at once: the pods made
+    after those are refused (CreateContainerError) until pods before them are deleted."""
+
+    def __init__(self, room: int) -> None:
+        self.room, self.pods, self.deleted = room, [], []
+
+    def create_namespaced_pod(self, namespace: str, body: dict):
+        from types import SimpleNamespace
+
+        self.pods.append(body["metadata"]["name"])
+        return SimpleNamespace(metadata=SimpleNamespace(uid=f"uid-{len(self.pods)}"))
+
+    def delete_namespaced_pod(self, name: str, namespace: str) -> None:
+        self.pods.remove(name)
+        self.deleted.append(name)
+
+    def list_namespaced_pod(self, namespace: str, **kw: object):
+        from types import SimpleNamespace as NS
+
+        def pod(name: str, runs: bool) -> NS:
+            waiting = None if runs else NS(reason="CreateContainerError", message="needs 2 exclusive CPUs")
+            st = NS(ready=runs, state=NS(running=NS() if runs else None, waiting=waiting))
+            return NS(metadata=NS(name=name), status=NS(phase="Running" if runs else "Pending",
+                                                         container_statuses=[st]))
+        return NS(items=[pod(name, i < self.room) for i, name in enumerate(self.pods)])
+
+
+def _crowding(monkeypatch, core: Crowded) -> tuple[Soak, list[float]]:
+    import random
+    from types import SimpleNamespace
+
+    from harness.soak import load as soak_load
+    from harness.soak.load import Load
+    from resmgr.topology.cpuset import CPUSet
+
+    now = [0.0]
+    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
+                            strftime=lambda *a: "")
+    monkeypatch.setattr(run, "time", clock)
+    monkeypatch.setattr(soak_load, "time", clock)
+    soak = _soak()
+    soak.load, soak.violations = Load(core, "node", random.Random(1)), []
+    soak.configs = SimpleNamespace(expect=lambda: Expect("topology-aware", CPUSet([0])))
+    return soak, now
+
+
+def test_the_crowd_makes_pods_until_one_is_refused_and_that_one_runs_in_the_room_the_others_leave(monkeypatch):
+    from harness.soak.report import Strike
+
+    core = Crowded(room=3)
+    soak, _ = _crowding(monkeypatch, core)
+    s = Strike("crowd", 0.0)
+    soak._crowd(s)
+    assert s.notes["pods made"] == 4 and s.notes["refused"] == "g2-3: needs 2 exclusive CPUs"
+    assert core.deleted == ["g2-0", "g2-1", "g2-2"] and core.pods == ["g2-3"]
+    assert s.notes["runs after room s"] == 5.0 and not soak.violations
+    assert not soak.load.paused.is_set()  # the churn goes on
+
+
+def test_a_refused_pod_that_never_runs_after_room_was_made_is_a_violation(monkeypatch):
+    from harness.soak.report import Strike
+
+    core = Crowded(room=2)
+    core.delete_namespaced_pod = lambda name, namespace: core.deleted.append(name)  # nothing goes away
+    soak, _ = _crowding(monkeypatch, core)
+    s = Strike("crowd", 0.0)
+    soak._crowd(s)
+    assert s.notes["refused"].startswith("g2-2: ")
+    assert [kind for kind, _ in soak.violations] == ["crowd"]
+
+
+def test_a_crowd_kubelet_would_not_admit_more_of_ends_without_a_refusal(monkeypatch):
+    from harness.soak.report import Strike
+
+    soak, _ = _crowding(monkeypatch, Crowded(room=100))
+    s = Strike("crowd", 0.0)
+    soak._crowd(s)
+    assert s.notes["pods made"] == 8 and s.notes["refused"] == "none (topology-aware)"  # 16 CPUs admitted
+    assert not soak.violations
