@@ -62,6 +62,7 @@ class Pusher:
         self.starting: dict[str, asyncio.Event] = {}  # containers the runtime is starting
         self.raced: set[str] = set()  # of those, the ones updated meanwhile
         self.held: dict[str, str] = {}  # by container: the CPUs the runtime holds, where known
+        self.unmoved: set[str] = set()  # adopted, no move landed yet: held is where they were found
         self.removing: Counter[str] = Counter()  # pods and containers whose removal is under way
 
     @contextlib.asynccontextmanager
@@ -89,8 +90,15 @@ class Pusher:
         """Before updates are recorded: what the runtime holds of containers it has taken all of."""
         for key in updates:
             c = self.ledger.containers.get(key)
-            if c is not None and c.id and not c.pending:
+            if c is not None and c.id and not c.pending and key not in self.unmoved:
                 self.held[key] = c.resources.cpuset_cpus
+
+    def found(self, key: str, cpus: str) -> None:
+        """A container adopted where the runtime runs it: those CPUs are held until a move of it lands
+        (a container placed onto them waits), not those its first decision gives it."""
+        if cpus:
+            self.held[key] = cpus
+            self.unmoved.add(key)
 
     def _new(self, key: str) -> CPUSet:
         return CPUSet.parse_or_empty(self.ledger.containers[key].resources.cpuset_cpus)
@@ -118,6 +126,7 @@ class Pusher:
                 # only loads a runtime already slow to end it. What it holds returns when it is gone.
                 log.debug("container %s: not updated, its processes have stopped", c.id)
                 self.held[key] = res.cpuset_cpus
+                self.unmoved.discard(key)
                 if c.resources is res:
                     c.pending = False
                 return
@@ -135,6 +144,7 @@ class Pusher:
                 self.raced.add(key)
                 return
             self.held[key] = res.cpuset_cpus
+            self.unmoved.discard(key)
             if c.resources is res:
                 c.pending = False
         if not lock.locked() and key not in containers:
@@ -147,6 +157,7 @@ class Pusher:
         todo = [k for k in keys if (c := containers.get(k)) is not None and c.id]
         for gone in [k for k in self.held if k not in containers]:  # dropped with their pods
             del self.held[gone]
+            self.unmoved.discard(gone)
         tried: list[str] = []
         while todo:
             unfreed = CPUSet()
@@ -282,6 +293,7 @@ class Pusher:
         self.raced.discard(key)
         self.starting.pop(key, None)
         self.held.pop(key, None)
+        self.unmoved.discard(key)
         lock = self._locks.get(key)
         if lock is not None and not lock.locked():  # a push in flight drops it when it ends
             del self._locks[key]

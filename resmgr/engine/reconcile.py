@@ -303,6 +303,7 @@ class Reconciler:
             log.debug("container %s (%s) found running on cpus %s; adopted", cid, c.name,
                       c.resources.cpuset_cpus or "-")
             self.state.ledger.enter(c)
+            self.state.pusher.found(c.key, c.resources.cpuset_cpus)  # held until its move lands
             self.state.ledger.unallocated.add(cid)
             if c.state == ContainerState.CREATED:
                 # The runtime may be starting it from what it held before: the update we send now can

@@ -200,6 +200,12 @@ class Placement:
                     return out
         return out
 
+    def home(self, count: int, keep: tuple[CPUSet, ...]) -> CPUSet:
+        """The first of keep that is count exclusive CPUs inside one leaf pool (EMPTY: none)."""
+        leaves = [p.cpus for p in self.accounts.pools if not p.children]
+        return next((cpus for cpus in keep if count and len(cpus) == count and any(cpus <= leaf for leaf in leaves)),
+                    EMPTY)
+
     def keep(self, key: str, grant: Grant, keep: CPUSet) -> Grant:
         """grant with keep as its exclusive CPUs, if they are its pool's isolated or general CPUs, free,
         and leave every pool consistent; else grant as it is."""

@@ -219,6 +219,9 @@ class TopologyAwarePolicy(Policy):
         with self.grants.transaction():  # a failed re-allocation keeps what it had
             self.grants.remove(container.key)
             r = self.asking.request(container, pod, req, view)
+            home = self.placement.home(r.exclusive, keep)
+            if home:  # its node first, as where it ran before: the node with most room may be another
+                r = replace(r, previous=home)
             grant = self.placement.place(r)
             for cpus in keep:
                 if grant.exclusive and len(cpus) == len(grant.exclusive):

@@ -1521,3 +1521,24 @@ async def test_a_container_adopted_with_memory_another_policy_placed_is_given_ev
     pod = Pod("pod", "uid", "p", "default", qos_class=QOSClass.GUARANTEED)
     decision = policy.adopt(c, pod, View({"pod": pod}, {"c": c}))
     assert decision.resources is not None and decision.resources.cpuset_mems == "0-1"
+
+
+async def test_a_container_found_running_is_known_to_hold_its_cpus_until_its_move_is_taken(engine):
+    """Adopted after the state file was lost: the CPUs the runtime runs it on are held until its
+    move lands, so that a container placed onto them waits (they were taken as its new CPUs)."""
+    rt = engine.state.runtime.client
+    rt.pods = [cri.PodSandbox(id="pod-new", metadata=cri.PodSandboxMetadata(name="new", uid="u", namespace="ns"))]
+    rt.containers = [cri.Container(id="c-new", pod_sandbox_id="pod-new", state=cri.CONTAINER_RUNNING,
+                                   metadata=cri.ContainerMetadata(name="x"))]
+    rt.cpusets["c-new"] = "2-3"
+    held = []
+    original = engine.state.pusher.push_all
+
+    async def push_all(keys):
+        held.append(dict(engine.state.pusher.held))
+        await original(keys)
+
+    engine.state.pusher.push_all = push_all
+    await engine.reconcile()
+    key = engine.state.containers["c-new"].key
+    assert held and held[0].get(key) == "2-3"

@@ -203,8 +203,23 @@ def test_a_refused_pod_that_never_runs_after_room_was_made_is_a_violation(monkey
 def test_a_crowd_kubelet_would_not_admit_more_of_ends_without_a_refusal(monkeypatch):
     from harness.soak.report import Strike
 
-    soak, _ = _crowding(monkeypatch, Crowded(room=100))
+    core = Crowded(room=100)
+    soak, _ = _crowding(monkeypatch, core)
     s = Strike("crowd", 0.0)
     soak._crowd(s)
     assert s.notes["pods made"] == 8 and s.notes["refused"] == "none (topology-aware)"  # 16 CPUs admitted
-    assert not soak.violations
+    assert not soak.violations and len(core.deleted) == 8  # the churn's budgets hold again
+
+
+def test_the_crowd_waits_for_a_policy_with_exclusive_cpus_to_run_out_of_while_faults_are_left():
+    from harness.soak.run import crowd_later
+
+    plan = ["crowd", "kill-agent", "plant"]
+    crowd_later(plan, "balloons")
+    assert plan == ["kill-agent", "crowd", "plant"]
+    plan = ["crowd"]
+    crowd_later(plan, "podpools")
+    assert plan == ["crowd"]  # the last: it strikes anyway
+    plan = ["crowd", "plant"]
+    crowd_later(plan, "static")
+    assert plan == ["crowd", "plant"]

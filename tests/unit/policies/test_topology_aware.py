@@ -148,6 +148,17 @@ def test_an_adopted_container_keeps_its_exclusive_cpus_when_consistent():
         w.remove(other)
 
 
+def test_adopted_containers_keep_their_cpus_where_another_node_would_rank_first():
+    """Found running after the state file was lost: the first adopted is not placed, by the node with
+    most room, onto CPUs the second still runs on; each keeps its own, inside one node."""
+    w = World("topology-aware", machine("sockets=2,nodes=2,cores=2,threads=2,numbering=linear"),
+              ReservedResources={"cpu": "cpuset:0"})  # node n: CPUs 4n..4n+3
+    w.add(QOSClass.BURSTABLE, 1500)
+    first = w.add(QOSClass.GUARANTEED, 2000, running_on="6-7")
+    second = w.add(QOSClass.GUARANTEED, 2000, running_on="12-13")
+    assert (w.cpus(first), w.cpus(second)) == (CPUSet.parse("6-7"), CPUSet.parse("12-13"))
+
+
 def test_exclusive_slices_keep_a_shared_cpu_for_the_pools_shared_users():
     w = World(TA, machine("sockets=1,cores=2,threads=2"))
     shared = w.add(BE, 0)
