@@ -771,7 +771,7 @@ class Soak:
             if refused is None:
                 s.notes["refused"] = f"none ({self.configs.expect().policy})"
                 return
-            s.notes["refused"] = f"{refused.name}: {why[-160:]}"
+            s.notes["refused"] = f"{refused.name}: {why.split('; free:')[0][-160:]}"  # not the pools' listing
             room = time.monotonic()
             while time.monotonic() - room < CROWD_BOUND and not refused.running:
                 time.sleep(5.0)
