@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import vmimage  # noqa: E402
+from harness import releases, vmimage  # noqa: E402
 from harness.kube import ControlPlane  # noqa: E402
 from harness.soak import config as cfg  # noqa: E402
 from harness.soak.guest import AGENT_PORT, SAMPLES  # noqa: E402
@@ -90,10 +90,13 @@ def main() -> int:
     proxy = CountingProxy(control.port).start()
     reports = []
     try:
-        deb = build_deb(work / "deb")
+        files = {"cri-resmgr.deb": build_deb(work / "deb")}
+        previous = releases.previous_installed()  # the soak rolls back to it and upgrades again
+        if previous is not None:
+            files["cri-resmgr-previous.deb"] = releases.deb(previous)
         (work / "vm").mkdir()
         vm = Vm(vmimage.build(), Shape(), work / "vm", forwards={API_PORT: control.port, AGENT_PORT: proxy.port},
-                files={"cri-resmgr.deb": deb})
+                files=files)
         vm.start()
         print(f"soak: the node booted in {vm.boot_seconds:.0f} s (work directory {work})", flush=True)
         try:

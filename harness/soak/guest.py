@@ -23,6 +23,9 @@ FILLER = f"{STATE_DIR}/.soak-fill"  # the sampler leaves it out of the directory
 SAMPLES = "/var/log/crirm-soak/samples.jsonl"
 AGENT_PORT = 6444  # the guest's port for the API server, through the host's counting proxy
 SRC = "/opt/cri-resmgr/src"
+PACKAGE = f"{SRC}/cri-resmgr.deb"
+PREVIOUS = f"{SRC}/cri-resmgr-previous.deb"  # the previous release's package, where the host built it
+DROPIN = "/etc/kubernetes/kubelet.conf.d/50-cri-resmgr.conf"  # the package's: kubelet on the relay
 TOOLS = "/usr/local/lib/crirm-soak"  # the soak's own guest programs
 ASIDE = ("/etc/systemd/system/cri-resmgr.service", "/etc/systemd/system/cri-resmgr-nri.service")
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
@@ -106,12 +109,12 @@ class Guest:
         # kubelet first (on containerd), as on a node that runs already; the package moves it to the relay.
         self.kubelet.start(CONTAINERD_SOCKET, **kubelet_settings)
         self._took("kubelet ready", began)
-        self.sh(f"dpkg -i --force-confold {SRC}/cri-resmgr.deb", timeout=300)
+        self.sh(f"dpkg -i --force-confold {PACKAGE}", timeout=300)
         if self.mode == "nri":  # the package's other unit, kubelet back on containerd, which waits for it
             self.sh(f"[ -e {CONTAINERD_CONFIG}.soak ] || cp {CONTAINERD_CONFIG} {CONTAINERD_CONFIG}.soak; "
                     f"cp {CONTAINERD_CONFIG}.soak {CONTAINERD_CONFIG} && "
                     f"printf '%s' '{REQUIRE_CRI_RESMGR}' >> {CONTAINERD_CONFIG} && systemctl restart containerd")
-            self.sh("rm -f /etc/kubernetes/kubelet.conf.d/50-cri-resmgr.conf && "
+            self.sh(f"rm -f {DROPIN} && "
                     "systemctl disable --now cri-resmgr && systemctl enable --now cri-resmgr-nri && "
                     "systemctl restart kubelet")
         self._took("package installed", began)
@@ -151,6 +154,28 @@ class Guest:
                     "grep -q 'NRI: synchronized' && exit 0; sleep 0.2; done; exit 1", timeout=timeout + 30)
 
     # -- what the faults do -----------------------------------------------------------------------
+    def has_previous(self) -> bool:
+        return self.run(f"test -e {PREVIOUS}").code == 0
+
+    def install_package(self, deb: str) -> str:
+        """dpkg -i of a package over the one installed (an upgrade or a rollback), as an operator
+        does it with pods running; returns the version that then runs."""
+        self.sh(f"dpkg -i --force-confold {deb}", timeout=600)
+        self.wait_serving()
+        return self.sh("/usr/bin/cri-resmgr --version").strip()
+
+    def running(self) -> str:
+        """What runs: the relay's, the NRI plugin's and the agent's units' states, and kubelet's drop-in."""
+        units = self.run("systemctl is-active cri-resmgr cri-resmgr-nri cri-resmgr-agent").out.split()
+        dropin = self.run(f"test -e {DROPIN}").code == 0
+        return f"relay {units[0]}, nri {units[1]}, agent {units[2]}, kubelet on {'relay' if dropin else 'containerd'}"
+
+    def should_run(self) -> str:
+        """What running() says on a node of this mode."""
+        if self.mode == "relay":
+            return "relay active, nri inactive, agent active, kubelet on relay"
+        return "relay inactive, nri active, agent active, kubelet on containerd"
+
     def fill_state_fs(self) -> None:
         self.run(f"dd if=/dev/zero of={FILLER} bs=64k 2>/dev/null; sync", timeout=120)
 

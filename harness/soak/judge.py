@@ -33,8 +33,9 @@ A snapshot that follows neither (containers part-moved) may show two containers 
 that is a violation unless they shared those CPUs before the change or share them once it is
 done (a Guaranteed container and the others of the balloon it joins, one of which moved first),
 which is known when the change is done. In NRI mode, findings of a container containerd made
-without the plugin (its plugin killed by the soak, or not back yet after the soak restarted
-containerd or rebooted the node) are set apart (Judge.set_apart).
+without the plugin (its plugin killed by the soak, restarted by the soak's package install, or
+not back yet after the soak restarted containerd or rebooted the node) are set apart
+(Judge.set_apart).
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ EXCUSES = {
     "nri-away": "NRI mode: a container first seen between containerd's first create after the soak "
                 "restarted it or rebooted the node (containerd started within 300 s of the strike) and the "
                 "plugin's next synchronization: grace more",
+    "nri-upgrade": "NRI mode: a container first seen between the soak's dpkg -i of the package (its "
+                   "postinst restarts the plugin) and the plugin's next synchronization: grace more",
     "restart": "a container restart counted before and after a fault the soak struck that cuts starts "
-               "in flight (cri-resmgr killed in relay mode, containerd or kubelet restarted, "
+               "in flight (cri-resmgr killed or upgraded in relay mode, containerd or kubelet restarted, "
                "containerd frozen, the reboot): that fault's strike",
 }
 
@@ -329,6 +332,14 @@ def nri_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float]]
 
 
 KILLED = (": closed", "EOF", "connection reset by peer", "broken pipe")  # ttrpc's words for a dead peer
+
+
+def upgrade_windows(journal: str, upgrades: list[float], bound: float = 300.0) -> list[tuple[float, float]]:
+    """When the NRI plugin was away for a package install of the soak's (guest times before each
+    dpkg -i): from the install to the plugin's next synchronization, from its journal (`-o
+    short-unix`; bound: none came). Containers containerd made meanwhile had no plugin to ask."""
+    syncs = [t for t, text in _stamped(journal) if "NRI: synchronized" in text]
+    return [(u, next((t for t in syncs if t > u), u + bound)) for u in upgrades]
 
 
 def away_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float, float]]:

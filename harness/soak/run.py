@@ -7,8 +7,9 @@ directory's file system full for a while (cri-resmgr SIGKILLed once meanwhile); 
 (SIGSTOP) for longer than kubelet's runtime request timeout; a configuration every node rejects,
 then its fix; cri-resmgr's state file cut in half and cri-resmgr SIGKILLed; and once per run the
 node rebooted. Once per run, too, the node is crowded (Guaranteed pods made until cri-resmgr
-refuses one, then room made, which the refused pod must take) and a violation is planted for the
-judge to catch. After each the soak waits until the node is whole
+refuses one, then room made, which the refused pod must take), the package is rolled back to the
+previous release and upgraded again (where that release's package was built), and a violation is
+planted for the judge to catch. After each the soak waits until the node is whole
 again (harness/soak/run.py: Soak.whole) and records how long that took.
 """
 
@@ -25,8 +26,8 @@ from kubernetes.client import CustomObjectsApi
 
 from harness.kube import ControlPlane, container_ids, statuses
 from harness.soak import config as cfg
-from harness.soak.guest import SAMPLES, STATE_DIR, Guest
-from harness.soak.judge import Judge, Machine, Violation, away_windows, nri_windows
+from harness.soak.guest import PACKAGE, PREVIOUS, SAMPLES, STATE_DIR, Guest
+from harness.soak.judge import Judge, Machine, Violation, away_windows, nri_windows, upgrade_windows
 from harness.soak.load import ADMITTED, NAMESPACE, Load, PodRecord, refusal, running
 from harness.soak.proxy import CountingProxy
 from harness.soak.report import Strike, fault_table, placements_kept, slope
@@ -142,6 +143,7 @@ class Soak:
         self.events: list[list[Any]] = []
         self.kills: list[float] = []  # when the soak SIGKILLed cri-resmgr (guest clock)
         self.restarts: list[float] = []  # ... restarted containerd or rebooted the node
+        self.upgrades: list[float] = []  # ... installed the package (it restarts the daemon)
 
     # -- the sampler's records -------------------------------------------------------------------
     def pull(self) -> None:
@@ -233,6 +235,10 @@ class Soak:
             plan.insert(self.rng.randrange(len(plan) // 2, len(plan) + 1) if plan else 0, "reboot")
         plan.insert(self.rng.randrange(len(plan) + 1), "plant")  # once per run, the judge proven live
         plan.insert(self.rng.randrange(len(plan) + 1), "crowd")  # once per run, every exclusive CPU taken
+        if self.guest.has_previous():  # once per run, a rollback to the previous release and back
+            plan.insert(self.rng.randrange(len(plan) + 1), "upgrade")
+        else:
+            self.notes["upgrade"] = "not struck: no previous release's package on the node"
         self._between(self.timing.warmup)
         try:
             while plan and not self._ending.is_set():
@@ -784,6 +790,23 @@ class Soak:
         finally:
             self.load.paused.clear()
 
+    def _upgrade(self, s: Strike) -> None:
+        # The package rolled back to the previous release and upgraded again, pods running and the
+        # churn going on: each install restarts the daemon and the agent onto the other code, and
+        # must leave the node in its mode (relay or NRI plugin) with every placement kept.
+        self._excused = self.guest.mode == "relay"  # a restarted relay fails the calls in flight
+        versions = []
+        for deb in (PREVIOUS, PACKAGE):
+            agent = self.guest.main_pid("cri-resmgr-agent")
+            self.upgrades.append(self.guest.now())
+            versions.append(self.guest.install_package(deb))
+            running, should = self.guest.running(), self.guest.should_run()
+            if running != should:
+                self.violations.append(("upgrade", f"after installing {versions[-1]}: {running}, not {should}"))
+            if self.guest.main_pid("cri-resmgr-agent") == agent:
+                self.violations.append(("upgrade", f"after installing {versions[-1]}: the agent runs the code before"))
+        s.notes["versions"] = " -> ".join(versions)
+
     def _bad_config(self, s: Strike) -> None:
         good = self.configs.break_it()
         self._rejected = True
@@ -840,6 +863,7 @@ class Soak:
             return []
         windows, uncaused = killed_windows(nri_windows(journal), self.kills)
         away, unstruck = restarted_windows(away_windows(journal), self.restarts)
+        upgraded = upgrade_windows(journal, self.upgrades)
         self.notes["creates made without the plugin"] = len(windows)
         if away:
             self.notes["creates made before the plugin was back"] = len(away)
@@ -847,7 +871,7 @@ class Soak:
             self.notes["nri window without the soak's kill"] = [f"{a:.1f}-{b:.1f}" for a, b in uncaused]
         if unstruck:  # containerd started without the soak's doing: nothing excused
             self.notes["nri window without the soak's restart"] = [f"{a:.1f}-{b:.1f}" for a, b in unstruck]
-        return self.judge.set_apart(windows + away)
+        return self.judge.set_apart(windows + away + upgraded)
 
     def report(self) -> dict[str, Any]:
         since = self.started_wall + self.timing.warmup  # the guest's clock follows the host's (its RTC)

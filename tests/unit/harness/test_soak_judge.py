@@ -267,6 +267,16 @@ def test_the_nri_window_runs_from_a_create_the_plugin_died_answering_to_its_next
     assert nri_windows("-- No entries --\n") == []
 
 
+def test_an_upgrade_window_runs_from_the_soaks_install_to_the_plugins_next_synchronization():
+    """The package's postinst restarts the plugin: what containerd makes meanwhile has no plugin to
+    ask. The window opens at the soak's own dpkg -i, not at a synchronization before it."""
+    from harness.soak.judge import upgrade_windows
+
+    assert upgrade_windows(JOURNAL, [1020.0, 1450.0, 1600.0], bound=300) == [
+        (1020.0, 1030.5), (1450.0, 1500.0), (1600.0, 1900.0)]
+    assert upgrade_windows(JOURNAL, []) == []  # no install of the soak's: no window
+
+
 def test_what_containerd_made_without_the_plugin_is_set_apart_and_nothing_else():
     """A Burstable container made in the window runs on every CPU until the plugin is back: set
     apart. One made before it, or a finding that outlasts the plugin's return, stays a violation."""
