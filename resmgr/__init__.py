@@ -1,3 +1,3 @@
 """cri-resmgr: node resource manager for Kubernetes (CRI relay, engine, policies)."""
 
-__version__ = "0.2.0.dev0"
+__version__ = "0.2.0"
