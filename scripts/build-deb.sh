@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-dist}")
-# The project's version in Debian's terms: a development version sorts before its release (0.2.0~dev0).
+# The project's version in Debian's terms: a development version sorts before its release (0.3.0~dev0).
 version=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])' \
     | sed 's/\.dev/~dev/')
 [ -x /usr/bin/python3.11 ] || { echo "build-deb: Debian's python3.11 is needed (apt-get install python3-venv)" >&2; exit 1; }

@@ -347,7 +347,7 @@ def test_every_place_that_names_the_version_names_the_same_one():
     assert tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"] == __version__
     chart = yaml.safe_load((root / "deployment/helm/cri-resmgr/Chart.yaml").read_text())
     assert chart["appVersion"] == __version__
-    assert chart["version"] == __version__.replace(".dev", "-dev.")  # SemVer: 0.2.0.dev0 is 0.2.0-dev.0
+    assert chart["version"] == __version__.replace(".dev", "-dev.")  # SemVer: 0.3.0.dev0 is 0.3.0-dev.0
     for parser, prog in ((daemon_parser(), "cri-resmgr"), (agent_parser(), "cri-resmgr-agent"),
                          (webhook_parser(), "cri-resmgr-webhook")):
         with pytest.raises(SystemExit):
