@@ -135,7 +135,24 @@ def _describe(error: jsonschema.ValidationError, module: str) -> str:
     return f"{path}: {error.message}"
 
 
+def _odd_key(value: Any, path: str) -> str:
+    """Where value holds a key that is not a string (YAML allows `~: x` or `1: x`), "" if nowhere."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{path}.{k!r}"
+            if where := _odd_key(v, f"{path}.{k}"):
+                return where
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if where := _odd_key(v, f"{path}[{i}]"):
+                return where
+    return ""
+
+
 def _check(module: str, section: dict[str, Any], origin: str) -> None:
+    if where := _odd_key(section, module):
+        raise ConfigError(f"{origin}: {where}: a key must be a string")
     try:
         _fast(module)(section)
         return

@@ -259,3 +259,11 @@ def test_nri_plugins_options_that_cannot_move_a_placement_are_left_out_with_a_wa
     assert "schedulingClass left out" not in caplog.text
     with pytest.raises(ConfigError, match="defaultCPUPriorty"):  # a typo is still one
         validate({**ta, "spec": {"defaultCPUPriorty": "high"}}, "ta")
+
+
+def test_a_key_that_is_not_a_string_is_refused_with_where_it_is():
+    # YAML reads `~: x` as a null key and `1: x` as an integer one; the schemas' validators need strings.
+    with pytest.raises(ConfigError, match=r"cpu\.None: a key must be a string"):
+        from_map({"cpu": "~: ~\n"})
+    with pytest.raises(ConfigError, match=r"policy\.ReservedResources\.1: a key must be a string"):
+        from_map({"policy": "Active: topology-aware\nReservedResources:\n  1: 2\n"})
