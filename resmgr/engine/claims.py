@@ -94,4 +94,5 @@ class Claims:
         """On disk before kubelet hears the answer, even where lifecycle answers write behind
         (StateNotWritten if it cannot be)."""
         self.state.changes.bump()
+        await self.state.after_resizes()  # what is written while one is under way is the state before it
         await self.state.store.save(self.state.snapshot, strict=True)

@@ -64,6 +64,10 @@ class Pusher:
         self.held: dict[str, str] = {}  # by container: the CPUs the runtime holds, where known
         self.unmoved: set[str] = set()  # adopted, no move landed yet: held is where they were found
         self.removing: Counter[str] = Counter()  # pods and containers whose removal is under way
+        # By container: the CPUs a resize under way gives up, which it runs on until the runtime has
+        # taken it; the moves onto them its decision recorded wait for that (update.py).
+        self.resizing: dict[str, CPUSet] = {}
+        self.landed: dict[str, float] = {}  # by container: when an update of it last reached the runtime
 
     @contextlib.asynccontextmanager
     async def holding_off(self, ids: Iterable[str]) -> AsyncIterator[None]:
@@ -93,6 +97,22 @@ class Pusher:
             if c is not None and c.id and not c.pending and key not in self.unmoved:
                 self.held[key] = c.resources.cpuset_cpus
 
+    def observed(self, key: str, seen: list[str], since: float) -> None:
+        """Reconciliation saw the container run on seen (each source's CPUs, read after since): what
+        the runtime holds, where no push of it is under way or landed since (a restart forgets what
+        earlier pushes told)."""
+        lock = self._locks.get(key)
+        cpus = CPUSet()
+        for one in seen:
+            cpus |= CPUSet.parse_or_empty(one)
+        if cpus and (lock is None or not lock.locked()) and self.landed.get(key, -1.0) < since:
+            self.held[key] = str(cpus)
+
+    def took(self, key: str, cpus: str) -> None:
+        """The runtime took an update of the container that did not go through here (a resize)."""
+        self.held[key], self.landed[key] = cpus, time.monotonic()
+        self.unmoved.discard(key)
+
     def found(self, key: str, cpus: str) -> None:
         """A container adopted where the runtime runs it: those CPUs are held until a move of it lands
         (a container placed onto them waits), not those its first decision gives it."""
@@ -118,7 +138,14 @@ class Pusher:
             if c is None or not c.id or not c.pending or self._removed(c.id, c.pod_id):
                 return  # gone, or an earlier push already sent the latest, or being removed
             res = c.resources
+            if blocked := CPUSet.parse_or_empty(res.cpuset_cpus) & self._still_left(key):
+                # What is desired now (a decision since the order of these pushes was made) moves it
+                # onto CPUs another container still runs on and is to leave: later, pending.
+                log.debug("container %s: not moved yet, CPUs %s are not given up yet", c.id, blocked)
+                self.wake()
+                return
             starting = key in self.starting  # the runtime may start it from what it held before
+            self._maybe(key, res.cpuset_cpus)  # until the runtime answers, it may run on either
             try:
                 await self.runtime.update_resources(c.id, res)
             except Stopped:
@@ -136,6 +163,7 @@ class Pusher:
                 self.wake()
                 return
             starting = starting or key in self.starting
+            self.landed[key] = time.monotonic()
             log.debug("container %s: cpus %s mems %s sent to the runtime%s", c.id, res.cpuset_cpus or "-",
                       res.cpuset_mems or "-", " (it is being started)" if starting else "")
             if starting:
@@ -157,12 +185,15 @@ class Pusher:
         todo = [k for k in keys if (c := containers.get(k)) is not None and c.id]
         for gone in [k for k in self.held if k not in containers]:  # dropped with their pods
             del self.held[gone]
+            self.landed.pop(gone, None)
             self.unmoved.discard(gone)
+        todo += self._in_the_way(todo)
         tried: list[str] = []
         while todo:
             unfreed = CPUSet()
             for k in self.unconfirmed(tried):
                 unfreed |= self._leaves(k)
+            unfreed |= self._resized_off()
             waiting = [k for k in todo if self._new(k) & unfreed]
             if waiting:
                 log.info("container(s) %s wait to move: CPUs %s are not given up yet",
@@ -178,6 +209,54 @@ class Pusher:
             tried += wave
             todo = [k for k in todo if k not in wave]
 
+    def _in_the_way(self, todo: list[str]) -> list[str]:
+        """Containers outside todo still to leave CPUs one of todo moves onto (a move an earlier
+        decision recorded and nobody has pushed yet: a resize refused half way, say): their moves
+        go along, else the one moving in would share those CPUs with them until they are pushed."""
+        extra: list[str] = []
+        wanted = CPUSet()
+        for k in todo:
+            wanted |= self._new(k)
+        while True:
+            more = [k for k, c in self.ledger.containers.items() if k not in todo and k not in extra and c.id
+                    and c.pending and c.state != ContainerState.EXITED and self._leaves(k) & wanted]
+            if not more:
+                return extra
+            extra += more
+            for k in more:
+                wanted |= self._new(k)
+
+    async def after_resizes(self, cpus: CPUSet | None, but: str, bound: float) -> list[str]:
+        """Wait (bound seconds at most) until no resize under way, but but's, gives up any of cpus
+        (None: until none is under way); returns the containers whose resizes still do."""
+        end = time.monotonic() + bound
+        while busy := [k for k, off in self.resizing.items() if k != but and (cpus is None or off & cpus)]:
+            if time.monotonic() >= end:
+                return busy
+            await asyncio.sleep(0.1)
+        return []
+
+    def _still_left(self, key: str) -> CPUSet:
+        """The CPUs other containers run on (as far as known) and are to leave, or a resize under
+        way gives up."""
+        out = self._resized_off()
+        for k in self.ledger.containers:
+            if k != key:
+                out |= self._leaves(k)
+        return out
+
+    def _resized_off(self) -> CPUSet:
+        """The CPUs resizes under way give up and still run on."""
+        out = CPUSet()
+        for cpus in self.resizing.values():
+            out |= cpus
+        return out
+
+    def _gains(self, key: str) -> CPUSet:
+        """The CPUs key moves onto that the runtime does not run it on (all of them, where not known)."""
+        held = self.held.get(key)
+        return self._new(key) - CPUSet.parse_or_empty(held) if held is not None else self._new(key)
+
     async def narrow(self, key: str, todo: list[str]) -> None:
         """Run key, for now, where it takes no CPU another of todo is still to leave and leaves all it
         is to leave (moves.aside), if anywhere. Its desired resources stay pending."""
@@ -185,13 +264,16 @@ class Pusher:
         c = self.ledger.containers.get(key)
         if held is None or c is None or not c.id or not c.pending:
             return
-        keep = aside(key, todo, CPUSet.parse_or_empty(held), self._leaves, self._new)
+        keep = aside(key, todo, CPUSet.parse_or_empty(held), self._leaves, self._new, self._gains)
+        if keep - self._resized_off() != keep:  # not onto CPUs a resize under way still runs on
+            keep = CPUSet.parse_or_empty(held) & keep
         if not keep:
             return
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with self._slots, lock:
             if self._removed(c.id, c.pod_id):
                 return
+            self._maybe(key, str(keep))
             try:
                 await self.runtime.update_resources(c.id, dataclasses.replace(c.resources, cpuset_cpus=str(keep)))
             except Stopped:
@@ -199,7 +281,7 @@ class Pusher:
             except Exception as err:
                 log.error("narrowing container %s to CPUs %s failed: %s", c.id, keep, self.describe(err))
                 return
-            self.held[key] = str(keep)
+            self.held[key], self.landed[key] = str(keep), time.monotonic()
 
     def _maybe(self, key: str, cpus: str) -> None:
         """An update that failed may have been taken (a deadline passed, say): the container may run
@@ -215,13 +297,14 @@ class Pusher:
         c = self.ledger.containers.get(key)
         if c is None or not c.id:
             return True
-        now = self._new(key) - avoid
+        now = self._new(key) - avoid - self._resized_off()
         if not now:
             return False
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with self._slots, lock:
             if self._removed(c.id, c.pod_id):
                 return True
+            self._maybe(key, str(now))
             try:
                 await self.runtime.update_resources(c.id, dataclasses.replace(c.resources, cpuset_cpus=str(now)))
             except Stopped:
@@ -230,7 +313,7 @@ class Pusher:
                 log.error("moving container %s to CPUs %s failed: %s", c.id, now, self.describe(err))
                 self._maybe(key, str(now))
                 return False
-            self.held[key] = str(now)
+            self.held[key], self.landed[key] = str(now), time.monotonic()
         return True
 
     def unconfirmed(self, keys: Iterable[str]) -> list[str]:
@@ -293,6 +376,7 @@ class Pusher:
         self.raced.discard(key)
         self.starting.pop(key, None)
         self.held.pop(key, None)
+        self.landed.pop(key, None)
         self.unmoved.discard(key)
         lock = self._locks.get(key)
         if lock is not None and not lock.locked():  # a push in flight drops it when it ends

@@ -322,6 +322,8 @@ class Reconciler:
         """Push c again where it runs with other CPUs or memory nodes than granted; where its cgroup
         still does after the runtime took that very push, write the cgroup (after the round)."""
         seen = obs.actual.get(c.id, [])
+        if not c.pending:
+            self.state.pusher.observed(c.key, [cpus for cpus, _ in seen], obs.listed_at)
         if not self._differs(c, seen):
             self._pushed.pop(c.key, None)
             return

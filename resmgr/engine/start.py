@@ -77,6 +77,7 @@ class Start:
             await asyncio.wait(waits, timeout=START_WAIT)
             for w in waits:
                 w.cancel()
+        await self._after_resizes(c)
         blocking = await self.state.pusher.until_taken(others, deadline)
         if not blocking:
             self.state.held_back.pop(container_id, None)
@@ -90,6 +91,15 @@ class Start:
         log.error("starting container %s although the runtime has refused for %.0f s to move container(s) %s "
                   "off its CPUs", container_id, time.monotonic() - since, names)
         self.state.held_back.pop(container_id, None)
+
+    async def _after_resizes(self, c: Container) -> None:
+        """Resizes under way give up CPUs the policy has given c, which they run on until the runtime
+        takes them: wait for them (START_WAIT at most, then NotReady and kubelet starts it again)."""
+        busy = await self.state.pusher.after_resizes(CPUSet.parse_or_empty(c.resources.cpuset_cpus), c.key,
+                                                     START_WAIT)
+        if busy:
+            raise NotReady(f"container {c.id} cannot start yet: container(s) {', '.join(k[:12] for k in busy)} "
+                           "still run on its CPUs, their resize under way; try again")
 
     def _elsewhere(self, c: Container) -> list[str]:
         """Other live containers given CPUs apart from c's: the runtime may still run one on c's CPUs

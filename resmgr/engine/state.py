@@ -29,6 +29,7 @@ T = TypeVar("T")
 Call = Callable[[], Awaitable[T]]
 Hints = Callable[[list[str]], dict[str, list[int]]]
 
+RESIZE_WAIT = 10.0  # how long a write that must hold the latest state waits for resizes under way
 READY_WAIT = 10.0  # how long a call waits for the first reconciliation before it is refused
 # How long a write-behind save waits for more changes: the runtime's calls for one container come
 # milliseconds apart, and each write is a snapshot of every container, its JSON and an fsync.
@@ -138,6 +139,7 @@ class EngineState:
         self._soon = False  # a write-behind save is waiting to start
         self._warming: set[asyncio.Task[None]] = set()  # cold starts ending
         self.changes = Changes()  # bumped with every state write
+        self._before_resize: dict[str, Any] | None = None  # what is written while a resize is under way
 
     # -- state -------------------------------------------------------------
     @property
@@ -170,6 +172,25 @@ class EngineState:
         return self.ledger.pins(c)
 
     def snapshot(self) -> dict[str, Any]:
+        """The state to write. While a resize is under way the policy holds its decision and the
+        containers it moves hold their moves, neither yet the node's: what is written then is the
+        state from before it (kept_before_resize), so a crash meanwhile restarts from a whole state
+        (kubelet asks for the resize again)."""
+        if self.pusher.resizing and self._before_resize is not None:
+            return self._before_resize
+        return self._snapshot()
+
+    async def after_resizes(self, bound: float = RESIZE_WAIT) -> None:
+        """Until no resize is under way (bound seconds at most): a write meanwhile holds the state from
+        before them, not what was decided since."""
+        await self.pusher.after_resizes(None, "", bound)
+
+    def kept_before_resize(self) -> None:
+        """Called before a resize decision changes anything (caller holds the lock)."""
+        if not self.pusher.resizing:
+            self._before_resize = self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
         ids = {c.key for c in self.containers.values() if c.id}
         return {
             "pods": [p.to_dict() for p in self.pods.values()],

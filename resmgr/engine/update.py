@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from resmgr.engine.state import EngineState, NotReady, brief
+from resmgr.engine.state import RESIZE_WAIT, EngineState, NotReady, brief
 from resmgr.model import Container, ContainerState, Decision, Pod, Resources, overlay
 from resmgr.topology.cpuset import CPUSet
 
@@ -63,6 +63,7 @@ class Update:
             resize = requested.cpu() != before.cpu() or \
                 requested.memory_limit_in_bytes != before.memory_limit_in_bytes
             if resize:
+                self.state.kept_before_resize()
                 decision = self.state.policy.resize(c, pod, requested, self.state.view())
             else:
                 decision = self.state.policy.update(c, requested, self.state.view())
@@ -72,6 +73,12 @@ class Update:
                 log.debug("update of container %s changes nothing; answered without the runtime", c.id)
                 return UpdatePlan(c, pod, before, requested, resize, None, pinned=self.state.pins(c), adjusted=kept)
             self.state.record(decision.updates)  # pushed to the runtime once it took this one
+            if resize and decision.resources is not None:
+                # Until then nobody (reconciliation, another call's pushes) moves them onto the CPUs
+                # this one gives up and still runs on.
+                pusher = self.state.pusher
+                pusher.resizing[c.key] = CPUSet.parse_or_empty(
+                    pusher.held.get(c.key, c.resources.cpuset_cpus)) - CPUSet.parse_or_empty(wanted.cpuset_cpus)
             return UpdatePlan(c, pod, before, requested, resize, wanted, decision.updates,
                               decision.resources is not None and self.state.pins(c), kept)
 
@@ -91,13 +98,19 @@ class Update:
 
         A resize that only gives CPUs up, or moves nobody, goes at once; the others it moves follow
         (commit_update)."""
-        if not plan.resize or plan.resources is None or not plan.moved:
+        if not plan.resize or plan.resources is None:
             return
         c = plan.container
         pusher = self.state.pusher
         gained = CPUSet.parse_or_empty(plan.resources.cpuset_cpus) - \
             CPUSet.parse_or_empty(pusher.held.get(c.key, c.resources.cpuset_cpus))
         if not gained:
+            return
+        busy = await pusher.after_resizes(gained, c.key, RESIZE_WAIT)
+        if busy:  # another resize under way gives them up and still runs there
+            raise NotReady(f"the resize of container {c.id} waits for the resize of container(s) "
+                           f"{', '.join(k[:12] for k in busy)} off CPUs {gained}; try again")
+        if not plan.moved:
             return
         # The CPUs it gives up: a container that moves onto them must wait for this update (commit_update).
         given_up = CPUSet.parse_or_empty(pusher.held.get(c.key, c.resources.cpuset_cpus)) - \
@@ -121,12 +134,16 @@ class Update:
 
     async def abort_update(self, plan: UpdatePlan) -> None:
         """The runtime refused (or may not have taken) the update: a resize is undone."""
+        self.state.pusher.resizing.pop(plan.container.key, None)
         if plan.resize:
             await self._undo_resize(plan.container, plan.pod, plan.before)
 
     async def commit_update(self, plan: UpdatePlan, sent: Resources, adjusted: Resources | None = None) -> None:
         """The runtime took sent for the container (adjusted: the fields hook plugins changed in it)."""
         c = plan.container
+        self.state.pusher.resizing.pop(c.key, None)  # the moves onto the CPUs it gave up may go now
+        if sent.cpuset_cpus:
+            self.state.pusher.took(c.key, sent.cpuset_cpus)
         async with self.state.lock:
             c.requested = plan.requested
             c.adjusted = overlay(plan.adjusted, adjusted)
@@ -155,8 +172,10 @@ class Update:
                 log.error("undoing the resize of container %s failed: %s", c.id, brief(err))
                 return
             if undo.resources is not None:
+                self.state.pusher.note_held({c.key: c.resources})  # it runs there until the undo lands
                 c.resources, c.pending = undo.resources.overlaid(c.adjusted), True
                 undo.updates[c.key] = c.resources
             self.state.record(undo.updates)
         self.state.wake()
+        await self.state.save()  # whole again: what the resize under way kept from the disk goes there
         await self.state.apply_updates(undo)

@@ -162,3 +162,67 @@ def test_a_push_whose_outcome_is_unknown_may_hold_the_old_cpus_or_the_new():
     ledger.containers["a"].resources, ledger.containers["a"].pending = Resources(cpuset_cpus="2-3"), True
     asyncio.run(pusher.push("a"))
     assert pusher.held == {"a": "0-3"} and ledger.containers["a"].pending
+
+
+def pushed(before: dict[str, str], desired: dict[str, str], keys: list[str],
+           exclusive: frozenset[str] = frozenset()) -> tuple[SlowRuntime, Pusher]:
+    """push_all(keys) from containers running on before and desiring desired (pending where they differ)."""
+    ledger = ledger_of(before)
+    runtime = SlowRuntime(before)
+    pusher = Pusher(ledger, runtime, lambda: None)
+    pusher.held.update(before)
+    for key, cpus in desired.items():
+        c = ledger.containers[key]
+        c.resources, c.pending = Resources(cpuset_cpus=cpus, cpu_quota=100000 if key in exclusive else 0), True
+    asyncio.run(pusher.push_all(keys))
+    return runtime, pusher
+
+
+def test_a_move_onto_cpus_a_container_outside_the_push_is_still_to_leave_takes_its_move_along():
+    # An earlier decision moved b off CPU 2 (a resize refused half way, never pushed); g now moves
+    # onto CPU 2 in a push that names only g: b goes first.
+    runtime, _ = pushed({"g": "8", "b": "2,10"}, {"g": "2", "b": "10"}, ["g"])
+    assert runtime.held == {"g": "2", "b": "10"}
+    assert runtime.overlaps == []
+
+
+def test_a_swap_with_no_cpu_to_spare_steps_aside_onto_the_cpus_it_keeps_that_nobody_takes():
+    # g moves from 8 to 2 and b from 2,10 to 8: b first runs on 10 alone, then g moves, then b.
+    runtime, _ = pushed({"g": "8", "b": "2,10"}, {"g": "2", "b": "8"}, ["g", "b"])
+    assert runtime.held == {"g": "2", "b": "8"}
+    assert runtime.overlaps == []
+
+
+def test_nothing_moves_onto_cpus_a_resize_under_way_still_runs_on():
+    # r's resize gives up CPU 3 and has not reached the runtime: b's move onto 3, which its decision
+    # recorded, waits (pending) until the resize has landed.
+    before = {"r": "3", "b": "5"}
+    ledger = ledger_of(before)
+    runtime = SlowRuntime(before)
+    pusher = Pusher(ledger, runtime, lambda: None)
+    pusher.held.update(before)
+    pusher.resizing["r"] = CPUSet.parse("3")
+    ledger.containers["b"].resources, ledger.containers["b"].pending = Resources(cpuset_cpus="3"), True
+    asyncio.run(pusher.push_all(["b"]))
+    assert runtime.held == before and ledger.containers["b"].pending
+    del pusher.resizing["r"]
+    runtime.held["r"] = "4"
+    pusher.held["r"] = "4"
+    asyncio.run(pusher.push_all(["b"]))
+    assert runtime.held["b"] == "3" and not ledger.containers["b"].pending
+
+
+def test_a_push_in_flight_counts_as_holding_both_sets_until_the_runtime_answers():
+    ledger = ledger_of({"b": "8"})
+    held_meanwhile: list[str] = []
+
+    class Watching(SlowRuntime):
+        async def update_resources(self, container_id: str, res: Resources) -> None:
+            held_meanwhile.append(pusher.held["b"])
+            await super().update_resources(container_id, res)
+
+    pusher = Pusher(ledger, Watching({"b": "8"}), lambda: None)
+    pusher.held["b"] = "8"
+    ledger.containers["b"].resources, ledger.containers["b"].pending = Resources(cpuset_cpus="9"), True
+    asyncio.run(pusher.push_all(["b"]))
+    assert held_meanwhile == ["8-9"] and pusher.held["b"] == "9"

@@ -1,0 +1,262 @@
+"""containerd as the simulated node's kubelet and cri-resmgr meet it: its CRI calls, with the
+latency and the behaviours this project has met on real nodes.
+
+It serves two sides. The relay's `send` (the lifecycle calls kubelet makes through cri-resmgr)
+is `Containerd.handle`; cri-resmgr's own calls (listing, status, updates) go through
+`Containerd.client()`, which has the methods of the real RuntimeClient (resmgr/frontends/cri/
+runtime.py), so CriRuntime - the production adapter - is what the engine talks through. What a
+container's cgroup holds is `Ctr.cpus` and `Ctr.mems`, kept as containerd would write them.
+
+Behaviours (each switched by `Quirks`):
+- a stopped container is listed as running for a while (`list_lag`): its exit not yet handled,
+  and an update to it meanwhile is refused with containerd's words ("cannot update a stopped
+  container");
+- an update that meets a removal of the same container is recorded (`update_meets_remove`):
+  containerd 2.3.7 panics on it, so cri-resmgr must never send one;
+- frozen (`freeze_until`): every call waits until the thaw, past kubelet's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from resmgr.generated.cri import api_pb2 as cri
+from resmgr.topology.cpuset import CPUSet
+
+STOPPED = "cannot update a stopped container"
+
+
+class CallError(Exception):
+    """A failed CRI call, as grpc.aio raises it (code() and details())."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+@dataclass
+class Quirks:
+    latency: tuple[float, float] = (0.001, 0.05)  # seconds each call takes
+    list_lag: float = 3.0  # seconds a stopped container still lists as running (0: none)
+
+
+@dataclass
+class Sandbox:
+    id: str
+    config: cri.PodSandboxConfig
+    state: int = cri.SANDBOX_READY
+
+
+@dataclass
+class Ctr:
+    id: str
+    pod_id: str
+    config: cri.ContainerConfig
+    state: int = cri.CONTAINER_CREATED
+    resources: cri.LinuxContainerResources = field(default_factory=cri.LinuxContainerResources)
+    exited_at: float = 0.0
+    removing: bool = False
+
+    @property
+    def cpus(self) -> CPUSet:
+        return CPUSet.parse(self.resources.cpuset_cpus)
+
+
+class Containerd:
+    def __init__(self, rng: random.Random, loop: asyncio.AbstractEventLoop, online: CPUSet, quirks: Quirks) -> None:
+        self.rng, self.loop, self.online, self.quirks = rng, loop, online, quirks
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.containers: dict[str, Ctr] = {}
+        self.freeze_until = 0.0
+        self.broken: list[str] = []  # what it saw that breaks its rules (an update meeting a removal)
+        self.on_change: Callable[[], None] = lambda: None  # after every change of a cgroup (the invariants)
+        self._n = 0
+
+    # -- the relay's side: kubelet's calls ------------------------------------------------------------
+    async def handle(self, req: Any) -> Any:
+        await self._latency()
+        name = type(req).__name__.removesuffix("Request")
+        done = getattr(self, "_" + name)(req)
+        return await done if asyncio.iscoroutine(done) else done
+
+    def _RunPodSandbox(self, req: cri.RunPodSandboxRequest) -> cri.RunPodSandboxResponse:
+        sid = self._id("pod")
+        self.sandboxes[sid] = Sandbox(sid, req.config)
+        return cri.RunPodSandboxResponse(pod_sandbox_id=sid)
+
+    def _StopPodSandbox(self, req: cri.StopPodSandboxRequest) -> cri.StopPodSandboxResponse:
+        sb = self.sandboxes.get(req.pod_sandbox_id)
+        if sb is not None:
+            for c in self._of(sb.id):
+                self._exit(c)
+            sb.state = cri.SANDBOX_NOTREADY
+        return cri.StopPodSandboxResponse()
+
+    def _RemovePodSandbox(self, req: cri.RemovePodSandboxRequest) -> cri.RemovePodSandboxResponse:
+        for c in self._of(req.pod_sandbox_id):
+            self.containers.pop(c.id, None)
+        self.sandboxes.pop(req.pod_sandbox_id, None)
+        return cri.RemovePodSandboxResponse()
+
+    def _CreateContainer(self, req: cri.CreateContainerRequest) -> cri.CreateContainerResponse:
+        if req.pod_sandbox_id not in self.sandboxes:
+            raise CallError(grpc.StatusCode.NOT_FOUND, f"sandbox {req.pod_sandbox_id} not found")
+        cid = self._id("ctr")
+        res = cri.LinuxContainerResources()
+        res.CopyFrom(req.config.linux.resources)
+        if not res.cpuset_cpus:
+            res.cpuset_cpus = str(self.online)  # the runtime's default: every CPU
+        self.containers[cid] = Ctr(cid, req.pod_sandbox_id, req.config, resources=res)
+        return cri.CreateContainerResponse(container_id=cid)
+
+    def _StartContainer(self, req: cri.StartContainerRequest) -> cri.StartContainerResponse:
+        c = self._get(req.container_id)
+        if c.state != cri.CONTAINER_CREATED:
+            raise CallError(grpc.StatusCode.UNKNOWN, f"container {c.id} is not in created state")
+        c.state = cri.CONTAINER_RUNNING
+        self.on_change()
+        return cri.StartContainerResponse()
+
+    def _StopContainer(self, req: cri.StopContainerRequest) -> cri.StopContainerResponse:
+        c = self.containers.get(req.container_id)
+        if c is not None:
+            self._exit(c)
+        return cri.StopContainerResponse()
+
+    async def _RemoveContainer(self, req: cri.RemoveContainerRequest) -> cri.RemoveContainerResponse:
+        c = self.containers.get(req.container_id)
+        if c is not None:  # a removal takes a while (the task deleted, its rootfs unmounted)
+            self._exit(c)
+            c.removing = True
+            await asyncio.sleep(self.rng.uniform(*self.quirks.latency))
+            self.containers.pop(c.id, None)
+        return cri.RemoveContainerResponse()
+
+    def _UpdateContainerResources(self, req: cri.UpdateContainerResourcesRequest
+                                  ) -> cri.UpdateContainerResourcesResponse:
+        self._update(req.container_id, req.linux)
+        return cri.UpdateContainerResourcesResponse()
+
+    # -- cri-resmgr's own calls ----------------------------------------------------------------------
+    def client(self) -> Client:
+        return Client(self)
+
+    def _update(self, cid: str, res: cri.LinuxContainerResources) -> None:
+        c = self._get(cid)
+        if c.removing:
+            self.broken.append(f"an update of {cid} met its removal (containerd 2.3.7 panics)")
+            self.on_change()
+        if c.state == cri.CONTAINER_EXITED:
+            raise CallError(grpc.StatusCode.UNKNOWN, f"failed to update resources: {STOPPED}")
+        for name in ("cpuset_cpus", "cpuset_mems", "cpu_shares", "cpu_quota", "cpu_period"):
+            value = getattr(res, name)
+            if value:
+                setattr(c.resources, name, value)
+        self.on_change()
+
+    # -- what the simulator does to it ---------------------------------------------------------------
+    def running(self) -> list[Ctr]:
+        return [c for c in self.containers.values() if c.state == cri.CONTAINER_RUNNING]
+
+    def _exit(self, c: Ctr) -> None:
+        if c.state == cri.CONTAINER_RUNNING:
+            c.exited_at = self.loop.time()
+        c.state = cri.CONTAINER_EXITED
+
+    def _listed_state(self, c: Ctr) -> int:
+        """What a listing says: a container that stopped a moment ago still lists as running."""
+        if c.state == cri.CONTAINER_EXITED and c.exited_at and \
+                self.loop.time() - c.exited_at < self.quirks.list_lag:
+            return cri.CONTAINER_RUNNING
+        return c.state
+
+    def _of(self, pod_id: str) -> list[Ctr]:
+        return [c for c in self.containers.values() if c.pod_id == pod_id]
+
+    def _get(self, cid: str) -> Ctr:
+        c = self.containers.get(cid)
+        if c is None:
+            raise CallError(grpc.StatusCode.NOT_FOUND, f"container {cid} not found")
+        return c
+
+    def _id(self, kind: str) -> str:
+        self._n += 1
+        return f"{kind}{self._n:04d}{self.rng.getrandbits(32):08x}"
+
+    async def _latency(self) -> None:
+        await asyncio.sleep(self.rng.uniform(*self.quirks.latency))
+        while self.loop.time() < self.freeze_until:
+            await asyncio.sleep(self.freeze_until - self.loop.time())
+
+
+class Client:
+    """The RuntimeClient's methods (resmgr/frontends/cri/runtime.py) on the simulated containerd."""
+
+    def __init__(self, ctrd: Containerd) -> None:
+        self.ctrd = ctrd
+        self.dead = False  # the process that holds it was killed: its calls never reach containerd
+
+    async def _enter(self) -> None:
+        if self.dead:
+            raise CallError(grpc.StatusCode.UNAVAILABLE, "the caller is gone")
+        await self.ctrd._latency()
+        if self.dead:
+            raise CallError(grpc.StatusCode.UNAVAILABLE, "the caller is gone")
+
+    async def version(self) -> cri.VersionResponse:
+        await self._enter()
+        return cri.VersionResponse(runtime_name="containerd", runtime_version="v2.3.7")
+
+    async def list_pods(self) -> list[cri.PodSandbox]:
+        await self._enter()
+        return [cri.PodSandbox(id=s.id, metadata=s.config.metadata, state=s.state, labels=s.config.labels,
+                               annotations=s.config.annotations) for s in self.ctrd.sandboxes.values()]
+
+    async def pod_status(self, pod_id: str) -> cri.PodSandboxStatusResponse:
+        await self._enter()
+        sb = self.ctrd.sandboxes.get(pod_id)
+        if sb is None:
+            raise CallError(grpc.StatusCode.NOT_FOUND, f"sandbox {pod_id} not found")
+        info = {"config": {"linux": {"cgroup_parent": sb.config.linux.cgroup_parent}}}
+        return cri.PodSandboxStatusResponse(
+            status=cri.PodSandboxStatus(id=pod_id, metadata=sb.config.metadata, state=sb.state,
+                                        labels=sb.config.labels, annotations=sb.config.annotations),
+            info={"info": json.dumps(info)})
+
+    async def list_containers(self, pod_id: str = "") -> list[cri.Container]:
+        await self._enter()
+        return [cri.Container(id=c.id, pod_sandbox_id=c.pod_id, metadata=c.config.metadata,
+                              state=self.ctrd._listed_state(c), labels=c.config.labels,
+                              annotations=c.config.annotations)
+                for c in self.ctrd.containers.values() if not pod_id or c.pod_id == pod_id]
+
+    async def container_status(self, container_id: str, verbose: bool = True) -> cri.ContainerStatusResponse:
+        await self._enter()
+        c = self.ctrd._get(container_id)
+        res = cri.LinuxContainerResources()
+        res.CopyFrom(c.resources)
+        status = cri.ContainerStatus(id=c.id, metadata=c.config.metadata, state=self.ctrd._listed_state(c),
+                                     labels=c.config.labels, annotations=c.config.annotations,
+                                     resources=cri.ContainerResources(linux=res))
+        info = {"config": {"command": list(c.config.command), "args": list(c.config.args)}} if verbose else {}
+        return cri.ContainerStatusResponse(status=status, info={"info": json.dumps(info)} if verbose else {})
+
+    async def update_resources(self, container_id: str, res: cri.LinuxContainerResources) -> None:
+        await self._enter()
+        self.ctrd._update(container_id, res)
+
+    def container_events(self) -> Any:
+        raise CallError(grpc.StatusCode.UNIMPLEMENTED, "no event stream in the simulation")

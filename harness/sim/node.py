@@ -1,0 +1,298 @@
+"""The simulated node: containerd's model, kubelet's model and cri-resmgr - the real engine and policy
+behind the real CRI front end - on one virtual clock, cri-resmgr killed and started again from its
+state directory at random moments. Its invariants are checked at every change of a container's
+cgroup and whenever the node is quiet; a run is a seed, and the same seed runs the same steps."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import shutil
+import tempfile
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from harness.sim.clock import VirtualLoop, virtual_time
+from harness.sim.containerd import CallError, Containerd, Quirks
+from harness.sim.kubelet import Kubelet
+from resmgr import policies
+from resmgr.engine import Engine, statefile
+from resmgr.engine.store import StateStore
+from resmgr.frontends.cri.lifecycle import CriLifecycle
+from resmgr.frontends.cri.runtime import CriRuntime
+from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.model import Topology
+from tests.support.machines import machine
+
+SHAPE = "sockets=2,nodes=2,cores=2,threads=2"  # the VM tier's node: 4 NUMA nodes of 4 CPUs
+POLICY = {"Active": "topology-aware", "ReservedResources": {"cpu": "750m"}}
+RECONCILE_EVERY = 30.0
+FIRST_WAIT = 2.0  # the relay's: how long its start waits for the runtime before serving anyway
+QUIET = 120.0  # seconds without a lifecycle call after which every cgroup must be as granted
+
+
+class Violation(Exception):
+    """An invariant broken: what, and when (virtual seconds)."""
+
+
+class SimStore(StateStore):
+    """The state directory of one life of cri-resmgr: once it is killed its writes reach nothing."""
+
+    dead = False
+
+    def write(self, data: dict[str, Any]) -> None:
+        if not self.dead:
+            super().write(data)
+
+
+class Daemon:
+    """One life of cri-resmgr, from its start to its SIGKILL."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.store = SimStore(node.state_dir)
+        self.store.prepare()
+        self.client = node.ctrd.client()
+        policy = policies.create(node.policy["Active"], node.policy, node.topology)
+        self.engine = Engine(policy, self.store, CriRuntime(self.client), gated=True)  # type: ignore[arg-type]
+        self.engine.state.restore(self.store.load(statefile.check))
+        self.front = CriLifecycle(self.engine)
+        self.handlers = {path.rsplit("/", 1)[1]: h for path, h in self.front.handlers().items()}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.serving = False
+        self.spawn(self._start())
+
+    async def _start(self) -> None:
+        """As the relay starts: the runtime checked and reconciled once (2 s at most), then kubelet's
+        socket served and the daemon's loops run; a first reconciliation that failed is tried again."""
+        try:
+            async with asyncio.timeout(FIRST_WAIT):
+                await self.client.version()
+                await self.engine.reconcile()
+        except Exception:  # serving anyway: lifecycle calls wait for a reconciliation
+            self.engine.state.wake()
+        self.serving = True
+        self.spawn(self.engine.run_reconciler(RECONCILE_EVERY))
+        self.spawn(self.engine.state.keep_written())
+
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def kill(self) -> None:
+        """SIGKILL: nothing of it reaches containerd or the disk from now on."""
+        self.client.dead = self.store.dead = True
+        for task in list(self.tasks):
+            task.cancel()
+
+
+@dataclass
+class Node:
+    seed: int
+    steps: int = 200  # kubelet's actions
+    crashes: int = 3  # SIGKILLs of cri-resmgr during the run
+    policy: dict[str, Any] = field(default_factory=lambda: dict(POLICY))
+    quirks: Quirks = field(default_factory=Quirks)
+    trace: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.topology: Topology = machine(SHAPE)
+        self.online = CPUSet(self.topology.online)
+        self.state_dir = Path(tempfile.mkdtemp(prefix="crirm-sim-"))
+        self.daemon: Daemon | None = None
+        self.last_call = 0.0
+        self.simulated = 0.0  # virtual seconds the run lasted
+        self.failure: Violation | None = None
+
+    # -- kubelet's door: the relay ---------------------------------------------------------------------
+    async def call(self, req: Any, timeout: float) -> Any:
+        """A CRI call of kubelet's, through cri-resmgr's relay; the errors kubelet would see."""
+        loop = asyncio.get_running_loop()
+        self.last_call = loop.time()
+        daemon = self.daemon
+        if daemon is None or not daemon.serving:
+            raise CallError(grpc.StatusCode.UNAVAILABLE, "connection refused: cri-resmgr is not running")
+        name = type(req).__name__.removesuffix("Request")
+        handler = daemon.handlers.get(name)
+        if handler is None:
+            work: Awaitable[Any] = self._send(req)
+        else:
+            work = handler(req, self._send, loop.time() + timeout)
+        task = daemon.spawn(work)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        self.last_call = loop.time()
+        if not done:
+            raise CallError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{name}: deadline exceeded")
+        if task.cancelled():
+            raise CallError(grpc.StatusCode.UNAVAILABLE, f"{name}: the connection to cri-resmgr closed")
+        err = task.exception()
+        if err is None:
+            return task.result()
+        if isinstance(err, CallError):
+            raise err
+        code = getattr(err, "code", None)
+        raise CallError(code() if callable(code) else grpc.StatusCode.UNKNOWN, f"{name}: {err}")
+
+    async def _send(self, req: Any) -> Any:
+        """The relay's call to containerd: once sent it happens, whatever becomes of the relay."""
+        return await asyncio.shield(asyncio.ensure_future(self.ctrd.handle(req)))
+
+    # -- cri-resmgr's lives ----------------------------------------------------------------------------
+    def start_daemon(self) -> None:
+        self.daemon = Daemon(self)
+        self.note("cri-resmgr started")
+
+    def kill_daemon(self) -> None:
+        if self.daemon is not None:
+            self.daemon.kill()
+            self.daemon = None
+            self.note("cri-resmgr SIGKILLed")
+
+    async def _crasher(self, until: float) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(self.crashes):
+            await asyncio.sleep(self.rng.uniform(0, until / max(1, self.crashes)))
+            self.kill_daemon()
+            await asyncio.sleep(self.rng.uniform(0.5, 5.0))  # systemd's restart, the daemon's start-up
+            self.start_daemon()
+            if loop.time() > until:
+                return
+
+    # -- the invariants ---------------------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        self.trace.append(f"{asyncio.get_running_loop().time():10.3f} {text}")
+
+    def exclusive(self, cid: str) -> bool:
+        """A Guaranteed container of whole CPUs: topology-aware gives it CPUs of its own."""
+        c = self.ctrd.containers[cid]
+        sb = self.ctrd.sandboxes.get(c.pod_id)
+        res = c.config.linux.resources
+        guaranteed = sb is not None and "/besteffort/" not in sb.config.linux.cgroup_parent and \
+            "/burstable/" not in sb.config.linux.cgroup_parent
+        return guaranteed and res.cpu_quota > 0 and res.cpu_quota % res.cpu_period == 0
+
+    def check(self) -> None:
+        """After every change of a cgroup: no exclusive CPU under two running containers."""
+        if self.failure is not None:
+            return
+        try:
+            if self.ctrd.broken:
+                raise Violation(self.ctrd.broken[0])
+            running = self.ctrd.running()
+            for c in running:
+                if not self.exclusive(c.id):
+                    continue
+                for o in running:
+                    if o.id != c.id and c.cpus & o.cpus:
+                        raise Violation(f"exclusive CPUs {c.cpus & o.cpus} of {c.id} ({c.cpus}) "
+                                        f"under {o.id} ({o.cpus})")
+        except Violation as err:
+            self.fail(err)
+
+    def fail(self, err: Violation) -> None:
+        if self.failure is None:
+            self.note(f"VIOLATION: {err}")
+            self.failure = err
+            self.failed.set()
+
+    def check_quiet(self) -> None:
+        """The node quiet for a while: every running container's cgroup as cri-resmgr granted it."""
+        if self.daemon is None:
+            return
+        known = self.daemon.engine.state.containers
+        for c in self.ctrd.running():
+            mine = known.get(c.id)
+            if mine is None:
+                raise Violation(f"{c.id} runs and cri-resmgr does not know it, quiet for {QUIET:.0f} s")
+            granted = CPUSet.parse(mine.resources.cpuset_cpus) if mine.resources.cpuset_cpus else self.online
+            if granted != c.cpus:
+                raise Violation(f"{c.id} runs on {c.cpus}, granted {granted}, quiet for {QUIET:.0f} s")
+
+    def check_empty(self) -> None:
+        """Every pod gone: nothing left granted or remembered."""
+        if self.daemon is None:
+            return
+        state = self.daemon.engine.state
+        if state.containers or state.pods:
+            raise Violation(f"every pod gone, cri-resmgr still holds {len(state.pods)} pods, "
+                            f"{len(state.containers)} containers")
+
+    # -- the run ---------------------------------------------------------------------------------------
+    async def _watch(self) -> None:
+        """The quiet node's check, every few seconds; returns at the first violation."""
+        loop = asyncio.get_running_loop()
+        while not self.failed.is_set():
+            if self.daemon is not None and loop.time() - self.last_call > QUIET and \
+                    self.daemon.engine.state.reconciled.is_set():
+                try:
+                    self.check_quiet()
+                except Violation as err:
+                    self.fail(err)
+                self.last_call = loop.time()
+            try:
+                async with asyncio.timeout(5.0):
+                    await self.failed.wait()
+            except TimeoutError:
+                pass
+
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.ctrd = Containerd(self.rng, loop, self.online, self.quirks)
+        self.ctrd.on_change = self.check
+        self.failed = asyncio.Event()
+        self.start_daemon()
+        work = asyncio.ensure_future(self._work(Kubelet(self, random.Random(self.rng.random()))))
+        watch = asyncio.ensure_future(self._watch())
+        try:
+            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if self.failure is not None:
+                raise self.failure
+            work.result()
+        finally:
+            self.simulated = loop.time()
+            work.cancel()
+            watch.cancel()
+            if self.daemon is not None:
+                self.daemon.kill()
+
+    async def _work(self, kubelet: Kubelet) -> None:
+        crasher = asyncio.ensure_future(self._crasher(self.steps * 2.0))
+        try:
+            await kubelet.run(self.steps)
+            await crasher
+            await kubelet.delete_all()
+            await asyncio.sleep(QUIET + 2 * RECONCILE_EVERY)  # reconciliation drops what it missed
+            self.check_empty()
+        finally:
+            crasher.cancel()
+
+    def run(self) -> None:
+        """The whole run; Violation if an invariant broke."""
+        loop = VirtualLoop()
+        logging.disable(logging.CRITICAL)
+        try:
+            with virtual_time(loop):
+                loop.run_until_complete(self._main())
+        finally:
+            logging.disable(logging.NOTSET)
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            if left:
+                with virtual_time(loop):
+                    loop.run_until_complete(_drained(left))
+            loop.close()
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+
+async def _drained(tasks: set[asyncio.Task[Any]]) -> None:
+    await asyncio.gather(*tasks, return_exceptions=True)
