@@ -21,10 +21,11 @@ from harness.sim.clock import VirtualLoop, virtual_time
 from harness.sim.containerd import CallError, Containerd, Quirks
 from harness.sim.kubelet import Kubelet
 from resmgr import policies
-from resmgr.engine import Engine, statefile
+from resmgr.engine import Engine, NotReady, statefile
 from resmgr.engine.store import StateStore
 from resmgr.frontends.cri.lifecycle import CriLifecycle
 from resmgr.frontends.cri.runtime import CriRuntime
+from resmgr.policies import PolicyError
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.model import Topology
 from tests.support.machines import machine
@@ -34,6 +35,9 @@ POLICY = {"Active": "topology-aware", "ReservedResources": {"cpu": "750m"}}
 RECONCILE_EVERY = 30.0
 FIRST_WAIT = 2.0  # the relay's: how long its start waits for the runtime before serving anyway
 QUIET = 120.0  # seconds without a lifecycle call after which every cgroup must be as granted
+
+
+REFUSALS = (NotReady, PolicyError)  # what cri-resmgr answers kubelet with on purpose
 
 
 class Violation(Exception):
@@ -138,6 +142,8 @@ class Node:
             return task.result()
         if isinstance(err, CallError):
             raise err
+        if not isinstance(err, REFUSALS):  # the relay would answer UNKNOWN: a defect, not a refusal
+            self.fail(Violation(f"{name}: cri-resmgr raised {type(err).__name__}: {err}"))
         code = getattr(err, "code", None)
         raise CallError(code() if callable(code) else grpc.StatusCode.UNKNOWN, f"{name}: {err}")
 

@@ -121,12 +121,14 @@ class Pusher:
             self.unmoved.add(key)
 
     def _new(self, key: str) -> CPUSet:
-        return CPUSet.parse_or_empty(self.ledger.containers[key].resources.cpuset_cpus)
+        """key's desired CPUs (none once it is gone: a push of many waits between its waves)."""
+        c = self.ledger.containers.get(key)
+        return CPUSet.parse_or_empty(c.resources.cpuset_cpus) if c is not None else CPUSet()
 
     def _leaves(self, key: str) -> CPUSet:
         """The CPUs the runtime runs key on that its desired resources leave (none, where not known)."""
-        held = self.held.get(key)
-        if held is None or not self.ledger.containers[key].resources.cpuset_cpus:
+        held, c = self.held.get(key), self.ledger.containers.get(key)
+        if held is None or c is None or not c.resources.cpuset_cpus:
             return CPUSet()
         return CPUSet.parse_or_empty(held) - self._new(key)
 

@@ -70,6 +70,7 @@ class Start:
         c = self.state.containers.get(container_id)
         if c is None:
             return
+        await self._after_resizes(c)  # first: an undone resize moves containers (others, below)
         others = self._elsewhere(c)
         starting = [self.state.pusher.starting[k] for k in others if k in self.state.pusher.starting]
         if starting:  # the runtime is starting them; one updated meanwhile is updated again after
@@ -77,7 +78,6 @@ class Start:
             await asyncio.wait(waits, timeout=START_WAIT)
             for w in waits:
                 w.cancel()
-        await self._after_resizes(c)
         blocking = await self.state.pusher.until_taken(others, deadline)
         if not blocking:
             self.state.held_back.pop(container_id, None)

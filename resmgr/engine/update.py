@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 
 from resmgr.engine.state import RESIZE_WAIT, EngineState, NotReady, brief
@@ -50,37 +51,52 @@ class Update:
         sends a cpuset alone); plain: the call carries nothing the model does not hold, so
         one that changes nothing can be answered without the runtime (plan.resources None).
         None: not a container the engine manages; the call goes to the runtime as it is.
-        PolicyError: a resize that cannot be met; nothing changed.
+        PolicyError: a resize that cannot be met; nothing changed. One resize at a time: each
+        decides from the node as the others left it (NotReady after RESIZE_WAIT).
         """
         await self.state.until_reconciled()
-        async with self.state.lock:
-            c = self.state.containers.get(container_id)
-            pod = self.state.pods.get(c.pod_id) if c is not None else None
-            if c is None or pod is None or c.state == ContainerState.EXITED:
-                return None
-            before = c.requested
-            requested = before.merged(asked)
-            resize = requested.cpu() != before.cpu() or \
-                requested.memory_limit_in_bytes != before.memory_limit_in_bytes
-            if resize:
-                self.state.kept_before_resize()
-                decision = self.state.policy.resize(c, pod, requested, self.state.view())
-            else:
-                decision = self.state.policy.update(c, requested, self.state.view())
-            kept = c.adjusted.without(before.differing(requested)) if c.adjusted else None  # kubelet's word wins
-            wanted = (decision.resources or requested).overlaid(kept)
-            if not resize and plain and self._changes_nothing(asked, c, wanted):
-                log.debug("update of container %s changes nothing; answered without the runtime", c.id)
-                return UpdatePlan(c, pod, before, requested, resize, None, pinned=self.state.pins(c), adjusted=kept)
-            self.state.record(decision.updates)  # pushed to the runtime once it took this one
-            if resize and decision.resources is not None:
-                # Until then nobody (reconciliation, another call's pushes) moves them onto the CPUs
-                # this one gives up and still runs on.
-                pusher = self.state.pusher
-                pusher.resizing[c.key] = CPUSet.parse_or_empty(
-                    pusher.held.get(c.key, c.resources.cpuset_cpus)) - CPUSet.parse_or_empty(wanted.cpuset_cpus)
-            return UpdatePlan(c, pod, before, requested, resize, wanted, decision.updates,
-                              decision.resources is not None and self.state.pins(c), kept)
+        end = time.monotonic() + RESIZE_WAIT
+        while True:
+            async with self.state.lock:
+                plan = self._plan(container_id, asked, plain)
+            if not isinstance(plan, list):
+                return plan
+            left = end - time.monotonic()
+            if left <= 0 or await self.state.pusher.after_resizes(None, container_id, left):
+                raise NotReady(f"the resize of container {container_id} waits for the resize of container(s) "
+                               f"{', '.join(k[:12] for k in plan)}; try again")
+
+    def _plan(self, container_id: str, asked: Resources, plain: bool) -> UpdatePlan | None | list[str]:
+        """plan_update's decision (caller holds the lock); a list: the resizes under way it waits for."""
+        c = self.state.containers.get(container_id)
+        pod = self.state.pods.get(c.pod_id) if c is not None else None
+        if c is None or pod is None or c.state == ContainerState.EXITED:
+            return None
+        before = c.requested
+        requested = before.merged(asked)
+        resize = requested.cpu() != before.cpu() or \
+            requested.memory_limit_in_bytes != before.memory_limit_in_bytes
+        if resize:
+            if busy := [k for k in self.state.pusher.resizing if k != c.key]:
+                return busy
+            self.state.kept_before_resize()
+            decision = self.state.policy.resize(c, pod, requested, self.state.view())
+        else:
+            decision = self.state.policy.update(c, requested, self.state.view())
+        kept = c.adjusted.without(before.differing(requested)) if c.adjusted else None  # kubelet's word wins
+        wanted = (decision.resources or requested).overlaid(kept)
+        if not resize and plain and self._changes_nothing(asked, c, wanted):
+            log.debug("update of container %s changes nothing; answered without the runtime", c.id)
+            return UpdatePlan(c, pod, before, requested, resize, None, pinned=self.state.pins(c), adjusted=kept)
+        self.state.record(decision.updates)  # pushed to the runtime once it took this one
+        if resize and decision.resources is not None:
+            # Until then nobody (reconciliation, another call's pushes) moves them onto the CPUs
+            # this one gives up and still runs on.
+            pusher = self.state.pusher
+            pusher.resizing[c.key] = CPUSet.parse_or_empty(
+                pusher.held.get(c.key, c.resources.cpuset_cpus)) - CPUSet.parse_or_empty(wanted.cpuset_cpus)
+        return UpdatePlan(c, pod, before, requested, resize, wanted, decision.updates,
+                          decision.resources is not None and self.state.pins(c), kept)
 
     @staticmethod
     def _changes_nothing(asked: Resources, c: Container, wanted: Resources) -> bool:
@@ -110,13 +126,14 @@ class Update:
         if busy:  # another resize under way gives them up and still runs there
             raise NotReady(f"the resize of container {c.id} waits for the resize of container(s) "
                            f"{', '.join(k[:12] for k in busy)} off CPUs {gained}; try again")
-        if not plan.moved:
-            return
         # The CPUs it gives up: a container that moves onto them must wait for this update (commit_update).
         given_up = CPUSet.parse_or_empty(pusher.held.get(c.key, c.resources.cpuset_cpus)) - \
             CPUSet.parse_or_empty(plan.resources.cpuset_cpus)
         leaving, left = [], []
-        for key in plan.moved:
+        # The containers it moves, and those an earlier decision moves off the CPUs it gains (pending).
+        others = list(plan.moved) + [k for k, o in self.state.containers.items() if k != c.key and o.pending
+                                     and k not in plan.moved and CPUSet.parse_or_empty(pusher.held.get(k, "")) & gained]
+        for key in others:
             o = self.state.containers.get(key)
             if key == c.key or o is None or CPUSet.parse_or_empty(o.resources.cpuset_cpus) & gained:
                 continue
@@ -134,9 +151,10 @@ class Update:
 
     async def abort_update(self, plan: UpdatePlan) -> None:
         """The runtime refused (or may not have taken) the update: a resize is undone."""
-        self.state.pusher.resizing.pop(plan.container.key, None)
         if plan.resize:
-            await self._undo_resize(plan.container, plan.pod, plan.before)
+            await self._undo_resize(plan.container, plan.pod, plan.before, plan.requested)
+        else:
+            self.state.pusher.resizing.pop(plan.container.key, None)
 
     async def commit_update(self, plan: UpdatePlan, sent: Resources, adjusted: Resources | None = None) -> None:
         """The runtime took sent for the container (adjusted: the fields hook plugins changed in it)."""
@@ -163,14 +181,18 @@ class Update:
         await self.state.controllers_apply(c)
         await self.state.save()
 
-    async def _undo_resize(self, c: Container, pod: Pod, before: Resources) -> None:
-        """Place the container as it was asked before."""
+    async def _undo_resize(self, c: Container, pod: Pod, before: Resources, asked: Resources) -> None:
+        """Place the container as it was asked before; where it no longer fits (its CPUs went to a
+        container made meanwhile), it keeps the place its resize (asked) was given, at its old size."""
         async with self.state.lock:
+            # Under way until the undo is recorded (no await between): a start or a push sees its moves.
+            self.state.pusher.resizing.pop(c.key, None)
             try:
                 undo = self.state.policy.resize(c, pod, before, self.state.view())
             except Exception as err:
-                log.error("undoing the resize of container %s failed: %s", c.id, brief(err))
-                return
+                log.error("undoing the resize of container %s failed: %s; it moves where the resize put it",
+                          c.id, brief(err))
+                undo = self.state.policy.update(c, asked, self.state.view())
             if undo.resources is not None:
                 self.state.pusher.note_held({c.key: c.resources})  # it runs there until the undo lands
                 c.resources, c.pending = undo.resources.overlaid(c.adjusted), True
