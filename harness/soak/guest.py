@@ -191,8 +191,12 @@ class Guest:
 
     def set_mems(self, scope: str, mems: str) -> str:
         """Write a container's cpuset.mems in its cgroup behind everyone's back (the soak's planted
-        violation); returns what it held before."""
-        return self.sh(f"cat {scope}/cpuset.mems; echo '{mems}' > {scope}/cpuset.mems").strip()
+        violation); returns what to write back: what it held before, or where it held nothing (its
+        parent's nodes: a policy that names none) the nodes it had in effect, since the kernel
+        refuses an empty write."""
+        before = self.sh(f"cat {scope}/cpuset.mems {scope}/cpuset.mems.effective; "
+                         f"echo '{mems}' > {scope}/cpuset.mems").split("\n")
+        return before[0].strip() or before[1].strip()
 
     def main_pid(self, unit: str) -> int:
         return int(self.sh(f"systemctl show -p MainPID --value {unit}").strip() or 0)

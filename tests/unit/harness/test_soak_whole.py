@@ -223,3 +223,22 @@ def test_the_crowd_waits_for_a_policy_with_exclusive_cpus_to_run_out_of_while_fa
     plan = ["crowd", "plant"]
     crowd_later(plan, "static")
     assert plan == ["crowd", "plant"]
+
+
+def test_the_plant_puts_back_the_memory_nodes_a_container_had_in_effect_where_its_cgroup_named_none():
+    """Under static the runtime names no memory nodes (cpuset.mems empty, the parent's in effect); the
+    kernel refuses an empty write, so the plant's undo writes the nodes that were in effect."""
+    from harness.soak.guest import Guest
+
+    class Vm:
+        def __init__(self, mems: str) -> None:
+            self.mems, self.commands = mems, []
+
+        def sh(self, command: str, timeout: float = 120.0) -> str:
+            self.commands.append(command)
+            return f"{self.mems}\n0-3\n"
+
+    for held, back in (("", "0-3"), ("1", "1")):
+        vm = Vm(held)
+        assert Guest(vm, "relay").set_mems("/sys/fs/cgroup/x.scope", "2") == back  # type: ignore[arg-type]
+        assert vm.commands[0].endswith("echo '2' > /sys/fs/cgroup/x.scope/cpuset.mems")
