@@ -193,10 +193,12 @@ class Create:
         async with self.state.lock:
             pending_key = c.key
             c.id, c.state = container_id, ContainerState.CREATED
+            made_on = c.resources.cpuset_cpus
             late = self.state.ledger.rename(c, pending_key)
             if late is not None:  # the policy moved it while the runtime was creating it
                 c.resources, c.pending = late.overlaid(c.adjusted), True
                 plan.updates[c.key] = c.resources
+                self.state.pusher.created(c.key, made_on)  # it runs there until the move lands
         log.debug("container %s (%s, pod %s) created on cpus %s mems %s; %s", c.id, c.name, plan.pod.name,
                   c.resources.cpuset_cpus or "-", c.resources.cpuset_mems or "-", _moves(plan.updates))
         self.state.apply_soon(Decision(updates=plan.updates), before_start=c.key)

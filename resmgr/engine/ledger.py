@@ -85,7 +85,13 @@ class Ledger:
         return out
 
     def view(self, but: str = "") -> View:
-        return View(self.pods, self.containers, self.held(but))
+        containers = self.containers
+        if self.deferred:  # creates in flight a later decision moved: the policy sees where they go
+            containers = dict(containers)
+            for key, res in self.deferred.items():
+                if (c := containers.get(key)) is not None:
+                    containers[key] = dataclasses.replace(c, resources=res.overlaid(c.adjusted))
+        return View(self.pods, containers, self.held(but))
 
     def next_seq(self) -> int:
         self.seq += 1

@@ -108,6 +108,23 @@ class Pusher:
         if cpus and (lock is None or not lock.locked()) and self.landed.get(key, -1.0) < since:
             self.held[key] = str(cpus)
 
+    def seen_pending(self, key: str, seen: list[str]) -> None:
+        """Reconciliation saw a container whose move has not landed run on seen, where nothing is
+        known of what the runtime holds of it (a restart forgot): it holds those until a push of it
+        lands (a push of the last life died with its connection, which cancels it in the runtime)."""
+        if key in self.held:
+            return
+        cpus = CPUSet()
+        for one in seen:
+            cpus |= CPUSet.parse_or_empty(one)
+        if cpus:
+            self.held[key] = str(cpus)
+
+    def created(self, key: str, cpus: str) -> None:
+        """The runtime made the container on cpus (a decision since moves it elsewhere)."""
+        if cpus:
+            self.held[key] = cpus
+
     def took(self, key: str, cpus: str) -> None:
         """The runtime took an update of the container that did not go through here (a resize)."""
         self.held[key], self.landed[key] = cpus, time.monotonic()
@@ -139,6 +156,12 @@ class Pusher:
             c = containers.get(key)
             if c is None or not c.id or not c.pending or self._removed(c.id, c.pod_id):
                 return  # gone, or an earlier push already sent the latest, or being removed
+            if key in self.resizing:
+                # Its resize sends what it runs with; what the ledger holds until then is the
+                # decision before it, which may be onto the CPUs the resize moved others to.
+                log.debug("container %s: not pushed, a resize of it is under way", c.id)
+                self.wake()
+                return
             res = c.resources
             if blocked := CPUSet.parse_or_empty(res.cpuset_cpus) & self._still_left(key):
                 # What is desired now (a decision since the order of these pushes was made) moves it
@@ -264,7 +287,7 @@ class Pusher:
         is to leave (moves.aside), if anywhere. Its desired resources stay pending."""
         held = self.held.get(key)
         c = self.ledger.containers.get(key)
-        if held is None or c is None or not c.id or not c.pending:
+        if held is None or c is None or not c.id or not c.pending or key in self.resizing:
             return
         keep = aside(key, todo, CPUSet.parse_or_empty(held), self._leaves, self._new, self._gains)
         if keep - self._resized_off() != keep:  # not onto CPUs a resize under way still runs on
@@ -293,13 +316,13 @@ class Pusher:
             self.held[key] = str(CPUSet.parse_or_empty(held) | CPUSet.parse_or_empty(cpus))
 
     async def step_aside(self, key: str, avoid: CPUSet) -> bool:
-        """Run key, for now, on its desired CPUs but avoid (those another container is still to leave);
-        its desired resources stay pending. False where the runtime did not take it, or nothing
-        would be left."""
+        """Run key, for now, on its desired CPUs but avoid (those a resize gives up) and those others
+        run on and are still to leave; its desired resources stay pending. False where the runtime
+        did not take it, or nothing would be left."""
         c = self.ledger.containers.get(key)
         if c is None or not c.id:
             return True
-        now = self._new(key) - avoid - self._resized_off()
+        now = self._new(key) - avoid - self._still_left(key)  # nor onto CPUs others are still to leave
         if not now:
             return False
         lock = self._locks.setdefault(key, asyncio.Lock())

@@ -280,6 +280,8 @@ class Reconciler:
                     out.revived += 1
                     continue
                 c.state = live.state
+                if c.pending:
+                    self.state.pusher.seen_pending(c.key, [cpus for cpus, _ in obs.actual.get(c.id, [])])
                 moved = self._resized(c, live.requested) if limits and not c.pending else None
                 if moved is not None:
                     decision.updates.update(moved)

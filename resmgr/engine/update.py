@@ -133,6 +133,12 @@ class Update:
         # The containers it moves, and those an earlier decision moves off the CPUs it gains (pending).
         others = list(plan.moved) + [k for k, o in self.state.containers.items() if k != c.key and o.pending
                                      and k not in plan.moved and CPUSet.parse_or_empty(pusher.held.get(k, "")) & gained]
+        # One the runtime is creating runs, once made, where it was decided before (maybe on CPUs
+        # this gains), until its move lands: known only once the create answers.
+        creating = [k for k in others if k != c.key and (o := self.state.containers.get(k)) is not None and not o.id]
+        if creating:
+            raise NotReady(f"the resize of container {c.id} waits for the runtime to create container(s) "
+                           f"{', '.join(k for k in creating)}; try again")
         for key in others:
             o = self.state.containers.get(key)
             if key == c.key or o is None or CPUSet.parse_or_empty(o.resources.cpuset_cpus) & gained:

@@ -226,3 +226,49 @@ def test_a_push_in_flight_counts_as_holding_both_sets_until_the_runtime_answers(
     ledger.containers["b"].resources, ledger.containers["b"].pending = Resources(cpuset_cpus="9"), True
     asyncio.run(pusher.push_all(["b"]))
     assert held_meanwhile == ["8-9"] and pusher.held["b"] == "9"
+
+
+def test_a_container_under_resize_is_not_pushed_the_decision_before_it():
+    # r's resize is under way; the ledger still holds its decision before the resize (CPU 4), onto
+    # which the resize has moved b: a push of r sends nothing until its resize has landed.
+    ledger = ledger_of({"r": "4", "b": "4"})
+    runtime = SlowRuntime({"r": "2", "b": "4"})
+    pusher = Pusher(ledger, runtime, lambda: None)
+    pusher.held.update(runtime.held)
+    pusher.resizing["r"] = CPUSet()
+    ledger.containers["r"].pending = True
+    asyncio.run(pusher.push_all(["r"]))
+    assert runtime.held == {"r": "2", "b": "4"} and ledger.containers["r"].pending
+
+
+def test_a_step_aside_takes_no_cpu_another_container_still_runs_on_and_is_to_leave():
+    # g runs on 14 and is to leave it (its move to 11 has not landed); b steps aside from CPUs a
+    # resize gives up (4, 12) onto what is left of its desired 4,12,14: not 14 while g runs there.
+    ledger = ledger_of({"g": "11", "b": "4,12,14"})
+    runtime = SlowRuntime({"g": "14", "b": "13"})
+    pusher = Pusher(ledger, runtime, lambda: None)
+    pusher.held.update(runtime.held)
+    ledger.containers["g"].pending = ledger.containers["b"].pending = True
+    assert asyncio.run(pusher.step_aside("b", CPUSet.parse("4,12"))) is False
+    assert runtime.held == {"g": "14", "b": "13"}
+
+
+def test_a_restart_takes_where_a_container_whose_move_has_not_landed_runs_from_what_is_seen():
+    ledger = ledger_of({"g": "11"})
+    pusher = Pusher(ledger, SlowRuntime({"g": "14"}), lambda: None)
+    pusher.seen_pending("g", ["14", "14"])
+    assert pusher.held == {"g": "14"}
+    pusher.seen_pending("g", ["11"])  # known already: a push of this life tells
+    assert pusher.held == {"g": "14"}
+
+
+def test_the_policy_sees_a_container_being_created_where_a_later_decision_moved_it():
+    # A create in flight carries CPUs 3,8,11; a decision since moved it to 2,8 (deferred until the
+    # create answers). A policy deciding now must see 2,8: an undo that moves it back to 3,8,11
+    # is then an update, not "no change", which would leave the deferred move to 2,8 in force.
+    ledger = ledger_of({})
+    c = Container("", "pod", "new", resources=Resources(cpuset_cpus="3,8,11"))
+    ledger.containers[c.key] = c
+    ledger.record({c.key: Resources(cpuset_cpus="2,8")})
+    assert ledger.view().containers[c.key].resources.cpuset_cpus == "2,8"
+    assert c.resources.cpuset_cpus == "3,8,11"  # what the runtime was asked to make
