@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -58,6 +59,21 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return list(value)
     return value
+
+
+@functools.cache
+def _collections(cls: type) -> tuple[str, ...]:
+    """The fields of a dataclass that hold lists or dicts (those a snapshot copies)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.default_factory in (list, dict))
+
+
+def _fields(obj: Any, skip_empty: bool = False) -> dict[str, Any]:
+    """obj's fields for a snapshot (_plain), copying only those that can hold lists or dicts."""
+    d = {k: v for k, v in obj.__dict__.items() if v} if skip_empty else dict(obj.__dict__)
+    for name in _collections(type(obj)):
+        if name in d:
+            d[name] = _plain(d[name])
+    return d
 
 
 @dataclass
@@ -116,7 +132,7 @@ class Resources:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: _plain(v) for k, v in self.__dict__.items() if v}
+        return _fields(self, skip_empty=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Resources:
@@ -180,7 +196,7 @@ class Pod:
     resources: Resources = field(default_factory=Resources)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: _plain(v) for k, v in self.__dict__.items()}
+        d = _fields(self)
         d["state"], d["qos_class"] = self.state.value, self.qos_class.value
         d["overhead"], d["resources"] = self.overhead.to_dict(), self.resources.to_dict()
         return d
@@ -233,7 +249,7 @@ class Container:
         return self.id or f"pending:{self.pod_id}:{self.name}:{self.attempt}"
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: _plain(v) for k, v in self.__dict__.items()}
+        d = _fields(self)
         d["state"] = self.state.value
         d["requested"], d["resources"] = self.requested.to_dict(), self.resources.to_dict()
         if self.adjusted is None:
@@ -276,7 +292,7 @@ class Claim:
         return f"claim {self.namespace}/{self.name}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: _plain(v) for k, v in self.__dict__.items()}
+        return _fields(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Claim:

@@ -1,26 +1,39 @@
 """Runs the simulated node over seeds (harness/sim/node.py):
 
-    python -m harness.sim [--seeds N] [--first S | --only S,S,...] [--steps M] [--crashes K]
+    python -m harness.sim [--seeds N] [--first S | --only S,S,...] [--steps M] [--crashes K] [--jobs J]
 
 Each seed is one run of kubelet's M actions with cri-resmgr SIGKILLed K times; a run that breaks an
 invariant prints its seed, the violation and the last lines of its trace, and the exit status is 1.
-The same seed runs the same steps (with PYTHONHASHSEED fixed: this program sets it and runs again).
+The same seed runs the same steps (with PYTHONHASHSEED fixed: this program sets it and runs again);
+--trace prints every seed's whole trace. Seeds run in J processes at once (default: one a CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import sys
 import time
+from typing import Any
+
+
+def run_seed(seed: int, steps: int, crashes: int) -> tuple[int, str, list[str], float]:
+    """One seed: (seed, the violation or "", its trace, virtual seconds simulated)."""
+    from harness.sim.node import Node, Violation
+
+    node = Node(seed, steps=steps, crashes=crashes)
+    try:
+        node.run()
+    except Violation as err:
+        return seed, str(err), node.trace, node.simulated
+    return seed, "", node.trace, node.simulated
 
 
 def main(argv: list[str] | None = None) -> int:
     if os.environ.get("PYTHONHASHSEED") != "0":  # sets and dicts of strings iterate in one order
         os.environ["PYTHONHASHSEED"] = "0"
         os.execv(sys.executable, [sys.executable, "-m", "harness.sim", *(argv or sys.argv[1:])])
-    from harness.sim.node import Node, Violation
-
     ap = argparse.ArgumentParser(prog="python -m harness.sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20, help="how many seeds (default: %(default)s)")
@@ -28,22 +41,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=200, help="kubelet's actions a run (default: %(default)s)")
     ap.add_argument("--crashes", type=int, default=3, help="SIGKILLs of cri-resmgr a run (default: %(default)s)")
     ap.add_argument("--only", default="", metavar="S,S,...", help="these seeds instead of --seeds and --first")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes at once (default: one a CPU)")
+    ap.add_argument("--trace", action="store_true", help="print every seed's trace")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.only.split(",") if s] or list(range(args.first, args.first + args.seeds))
     failed, simulated, began = 0, 0.0, time.monotonic()
-    for seed in seeds:
-        node = Node(seed, steps=args.steps, crashes=args.crashes)
-        try:
-            node.run()
-        except Violation as err:
+    for seed, violation, trace, seconds in _runs(seeds, args):
+        if args.trace:
+            print(f"seed {seed}:")
+            print("\n".join("    " + line for line in trace))
+        if violation:
             failed += 1
-            print(f"seed {seed}: {err}")
-            print("\n".join("    " + line for line in node.trace[-15:]))
-        simulated += node.simulated
+            print(f"seed {seed}: {violation}")
+            print("\n".join("    " + line for line in trace[-15:]))
+        simulated += seconds
     took = time.monotonic() - began
     print(f"{len(seeds)} seeds, {failed} failed; {simulated / 60:.0f} node-minutes simulated in {took:.1f} s "
           f"({simulated / 60 / max(took / 60, 1e-9):.0f} node-minutes a minute)")
     return 1 if failed else 0
+
+
+def _runs(seeds: list[int], args: Any) -> list[tuple[int, str, list[str], float]]:
+    """Every seed's run, in the order of seeds (each deterministic wherever it runs)."""
+    if args.jobs <= 1 or len(seeds) <= 1:
+        return [run_seed(seed, args.steps, args.crashes) for seed in seeds]
+    with concurrent.futures.ProcessPoolExecutor(min(args.jobs, len(seeds))) as pool:
+        return list(pool.map(run_seed, seeds, [args.steps] * len(seeds), [args.crashes] * len(seeds)))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import shutil
 import tempfile
@@ -40,6 +41,9 @@ QUIET = 120.0  # seconds without a lifecycle call after which every cgroup must 
 REFUSALS = (NotReady, PolicyError)  # what cri-resmgr answers kubelet with on purpose
 
 
+SHM = "/dev/shm"
+
+
 class Violation(Exception):
     """An invariant broken: what, and when (virtual seconds)."""
 
@@ -67,7 +71,8 @@ class Daemon:
         self.engine.state.restore(self.store.load(statefile.check))
         self.front = CriLifecycle(self.engine)
         self.handlers = {path.rsplit("/", 1)[1]: h for path, h in self.front.handlers().items()}
-        self.tasks: set[asyncio.Task[Any]] = set()
+        # In the order made (a set iterates by address: the cancels of a kill would differ run to run).
+        self.tasks: dict[asyncio.Task[Any], None] = {}
         self.serving = False
         self.spawn(self._start())
 
@@ -86,8 +91,8 @@ class Daemon:
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks[task] = None
+        task.add_done_callback(lambda t: self.tasks.pop(t, None))
         return task
 
     def kill(self) -> None:
@@ -110,7 +115,8 @@ class Node:
         self.rng = random.Random(self.seed)
         self.topology: Topology = machine(SHAPE)
         self.online = CPUSet(self.topology.online)
-        self.state_dir = Path(tempfile.mkdtemp(prefix="crirm-sim-"))
+        # In memory where it can be: the simulated crash decides what a write leaves, not the disk.
+        self.state_dir = Path(tempfile.mkdtemp(prefix="crirm-sim-", dir=SHM if os.path.isdir(SHM) else None))
         self.daemon: Daemon | None = None
         self.last_call = 0.0
         self.simulated = 0.0  # virtual seconds the run lasted

@@ -42,29 +42,7 @@ class CPUSet:
     @classmethod
     def parse(cls, text: str) -> CPUSet:
         """Parse the kernel list syntax: '0-3,8,10-11' (whitespace and an empty string allowed)."""
-        bits = 0
-        text = text.strip()
-        if not text:
-            return cls.from_bits(0)
-        for part in text.split(","):
-            part = part.strip()
-            lo, dash, hi = part.partition("-")
-            try:
-                if dash:
-                    a, b = int(lo), int(hi)
-                    if a > b or a < 0:
-                        raise CPUSetError(f"bad CPU range {part!r} in {text!r}")
-                    bits |= ((1 << (b - a + 1)) - 1) << a
-                else:
-                    a = int(part)
-                    if a < 0:
-                        raise CPUSetError(f"negative CPU id in {text!r}")
-                    bits |= 1 << a
-            except ValueError as err:
-                if isinstance(err, CPUSetError):
-                    raise
-                raise CPUSetError(f"bad CPU list {text!r}: {part!r} is not a number or range") from None
-        return cls.from_bits(bits)
+        return cls.from_bits(_parse_bits(text))
 
     # -- set protocol ----------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
@@ -158,3 +136,31 @@ def union(sets: Iterable[CPUSet]) -> CPUSet:
     for cpus in sets:
         out |= cpus
     return out
+
+
+# The same few lists are parsed again and again (each decision, each push): parsed once each.
+@functools.lru_cache(maxsize=4096)
+def _parse_bits(text: str) -> int:
+    bits = 0
+    text = text.strip()
+    if not text:
+        return 0
+    for part in text.split(","):
+        part = part.strip()
+        lo, dash, hi = part.partition("-")
+        try:
+            if dash:
+                a, b = int(lo), int(hi)
+                if a > b or a < 0:
+                    raise CPUSetError(f"bad CPU range {part!r} in {text!r}")
+                bits |= ((1 << (b - a + 1)) - 1) << a
+            else:
+                a = int(part)
+                if a < 0:
+                    raise CPUSetError(f"negative CPU id in {text!r}")
+                bits |= 1 << a
+        except ValueError as err:
+            if isinstance(err, CPUSetError):
+                raise
+            raise CPUSetError(f"bad CPU list {text!r}: {part!r} is not a number or range") from None
+    return bits
