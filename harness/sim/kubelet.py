@@ -151,11 +151,14 @@ class Kubelet:
                 pod.milli = milli
 
     async def terminate(self, pod: PodRun) -> None:
+        """Every sandbox of the pod's UID the runtime lists goes, as kubelet's relist groups them: also
+        one a RunPodSandbox made whose answer was lost (the relay killed under it)."""
         async with pod.lock:
-            if pod.sandbox:
-                for c in [c for c in self.node.ctrd.containers.values() if c.pod_id == pod.sandbox]:
+            uid = pod.config.metadata.uid
+            for sandbox in [sb.id for sb in self.node.ctrd.sandboxes.values() if sb.config.metadata.uid == uid]:
+                for c in [c for c in self.node.ctrd.containers.values() if c.pod_id == sandbox]:
                     await self._until(pod, "stop", cri.StopContainerRequest(container_id=c.id, timeout=30))
                     await self._until(pod, "remove", cri.RemoveContainerRequest(container_id=c.id))
-                await self._until(pod, "stop pod", cri.StopPodSandboxRequest(pod_sandbox_id=pod.sandbox))
-                await self._until(pod, "remove pod", cri.RemovePodSandboxRequest(pod_sandbox_id=pod.sandbox))
+                await self._until(pod, "stop pod", cri.StopPodSandboxRequest(pod_sandbox_id=sandbox))
+                await self._until(pod, "remove pod", cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox))
             del self.pods[pod.name]

@@ -289,10 +289,12 @@ class Pusher:
         c = self.ledger.containers.get(key)
         if held is None or c is None or not c.id or not c.pending or key in self.resizing:
             return
-        keep = aside(key, todo, CPUSet.parse_or_empty(held), self._leaves, self._new, self._gains)
+        runs = CPUSet.parse_or_empty(held)
+        keep = aside(key, todo, runs, self._leaves, self._new, self._gains)
         if keep - self._resized_off() != keep:  # not onto CPUs a resize under way still runs on
-            keep = CPUSet.parse_or_empty(held) & keep
-        if not keep:
+            keep = runs & keep
+        keep -= self._still_left(key) - runs  # nor onto those another, in this push or not, is to leave
+        if not keep or keep == runs:
             return
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with self._slots, lock:

@@ -272,3 +272,16 @@ def test_the_policy_sees_a_container_being_created_where_a_later_decision_moved_
     ledger.record({c.key: Resources(cpuset_cpus="2,8")})
     assert ledger.view().containers[c.key].resources.cpuset_cpus == "2,8"
     assert c.resources.cpuset_cpus == "3,8,11"  # what the runtime was asked to make
+
+
+def test_a_swap_steps_aside_onto_no_cpu_a_container_outside_it_is_still_to_leave():
+    # a and b swap (a: 7 -> 5,12; b: 5 -> 7); a's step aside would be CPU 12, which o, not in
+    # this push (its move from 12 to 10 waits, say, for a resize's undo), still runs on.
+    ledger = ledger_of({"a": "5,12", "b": "7", "o": "10"})
+    runtime = SlowRuntime({"a": "7", "b": "5", "o": "12"})
+    pusher = Pusher(ledger, runtime, lambda: None)
+    pusher.held.update(runtime.held)
+    for c in ledger.containers.values():
+        c.pending = True
+    asyncio.run(pusher.narrow("a", ["a", "b"]))
+    assert runtime.held["a"] == "7" and runtime.overlaps == []
