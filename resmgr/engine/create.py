@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -123,10 +122,10 @@ class Create:
             decision = self.state.ledger.demote(o, pod)
         except PolicyError as err:
             log.error("container %s holds nothing now and stays where it is (%s)", o.id, brief(err))
-            self.state.ledger.unallocated.add(o.key)
+            self.state.ledger.await_grant(o.key)
             return {}
-        self.state.ledger.unallocated.discard(o.key)
-        self.state.ledger.degraded.discard(o.key)
+        self.state.ledger.granted(o.key)
+        self.state.ledger.set_degraded(o.key, False)
         log.info("container %s (%s, attempt %d) was never started and a later attempt is made: its grant is "
                  "given back and it waits on the shared CPUs", o.id, o.name, o.attempt)
         return decision.updates
@@ -163,11 +162,11 @@ class Create:
         if refused:
             async with self.state.lock:
                 undo = self.state.forget(c) if self.state.containers.get(c.key) is c else Decision()
-                self.state.ledger.deferred.pop(c.key, None)
+                self.state.ledger.drop_deferred(c.key)
                 self.state.record(undo.updates)
             await self.state.apply_updates(undo)
             return
-        self.state.ledger.unsettled[c.key] = time.monotonic()
+        self.state.ledger.unsettle(c.key)
         log.warning("creating container %s in pod %s %s; its grant is kept until the runtime shows whether "
                     "the container exists", c.name, plan.pod.id, failure(err))
         self.state.wake()
@@ -226,7 +225,7 @@ class Create:
                 updates = {c.key: wanted} if wanted.overlaid(c.adjusted) != c.resources else {}
             else:  # the holder ended meanwhile: allocated like a container found running
                 self.state.ledger.enter(c)
-                self.state.ledger.unallocated.add(c.key)
+                self.state.ledger.await_grant(c.key)
                 updates = self.reconciler.allocate_waiting()
             self.state.record(updates)
         self.state.apply_soon(Decision(updates=updates), before_start=c.key)

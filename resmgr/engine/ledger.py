@@ -304,6 +304,35 @@ class Ledger:
         self.released_at[c.key] = time.monotonic()
         return decision
 
+    # -- the sets kept beside the containers: changed only here ---------------------------
+    def await_grant(self, key: str) -> None:
+        """The policy holds nothing for key yet: reconciliation allocates it (allocate_waiting)."""
+        self.unallocated.add(key)
+
+    def granted(self, key: str) -> None:
+        self.unallocated.discard(key)
+
+    def set_degraded(self, key: str, degraded: bool) -> None:
+        """key runs as a plain shared container for want of room (or no longer does)."""
+        if degraded:
+            self.degraded.add(key)
+        else:
+            self.degraded.discard(key)
+
+    def unsettle(self, key: str) -> None:
+        """key's create failed without a word of whether the runtime made it: its listing tells."""
+        self.unsettled[key] = time.monotonic()
+
+    def unsettled_since(self, key: str) -> float | None:
+        return self.unsettled.get(key)
+
+    def settled(self, key: str) -> None:
+        self.unsettled.pop(key, None)
+
+    def drop_deferred(self, key: str) -> None:
+        """The update deferred for a create in flight goes (the create was refused)."""
+        self.deferred.pop(key, None)
+
     def released_lately(self, c: Container) -> bool:
         """Whether c was released less than RELEASE_LAG ago (the runtime's record may lag it)."""
         at = self.released_at.get(c.key)

@@ -276,7 +276,7 @@ class Reconciler:
                         continue  # the runtime's record has not caught up with the stop yet
                     log.warning("container %s was released but still runs; allocating it again", c.id)
                     c.state = live.state
-                    self.state.ledger.unallocated.add(c.key)
+                    self.state.ledger.await_grant(c.key)
                     out.revived += 1
                     continue
                 c.state = live.state
@@ -306,7 +306,7 @@ class Reconciler:
                       c.resources.cpuset_cpus or "-")
             self.state.ledger.enter(c)
             self.state.pusher.found(c.key, c.resources.cpuset_cpus)  # held until its move lands
-            self.state.ledger.unallocated.add(cid)
+            self.state.ledger.await_grant(cid)
             if c.state == ContainerState.CREATED:
                 # The runtime may be starting it from what it held before: the update we send now can
                 # reach its record and not the task being made, so it is sent again once started.
@@ -427,12 +427,13 @@ class Reconciler:
         for key in sorted(keys & set(self.state.ledger.unsettled)):
             c = self.state.containers.get(key)
             if c is None or c.id:
-                self.state.ledger.unsettled.pop(key, None)
+                self.state.ledger.settled(key)
                 continue
             match = by_name.get((c.pod_id, c.name, c.attempt))
-            if match is None and listed_at < self.state.ledger.unsettled[key] + SETTLE_GRACE:
+            since = self.state.ledger.unsettled_since(key)
+            if match is None and since is not None and listed_at < since + SETTLE_GRACE:
                 continue  # too early to tell
-            self.state.ledger.unsettled.pop(key, None)
+            self.state.ledger.settled(key)
             settled += 1
             if match is None or match.id in self.state.containers or not match.state.live:
                 log.info("create of %s (pod %s) did not happen in the runtime; released", c.name, c.pod_id)
@@ -479,7 +480,7 @@ class Reconciler:
             except Exception:  # a policy bug on one container must not stop every round
                 log.exception("allocating container %s failed; it runs as it is until a later round", c.id)
                 continue
-            self.state.ledger.unallocated.discard(c.key)
+            self.state.ledger.granted(c.key)
             self.state.ledger.apply(c, decision)
             updates.update(decision.updates)
             if decision.resources is not None:
@@ -506,7 +507,7 @@ class Reconciler:
             return None
         log.error("container %s (%s/%s/%s): %s; it runs as a shared container until there is room", c.id,
                   pod.namespace, pod.name, c.name, err)
-        self.state.ledger.degraded.add(c.key)
+        self.state.ledger.set_degraded(c.key, True)
         return decision
 
 

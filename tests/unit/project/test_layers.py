@@ -183,3 +183,27 @@ def test_every_generated_protocol_package_counts_as_a_protocol():
     packages = {p.name for p in (ROOT / "resmgr" / "generated").iterdir()
                 if p.is_dir() and (p / "__init__.py").exists() or p.is_dir() and any(p.glob("*_pb2.py"))}
     assert {f"resmgr.generated.{p}" for p in packages - {"schemas"}} == set(GENERATED)
+
+
+LEDGER_SETS = ("unallocated", "degraded", "deferred", "unsettled", "previous", "awaited", "vanished", "released_at")
+CHANGES = ("add", "discard", "remove", "pop", "clear", "update", "setdefault", "popitem")
+
+
+def test_only_the_ledger_changes_the_sets_it_keeps_beside_the_containers():
+    """docs/architecture.md: the engine changes its bookkeeping through Ledger's methods (one door),
+    never a set or map of the ledger's directly."""
+    found = []
+    for path in (ROOT / "resmgr").rglob("*.py"):
+        if path == ROOT / "resmgr" / "engine" / "ledger.py" or "generated" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CHANGES:
+                target = node.func.value
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                target = next((t.value for t in targets if isinstance(t, ast.Subscript)), None)
+            if (isinstance(target, ast.Attribute) and target.attr in LEDGER_SETS
+                    and isinstance(target.value, ast.Attribute) and target.value.attr == "ledger"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
