@@ -28,13 +28,14 @@ from typing import Any
 
 from resmgr.model import Claim, Container, IrqPlan, Pod, QOSClass, Resources, SchedulingClass
 from resmgr.policies.balloons.choice import Choice
+from resmgr.policies.balloons.describe import cpu_classes, describe_grant, describe_pools, fallback, irq_plan
+from resmgr.policies.balloons.devices import Devices
 from resmgr.policies.balloons.fleet import Fleet
 from resmgr.policies.balloons.model import BALLOON, Balloon, Member, Saved, hint
-from resmgr.policies.balloons.types import POLICY_OPTIONS, RESERVED, BalloonType, parse
+from resmgr.policies.balloons.types import POLICY_OPTIONS, RESERVED, parse
 from resmgr.policies.base import Decision, Policy, PolicyError, View, container_requirements
 from resmgr.policies.toolkit import annotations, claims, cpuvalues
 from resmgr.policies.toolkit.allocator import take_cpus
-from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.undo import undone_on_failure
 from resmgr.requests import milli_to_shares
 from resmgr.topology import interrupts
@@ -70,6 +71,7 @@ class BalloonsPolicy(Policy):
         self.preserved: set[str] = set()
         # DRA: claims prepared on balloons of DRA types, each a member of its balloon (keyed claims.key).
         self.book = claims.ClaimBook()
+        self.dra = Devices(self.fleet, self.settings)
         self.fleet.make_min_balloons()
 
     # -- where a member runs, and who moved ---------------------------------------------------
@@ -208,27 +210,8 @@ class BalloonsPolicy(Policy):
     def _claim_users(self, uid: str) -> list[str]:
         return sorted(k for k, b in self.where.items() if b.members[k].claim == uid)
 
-    def _dra_balloons(self) -> dict[str, Balloon]:
-        """The balloons published as DRA devices, by device name."""
-        return {f"{b.type.dra}-{b.index}": b for b in self.fleet.balloons if b.type.dra}
-
-    def _dra_to_come(self) -> dict[str, tuple[BalloonType, int]]:
-        """The balloons a claim may yet make (a type's MaxBalloons not reached), by device name: the
-        type and instance number each would have."""
-        out = {}
-        for t in self.settings.types:
-            if t.dra and t.max_balloons:
-                have = sum(1 for b in self.fleet.balloons if b.type is t)
-                for index in self.fleet.free_indexes(t, max(t.max_balloons - have, 0)):
-                    out[f"{t.dra}-{index}"] = (t, index)
-        return out
-
     def devices(self) -> list[dict[str, Any]]:
-        made = {name: (b.type, b.index, b.cpus) for name, b in self._dra_balloons().items()}
-        to_come = {name: (t, index, EMPTY) for name, (t, index) in self._dra_to_come().items()}
-        return [{"name": name, "attributes": {"kind": "balloon", "balloonType": t.name, "instance": index},
-                 "cpus": t.max_cpus, "cpuset": str(cpus)}
-                for name, (t, index, cpus) in sorted({**made, **to_come}.items())]
+        return self.dra.listed()
 
     def prepare_claim(self, claim: Claim, view: View) -> Decision:
         """Grow the claim's balloon by the claim's CPUs, a member of its own; a balloon still to come
@@ -236,8 +219,8 @@ class BalloonsPolicy(Policy):
         if not self.book.is_new(claim):
             return Decision()
         before = self._snapshot()
-        b = self._dra_balloons().get(claim.device)
-        to_come = self._dra_to_come()
+        b = self.dra.made().get(claim.device)
+        to_come = self.dra.to_come()
         if b is not None:
             t, milli, held, group = b.type, b.milli, len(b.cpus), b.group
         elif claim.device in to_come:
@@ -305,34 +288,10 @@ class BalloonsPolicy(Policy):
                 "users": self._claim_users(uid)}
 
     def cpu_classes(self) -> dict[str, CPUSet]:
-        """Each balloon's CPUs in its type's CPUClass; the CPUs in no balloon in IdleCPUClass."""
-        out: dict[str, CPUSet] = {}
-        for b in self.fleet.balloons:
-            name = b.type.cpu_class
-            if name:
-                cpus = self.reserved | b.cpus if b.type.on_reserved else union(x.cpus for x in b.leaves)
-                out[name] = out.get(name, EMPTY) | cpus
-        idle = self.settings.idle_class
-        if idle:
-            out[idle] = out.get(idle, EMPTY) | (self.allocatable - self.fleet.owned())
-        return out
+        return cpu_classes(self.fleet, self.reserved, self.allocatable, self.settings.idle_class)
 
     def irq_plan(self) -> IrqPlan:
-        """Claimed interrupts on their types' balloons' CPUs; the others on the sink balloons' CPUs,
-        or off the isolating ones."""
-        claims: dict[tuple[str, ...], CPUSet] = {}
-        sink, isolate = EMPTY, EMPTY
-        for b in self.fleet.balloons:
-            t = b.type
-            cpus = union(x.cpus for x in b.leaves)
-            if t.irq_claim:
-                claims[t.irq_claim] = claims.get(t.irq_claim, EMPTY) | cpus
-            if t.irq_mode == "sink":
-                sink |= cpus
-            elif t.irq_mode == "isolate":
-                isolate |= cpus
-        return IrqPlan(tuple(sorted(claims.items())), sink=sink, isolate=isolate,
-                       controllable=self.settings.controllable_irqs)
+        return irq_plan(self.fleet, self.settings.controllable_irqs)
 
     def scheduling_class(self, name: str) -> SchedulingClass | None:
         return self.settings.scheduling.classes.get(name)
@@ -394,43 +353,14 @@ class BalloonsPolicy(Policy):
             self.where[new_key] = b
 
     def fallback(self) -> list[str]:
-        wanted = sorted({m.wanted for b in self.fleet.balloons for m in b.members.values() if m.wanted})
-        out = [f"no balloon of type {t} could be had: its containers asking for no CPU time run on the reserved "
-               f"CPUs {self.reserved}" for t in wanted]
-        for t in sorted(set(self.choice.orphans.values())):
-            count = sum(1 for x in self.choice.orphans.values() if x == t)
-            out.append(f"balloon type {t} is no longer configured: {count} container(s) annotated for it run where "
-                       "their namespace puts them")
-        for b in self.fleet.balloons:
-            cpus = self.reserved | b.cpus
-            if b.type.name == RESERVED and b.milli > 1000 * len(cpus):
-                why = "no MinCPUs or MaxCPUs of a reserved type" if not b.type.grows else \
-                    f"MaxCPUs {b.type.max_cpus}" if b.type.max_cpus and len(cpus) >= b.type.max_cpus else "no free CPUs"
-                out.append(f"balloon {b.name}: its containers request {b.milli}m on {len(cpus)} CPUs {cpus} "
-                           f"({why} to grow by)")
-        return out
+        return fallback(self.fleet, self.choice.orphans, self.reserved)
 
     def describe_pools(self) -> list[dict[str, Any]]:
-        out = []
-        for b in sorted(self.fleet.balloons, key=lambda b: (b.type.order, b.index)):
-            cpus = self.reserved | b.cpus if b.type.on_reserved else b.cpus
-            runs = self.fleet.runs_on(b, Member(0, "", ""))
-            out.append(pool_entry(self.topo, b.name, cpus, runs, reserved=cpus & self.reserved,
-                                  isolated=cpus & self.isolated, containers=len(b.members), requested=b.milli,
-                                  free=1000 * len(cpus) - b.milli,
-                                  elsewhere=len(b.members) if not b.cpus and not b.type.on_reserved else 0,
-                                  type=b.type.name, cpu_class=b.type.cpu_class))
-        return out
+        return describe_pools(self.topo, self.fleet, self.reserved, self.isolated)
 
     def describe_grant(self, key: str) -> dict[str, Any] | None:
         b = self.where.get(key)
-        if b is None:
-            return None
-        doc = {"pool": b.name, "exclusive": "", "shared_milli": b.members[key].milli,
-               "kind": "reserved" if b.type.name == RESERVED else "shared"}
-        if b.members[key].wanted:
-            doc["fallback"] = "reserved"
-        return doc
+        return None if b is None else describe_grant(b, key)
 
     def export_state(self) -> dict[str, Any]:
         return {"balloons": [b.to_dict() for b in self.fleet.balloons],

@@ -22,10 +22,10 @@ from resmgr.model import Claim, Container, IrqPlan, Pod, Resources, SchedulingCl
 from resmgr.policies.base import Decision, Policy, PolicyError, View, class_names, container_requirements, kept
 from resmgr.policies.toolkit import claims, cpuvalues, scheduling
 from resmgr.policies.toolkit.allocator import one_thread_per_core
-from resmgr.policies.toolkit.describe import pool_entry
 from resmgr.policies.toolkit.grants import Grant
 from resmgr.policies.toolkit.options import Option, reserved_namespaces
 from resmgr.policies.topology_aware.accounts import Accounts
+from resmgr.policies.topology_aware.describe import describe_grant, describe_pools, restored
 from resmgr.policies.topology_aware.dra import Devices
 from resmgr.policies.topology_aware.placement import Placement
 from resmgr.policies.topology_aware.request import LEVELS, Asking, Settings
@@ -403,49 +403,16 @@ class TopologyAwarePolicy(Policy):
         self._guard_memory(sorted(self.grants))
 
     def _restore_one(self, key: str, g: Grant) -> None:
-        if g.reserved:
-            if self.placement.reserved_pool is None:
-                raise PolicyError(f"grant of {key} is on reserved CPUs; none are reserved now")
-            g = replace(g, pool=self.placement.reserved_pool.name, mem_pool="")
-        pool = self.by_name.get(g.pool)
-        if pool is None:
-            raise PolicyError(f"grant of {key} is in pool {g.pool!r}, which does not exist now")
-        if g.mem_pool and g.mem_pool not in self.by_name:
-            g = replace(g, mem_pool="")
-        if not g.exclusive <= pool.cpus - pool.reserved:
-            raise PolicyError(f"grant of {key} holds CPUs {g.exclusive - (pool.cpus - pool.reserved)} outside "
-                              f"pool {pool.name}'s unreserved CPUs")
-        if not g.exclusive.isdisjoint(self.accounts.taken):
-            raise PolicyError(f"grant of {key} holds CPUs {g.exclusive & self.accounts.taken} another grant holds")
-        self.grants.add(key, g)
+        self.grants.add(key, restored(key, g, self.placement.reserved_pool, self.by_name, self.accounts.taken))
 
     def describe_pools(self) -> list[dict[str, Any]]:
-        exclusive = [0] * len(self.pools)
-        for g in self.grants.values():
-            if g.exclusive:
-                exclusive[self.by_name[g.pool].id] += 1
-        return [pool_entry(self.topology, p.name, p.cpus, self.accounts.sharable(p),
-                           parent=p.parent.name if p.parent else "", reserved=p.reserved,
-                           isolated=p.isolated - self.accounts.taken, exclusive_grants=exclusive[p.id],
-                           containers=self.accounts.count[p.id], requested=self.accounts.milli[p.id],
-                           # what the pool's own shared CPUs can still give, its children's requests counted
-                           free=1000 * len(self.accounts.sharable(p)) - self.accounts.subtree_milli(p),
-                           # shared users running on an ancestor's or the reserved CPUs, none of the pool's own left
-                           elsewhere=len(self.accounts.users[p.id]) if not self.accounts.sharable(p) else 0,
-                           mems=p.all_mems, memory={t.value: p.memory[t] for t in sorted(p.memory)})
-                for p in self.pools]
+        return describe_pools(self.topology, self.pools, self.accounts, self.grants.values())
 
     def describe_grant(self, key: str) -> dict[str, Any] | None:
         g = self.grants.get(key)
         if g is None:
             return None
-        doc = {"pool": g.pool, "exclusive": str(g.exclusive), "shared_milli": g.shared, "kind": g.kind}
-        if g.claim:
-            doc.update(claim=g.claim, exclusive=str(self.cpus_of_grant(g)))
-        pool = self.by_name[g.pool]
-        if g.on_shared and not self.accounts.sharable(pool):
-            doc["fallback"] = "reserved" if self.accounts.lender(pool) is None else "parent"
-        return doc
+        return describe_grant(g, self.cpus_of_grant(g), self.by_name[g.pool], self.accounts)
 
     # -- DRA claims (docs/dra.md; dra.py) ----------------------------------------------------
     def devices(self) -> list[dict[str, Any]]:

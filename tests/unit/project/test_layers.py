@@ -207,3 +207,15 @@ def test_only_the_ledger_changes_the_sets_it_keeps_beside_the_containers():
                     and isinstance(target.value, ast.Attribute) and target.value.attr == "ledger"):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
+
+
+def test_no_class_is_over_400_lines():
+    """Classes stay small: what grows past this is split into parts the class is composed of."""
+    long = []
+    for path in (ROOT / "resmgr").rglob("*.py"):
+        if "generated" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and (node.end_lineno or 0) - node.lineno + 1 > 400:
+                long.append(f"{path.relative_to(ROOT)}: {node.name} {(node.end_lineno or 0) - node.lineno + 1}")
+    assert long == []
