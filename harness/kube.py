@@ -202,6 +202,10 @@ def _wait(what: str, ready: Any, proc: Process, timeout: float) -> None:
         time.sleep(0.2)
 
 
+# Every controller but node IPAM (the CNI plugin hands out pod addresses) and certificate signing.
+ALL_CONTROLLERS = "*,-nodeipam,-csrsigning,-bootstrapsigner,-tokencleaner"
+
+
 class ControlPlane:
     """etcd and kube-apiserver (RBAC, Node authorizer), and an admin client of it."""
 
@@ -253,9 +257,10 @@ class ControlPlane:
         self._api: client.ApiClient | None = None
         self.controllers: list[Process] = self._controllers() if controllers else []
 
-    def _controllers(self) -> list[Process]:
-        """kube-controller-manager (its root CA is what pods' kube-root-ca.crt holds) and
-        kube-scheduler, both as admin, without leader election or a serving port."""
+    def _controllers(self, which: str = ALL_CONTROLLERS) -> list[Process]:
+        """kube-controller-manager running `which` controllers (its root CA is what pods'
+        kube-root-ca.crt holds) and kube-scheduler, both as admin, without leader election or a
+        serving port."""
         scheduler_config = self.scheduler_config("scheduler")
         sa_key = self.dir / "pki" / "service-accounts.key"
         return [
@@ -263,8 +268,7 @@ class ControlPlane:
                 str(TOOLS_BIN / "kube-controller-manager"), f"--kubeconfig={self.admin_kubeconfig}",
                 f"--root-ca-file={self.pki.ca}", f"--service-account-private-key-file={sa_key}",
                 "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false",
-                # No node IPAM (the CNI plugin hands out pod addresses), no certificate signing.
-                "--controllers=*,-nodeipam,-csrsigning,-bootstrapsigner,-tokencleaner",
+                f"--controllers={which}",
                 "--v=1", *self.gates], self.dir / "controller-manager.log"),
             Process("kube-scheduler", [
                 str(TOOLS_BIN / "kube-scheduler"), f"--config={scheduler_config}", "--secure-port=0", "--v=1",
@@ -284,13 +288,28 @@ class ControlPlane:
         if not self.etcd.alive():
             self.etcd.start()
         self.start_apiserver(timeout)
+        self._start_controllers(timeout)
+        return self
+
+    def _start_controllers(self, timeout: float) -> None:
         for p in self.controllers:
             p.start()
         if self.controllers:  # up once the controller manager has published the cluster's CA
             _wait("kube-controller-manager", lambda: self.core().read_namespaced_config_map(
                 "kube-root-ca.crt", "kube-system", _request_timeout=5), self.controllers[0], timeout)
             self.controllers[1].check()
-        return self
+
+    def start_controllers(self, which: str = ALL_CONTROLLERS, timeout: float = 90) -> None:
+        """kube-controller-manager (running `which` controllers) and kube-scheduler on a control
+        plane started without them."""
+        if not self.controllers:
+            self.controllers = self._controllers(which)
+            self._start_controllers(timeout)
+
+    def stop_controllers(self) -> None:
+        for p in self.controllers:
+            p.stop()
+        self.controllers = []
 
     def start_apiserver(self, timeout: float = 90) -> None:
         self.apiserver.start()

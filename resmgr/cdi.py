@@ -10,6 +10,7 @@ naming the claim's CPUs (a device must edit the container somehow to be valid).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -47,10 +48,28 @@ def spec_uid(file_name: str) -> str | None:
     return None
 
 
-def spec(uid: str, cpus: str) -> dict[str, Any]:
-    """The spec of one claim's device."""
-    return {"cdiVersion": VERSION, "kind": KIND,
-            "devices": [{"name": uid, "containerEdits": {"env": [f"{env_name(uid)}={cpus}"]}}]}
+# The prepared claim (model.Claim as JSON) in its spec's annotations: a second record of it on the
+# node, from which a daemon whose state file was lost holds the claim again (kubelet will not ask).
+CLAIM_ANNOTATION = f"{VENDOR}/claim"
+
+
+def spec(uid: str, cpus: str, claim: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The spec of one claim's device, the claim itself in its annotations."""
+    doc: dict[str, Any] = {"cdiVersion": VERSION, "kind": KIND,
+                           "devices": [{"name": uid, "containerEdits": {"env": [f"{env_name(uid)}={cpus}"]}}]}
+    if claim is not None:
+        doc["annotations"] = {CLAIM_ANNOTATION: json.dumps(claim, sort_keys=True)}
+    return doc
+
+
+def spec_claim(doc: Any) -> dict[str, Any] | None:
+    """The claim a spec of ours records (None: an older spec, or not one of ours)."""
+    text = ((doc.get("annotations") if isinstance(doc, dict) else None) or {}).get(CLAIM_ANNOTATION)
+    try:
+        claim = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return claim if isinstance(claim, dict) else None
 
 
 def env_name(uid: str) -> str:

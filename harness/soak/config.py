@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,9 +117,9 @@ class Configs:
         self.core.patch_node(self.node, {"metadata": {"labels": {GROUP_LABEL: group}}})
         self.group = group
 
-    def change(self) -> str:
+    def change(self, before: Callable[[str], None] = lambda policy: None) -> str:
         """One change of the three kinds, chosen at random (the first a policy switch, so that even a
-        short run has one); what it was."""
+        short run has one); what it was. before(policy) is called before a switch to policy is written."""
         kind = self.rng.choice(["option", "group", "switch"])
         if not any("policy switch" in what for _, what in self.log):
             kind = "switch"
@@ -132,8 +133,9 @@ class Configs:
             self.label(None if self.group else "soak-ta")
             what = f"group label {self.group or '(none)'}"
         else:
-            policy = self.spec()["policy"]["Active"]
-            self.label(START[self.rng.choice(sorted(p for p in START if p != policy))])
+            policy = self.rng.choice(sorted(p for p in START if p != self.spec()["policy"]["Active"]))
+            before(policy)
+            self.label(START[policy])
             what = f"policy switch to {self.spec()['policy']['Active']} (group {self.group})"
         self.log.append((time.monotonic(), what))
         return what

@@ -128,10 +128,14 @@ class Ctr:
     quota: float | None  # CPUs of cpu.max (None: no limit)
     runs: str  # started, created, pause
     commands: str = ""  # what runs there (the sampler's process names)
+    claimed: int = 0  # the CPUs of the DRA claim its pod's containers run on (the soak's pods name one)
 
     @property
     def whole_cpus(self) -> int:
-        """The CPUs of a Guaranteed container with a whole number of them (else 0)."""
+        """The CPUs of its own: its claim's, or a Guaranteed container's with a whole number of them
+        (else 0)."""
+        if self.claimed:
+            return self.claimed
         if self.qos != "guaranteed" or self.quota is None or abs(self.quota - round(self.quota)) > 1e-6:
             return 0
         return round(self.quota)
@@ -145,24 +149,30 @@ def qos_of(pod_slice: str) -> str:
     return "guaranteed"
 
 
-def _ctr(cid: str, row: list[str]) -> Ctr:
+def pod_uid(pod_slice: str) -> str:
+    """The pod's UID its slice is named after (kubepods-burstable-pod<UID, _ for ->.slice)."""
+    return pod_slice.removesuffix(".slice").rpartition("-pod")[2].replace("_", "-")
+
+
+def _ctr(cid: str, row: list[str], claimed: dict[str, int]) -> Ctr:
     pod, cpus, mems, cpu_max, _weight, runs, *commands = row
     quota_text, _, period = cpu_max.partition(" ")
     quota = None if quota_text == "max" else int(quota_text) / int(period or 100000)
     return Ctr(cid, pod, qos_of(pod), CPUSet.parse_or_empty(cpus), CPUSet.parse_or_empty(mems), quota, runs,
-               "".join(commands))
+               "".join(commands), claimed.get(pod_uid(pod), 0))
 
 
-def parse(snapshot: dict[str, list[str]]) -> list[Ctr]:
+def parse(snapshot: dict[str, list[str]], claimed: dict[str, int] | None = None) -> list[Ctr]:
     """The sampler's snapshot: started containers only (a sandbox or a container not yet started
-    runs nothing of its own)."""
-    return [_ctr(cid, row) for cid, row in sorted(snapshot.items()) if row[5] == "started"]
+    runs nothing of its own). claimed: pod UID -> the CPUs of the claim its containers run on."""
+    return [_ctr(cid, row, claimed or {}) for cid, row in sorted(snapshot.items()) if row[5] == "started"]
 
 
-def held(snapshot: dict[str, list[str]]) -> CPUSet:
-    """The CPUs of Guaranteed containers created with whole CPUs but not started yet: exclusive
+def held(snapshot: dict[str, list[str]], claimed: dict[str, int] | None = None) -> CPUSet:
+    """The CPUs of containers created with CPUs of their own but not started yet: exclusive
     already (the runtime made their cgroups so), though nothing runs there yet."""
-    return _union(c.cpus for cid, row in snapshot.items() if row[5] == "created" and (c := _ctr(cid, row)).whole_cpus)
+    return _union(c.cpus for cid, row in snapshot.items()
+                  if row[5] == "created" and (c := _ctr(cid, row, claimed or {})).whole_cpus)
 
 
 def released(before: dict[str, CPUSet], ctrs: list[Ctr]) -> CPUSet:
@@ -392,6 +402,7 @@ class Judge:
     released: list[tuple[float, CPUSet]] = field(default_factory=list)  # CPUs given up, and when (the release excuse)
     first_seen: dict[str, float] = field(default_factory=dict)  # when each container was first seen started
     stalls: list[tuple[float, float]] = field(default_factory=list)  # containerd frozen by the soak (the freeze excuse)
+    claimed: dict[str, int] = field(default_factory=dict)  # pod UID -> CPUs of its claim (the soak's load)
     seen: int = 0
     last_clean: float = 0.0
     last_time: float = 0.0
@@ -430,8 +441,8 @@ class Judge:
         """One snapshot at t; what it breaks (of the configuration the node is judged by now)."""
         self.seen += 1
         self.last_time = t
-        ctrs = parse(snapshot)
-        created = held(snapshot)
+        ctrs = parse(snapshot, self.claimed)
+        created = held(snapshot, self.claimed)
         if given_up := released(self.last_cpus, ctrs):
             self.released.append((t, given_up))
         self.released = [(r, cpus) for r, cpus in self.released if t - r < self.slow_grace]
@@ -466,10 +477,10 @@ class Judge:
         exclusive CPU under another container (GLANCED), as a snapshot is; in a change in flight, as
         a mix. Not balloons: the members of one balloon being reshaped (in a switch, too), read
         apart, look like two balloons that overlap."""
-        ctrs = parse(snapshot)
+        ctrs = parse(snapshot, self.claimed)
         for c in ctrs:
             self.first_seen.setdefault(c.id, t)
-        created = held(snapshot)
+        created = held(snapshot, self.claimed)
         switching = self.previous is not None and t >= self.switch_started
         expect = self.previous if self.previous is not None and not switching else self.expect
         found = [f for f in findings(ctrs, expect, self.machine, created) if f.kind in GLANCED]

@@ -1,8 +1,10 @@
 """The soak's load: pods made and deleted through the API all the time, of every kind kubelet
 hands cri-resmgr - Guaranteed of 1, 2 and 4 CPUs, Burstable with and without limits, BestEffort,
-pods of several containers - and in-place resizes of running ones, up and down; kept inside what the node can
-hold, so that kubelet refuses nothing and every pod made must run. The soak's crowd (harness/soak/run.py)
-goes past the exclusive budget on purpose, up to what kubelet admits, until cri-resmgr refuses a pod."""
+pods of several containers, pods whose CPUs a DRA claim gives them (kube-scheduler allocates it, while
+the policy in force offers devices) - and in-place resizes of running ones, up and down; kept inside
+what the node can hold, so that kubelet refuses nothing and every pod made must run. The soak's
+crowd (harness/soak/run.py) goes past the exclusive budget on purpose, up to what kubelet admits,
+until cri-resmgr refuses a pod."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ KINDS: dict[str, tuple[tuple[Part, ...], int]] = {
     "mb": ((Part(200, 16, 500, 32), Part(), Part(100)), 1),  # Burstable, three containers
     "gi": ((Part(1000, 32, 1000, 32),), 1),  # Guaranteed, after an init container of 1 CPU of its own
     "si": ((Part(100, 16),), 1),  # Burstable, beside a sidecar (an init container that keeps running)
+    "dc": ((Part(100, 16),), 2),  # Burstable, on CPUs of one NUMA node it claims (CLAIM_CPUS of them)
 }
 # The init containers of a kind: (resources, a sidecar: restartPolicy Always, runs all along).
 INIT: dict[str, tuple[Part, bool]] = {"gi": (Part(1000, 32, 1000, 32), False), "si": (Part(100, 16), True)}
@@ -50,6 +53,25 @@ EXCLUSIVE_BUDGET = 8000  # milli-CPUs all Guaranteed pods may hold at once (of 1
 TOTAL_BUDGET = 10000  # milli-CPUs all pods may request at once
 ADMITTED = 16000  # milli-CPUs kubelet admits on the soak's node (its 16 CPUs, none reserved to the system)
 LIVE = (2, 5)  # pods alive at once: at least, at most
+CLAIMING = "dc"  # the kind whose pods claim their CPUs
+CLAIM_CPUS = (1, 2)  # how many a claim asks for
+UNPLACED = 90.0  # seconds a pod of a claim may wait for kube-scheduler before the churn deletes it
+DRIVER = "cpu.cri-resource-manager.intel.com"  # the DRA driver cri-resmgr registers as (and its DeviceClass)
+TEMPLATES = ("resource.k8s.io", "v1", NAMESPACE, "resourceclaimtemplates")
+
+
+def template_name(cpus: int) -> str:
+    return f"soak-cpus-{cpus}"
+
+
+def claim_templates() -> list[dict[str, Any]]:
+    """A ResourceClaimTemplate for each size of claim: that many CPUs of one NUMA node's device."""
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+             "metadata": {"name": template_name(n)},
+             "spec": {"spec": {"devices": {"requests": [{"name": "cpus", "exactly": {
+                 "deviceClassName": DRIVER,
+                 "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].kind == "numa"'}}],
+                 "capacity": {"requests": {"cpu": str(n)}}}}]}}}} for n in CLAIM_CPUS]
 
 
 def _quantities(part: Part) -> dict[str, Any]:
@@ -73,7 +95,9 @@ LOOP = ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
 
 
 def manifest(name: str, node: str, parts: tuple[Part, ...], annotations: dict[str, str] | None = None,
-             init: tuple[Part, bool] | None = None) -> dict[str, Any]:
+             init: tuple[Part, bool] | None = None, claim: int = 0) -> dict[str, Any]:
+    """claim: the first container's CPUs come from a claim of that many (the pod goes through
+    kube-scheduler, which allocates it, to the node)."""
     containers = [{"name": f"c{i}", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never", "command": LOOP,
                    "resources": _quantities(p),
                    "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"},
@@ -81,6 +105,11 @@ def manifest(name: str, node: str, parts: tuple[Part, ...], annotations: dict[st
                   for i, p in enumerate(parts)]
     spec: dict[str, Any] = {"nodeName": node, "containers": containers, "terminationGracePeriodSeconds": 5,
                             "automountServiceAccountToken": False, "enableServiceLinks": False}
+    if claim:
+        del spec["nodeName"]
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        spec["resourceClaims"] = [{"name": "cpus", "resourceClaimTemplateName": template_name(claim)}]
+        containers[0]["resources"]["claims"] = [{"name": "cpus"}]
     if init is not None:
         part, sidecar = init
         first = {"name": "init", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
@@ -118,6 +147,7 @@ class PodRecord:
     deleted: float = 0.0
     gone: float = 0.0
     resized: bool = False
+    claim: int = 0  # CPUs its claim gives it
 
     @property
     def guaranteed(self) -> bool:
@@ -125,6 +155,10 @@ class PodRecord:
 
     def milli(self) -> int:
         return sum(p.cpu for p in self.parts)
+
+    def exclusive(self) -> int:
+        """Milli-CPUs of its own: a Guaranteed pod's, or its claim's."""
+        return self.milli() if self.guaranteed else self.claim * MILLI
 
 
 @dataclass
@@ -142,6 +176,9 @@ class Load:
     errors: list[str] = field(default_factory=list)
     paused: threading.Event = field(default_factory=threading.Event)
     spared: set[str] = field(default_factory=set)  # pods the churn neither deletes nor resizes for now
+    claiming: threading.Event = field(default_factory=threading.Event)  # set: the policy in force offers devices
+    claimed: dict[str, int] = field(default_factory=dict)  # pod UID -> CPUs its claim gives it (the judge's)
+    unplaced: int = 0  # pods of a claim kube-scheduler found no room for within UNPLACED s, deleted
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -172,6 +209,7 @@ class Load:
         pods = {p.metadata.name: p for p in self.core.list_namespaced_pod(
             NAMESPACE, label_selector="soak=yes", _request_timeout=20).items}
         now = time.monotonic()
+        waited = []
         with self._lock:
             for name, rec in self.pods.items():
                 pod = pods.get(name)
@@ -180,6 +218,11 @@ class Load:
                         rec.gone = now
                 elif not rec.running and running(pod, len(rec.parts)):
                     rec.running = now
+                elif rec.claim and not rec.deleted and not pod.spec.node_name and now - rec.made > UNPLACED:
+                    waited.append(rec)
+        for rec in waited:  # no device with room (the node's CPUs taken in pieces): a user gives up
+            self.delete(rec)
+            self.unplaced += 1
         return pods
 
     def step(self) -> None:
@@ -197,7 +240,7 @@ class Load:
         """Milli-CPUs of Guaranteed pods and of all, as kubelet admits: pods being deleted count until gone."""
         with self._lock:
             live = [p for p in self.pods.values() if not p.gone] + ([extra] if extra else [])
-        exclusive = sum(p.milli() for p in live if p.guaranteed) + more
+        exclusive = sum(p.exclusive() for p in live) + more
         return exclusive, sum(p.milli() for p in live) + more
 
     def guaranteed(self) -> tuple[int, int]:
@@ -208,19 +251,24 @@ class Load:
     def make(self, kind: str = "", budgets: tuple[int, int] = (EXCLUSIVE_BUDGET, TOTAL_BUDGET)) -> PodRecord | None:
         """A pod of the kind given, or of one drawn by how often each comes; none beyond the budgets
         (milli-CPUs of Guaranteed pods, of all pods): the pod made, or None."""
+        if not kind and self.claiming.is_set() and not any(p.claim for p in self.live()):
+            kind = CLAIMING  # while the policy offers devices, a pod of a claim at least
         if not kind:
-            kinds = list(KINDS)
+            kinds = [k for k in KINDS if k != CLAIMING or self.claiming.is_set()]
             kind = self.rng.choices(kinds, weights=[KINDS[k][1] for k in kinds])[0]
         parts = KINDS[kind][0]
-        rec = PodRecord(f"{kind}-{self.made}", kind, parts, time.monotonic())
+        rec = PodRecord(f"{kind}-{self.made}", kind, parts, time.monotonic(),
+                        claim=self.rng.choice(CLAIM_CPUS) if kind == CLAIMING else 0)
         exclusive, total = self._budget(rec)
         if exclusive > budgets[0] or total > budgets[1]:
             return None
         pooled = kind in IN_PODPOOL and self.rng.random() < 0.5
         annotations = {PODPOOL_ANNOTATION: PODPOOL} if pooled else {}
         pod = self.core.create_namespaced_pod(NAMESPACE, manifest(rec.name, self.node, parts, annotations,
-                                                                  INIT.get(kind)))
+                                                                  INIT.get(kind), rec.claim))
         rec.uid = pod.metadata.uid
+        if rec.claim:
+            self.claimed[rec.uid] = rec.claim
         with self._lock:
             self.pods[rec.name] = rec
         self.made += 1
@@ -234,6 +282,13 @@ class Load:
                 raise
         rec.deleted = time.monotonic()
         self.deleted += 1
+
+    def drop_claims(self) -> list[PodRecord]:
+        """Every live pod of a claim deleted (a policy that offers no device could not hold them)."""
+        dropped = [p for p in self.live() if p.claim]
+        for rec in dropped:
+            self.delete(rec)
+        return dropped
 
     def resize(self) -> None:
         """A Guaranteed 1-CPU pod to 2 CPUs, a 2-CPU one down to 1 (CPUs given back while it runs), or a

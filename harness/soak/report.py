@@ -98,6 +98,8 @@ def text(report: dict[str, Any]) -> str:
     lines = [f"soak ({report['mode']} mode, {report['duration_s'] / 60:.0f} min, seed {report['seed']}): "
              f"{report['pods']['made']} pods made, {report['pods']['deleted']} deleted, "
              f"{report['pods']['resized']} resized, {len(report['config_changes'])} configuration changes",
+             f"pods of DRA claims: {report['pods'].get('claiming', 0)} made, {report['pods'].get('claiming_ran', 0)} "
+             f"ran, {report['pods'].get('claiming_unplaced', 0)} given up unplaced by kube-scheduler",
              "", f"{'fault':22} {'struck':>6} {'whole':>6} {'longest s':>10} {'median s':>9}"]
     for row in report["faults"]:
         lines.append(f"{row['fault']:22} {row['struck']:6} {row['whole']:6} "

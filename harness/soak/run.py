@@ -22,13 +22,23 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client import CustomObjectsApi
+from kubernetes.client import ApiException, CustomObjectsApi
 
 from harness.kube import ControlPlane, container_ids, statuses
 from harness.soak import config as cfg
 from harness.soak.guest import PACKAGE, PREVIOUS, SAMPLES, STATE_DIR, Guest
 from harness.soak.judge import Judge, Machine, Violation, away_windows, nri_windows, upgrade_windows
-from harness.soak.load import ADMITTED, NAMESPACE, Load, PodRecord, refusal, running
+from harness.soak.load import (
+    ADMITTED,
+    DRIVER,
+    NAMESPACE,
+    TEMPLATES,
+    Load,
+    PodRecord,
+    claim_templates,
+    refusal,
+    running,
+)
 from harness.soak.proxy import CountingProxy
 from harness.soak.report import Strike, fault_table, placements_kept, slope
 from harness.vm import Shape, Vm
@@ -112,7 +122,8 @@ class Soak:
         core = control.core()
         self.configs = cfg.Configs(core, CustomObjectsApi(control.api_client()), NODE_NAME, self.rng)
         self.load = Load(control.core(), NODE_NAME, random.Random(self.rng.random()))
-        self.judge = Judge(machine_of(shape), cfg.expect_of(cfg.GROUPS[cfg.START[settings.policy]]))
+        self.judge = Judge(machine_of(shape), cfg.expect_of(cfg.GROUPS[cfg.START[settings.policy]]),
+                           claimed=self.load.claimed)
         self.strikes: list[Strike] = []
         self.violations: list[tuple[str, str]] = []  # the soak's own (pods, restarts, never whole)
         self.procs: list[dict[str, Any]] = []
@@ -220,6 +231,7 @@ class Soak:
         self.configs.setup(self.settings.policy)
         self._applied_first()
         first = self.configs.expect()
+        self._claims_for(first.policy)
         self.events.append([self.guest.now(), "start", first.policy, str(first.reserved), first.max_balloon])
         self.notes["node at rest"] = self.baseline()
         self._offset = int(self.guest.sh(f"stat -c %s {SAMPLES} 2>/dev/null || echo 0"))  # judged from now on
@@ -273,14 +285,41 @@ class Soak:
         while (now := time.monotonic()) < end and not self._ending.is_set():
             last = self.configs.log[-1][0] if self.configs.log else self.started
             if now - last >= self.timing.config_every * self.rng.uniform(0.8, 1.2):
-                what = self.configs.change()
+                what = self.configs.change(self._before_switch)
                 expect, t = self.configs.expect(), self.guest.now()
+                self._claims_for(expect.policy)
                 with self._lock:
                     self.judge.change(expect, t)
                 self.events.append([t, "change", expect.policy, str(expect.reserved), expect.max_balloon])
                 print(f"soak {self.elapsed()}: configuration: {what}", flush=True)
             self._note_applied()
             time.sleep(min(5.0, max(0.0, end - time.monotonic())))
+
+    def _claims_for(self, policy: str) -> None:
+        """Pods of DRA claims are made while the policy offers the devices they claim."""
+        if policy in CLAIMING_POLICIES:
+            self.load.claiming.set()
+
+    def _before_switch(self, policy: str) -> None:
+        """Before a switch to a policy that offers no device of the claims (which would refuse the
+        switch: docs/dra.md), their pods go, and kubelet unprepares the claims."""
+        if policy in CLAIMING_POLICIES:
+            return
+        self.load.claiming.clear()
+        deadline = time.monotonic() + CLAIMS_GONE
+        prepared: int | str = "?"
+        while time.monotonic() < deadline:
+            dropped = self.load.drop_claims()  # again: one made as claiming ended
+            try:
+                self.load.look()
+                prepared = self.guest.inspect()["state"].get("claims", "?")
+            except Exception as err:  # the API server or the guest busy: look again
+                prepared = f"? ({type(err).__name__})"
+            if not dropped and prepared == 0 and not any(p.claim and not p.gone for p in self.load.pods.values()):
+                return
+            time.sleep(5)
+        self.violations.append(("claims", f"claims prepared ({prepared}) {CLAIMS_GONE:.0f} s after their pods "
+                                          f"were deleted, before a switch to {policy}"))
 
     def _note_applied(self) -> None:
         """Tell the judge when the node reports the change in flight applied (the switch excuse ends
@@ -539,6 +578,8 @@ class Soak:
                 continue
             if running(pod, len(rec.parts)):
                 rec.seen = now
+            elif rec.claim and not pod.spec.node_name:  # kube-scheduler's to place (the load gives up on it)
+                continue
             else:
                 if rec.made < since:
                     reasons.append(f"pod {rec.name} not running")
@@ -905,7 +946,10 @@ class Soak:
             "reboot": self.settings.reboot, "again": again(self.settings),
             "duration_s": round(time.monotonic() - self.started),
             "pods": {"made": self.load.made, "deleted": self.load.deleted, "resized": self.load.resized,
-                     "api_errors": len(self.load.errors)},
+                     "api_errors": len(self.load.errors),
+                     "claiming": sum(1 for p in self.load.pods.values() if p.claim),
+                     "claiming_ran": sum(1 for p in self.load.pods.values() if p.claim and p.running),
+                     "claiming_unplaced": self.load.unplaced},
             "config_changes": [what for _, what in self.configs.log],
             "config_switch_s": [(to, round(t, 1)) for to, t in self.judge.switches],
             "faults": fault_table(self.strikes),
@@ -967,7 +1011,13 @@ def judge_plants(plants: list[Plant], violations: list[Violation]) -> tuple[list
 
 # -- a soak on a booted node ---------------------------------------------------------------------
 SHORT = 20 * 60  # below this, the short form
-AGENT_OPTIONS = "--export-topology on --status-interval 5 --resync-interval 30"
+CLAIMING_POLICIES = ("topology-aware", "static")  # the policies offering the NUMA-node devices claims take
+CLAIMS_GONE = 120.0  # seconds for kubelet to unprepare the claims of pods deleted
+AGENT_OPTIONS = "--export-topology on --export-devices on --status-interval 5 --resync-interval 30"
+DAEMON_OPTIONS = f"--dra-driver {DRIVER}"  # kubelet's DRA driver of CPUs, as the chart with dra.enabled runs it
+# The claims' controller; the node lifecycle's, which lifts the not-ready taint kubelet registers
+# the node with (else kube-scheduler places nothing there) and taints it while it is not ready.
+DRA_CONTROLLERS = "resourceclaim-controller,node-lifecycle-controller,root-ca-certificate-publisher-controller"
 
 
 def killed_windows(windows: list[tuple[float, float]], kills: list[float],
@@ -1006,14 +1056,26 @@ def kubelet_settings(timing: Timing) -> dict[str, object]:
 
 
 def soak_on(vm: Vm, control: ControlPlane, proxy: CountingProxy, settings: Settings) -> dict:
-    """One soak on a booted node (installs the package there first)."""
-    install_agent_rbac(control)
+    """One soak on a booted node (installs the package there first). kube-scheduler allocates the
+    load's DRA claims, the controller manager's claim controller makes them from their templates and
+    deletes them with their pods."""
+    install_agent_rbac(control, dra=True)
     install_crds(control)
+    control.start_controllers(DRA_CONTROLLERS)
+    custom = CustomObjectsApi(control.api_client())
+    for template in claim_templates():
+        try:
+            custom.create_namespaced_custom_object(*TEMPLATES, template)
+        except ApiException as err:
+            if err.status != 409:
+                raise
     guest = Guest(vm, settings.mode)
-    guest.install(control, cfg.FALLBACK, kubelet_settings(settings.timing), AGENT_OPTIONS, settings.daemon_options)
+    guest.install(control, cfg.FALLBACK, kubelet_settings(settings.timing), AGENT_OPTIONS,
+                  f"{DAEMON_OPTIONS} {settings.daemon_options}".strip())
     try:
         return Soak(guest, control, proxy, vm.shape, settings).run()
     finally:
         if guest.kubelet is not None:
             guest.kubelet.stop()
         guest.uninstall()
+        control.stop_controllers()

@@ -280,6 +280,9 @@ class Daemon:
                                f"asks for {policy.name}; policy switching is disabled (--disable-policy-switch; "
                                "--reset-policy drops the old allocations)")
         engine.state.restore(state, self.rebooted)
+        if self.opts.dra_driver:  # before the first reconciliation adopts the claims' containers
+            from resmgr.frontends.dra.plugin import claims_on_disk
+            engine.claiming.recover(claims_on_disk(self.opts.cdi_dir))
         return engine
 
     def _make_hooks(self) -> Hooks | None:

@@ -32,6 +32,20 @@ class Claims:
         """What the policy holds for a prepared claim (None: nothing)."""
         return self.state.policy.describe_claim(uid)
 
+    def recover(self, claims: list[Claim]) -> list[Claim]:
+        """Before the first reconciliation: hold again the claims prepared before that the state
+        does not remember (its file lost or set aside; the driver's CDI specs still record them, and
+        kubelet, which takes them as prepared, will not ask again), so that their containers are
+        adopted onto them and nobody else onto their CPUs. Those held again."""
+        lost = [c for c in claims if c.uid not in self.state.policy.prepared_claims()]
+        self.state.ledger.reprepare(lost)
+        held = self.state.policy.prepared_claims()
+        again = [c for c in lost if c.uid in held]
+        for c in again:
+            log.warning("%s held again from its CDI spec, the state having lost it: %s", c.who,
+                        self.state.policy.describe_claim(c.uid))
+        return again
+
     async def prepare_claims(self, claims: list[Claim]) -> dict[str, str]:
         """Prepare each claim; the errors of those refused, by UID (PolicyError's message).
 

@@ -46,6 +46,8 @@ def test_a_node_struck_by_every_fault_stays_whole(vm, kube, agent_proxy, request
     assert report["notes"].get("whole at the end"), (report, again)
     assert any("policy switch" in what for what in report["config_changes"]), (report["config_changes"], again)
     assert report["planted"] and all(p.startswith("caught") for p in report["planted"]), (report["planted"], again)
+    pods = report["pods"]  # pods of DRA claims that never run: the driver, the scheduler or the slices broken
+    assert pods["claiming"] < 3 or pods["claiming_ran"], (pods, again)
     uncaused = report["notes"].get("nri window without the soak's kill")
     assert not uncaused, (uncaused, again)  # the plugin died of itself
     unstruck = report["notes"].get("nri window without the soak's restart")

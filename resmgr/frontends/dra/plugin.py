@@ -130,7 +130,7 @@ class NodeService(dra_grpc.DRAPluginServicer):
                 answers[c.uid] = dra.NodePrepareResourceResponse(error=errors[c.uid])
                 continue
             held = self.engine.claiming.claim_held(c.uid) or {}
-            await asyncio.to_thread(write_spec, self.cdi_dir, c.uid, str(held.get("cpus", "")))
+            await asyncio.to_thread(write_spec, self.cdi_dir, c, str(held.get("cpus", "")))
             answers[c.uid] = dra.NodePrepareResourceResponse(devices=[dra.Device(
                 request_names=c.requests, pool_name=c.pool, device_name=c.device,
                 cdi_device_ids=[cdi.device_id(c.uid)])])
@@ -193,13 +193,28 @@ def _health(name: str, cpus: CPUSet | None, online: CPUSet | str) -> tuple[int, 
     return health.HEALTHY, ""
 
 
-def write_spec(directory: Path, uid: str, cpus: str) -> None:
+def write_spec(directory: Path, c: Claim, cpus: str) -> None:
     """The claim's CDI spec, written whole or not at all."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / cdi.spec_file(uid)
+    path = directory / cdi.spec_file(c.uid)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cdi.spec(uid, cpus)))
+    tmp.write_text(json.dumps(cdi.spec(c.uid, cpus, c.to_dict())))
     os.replace(tmp, path)
+
+
+def claims_on_disk(directory: str | Path) -> list[Claim]:
+    """The claims our CDI specs in directory record (specs that record none, or cannot be read, left out)."""
+    out = []
+    path = Path(directory)
+    for spec_path in sorted(path.iterdir()) if path.is_dir() else []:
+        uid = cdi.spec_uid(spec_path.name)
+        try:
+            doc = cdi.spec_claim(json.loads(spec_path.read_text())) if uid is not None else None
+            if doc is not None and doc.get("uid") == uid:
+                out.append(Claim.from_dict(doc))
+        except (OSError, ValueError, TypeError) as err:
+            log.warning("CDI spec %s: not read (%s)", spec_path, err)
+    return out
 
 
 def remove_spec(directory: Path, uid: str) -> None:
@@ -269,9 +284,9 @@ class DraPlugin:
 
     def _sync_specs(self) -> None:
         held = {c.uid: doc for c, doc in self.engine.claiming.prepared_claims()}
-        for uid, doc in held.items():
+        for c, doc in self.engine.claiming.prepared_claims():
             if doc is not None:
-                write_spec(self.cdi_dir, uid, str(doc.get("cpus", "")))
+                write_spec(self.cdi_dir, c, str(doc.get("cpus", "")))
         if self.cdi_dir.is_dir():
             for path in self.cdi_dir.iterdir():
                 uid = cdi.spec_uid(path.name)

@@ -19,7 +19,7 @@ from resmgr.engine.store import StateStore
 from resmgr.frontends.cri.lifecycle import CriLifecycle
 from resmgr.frontends.cri.runtime import CriRuntime
 from resmgr.frontends.dra.allocation import ClaimError, ClaimGone, claim
-from resmgr.frontends.dra.plugin import DraPlugin, check_driver_name
+from resmgr.frontends.dra.plugin import DraPlugin, check_driver_name, claims_on_disk
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.generated.dra import api_pb2 as dra
 from resmgr.generated.dra import api_pb2_grpc as dra_grpc
@@ -163,6 +163,37 @@ async def test_kubelet_prepares_claims_and_the_container_runs_on_their_cpus(root
         # Its container still runs there: the CPUs go with it.
         assert again.engine.state.policy.describe_claim("u-two")["unprepared"]
         assert "u-two" not in again.engine.state.policy.prepared_claims()
+    finally:
+        await again.plugin.stop()
+
+
+async def test_claims_prepared_before_a_state_lost_are_held_again_from_their_specs(root: Path) -> None:
+    """The state file set aside (cut, say): kubelet takes its claims as prepared and will not ask
+    again, so the claims the CDI specs record are held again before the first reconciliation."""
+    claims = {n: claim_doc(f"u-{n}", n, "numa-1", "2") for n in ("a", "b")}
+    node = Node(root, claims)
+    await node.plugin.start()
+    try:
+        answers = await node.prepare(*claims)
+        assert all(not a.error for a in answers.values()), answers
+        recorded = cdi.spec_claim(json.loads((root / "cdi" / cdi.spec_file("u-a")).read_text()))
+        assert recorded is not None and (recorded["namespace"], recorded["name"], recorded["device"],
+                                         recorded["cpus"]) == ("default", "a", "numa-1", 2)
+    finally:
+        await node.plugin.stop()
+        await node.engine.state.flush()
+    shutil.rmtree(root / "state")  # what a state file set aside leaves
+    (root / "cdi" / cdi.spec_file("u-old")).write_text(json.dumps(cdi.spec("u-old", "3")))  # records no claim
+    again = Node(root, claims)
+    assert again.engine.state.policy.prepared_claims() == {}
+    held = again.engine.claiming.recover(claims_on_disk(root / "cdi"))
+    assert sorted(c.uid for c in held) == ["u-a", "u-b"]
+    cpus = [CPUSet.parse(again.engine.state.policy.describe_claim(u)["cpus"]) for u in ("u-a", "u-b")]
+    assert all(len(c) == 2 and c <= SNC.nodes[1].cpus for c in cpus) and not cpus[0] & cpus[1]
+    assert again.engine.claiming.recover(claims_on_disk(root / "cdi")) == []  # held already: nothing more
+    await again.plugin.start()
+    try:
+        assert sorted(p.name for p in (root / "cdi").iterdir()) == [cdi.spec_file(u) for u in ("u-a", "u-b")]
     finally:
         await again.plugin.stop()
 

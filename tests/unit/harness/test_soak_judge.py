@@ -520,3 +520,39 @@ def test_an_away_window_excuses_only_where_the_soak_restarted_containerd_or_rebo
     assert restarted_windows(windows, [2890.0]) == ([(3100.0, 3400.0)], [(1003.0, 1020.0)])
     assert restarted_windows(windows, []) == ([], [(1003.0, 1020.0), (3100.0, 3400.0)])
     assert restarted_windows(windows, [500.0]) == ([], [(1003.0, 1020.0), (3100.0, 3400.0)])
+
+
+CLAIMED = {"7-8": 2}  # the UID of the pod whose slice is kubepods-besteffort-pod7_8.slice -> its claim's CPUs
+
+
+def claiming(cpus: str, mems: str, runs: str = "started") -> list[str]:
+    return ["kubepods-besteffort-pod7_8.slice", cpus, mems, "max 100000", "100", runs]
+
+
+def test_a_claimed_container_holds_its_claims_cpus_as_its_own():
+    """A pod of a DRA claim: its container runs on the claim's CPUs, no other container there, and
+    the shared containers of its pool run on the pool's others."""
+    snap = {"dc": claiming("4-5", "1"), "b": ctr("burstable", "6-7", "1", 0.2)}
+    assert sorted(f.kind for f in findings(parse(snap, CLAIMED), TA, MACHINE)) == []
+    static = Expect("static", CPUSet([0]))
+    wide = {"dc": claiming("4-5", "0-3"), "b": ctr("burstable", "0-3,6-15", "0-3", 0.2)}
+    assert sorted(f.kind for f in findings(parse(wide, CLAIMED), static, MACHINE)) == []
+    # Created, not started: its CPUs held already.
+    waiting = {"dc": claiming("4-5", "1", runs="created"), "b": ctr("burstable", "6-7", "1", 0.2)}
+    assert sorted(f.kind for f in findings(parse(waiting, CLAIMED), TA, MACHINE, held(waiting, CLAIMED))) == []
+    # Without the claim known, the same container is a shared one off its pool: the claim is what
+    # the judge holds it to.
+    assert sorted(f.kind for f in findings(parse(snap), TA, MACHINE)) == ["pool", "pool"]
+
+
+def test_a_claimed_container_on_other_cpus_than_its_claims_or_beside_another_is_caught():
+    judge = Judge(MACHINE, TA, grace=30, claimed=dict(CLAIMED))
+    judge.feed(100.0, {"dc": claiming("4-6", "1"), "b": ctr("burstable", "7", "1", 0.2)})  # 3 CPUs for a claim of 2
+    judge.feed(131.0, {"dc": claiming("4-6", "1"), "b": ctr("burstable", "7", "1", 0.2)})
+    assert [v.kind for v in judge.violations] == ["exclusive-count"]
+    shared = Judge(MACHINE, TA, grace=30, claimed=dict(CLAIMED))
+    shared.feed(100.0, {"dc": claiming("4-5", "1"), "b": ctr("burstable", "5-7", "1", 0.2)})
+    assert "exclusive-shared" in [v.kind for v in shared.violations]  # at once
+    unclaimed = Judge(MACHINE, TA, grace=30)
+    unclaimed.feed(100.0, {"dc": claiming("4-5", "1"), "b": ctr("burstable", "5-7", "1", 0.2)})
+    assert "exclusive-shared" not in [v.kind for v in unclaimed.violations]

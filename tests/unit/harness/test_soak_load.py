@@ -113,3 +113,50 @@ def test_init_containers_and_sidecars_are_made_and_a_running_sidecar_counts_as_t
                                                  container_statuses=[st("c0", "m1", True)]))
     assert container_ids(pod) == {"c0": "m1"}
     assert container_ids(pod, init=True) == {"init": "s1", "c0": "m1"}
+
+
+def test_pods_of_a_claim_are_made_only_while_the_policy_offers_devices_and_go_through_the_scheduler():
+    from harness.soak.load import CLAIM_CPUS, template_name
+
+    core = Churn()
+    load = Load(core, "node", random.Random(5))
+    for _ in range(60):
+        load.make()
+        load.pods.clear()
+    assert not any(name.startswith("dc-") for name in core.made)
+    load.claiming.set()
+    for _ in range(60):
+        load.make()
+        load.pods.clear()
+    claiming = [b for b in core.bodies if b["metadata"]["name"].startswith("dc-")]
+    assert claiming
+    spec = claiming[0]["spec"]
+    assert "nodeName" not in spec and spec["nodeSelector"] == {"kubernetes.io/hostname": "node"}
+    assert spec["resourceClaims"][0]["resourceClaimTemplateName"] in {template_name(n) for n in CLAIM_CPUS}
+    assert spec["containers"][0]["resources"]["claims"] == [{"name": "cpus"}]
+    # The judge learns each one's claim by its pod's UID; its CPUs count against the exclusive budget.
+    load.pods.clear()
+    rec = load.make("dc")
+    assert rec is not None and load.claimed[rec.uid] == rec.claim
+    assert load._budget()[0] == rec.claim * 1000
+
+
+def test_a_pod_of_a_claim_the_scheduler_finds_no_room_for_is_given_up_and_claims_go_before_a_switch():
+    from harness.soak import load as loadmod
+
+    core = Churn()
+    load = Load(core, "node", random.Random(5))
+    load.claiming.set()
+    waiting, placed = load.make("dc"), load.make("dc")
+    assert waiting is not None and placed is not None
+    waiting.made -= loadmod.UNPLACED + 1
+
+    def pod(name: str, node: str) -> SimpleNamespace:
+        return SimpleNamespace(metadata=SimpleNamespace(name=name), spec=SimpleNamespace(node_name=node),
+                               status=SimpleNamespace(phase="Pending", container_statuses=[]))
+
+    core.list_namespaced_pod = lambda ns, **kw: SimpleNamespace(  # type: ignore[method-assign]
+        items=[pod(waiting.name, ""), pod(placed.name, "node")])
+    load.look()
+    assert core.deleted == [waiting.name] and load.unplaced == 1
+    assert load.drop_claims() == [placed] and core.deleted == [waiting.name, placed.name]

@@ -242,3 +242,56 @@ def test_the_plant_puts_back_the_memory_nodes_a_container_had_in_effect_where_it
         vm = Vm(held)
         assert Guest(vm, "relay").set_mems("/sys/fs/cgroup/x.scope", "2") == back  # type: ignore[arg-type]
         assert vm.commands[0].endswith("echo '2' > /sys/fs/cgroup/x.scope/cpuset.mems")
+
+
+class Claiming:
+    """The API server of pods of claims: a pod deleted is gone at the next list."""
+
+    def __init__(self) -> None:
+        self.pods: list[str] = []
+
+    def create_namespaced_pod(self, namespace: str, body: dict):
+        from types import SimpleNamespace
+
+        self.pods.append(body["metadata"]["name"])
+        return SimpleNamespace(metadata=SimpleNamespace(uid=f"uid-{len(self.pods)}"))
+
+    def delete_namespaced_pod(self, name: str, namespace: str) -> None:
+        self.pods.remove(name)
+
+    def list_namespaced_pod(self, namespace: str, **kw: object):
+        from types import SimpleNamespace as NS
+
+        return NS(items=[NS(metadata=NS(name=n), spec=NS(node_name="node"),
+                            status=NS(phase="Running", container_statuses=[])) for n in self.pods])
+
+
+def test_before_a_switch_to_a_policy_without_devices_the_claims_pods_go_and_their_claims_must_follow(monkeypatch):
+    from types import SimpleNamespace
+
+    core = Claiming()
+    soak, now = _crowding(monkeypatch, core)  # type: ignore[arg-type]
+    now[0] = 100.0
+    prepared = [2]
+    soak.guest = SimpleNamespace(inspect=lambda: {"state": {"claims": prepared[0]}})
+    soak._claims_for("static")
+    assert soak.load.claiming.is_set()
+    soak.load.make("dc"), soak.load.make("dc")
+    soak._before_switch("topology-aware")  # offers the devices: the claims stay
+    assert len(core.pods) == 2 and soak.load.claiming.is_set()
+
+    def unprepared(s: float) -> None:  # kubelet unprepares them 10 s later
+        now[0] += s
+        if now[0] >= 110:
+            prepared[0] = 0
+    run.time.sleep = unprepared
+    soak._before_switch("balloons")
+    assert core.pods == [] and not soak.load.claiming.is_set() and soak.violations == []
+
+    # Claims kubelet never unprepares: the switch waits for them no longer than its bound, and says so.
+    soak.load.claiming.set()
+    soak.load.make("dc")
+    prepared[0] = 1
+    run.time.sleep = lambda s: now.__setitem__(0, now[0] + s)
+    soak._before_switch("podpools")
+    assert [k for k, _ in soak.violations] == ["claims"]
