@@ -52,6 +52,10 @@ class PoolPolicy(Policy):
                                     self.dra_mode)
         return self._dra
 
+    @property
+    def preparing(self) -> claims.Preparing[dict[str, CPUSet]]:
+        return claims.Preparing(self.dra, self.pool_cpus, self._updates)
+
     # -- to be provided ------------------------------------------------------------------
     def pool_cpus(self) -> dict[str, CPUSet]:
         """Current CPU set of every shared pool."""
@@ -175,20 +179,10 @@ class PoolPolicy(Policy):
         return self.dra.listed()
 
     def prepare_claim(self, claim: Claim, view: View) -> Decision:
-        """Hold the claim's CPUs; the users of pools they are taken from move."""
-        if not self.dra.book.is_new(claim):
-            return Decision()
-        before = self.pool_cpus()
-        self.dra.hold(claim)
-        return Decision(updates=self._updates(before, view, ""))
+        return self.preparing.prepare(claim, view)
 
     def unprepare_claim(self, uid: str, view: View) -> Decision:
-        """Give the claim's CPUs back, or, while containers run on them, once the last one goes."""
-        if not self.dra.book.give_back_now(uid, self.dra.users(uid)):
-            return Decision()
-        before = self.pool_cpus()
-        self.dra.give_back(uid)
-        return Decision(updates=self._updates(before, view, ""))
+        return self.preparing.unprepare(uid, view)
 
     def prepared_claims(self) -> dict[str, Claim]:
         return self.dra.book.usable()

@@ -4,17 +4,18 @@ shares (ClaimBook) (docs/dra.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from resmgr.model import Claim, Container, Pod
+from resmgr.model import Claim, Container, Decision, Pod, Resources, View
 from resmgr.policies.toolkit.errors import PolicyError
 from resmgr.requests import milli_to_shares
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.model import Topology
 
 PREFIX = "claim:"
+S = TypeVar("S")
 # Kubernetes' standard attribute (KEP-6072): another driver's device on the same NUMA node matches it.
 NUMA_NODE = "resource.kubernetes.io/numaNode"
 # A device's attributes; a list only as the standard attribute of a device spanning NUMA nodes.
@@ -144,3 +145,40 @@ class ClaimBook:
 
     def clear(self) -> None:
         self.claims, self.held, self.unprepared = {}, {}, set()
+
+
+class HeldDevices(Protocol):
+    """A policy's devices that hold claims' CPUs off its pools (topology-aware's, static's)."""
+
+    book: ClaimBook
+
+    def users(self, uid: str) -> list[str]: ...
+
+    def hold(self, claim: Claim) -> None: ...
+
+    def give_back(self, uid: str) -> None: ...
+
+
+class Preparing(Generic[S]):
+    """prepare_claim and unprepare_claim of a policy whose claims take CPUs off its pools: the
+    claim's CPUs held or given back, the users of the pools that changed moved. snapshot: the
+    pools before; updates(before, view, skip): the users whose pools changed since."""
+
+    def __init__(self, devices: HeldDevices, snapshot: Callable[[], S],
+                 updates: Callable[[S, View, str], dict[str, Resources]]) -> None:
+        self.devices, self.snapshot, self.updates = devices, snapshot, updates
+
+    def prepare(self, claim: Claim, view: View) -> Decision:
+        if not self.devices.book.is_new(claim):
+            return Decision()
+        before = self.snapshot()
+        self.devices.hold(claim)
+        return Decision(updates=self.updates(before, view, ""))
+
+    def unprepare(self, uid: str, view: View) -> Decision:
+        """Give the claim's CPUs back, or, while containers run on them, once the last one goes."""
+        if not self.devices.book.give_back_now(uid, self.devices.users(uid)):
+            return Decision()
+        before = self.snapshot()
+        self.devices.give_back(uid)
+        return Decision(updates=self.updates(before, view, ""))

@@ -104,6 +104,7 @@ class TopologyAwarePolicy(Policy):
         self.placement = Placement(self.accounts, topology, isolated, reserved_pool, present,
                                    options["ExclusiveInOneLeaf"])
         self.dra = Devices(topology, self.pools, self.accounts, self.placement)
+        self.preparing = claims.Preparing(self.dra, self._snapshot, self._updates)
 
     # -- what tests and the status read ----------------------------------------------------
     @property
@@ -419,20 +420,10 @@ class TopologyAwarePolicy(Policy):
         return self.dra.listed()
 
     def prepare_claim(self, claim: Claim, view: View) -> Decision:
-        """Hold the claim's CPUs; the shared users of pools they are sliced off move."""
-        if not self.dra.book.is_new(claim):
-            return Decision()
-        before = self._snapshot()
-        self.dra.hold(claim)
-        return Decision(updates=self._updates(before, view, ""))
+        return self.preparing.prepare(claim, view)
 
     def unprepare_claim(self, uid: str, view: View) -> Decision:
-        """Give the claim's CPUs back, or, while containers run on them, once the last one goes."""
-        if not self.dra.book.give_back_now(uid, self.dra.users(uid)):
-            return Decision()
-        before = self._snapshot()
-        self.dra.give_back(uid)
-        return Decision(updates=self._updates(before, view, ""))
+        return self.preparing.unprepare(uid, view)
 
     def _on_claim(self, container: Container, pod: Pod, req: Requirements, claim: Claim, view: View) -> Decision:
         """A container on a claim's CPUs, with the memory of the claim's pool; the other users of the
