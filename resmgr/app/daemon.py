@@ -107,7 +107,7 @@ class Daemon:
                 await self._serve_link(core, front)
             if self.opts.pid_file:
                 Path(self.opts.pid_file).write_text(f"{os.getpid()}\n")
-            log.info("%s, policy %s", front.describe(), core.engine.state.policy.name)
+            log.info("%s, policy %s", front.describe(), core.engine.policy.name)
             code = await self._run_loops(core, front)
             await self._stop_dra()  # kubelet calls no more: nothing is prepared while shutting down
             await self._shut_down(core, front)
@@ -171,9 +171,9 @@ class Daemon:
                          tg.create_task(engine.state.keep_written()),
                          tg.create_task(core.control.keep_written()),
                          tg.create_task(follow(engine.state.changes.after, lambda: engine.state.changes.count,
-                                               lambda: engine.state.policy.cpu_classes(), self.cpu_classes.sync)),
+                                               lambda: engine.policy.cpu_classes(), self.cpu_classes.sync)),
                          tg.create_task(follow(engine.state.changes.after, lambda: engine.state.changes.count,
-                                               lambda: engine.state.policy.irq_plan(), self.interrupts.sync)),
+                                               lambda: engine.policy.irq_plan(), self.interrupts.sync)),
                          *(tg.create_task(loop) for loop in front.loops())]
                 if self.opts.rebalance_interval > 0:
                     loops.append(tg.create_task(self._rebalance(engine)))
@@ -351,8 +351,8 @@ class Daemon:
         topo = statedoc.topology_doc(self.topology)
 
         def snapshot() -> dict[str, Any]:
-            return statedoc.build(self.topology, engine.state.policy, engine.state.pods, engine.state.containers,
-                                  control.describe(), topo, engine.state.policy.prepared_claims())
+            return statedoc.build(self.topology, engine.policy, engine.state.pods, engine.state.containers,
+                                  control.describe(), topo, engine.policy.prepared_claims())
         return snapshot
 
     def _handle_signals(self, control: ConfigManager) -> None:
@@ -391,7 +391,7 @@ class Daemon:
             feed = StateFeed(lambda: nrt.build(snapshot()), engine.state.changes)
         if self.opts.dra_driver:
             devices = links.Devices(self.opts.dra_driver,
-                                    StateFeed(lambda: engine.state.policy.devices(), engine.state.changes))
+                                    StateFeed(lambda: engine.policy.devices(), engine.state.changes))
         self.link = await links.serve(core.control, sockets.path_of(self.opts.config_socket), feed,
                                       self.opts.config_socket_group, devices, front.serving)
 

@@ -182,7 +182,7 @@ class ConfigManager:
 
     async def _apply_policy(self, config: Config) -> None:
         """Reconfigure the policy in place, or switch to a new instance that re-allocates everyone."""
-        current, wanted, section = self.engine.state.policy.name, config.policy_name, config.data["policy"]
+        current, wanted, section = self.engine.policy.name, config.policy_name, config.data["policy"]
         if wanted != current and self.disable_policy_switch:
             raise Rejected(f"switching the policy from {current} to {wanted} is disabled (--disable-policy-switch)")
         try:
@@ -248,10 +248,10 @@ class ConfigManager:
         if self._yaml[0] is not self.config:  # rendered once per configuration, not per scrape
             self._yaml = (self.config, self.config.to_yaml())
         return {"source": self.config.source, "generation": self.generation, "last_error": self.last_error,
-                "policy": self.engine.state.policy.name, "yaml": self._yaml[1], "problems": self.problems()}
+                "policy": self.engine.policy.name, "yaml": self._yaml[1], "problems": self.problems()}
 
     def status(self) -> dict[str, Any]:
-        return {"config": self.config.to_yaml(), "source": self.config.source, "policy": self.engine.state.policy.name,
+        return {"config": self.config.to_yaml(), "source": self.config.source, "policy": self.engine.policy.name,
                 "last_error": self.last_error, "pods": len(self.engine.state.pods),
                 "containers": len(self.engine.state.containers), "http_address": self.http_address,
                 "problems": self.problems()}

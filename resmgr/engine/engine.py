@@ -48,6 +48,12 @@ class Engine:
         self.stopping = Stop(self.state)
         self.claiming = Claims(self.state)
 
+    @property
+    def policy(self) -> Policy:
+        """The policy in force, for what reads it (its name, what it describes, the CPU classes
+        and interrupts it wants); a switch replaces it (EngineState.switch_policy)."""
+        return self.state.policy
+
     async def reconcile(self, limits: bool = False) -> None:
         """One reconciliation round now (limits: see Reconciler.reconcile)."""
         await self.reconciler.reconcile(limits)

@@ -219,3 +219,10 @@ def test_no_class_is_over_400_lines():
             if isinstance(node, ast.ClassDef) and (node.end_lineno or 0) - node.lineno + 1 > 400:
                 long.append(f"{path.relative_to(ROOT)}: {node.name} {(node.end_lineno or 0) - node.lineno + 1}")
     assert long == []
+
+
+def test_the_daemon_and_the_control_read_the_policy_through_the_engine():
+    """app/ and control/ reach the policy in force as Engine.policy, never inside its state."""
+    found = [f"{path.relative_to(ROOT)}:{n}" for d in ("app", "control") for path in (ROOT / "resmgr" / d).rglob("*.py")
+             for n, line in enumerate(path.read_text().splitlines(), 1) if "state.policy" in line]
+    assert found == []
