@@ -18,11 +18,12 @@ import time
 from typing import Any
 
 
-def run_seed(seed: int, steps: int, crashes: int) -> tuple[int, str, list[str], float]:
+def run_seed(seed: int, steps: int, crashes: int, freezes: int = 1, restarts: int = 1
+             ) -> tuple[int, str, list[str], float]:
     """One seed: (seed, the violation or "", its trace, virtual seconds simulated)."""
     from harness.sim.node import Node, Violation
 
-    node = Node(seed, steps=steps, crashes=crashes)
+    node = Node(seed, steps=steps, crashes=crashes, freezes=freezes, restarts=restarts)
     try:
         node.run()
     except Violation as err:
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first", type=int, default=1, help="the first seed (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=200, help="kubelet's actions a run (default: %(default)s)")
     ap.add_argument("--crashes", type=int, default=3, help="SIGKILLs of cri-resmgr a run (default: %(default)s)")
+    ap.add_argument("--freezes", type=int, default=1, help="containerd frozen 5-60 s, times a run (default: 1)")
+    ap.add_argument("--restarts", type=int, default=1, help="containerd restarted, times a run (default: %(default)s)")
     ap.add_argument("--only", default="", metavar="S,S,...", help="these seeds instead of --seeds and --first")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes at once (default: one a CPU)")
     ap.add_argument("--trace", action="store_true", help="print every seed's trace")
@@ -64,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
 def _runs(seeds: list[int], args: Any) -> list[tuple[int, str, list[str], float]]:
     """Every seed's run, in the order of seeds (each deterministic wherever it runs)."""
     if args.jobs <= 1 or len(seeds) <= 1:
-        return [run_seed(seed, args.steps, args.crashes) for seed in seeds]
-    with concurrent.futures.ProcessPoolExecutor(min(args.jobs, len(seeds))) as pool:
-        return list(pool.map(run_seed, seeds, [args.steps] * len(seeds), [args.crashes] * len(seeds)))
+        return [run_seed(seed, args.steps, args.crashes, args.freezes, args.restarts) for seed in seeds]
+    n = len(seeds)
+    with concurrent.futures.ProcessPoolExecutor(min(args.jobs, n)) as pool:
+        return list(pool.map(run_seed, seeds, [args.steps] * n, [args.crashes] * n, [args.freezes] * n,
+                             [args.restarts] * n))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ Behaviours (each switched by `Quirks`):
   container");
 - an update that meets a removal of the same container is recorded (`update_meets_remove`):
   containerd 2.3.7 panics on it, so cri-resmgr must never send one;
-- frozen (`freeze_until`): every call waits until the thaw, past kubelet's deadline.
+- frozen (`freeze`): every call waits until the thaw, past kubelet's deadline;
+- restarted (`restart`): the calls in flight fail with their connections (nothing of them done), new
+  ones are refused until it is back; its containers and sandboxes stay, as a restart keeps them.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class Containerd:
         self.sandboxes: dict[str, Sandbox] = {}
         self.containers: dict[str, Ctr] = {}
         self.freeze_until = 0.0
+        self.down_until = 0.0  # restarting: calls refused until then
+        self.epoch = 0  # its lives: a call that began in another fails
         self.broken: list[str] = []  # what it saw that breaks its rules (an update meeting a removal)
         self.on_change: Callable[[], None] = lambda: None  # after every change of a cgroup (the invariants)
         self._n = 0
@@ -196,10 +200,23 @@ class Containerd:
         self._n += 1
         return f"{kind}{self._n:04d}{self.rng.getrandbits(32):08x}"
 
+    def freeze(self, seconds: float) -> None:
+        self.freeze_until = max(self.freeze_until, self.loop.time() + seconds)
+
+    def restart(self, down: float) -> None:
+        self.epoch += 1
+        self.freeze_until = 0.0
+        self.down_until = self.loop.time() + down
+
     async def _latency(self) -> None:
+        if self.loop.time() < self.down_until:
+            raise CallError(grpc.StatusCode.UNAVAILABLE, "connection refused: containerd is not running")
+        epoch = self.epoch
         await asyncio.sleep(self.rng.uniform(*self.quirks.latency))
-        while self.loop.time() < self.freeze_until:
+        while self.loop.time() < self.freeze_until and self.epoch == epoch:
             await asyncio.sleep(self.freeze_until - self.loop.time())
+        if self.epoch != epoch:
+            raise CallError(grpc.StatusCode.UNAVAILABLE, "error reading from server: EOF (containerd restarted)")
 
 
 class Client:

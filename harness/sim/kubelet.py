@@ -66,6 +66,25 @@ class Kubelet:
             self.delete(p)
         while self.workers:
             await asyncio.gather(*list(self.workers), return_exceptions=True)
+        await self.collect_garbage()
+
+    async def collect_garbage(self) -> None:
+        """kubelet's garbage collection: sandboxes of no pod it has (a RunPodSandbox it gave up on
+        that containerd made later, after a freeze) stopped and removed, with their containers."""
+        mine = {p.config.metadata.uid for p in self.pods.values()}
+        for sb in [sb for sb in self.node.ctrd.sandboxes.values() if sb.config.metadata.uid not in mine]:
+            calls: list[Any] = [cri.StopContainerRequest(container_id=c.id, timeout=30)
+                                for c in self.node.ctrd.containers.values() if c.pod_id == sb.id]
+            calls += [cri.StopPodSandboxRequest(pod_sandbox_id=sb.id),
+                      cri.RemovePodSandboxRequest(pod_sandbox_id=sb.id)]
+            for req in calls:
+                for _ in range(10):  # as the next collections would
+                    try:
+                        await self.node.call(req, TIMEOUT)
+                        break
+                    except CallError as err:
+                        self.node.note(f"kubelet: garbage collection: {err}")
+                        await asyncio.sleep(5.0)
 
     def live(self) -> list[PodRun]:
         return [p for p in self.pods.values() if not p.deleting]

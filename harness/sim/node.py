@@ -107,6 +107,8 @@ class Node:
     seed: int
     steps: int = 200  # kubelet's actions
     crashes: int = 3  # SIGKILLs of cri-resmgr during the run
+    freezes: int = 1  # containerd frozen (SIGSTOP) 5-60 s during the run
+    restarts: int = 1  # containerd restarted (down 0.5-3 s) during the run
     policy: dict[str, Any] = field(default_factory=lambda: dict(POLICY))
     quirks: Quirks = field(default_factory=Quirks)
     trace: list[str] = field(default_factory=list)
@@ -167,6 +169,23 @@ class Node:
             self.daemon.kill()
             self.daemon = None
             self.note("cri-resmgr SIGKILLed")
+
+    async def _runtime_faults(self, until: float) -> None:
+        """containerd frozen and restarted at random moments (a generator of its own, so that the
+        other choices of a seed stay as they were)."""
+        rng = random.Random(self.seed * 7919 + 1)
+        faults = ["freeze"] * self.freezes + ["restart"] * self.restarts
+        rng.shuffle(faults)
+        for fault in faults:
+            await asyncio.sleep(rng.uniform(0, until / max(1, len(faults))))
+            if fault == "freeze":
+                seconds = rng.uniform(5.0, 60.0)
+                self.ctrd.freeze(seconds)
+                self.note(f"containerd frozen for {seconds:.0f} s")
+            else:
+                down = rng.uniform(0.5, 3.0)
+                self.ctrd.restart(down)
+                self.note(f"containerd restarted ({down:.1f} s down)")
 
     async def _crasher(self, until: float) -> None:
         loop = asyncio.get_running_loop()
@@ -277,14 +296,17 @@ class Node:
 
     async def _work(self, kubelet: Kubelet) -> None:
         crasher = asyncio.ensure_future(self._crasher(self.steps * 2.0))
+        faults = asyncio.ensure_future(self._runtime_faults(self.steps * 2.0))
         try:
             await kubelet.run(self.steps)
             await crasher
+            await faults
             await kubelet.delete_all()
             await asyncio.sleep(QUIET + 2 * RECONCILE_EVERY)  # reconciliation drops what it missed
             self.check_empty()
         finally:
             crasher.cancel()
+            faults.cancel()
 
     def run(self) -> None:
         """The whole run; Violation if an invariant broke."""
