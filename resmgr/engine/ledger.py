@@ -203,6 +203,28 @@ class Ledger:
         self.unallocated.discard(c.key)
         return decision
 
+    def place_plainly(self, c: Container, pod: Pod, err: PolicyError) -> Decision | None:
+        """A container found running that the policy refuses (err): without its annotations, else
+        as a plain shared container (never left on CPUs that are someone else's); None: neither."""
+        try:
+            decision = self.policy.adopt(dataclasses.replace(c, annotations={}),
+                                         dataclasses.replace(pod, annotations={}), self.view())
+            log.warning("container %s (%s/%s/%s): %s; allocated ignoring its annotations", c.id, pod.namespace,
+                        pod.name, c.name, err)
+            return decision
+        except PolicyError:
+            pass
+        try:
+            decision = self.plain(c, pod)
+        except PolicyError as err2:
+            log.error("container %s (%s/%s/%s) cannot be allocated (%s; %s); it runs as it is until it can",
+                      c.id, pod.namespace, pod.name, c.name, err, err2)
+            return None
+        log.error("container %s (%s/%s/%s): %s; it runs as a shared container until there is room", c.id,
+                  pod.namespace, pod.name, c.name, err)
+        self.degraded.add(c.key)
+        return decision
+
     def _offer_previous(self, c: Container) -> str:
         """c's identity; the CPUs its pod's container of that name ran on are offered to it (previous)."""
         identity = self._identity(c)

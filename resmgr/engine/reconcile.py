@@ -481,7 +481,7 @@ class Reconciler:
             except PolicyError as err:
                 if degraded:
                     continue  # still no room; it keeps running as a shared container
-                decision = self._fallback(c, pod, err)
+                decision = self.state.ledger.place_plainly(c, pod, err)
                 if decision is None:
                     continue  # left in _unallocated: tried again next round
             except Exception:  # a policy bug on one container must not stop every round
@@ -494,29 +494,6 @@ class Reconciler:
             if decision.resources is not None:
                 updates[c.key] = c.resources
         return updates
-
-    def _fallback(self, c: Container, pod: Pod, err: PolicyError) -> Decision | None:
-        """A container found running that the policy refuses: without its annotations, else as a plain
-        shared container (never left on CPUs that are someone else's)."""
-        view = self.state.view()
-        try:
-            decision = self.state.policy.adopt(dataclasses.replace(c, annotations={}),
-                                         dataclasses.replace(pod, annotations={}), view)
-            log.warning("container %s (%s/%s/%s): %s; allocated ignoring its annotations", c.id, pod.namespace,
-                        pod.name, c.name, err)
-            return decision
-        except PolicyError:
-            pass
-        try:
-            decision = self.state.ledger.plain(c, pod)
-        except PolicyError as err2:
-            log.error("container %s (%s/%s/%s) cannot be allocated (%s; %s); it runs as it is until it can",
-                      c.id, pod.namespace, pod.name, c.name, err, err2)
-            return None
-        log.error("container %s (%s/%s/%s): %s; it runs as a shared container until there is room", c.id,
-                  pod.namespace, pod.name, c.name, err)
-        self.state.ledger.set_degraded(c.key, True)
-        return decision
 
 
 def _stopped(sandbox: Pod | None) -> bool:
