@@ -207,8 +207,10 @@ class Soak:
         began = time.monotonic()
         while (why := self.configs.status_current()) and time.monotonic() - began < bound:
             time.sleep(2)
-        if why:
-            raise RuntimeError(f"the node never applied the configuration the soak starts in: {why}")
+        if why:  # what the node's daemons said, for a run whose journals are not kept (CI's)
+            said = self.guest.run(f"systemctl status --no-pager {self.guest.unit} cri-resmgr-agent | head -40; "
+                                  f"journalctl --no-pager -n 40 -u {self.guest.unit} -u cri-resmgr-agent", timeout=60)
+            raise RuntimeError(f"the node never applied the configuration the soak starts in: {why}\n{said.out}")
         print(f"soak: the node runs {self.settings.policy} after {time.monotonic() - began:.0f} s", flush=True)
 
     def baseline(self) -> dict[str, float]:

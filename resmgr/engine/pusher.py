@@ -62,6 +62,10 @@ class Pusher:
         self.starting: dict[str, asyncio.Event] = {}  # containers the runtime is starting
         self.raced: set[str] = set()  # of those, the ones updated meanwhile
         self.held: dict[str, str] = {}  # by container: the CPUs the runtime holds, where known
+        # Set once a reconciliation has looked at where containers run: before, what a restart
+        # restored may be older than the node (a state write lost with the kill), so nothing moves.
+        self.looked = asyncio.Event()
+        self.looked.set()
         self.unmoved: set[str] = set()  # adopted, no move landed yet: held is where they were found
         self.removing: Counter[str] = Counter()  # pods and containers whose removal is under way
         # By container: the CPUs a resize under way gives up, which it runs on until the runtime has
@@ -206,6 +210,7 @@ class Pusher:
     async def push_all(self, keys: Iterable[str]) -> None:
         """Push keys in waves: a container goes once those leaving the CPUs it gets have gone (the
         runtime took their moves); one whose CPUs a refused move did not free waits, pending."""
+        await self.looked.wait()
         containers = self.ledger.containers
         todo = [k for k in keys if (c := containers.get(k)) is not None and c.id]
         for gone in [k for k in self.held if k not in containers]:  # dropped with their pods

@@ -159,6 +159,7 @@ class Reconciler:
             async with self.state.lock:
                 outcome, decision, fresh = self._commit(obs, limits)
                 self.state.record(decision.updates)
+            self.state.pusher.looked.set()  # where containers run is known: moves may go
             await self.state.pusher.push_pending()
             for c in outcome.unapplied:
                 await self._write_cgroup(c)

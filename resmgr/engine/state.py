@@ -130,6 +130,8 @@ class EngineState:
         self.rebooted = False
         self.retry = Retry(self.wake)  # what the runtime failed, tried again with backoff
         self.pusher = Pusher(self.ledger, runtime, self.retry, brief)
+        if gated:  # a daemon's start: its first reconciliation looks before anything moves
+            self.pusher.looked.clear()
         # A front end whose answers need not wait for the disk (NRI's): a crash between the answer
         # and the write loses nothing, reconciliation finds the container where the answer put it.
         self.write_behind = write_behind
