@@ -574,7 +574,13 @@ class TopologyAwareMachine(RuleBasedStateMachine):
         for c in self.live:
             g = policy.grants[c.key]
             mems = self.world.mems(c)
-            assert mems and mems <= policy.by_name[g.memory_pool].all_mems
+            allowed = policy.by_name[g.memory_pool].all_mems
+            pool = policy.by_name[g.pool]
+            if g.on_shared and not g.exclusive and not policy.sharable(pool):
+                # Exclusive grants took its pool's shared CPUs: it runs on an ancestor's, and its
+                # memory goes there too (mems_of_grant).
+                allowed |= (policy.accounts.lender(pool) or policy.pools[0]).all_mems
+            assert mems and mems <= allowed
 
     @invariant()
     def shared_users_see_exactly_their_pools_shared_cpus(self):
