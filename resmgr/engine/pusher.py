@@ -210,7 +210,8 @@ class Pusher:
     async def push_all(self, keys: Iterable[str]) -> None:
         """Push keys in waves: a container goes once those leaving the CPUs it gets have gone (the
         runtime took their moves); one whose CPUs a refused move did not free waits, pending."""
-        await self.looked.wait()
+        if not self.looked.is_set():  # pending until the first reconciliation has looked; it pushes them
+            return
         containers = self.ledger.containers
         todo = [k for k in keys if (c := containers.get(k)) is not None and c.id]
         for gone in [k for k in self.held if k not in containers]:  # dropped with their pods
