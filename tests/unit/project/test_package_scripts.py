@@ -30,6 +30,7 @@ start() {
 }
 case $1 in
 is-active) [ -e "$u/$3" ] ;;
+is-enabled) [ -e "$u/$3" ] ;;  # a unit that runs was enabled; a removed package's are disabled
 restart) start "$2" ;;
 try-restart) shift; for x in "$@"; do [ -e "$u/$x" ] && start "$x"; done; true ;;
 *) true ;;
@@ -86,3 +87,12 @@ def test_an_upgrade_of_a_relay_node_restarts_the_relay_and_the_agent_and_leaves_
     units, dropin, calls = postinst(root, "0.2.0")
     assert units == {"cri-resmgr.service", "cri-resmgr-agent.service", "kubelet.service"} and dropin
     assert "restart kubelet.service" not in calls and not any(c.startswith("enable") for c in calls), calls
+
+
+@pytest.mark.unit
+def test_a_reinstall_after_a_removal_runs_the_relay_as_a_first_install(tmp_path: Path) -> None:
+    """dpkg passes the removed version when the configuration files were kept; the removal disabled
+    both units, so nothing would run (the node left without cri-resmgr)."""
+    units, dropin, calls = postinst(host(tmp_path, ("kubelet.service",), dropin=False), "0.3.0")
+    assert units == {"cri-resmgr.service", "kubelet.service"} and dropin
+    assert "enable cri-resmgr.service" in calls and "restart kubelet.service" in calls
