@@ -106,9 +106,7 @@ class Pusher:
         the runtime holds, where no push of it is under way or landed since (a restart forgets what
         earlier pushes told)."""
         lock = self._locks.get(key)
-        cpus = CPUSet()
-        for one in seen:
-            cpus |= CPUSet.parse_or_empty(one)
+        cpus = _union(seen)
         if cpus and (lock is None or not lock.locked()) and self.landed.get(key, -1.0) < since:
             self.held[key] = str(cpus)
 
@@ -116,12 +114,7 @@ class Pusher:
         """Reconciliation saw a container whose move has not landed run on seen, where nothing is
         known of what the runtime holds of it (a restart forgot): it holds those until a push of it
         lands (a push of the last life died with its connection, which cancels it in the runtime)."""
-        if key in self.held:
-            return
-        cpus = CPUSet()
-        for one in seen:
-            cpus |= CPUSet.parse_or_empty(one)
-        if cpus:
+        if key not in self.held and (cpus := _union(seen)):
             self.held[key] = str(cpus)
 
     def created(self, key: str, cpus: str) -> None:
@@ -414,3 +407,11 @@ class Pusher:
         lock = self._locks.get(key)
         if lock is not None and not lock.locked():  # a push in flight drops it when it ends
             del self._locks[key]
+
+
+def _union(cpu_lists: Iterable[str]) -> CPUSet:
+    """The CPUs of every list (one a source: the cgroup, the runtime's status)."""
+    out = CPUSet()
+    for one in cpu_lists:
+        out |= CPUSet.parse_or_empty(one)
+    return out

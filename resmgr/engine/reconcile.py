@@ -157,8 +157,7 @@ class Reconciler:
             first = not self.state.reconciled.is_set() or not self._swept
             obs = await self._observe()
             async with self.state.lock:
-                outcome, decision, fresh = self._commit(obs, limits)
-                self.state.record(decision.updates)
+                outcome, _, fresh = self._commit(obs, limits)  # its decisions recorded as made (_took)
             self.state.pusher.looked.set()  # where containers run is known: moves may go
             await self.state.pusher.push_pending()
             for c in outcome.unapplied:

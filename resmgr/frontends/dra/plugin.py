@@ -283,8 +283,9 @@ class DraPlugin:
         return gone
 
     def _sync_specs(self) -> None:
-        held = {c.uid: doc for c, doc in self.engine.claiming.prepared_claims()}
-        for c, doc in self.engine.claiming.prepared_claims():
+        prepared = self.engine.claiming.prepared_claims()
+        held = {c.uid for c, _ in prepared}
+        for c, doc in prepared:
             if doc is not None:
                 write_spec(self.cdi_dir, c, str(doc.get("cpus", "")))
         if self.cdi_dir.is_dir():
