@@ -6,6 +6,7 @@ cgroup and whenever the node is quiet; a run is a seed, and the same seed runs t
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -29,7 +30,8 @@ from resmgr.frontends.cri.runtime import CriRuntime
 from resmgr.policies import PolicyError
 from resmgr.topology.cpuset import CPUSet
 from resmgr.topology.model import Topology
-from tests.support.machines import machine
+from resmgr.topology.sysfs import discover
+from tests.support.machines import tree
 
 SHAPE = "sockets=2,nodes=2,cores=2,threads=2"  # the VM tier's node: 4 NUMA nodes of 4 CPUs
 POLICY = {"Active": "topology-aware", "ReservedResources": {"cpu": "750m"}}
@@ -42,6 +44,12 @@ REFUSALS = (NotReady, PolicyError)  # what cri-resmgr answers kubelet with on pu
 
 
 SHM = "/dev/shm"
+
+
+@functools.cache
+def _shape_tree() -> Path:
+    """The node's sysfs tree, made once a process (each run reads its own topology from it)."""
+    return tree(SHAPE)
 
 
 class Violation(Exception):
@@ -115,7 +123,7 @@ class Node:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        self.topology: Topology = machine(SHAPE)
+        self.topology: Topology = discover(str(_shape_tree()))
         self.online = CPUSet(self.topology.online)
         # In memory where it can be: the simulated crash decides what a write leaves, not the disk.
         self.state_dir = Path(tempfile.mkdtemp(prefix="crirm-sim-", dir=SHM if os.path.isdir(SHM) else None))
@@ -217,14 +225,13 @@ class Node:
         try:
             if self.ctrd.broken:
                 raise Violation(self.ctrd.broken[0])
-            running = self.ctrd.running()
-            for c in running:
-                if not self.exclusive(c.id):
+            running = [(c.id, c.cpus) for c in self.ctrd.running()]
+            for cid, cpus in running:
+                if not self.exclusive(cid):
                     continue
-                for o in running:
-                    if o.id != c.id and c.cpus & o.cpus:
-                        raise Violation(f"exclusive CPUs {c.cpus & o.cpus} of {c.id} ({c.cpus}) "
-                                        f"under {o.id} ({o.cpus})")
+                for oid, ocpus in running:
+                    if oid != cid and cpus & ocpus:
+                        raise Violation(f"exclusive CPUs {cpus & ocpus} of {cid} ({cpus}) under {oid} ({ocpus})")
         except Violation as err:
             self.fail(err)
 

@@ -937,7 +937,9 @@ class Soak:
 
         def when(v: Violation) -> str:
             """When (the guest's clock, as its journals have it) and for how long, to find in the journals."""
-            return f"{time.strftime('%H:%M:%S', time.gmtime(v.first))} UTC for {v.last - v.first:.0f} s: {v.text}"
+            into = max(0, int(v.first - self.started_wall))  # as the soak's own lines count time
+            return (f"{time.strftime('%H:%M:%S', time.gmtime(v.first))} UTC ({into // 60:02d}:{into % 60:02d} "
+                    f"into the run) for {v.last - v.first:.0f} s: {v.text}")
 
         judged = [(v.kind, when(v)) for v in self.judge.violations]
         counts: dict[str, int] = {}

@@ -3,6 +3,7 @@ when the run ends (a run of the unit tier makes hundreds)."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -10,7 +11,8 @@ from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.model import Topology
 from resmgr.topology.sysfs import discover
 
-_RUN = tempfile.TemporaryDirectory(prefix="crirm-machines-")
+# In memory where it can be: a tree is hundreds of small files, slow to write to a busy disk.
+_RUN = tempfile.TemporaryDirectory(prefix="crirm-machines-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
 
 def scratch() -> Path:
