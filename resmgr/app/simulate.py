@@ -208,7 +208,7 @@ class Simulation:
             except PolicyError as err:
                 who = f"{pod.namespace}/{pod.name}/{c.name}"
                 raise SimulationError(str(err) if who in str(err) else f"container {who}: {err}") from None
-            c.state = ContainerState.RUNNING
+            self.ledger.started(c)
 
     def delete(self, name: str) -> None:
         ns, _, plain = name.rpartition("/")

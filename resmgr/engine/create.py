@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from resmgr.engine import life
 from resmgr.engine.reconcile import SETTLE_GRACE, Reconciler
 from resmgr.engine.state import EngineState, brief, failure
 from resmgr.model import Adjustment, Container, ContainerState, Decision, Pod, Resources
@@ -190,10 +191,8 @@ class Create:
         if plan.holder is not None:
             return await self._commit_successor(plan, container_id)
         async with self.state.lock:
-            pending_key = c.key
-            c.id, c.state = container_id, ContainerState.CREATED
             made_on = c.resources.cpuset_cpus
-            late = self.state.ledger.rename(c, pending_key)
+            late = self.state.ledger.made(c, container_id)
             if late is not None:  # the policy moved it while the runtime was creating it
                 c.resources, c.pending = late.overlaid(c.adjusted), True
                 plan.updates[c.key] = c.resources
@@ -215,7 +214,7 @@ class Create:
             known = self.state.containers.get(container_id)
             if known is not None:  # a reconciliation round adopted it meanwhile
                 return known
-            c.id, c.state = container_id, ContainerState.CREATED
+            life.named(c, container_id)
             if self.state.containers.get(holder.key) is holder and (
                     not holder.id or holder.state != ContainerState.EXITED):
                 log.info("container %s takes over the grant of %s, which held its name", c.id,

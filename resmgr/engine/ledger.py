@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Iterable
 
+from resmgr.engine import life
 from resmgr.model import Claim, Container, ContainerState, Decision, Pod, QOSClass, Resources, View
 from resmgr.policies.base import Policy, PolicyError
 from resmgr.topology.cpuset import CPUSet
@@ -123,8 +124,8 @@ class Ledger:
 
     def waiting(self) -> list[Container]:
         """Containers the policy holds nothing for, and those that did not fit, in allocation order."""
-        return self.allocation_order(self.containers[k] for k in self.unallocated | self.degraded
-                                     if k in self.containers)
+        return allocation_order(self.pods, [self.containers[k] for k in self.unallocated | self.degraded
+                                            if k in self.containers])
 
     # -- pods --------------------------------------------------------------------------
     def add_pod(self, pod: Pod) -> Pod:
@@ -302,14 +303,34 @@ class Ledger:
         self.policy.rename(holder.key, c.key)
         return late
 
-    def rename(self, c: Container, old_key: str) -> Resources | None:
-        """c's key changed from old_key (its runtime ID became known). Returns the update deferred
-        while it had none (the policy moved it meanwhile), if any."""
+    # -- the container's life (life.py): its state changes only here -------------------
+    def made(self, c: Container, container_id: str, state: ContainerState = ContainerState.CREATED
+             ) -> Resources | None:
+        """The runtime made c (its create answered, or a listing found it made, in `state`): known by its
+        ID from now on. Returns the update deferred while it had none (a move meanwhile), if any."""
+        old_key = c.key
+        life.step(c, state)
+        c.id = container_id
         self.containers.pop(old_key, None)
         c.seq = self.next_seq()  # known to the runtime from now on, not from when it was asked
         self.containers[c.key] = c
         self.policy.rename(old_key, c.key)
         return self.deferred.pop(old_key, None)
+
+    def started(self, c: Container) -> None:
+        """The runtime started c (one released meanwhile stays released)."""
+        if c.state != ContainerState.EXITED:
+            life.step(c, ContainerState.RUNNING)
+
+    def seen(self, c: Container, listed: ContainerState) -> None:
+        """A listing shows live c in `listed`: moved along, never back (a start answered since is newer)."""
+        if life.forward(c.state, listed):
+            life.step(c, listed)
+
+    def revive(self, c: Container, listed: ContainerState) -> None:
+        """Released c runs again, as a listing shows: it waits for a grant again."""
+        life.step(c, listed)
+        self.await_grant(c.key)
 
     def release(self, c: Container) -> Decision:
         """Give back what c holds (it exited); it stays known."""
@@ -319,7 +340,7 @@ class Ledger:
         if identity and c.resources.cpuset_cpus and self.pins(c) and c.key not in self.degraded:
             self.previous[identity] = c.resources.cpuset_cpus
         decision = self.policy.release(c, self.view())
-        c.state = ContainerState.EXITED
+        life.step(c, ContainerState.EXITED)
         c.pending = False
         # Newer than any reconciliation observation in flight, which may still list it running.
         c.seq = self.next_seq()
@@ -398,12 +419,6 @@ class Ledger:
             except PolicyError as err:
                 log.error("%s cannot be prepared again under policy %s: %s", claim.who, self.policy.name, err)
 
-    def allocation_order(self, containers: Iterable[Container]) -> list[Container]:
-        """Live containers, Guaranteed first, then by size: big exclusive grants before the rest."""
-        live = [c for c in containers if c.state != ContainerState.EXITED and c.pod_id in self.pods]
-        return sorted(live, key=lambda c: (_QOS_ORDER[self.pods[c.pod_id].qos_class],
-                                           -c.requested.memory_limit_in_bytes, -c.requested.cpu_shares, c.key))
-
     def reallocate(self, policy: Policy) -> dict[str, Resources]:
         """Allocate every live container under another policy and make it the ledger's.
 
@@ -414,7 +429,7 @@ class Ledger:
         view = View(self.pods, shadow, self.held())
         for _, claim in sorted(self.policy.prepared_claims().items()):  # one it cannot prepare refuses the switch
             policy.prepare_claim(claim, view)
-        for c in self.allocation_order(shadow.values()):
+        for c in allocation_order(self.pods, shadow.values()):
             decision = policy.allocate(c, self.pods[c.pod_id], view)
             self.apply(c, decision)
             for key, res in decision.updates.items():
@@ -430,3 +445,10 @@ class Ledger:
         self.unallocated.clear()
         self.degraded.clear()
         return updates
+
+
+def allocation_order(pods: dict[str, Pod], containers: Iterable[Container]) -> list[Container]:
+    """Live containers of known pods, Guaranteed first, then by size: big exclusive grants before the rest."""
+    live = [c for c in containers if c.state != ContainerState.EXITED and c.pod_id in pods]
+    return sorted(live, key=lambda c: (_QOS_ORDER[pods[c.pod_id].qos_class],
+                                       -c.requested.memory_limit_in_bytes, -c.requested.cpu_shares, c.key))

@@ -275,11 +275,10 @@ class Reconciler:
                     if self.state.ledger.released_lately(c):
                         continue  # the runtime's record has not caught up with the stop yet
                     log.warning("container %s was released but still runs; allocating it again", c.id)
-                    c.state = live.state
-                    self.state.ledger.await_grant(c.key)
+                    self.state.ledger.revive(c, live.state)
                     out.revived += 1
                     continue
-                c.state = live.state
+                self.state.ledger.seen(c, live.state)
                 if c.pending:
                     self.state.pusher.seen_pending(c.key, [cpus for cpus, _ in obs.actual.get(c.id, [])])
                 moved = self._resized(c, live.requested) if limits and not c.pending else None
@@ -446,8 +445,7 @@ class Reconciler:
                 log.info("create of %s (pod %s) did not happen in the runtime; released", c.name, c.pod_id)
                 self.state.record(self.state.forget(c).updates)  # its deferred update goes with it
                 continue
-            c.id, c.state = match.id, match.state
-            late = self.state.ledger.rename(c, key)
+            late = self.state.ledger.made(c, match.id, match.state)
             twin = adopted.pop(match.id, None)
             if late is not None:
                 c.resources = late.overlaid(c.adjusted)

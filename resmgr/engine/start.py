@@ -59,8 +59,8 @@ class Start:
             started.set()
         async with self.state.lock:
             c = self.state.containers.get(container_id)
-            if c is not None and c.state != ContainerState.EXITED:
-                c.state = ContainerState.RUNNING
+            if c is not None:
+                self.state.ledger.started(c)
         if c is not None:
             await self.state.controllers_apply(c)
             await self.state.save()

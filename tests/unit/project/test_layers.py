@@ -226,3 +226,29 @@ def test_the_daemon_and_the_control_read_the_policy_through_the_engine():
     found = [f"{path.relative_to(ROOT)}:{n}" for d in ("app", "control") for path in (ROOT / "resmgr" / d).rglob("*.py")
              for n, line in enumerate(path.read_text().splitlines(), 1) if "state.policy" in line]
     assert found == []
+
+
+def test_only_the_containers_life_changes_their_state():
+    """resmgr/engine/life.py: a container's state changes only by a step of its machine, which the
+    ledger takes; nowhere else is Container.state assigned (a pod's state is not the machine's)."""
+    found = []
+    for path in (ROOT / "resmgr").rglob("*.py"):
+        if path == ROOT / "resmgr" / "engine" / "life.py" or "generated" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                    if not (isinstance(t, ast.Attribute) and t.attr == "state"):
+                        continue
+                    if isinstance(t.value, ast.Name) and t.value.id == "self":
+                        continue  # an object's own field named state (the engine's state, say)
+                    value = ast.unparse(node.value)
+                    if "PodState" in value or "CONTAINER_" in value:
+                        continue  # a pod's state; the NRI front end's copy of the runtime's record
+                    found.append(f"{path.relative_to(ROOT)}: {ast.unparse(node)}")
+    assert found == [
+        "resmgr/frontends/nri/plugin.py: c.state = ContainerState.PENDING",  # a new one, before the engine
+        "resmgr/frontends/nri/runtime.py: copy.state = state",  # the runtime's record, not the engine's
+    ]
