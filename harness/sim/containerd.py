@@ -8,6 +8,10 @@ runtime.py), so CriRuntime - the production adapter - is what the engine talks t
 container's cgroup holds is `Ctr.cpus` and `Ctr.mems`, kept as containerd would write them.
 
 Behaviours (each switched by `Quirks`):
+- a pod's stop ends its running containers; one created and not started stays created (it has
+  no task), and can never start;
+- a start makes the task from the container's record as it reads it when the start begins: an
+  update that lands while the task is being made is in the record, not in the cgroup;
 - a stopped container is listed as running for a while (`list_lag`): its exit not yet handled,
   and an update to it meanwhile is refused with containerd's words ("cannot update a stopped
   container");
@@ -52,6 +56,7 @@ class CallError(Exception):
 @dataclass
 class Quirks:
     latency: tuple[float, float] = (0.001, 0.05)  # seconds each call takes
+    start: tuple[float, float] = (0.01, 0.3)  # seconds a start takes from reading the spec to a running task
     list_lag: float = 3.0  # seconds a stopped container still lists as running (0: none)
 
 
@@ -68,9 +73,11 @@ class Ctr:
     pod_id: str
     config: cri.ContainerConfig
     state: int = cri.CONTAINER_CREATED
-    resources: cri.LinuxContainerResources = field(default_factory=cri.LinuxContainerResources)
+    spec: cri.LinuxContainerResources = field(default_factory=cri.LinuxContainerResources)  # its record
+    resources: cri.LinuxContainerResources = field(default_factory=cri.LinuxContainerResources)  # its cgroup
     exited_at: float = 0.0
     removing: bool = False
+    starting: bool = False  # a start is reading its spec and making its task
 
     @property
     def cpus(self) -> CPUSet:
@@ -105,7 +112,8 @@ class Containerd:
         sb = self.sandboxes.get(req.pod_sandbox_id)
         if sb is not None:
             for c in self._of(sb.id):
-                self._exit(c)
+                if c.state == cri.CONTAINER_RUNNING:  # one created, not started, stays created: no task
+                    self._exit(c)
             sb.state = cri.SANDBOX_NOTREADY
         return cri.StopPodSandboxResponse()
 
@@ -123,13 +131,23 @@ class Containerd:
         res.CopyFrom(req.config.linux.resources)
         if not res.cpuset_cpus:
             res.cpuset_cpus = str(self.online)  # the runtime's default: every CPU
-        self.containers[cid] = Ctr(cid, req.pod_sandbox_id, req.config, resources=res)
+        self.containers[cid] = Ctr(cid, req.pod_sandbox_id, req.config, spec=res)
         return cri.CreateContainerResponse(container_id=cid)
 
-    def _StartContainer(self, req: cri.StartContainerRequest) -> cri.StartContainerResponse:
+    async def _StartContainer(self, req: cri.StartContainerRequest) -> cri.StartContainerResponse:
         c = self._get(req.container_id)
-        if c.state != cri.CONTAINER_CREATED:
+        if c.state != cri.CONTAINER_CREATED or c.starting:
             raise CallError(grpc.StatusCode.UNKNOWN, f"container {c.id} is not in created state")
+        c.starting = True
+        read = cri.LinuxContainerResources()
+        read.CopyFrom(c.spec)  # the task is made from the spec as it is now; an update meanwhile misses it
+        try:
+            await asyncio.sleep(self.rng.uniform(*self.quirks.start))
+        finally:
+            c.starting = False
+        if c.state != cri.CONTAINER_CREATED or c.removing:
+            raise CallError(grpc.StatusCode.UNKNOWN, f"container {c.id} went while it was started")
+        c.resources = read
         c.state = cri.CONTAINER_RUNNING
         self.on_change()
         return cri.StartContainerResponse()
@@ -168,7 +186,9 @@ class Containerd:
         for name in ("cpuset_cpus", "cpuset_mems", "cpu_shares", "cpu_quota", "cpu_period"):
             value = getattr(res, name)
             if value:
-                setattr(c.resources, name, value)
+                setattr(c.spec, name, value)
+                if c.state == cri.CONTAINER_RUNNING:  # a task: its cgroup too
+                    setattr(c.resources, name, value)
         self.on_change()
 
     # -- what the simulator does to it ---------------------------------------------------------------
@@ -264,7 +284,7 @@ class Client:
         await self._enter()
         c = self.ctrd._get(container_id)
         res = cri.LinuxContainerResources()
-        res.CopyFrom(c.resources)
+        res.CopyFrom(c.spec)
         status = cri.ContainerStatus(id=c.id, metadata=c.config.metadata, state=self.ctrd._listed_state(c),
                                      labels=c.config.labels, annotations=c.config.annotations,
                                      resources=cri.ContainerResources(linux=res))

@@ -139,8 +139,8 @@ class Kubelet:
                 if resp is not None:
                     pod.container = resp.container_id
                     if await self._until(pod, "start", cri.StartContainerRequest(container_id=pod.container),
-                                         give_up=True) is not None:
-                        return
+                                         give_up=True) is not None or pod.deleting:
+                        return  # deleted meanwhile: its termination finds it made, not started
                 if await self._made_anyway(pod):
                     return
                 pod.attempt += 1
@@ -171,13 +171,17 @@ class Kubelet:
 
     async def terminate(self, pod: PodRun) -> None:
         """Every sandbox of the pod's UID the runtime lists goes, as kubelet's relist groups them: also
-        one a RunPodSandbox made whose answer was lost (the relay killed under it)."""
+        one a RunPodSandbox made whose answer was lost (the relay killed under it). As kubelet kills a
+        pod: its running containers stopped, then its sandbox; its containers removed after (garbage
+        collection), also one made and never started, which stayed created in the stopped pod."""
         async with pod.lock:
             uid = pod.config.metadata.uid
             for sandbox in [sb.id for sb in self.node.ctrd.sandboxes.values() if sb.config.metadata.uid == uid]:
                 for c in [c for c in self.node.ctrd.containers.values() if c.pod_id == sandbox]:
-                    await self._until(pod, "stop", cri.StopContainerRequest(container_id=c.id, timeout=30))
-                    await self._until(pod, "remove", cri.RemoveContainerRequest(container_id=c.id))
+                    if c.state != cri.CONTAINER_CREATED:
+                        await self._until(pod, "stop", cri.StopContainerRequest(container_id=c.id, timeout=30))
                 await self._until(pod, "stop pod", cri.StopPodSandboxRequest(pod_sandbox_id=sandbox))
+                for c in [c for c in self.node.ctrd.containers.values() if c.pod_id == sandbox]:
+                    await self._until(pod, "remove", cri.RemoveContainerRequest(container_id=c.id))
                 await self._until(pod, "remove pod", cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox))
             del self.pods[pod.name]

@@ -184,14 +184,11 @@ class Pusher:
                 self._maybe(key, res.cpuset_cpus)
                 self.wake()
                 return
-            starting = starting or key in self.starting
             self.landed[key] = time.monotonic()
+            raced = self._raced(key, starting)
             log.debug("container %s: cpus %s mems %s sent to the runtime%s", c.id, res.cpuset_cpus or "-",
-                      res.cpuset_mems or "-", " (it is being started)" if starting else "")
-            if starting:
-                # Not taken until it runs and is sent again (start_container): whoever gains the
-                # CPUs it leaves waits for that.
-                self.raced.add(key)
+                      res.cpuset_mems or "-", " (it is being started)" if raced else "")
+            if raced:  # whoever gains the CPUs it leaves waits until it is sent again, started
                 return
             self.held[key] = res.cpuset_cpus
             self.unmoved.discard(key)
@@ -299,6 +296,7 @@ class Pusher:
         async with self._slots, lock:
             if self._removed(c.id, c.pod_id):
                 return
+            starting = key in self.starting
             self._maybe(key, str(keep))
             try:
                 await self.runtime.update_resources(c.id, dataclasses.replace(c.resources, cpuset_cpus=str(keep)))
@@ -307,7 +305,8 @@ class Pusher:
             except Exception as err:
                 log.error("narrowing container %s to CPUs %s failed: %s", c.id, keep, self.describe(err))
                 return
-            self.held[key], self.landed[key] = str(keep), time.monotonic()
+            if not self._raced(key, starting):
+                self.held[key], self.landed[key] = str(keep), time.monotonic()
 
     def _maybe(self, key: str, cpus: str) -> None:
         """An update that failed may have been taken (a deadline passed, say): the container may run
@@ -330,6 +329,7 @@ class Pusher:
         async with self._slots, lock:
             if self._removed(c.id, c.pod_id):
                 return True
+            starting = key in self.starting
             self._maybe(key, str(now))
             try:
                 await self.runtime.update_resources(c.id, dataclasses.replace(c.resources, cpuset_cpus=str(now)))
@@ -339,8 +339,18 @@ class Pusher:
                 log.error("moving container %s to CPUs %s failed: %s", c.id, now, self.describe(err))
                 self._maybe(key, str(now))
                 return False
+            if self._raced(key, starting):
+                return False
             self.held[key], self.landed[key] = str(now), time.monotonic()
         return True
+
+    def _raced(self, key: str, starting: bool) -> bool:
+        """An update sent while the runtime was starting the container is not taken: the runtime may
+        have made its task from what it held before. It is sent again once started (start.py)."""
+        if starting or key in self.starting:
+            self.raced.add(key)
+            return True
+        return False
 
     def unconfirmed(self, keys: Iterable[str]) -> list[str]:
         """Those of keys whose last update the runtime has not taken (gone or exited ones aside)."""

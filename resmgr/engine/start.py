@@ -50,12 +50,12 @@ class Start:
         try:
             resp = await call()
         finally:
+            if starting.get(container_id) is started:
+                del starting[container_id]  # first: a push from now on reaches the task it made
             if container_id in self.state.pusher.raced:
                 # Updated while the runtime was starting it: the runtime may have started it with
                 # what it held before (its record says the new CPUs, its cgroup the old ones).
                 await self.state.pusher.again(container_id)
-            if starting.get(container_id) is started:
-                del starting[container_id]
             started.set()
         async with self.state.lock:
             c = self.state.containers.get(container_id)

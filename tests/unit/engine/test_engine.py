@@ -982,6 +982,10 @@ async def test_a_container_updated_while_the_runtime_starts_it_is_updated_again(
     assert events == ["c1 started", "c2 started"]
     # While starting (pushed again while its move is not taken), and once after.
     assert [cid for cid, _ in rt.updates].count("c1") >= 2
+    # The push after the start reached the task the start made: its move is taken.
+    c1 = engine.state.containers["c1"]
+    assert "c1" not in engine.state.pusher.raced and not c1.pending
+    assert engine.state.pusher.held["c1"] == c1.resources.cpuset_cpus
 
 
 async def test_balloons_are_reconfigured_live_and_persisted(tmp_path):

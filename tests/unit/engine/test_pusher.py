@@ -285,3 +285,17 @@ def test_a_swap_steps_aside_onto_no_cpu_a_container_outside_it_is_still_to_leave
         c.pending = True
     asyncio.run(pusher.narrow("a", ["a", "b"]))
     assert runtime.held["a"] == "7" and runtime.overlaps == []
+
+
+def test_a_step_aside_sent_while_the_runtime_starts_the_container_is_not_taken():
+    # The runtime makes a task from the container's record as it reads it when the start begins;
+    # a step aside that lands meanwhile may miss the task: it is not taken until sent again, started.
+    ledger = ledger_of({"b": "2-3"})
+    pusher = Pusher(ledger, SlowRuntime({"b": "2-3"}), lambda: None)
+    pusher.held["b"] = "2-3"
+    pusher.starting["b"] = asyncio.Event()
+    assert not asyncio.run(pusher.step_aside("b", CPUSet.parse("2")))
+    assert "b" in pusher.raced and CPUSet.parse(pusher.held["b"]) >= CPUSet.parse("2-3")
+    del pusher.starting["b"]
+    assert asyncio.run(pusher.step_aside("b", CPUSet.parse("2")))
+    assert pusher.held["b"] == "3"
