@@ -290,7 +290,8 @@ def _balloons(ctrs: list[Ctr], expect: Expect) -> list[Finding]:
         if len(cpus) < need or (expect.max_balloon and len(cpus) > expect.max_balloon):
             out.append(Finding("balloon-size", str(cpus), f"balloon {cpus} of {len(members)} containers: its "
                                                          f"Guaranteed ones ask for {need} CPUs (at most "
-                                                         f"{expect.max_balloon or 'any'})"))
+                                                         f"{expect.max_balloon or 'any'})",
+                               tuple((m.id, m.id) for m in members)))  # its members, for set_apart
     return out
 
 
@@ -307,7 +308,7 @@ class Violation:
 def _ids(f: Finding) -> tuple[str, ...]:
     if f.pairs:
         return tuple(sorted({cid for pair in f.pairs for cid in pair}))
-    return () if f.kind == "balloon-size" else (f.key,)
+    return (f.key,)
 
 
 def _stamped(journal: str) -> Iterator[tuple[float, str]]:
@@ -580,9 +581,14 @@ class Judge:
         first seen within a window (nri_windows) and was over by the window's end and a grace, the
         plugin's moves in flight. What lasts longer, or names only containers made outside every
         window, stays a violation."""
-        def within(v: Violation) -> bool:
+        def made_apart(cid: str, v: Violation) -> bool:
             return any(start <= self.first_seen.get(cid, -math.inf) <= end and v.last <= end + self.grace
-                       for cid in v.ids for start, end in windows)
+                       for start, end in windows)
+
+        def within(v: Violation) -> bool:
+            if v.kind == "balloon-size":  # a balloon's size is all its members' doing
+                return bool(v.ids) and all(made_apart(cid, v) for cid in v.ids)
+            return any(made_apart(cid, v) for cid in v.ids)
 
         apart, kept = [], []
         for v in self.violations:

@@ -298,6 +298,23 @@ def test_what_containerd_made_without_the_plugin_is_set_apart_and_nothing_else()
     assert {v.key for v in judge.violations} == {"g/old", "g/late", "g/new2", "new2"}  # and new2's lasting pool
 
 
+def test_a_balloon_of_containers_all_made_without_the_plugin_is_set_apart_one_with_others_is_not():
+    """A Guaranteed container containerd made while the plugin was down runs on every CPU: a
+    balloon of one, too big. Set apart within the window; a too big balloon with a member made
+    outside every window stays a violation."""
+    judge = Judge(MACHINE, BALLOONS, grace=30)
+    judge.feed(990.0, {"old": ctr("guaranteed", "8-10", "2", 3)})
+    for t in (1010.0, 1030.0, 1050.0):
+        judge.feed(t, {"old": ctr("guaranteed", "8-10", "2", 3), "new": ctr("guaranteed", "0-15", "0-3", 1)})
+    judge.feed(1060.0, {"old": ctr("guaranteed", "8-10", "2", 3), "new": ctr("guaranteed", "11", "2", 1)})
+    for t in (1100.0, 1120.0, 1140.0):  # old grows far past the type's bound: nobody made it apart
+        judge.feed(t, {"old": ctr("guaranteed", "0-15", "0-3", 3), "new": ctr("guaranteed", "0-15", "0-3", 1)})
+    judge.finish()
+    apart = judge.set_apart([(1000.0, 1040.0)])
+    assert ("balloon-size", "0-15") in [(v.kind, v.key) for v in apart]
+    assert ("balloon-size", "0-15") in [(v.kind, v.key) for v in judge.violations]  # the later one
+
+
 def test_a_switch_is_excused_until_the_node_reports_it_applied_and_a_grace_more():
     """After a switch to topology-aware, a BestEffort container left on a Guaranteed container's
     CPUs reads as one balloon of the old policy: in flight while the change lands, then counted."""
