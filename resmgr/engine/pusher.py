@@ -281,20 +281,13 @@ class Pusher:
     async def narrow(self, key: str, todo: list[str]) -> None:
         """Run key, for now, where it takes no CPU another of todo is still to leave and leaves all it
         is to leave (moves.aside), if anywhere. Its desired resources stay pending."""
-        held = self.held.get(key)
-        c = self.ledger.containers.get(key)
-        if held is None or c is None or not c.id or not c.pending or key in self.resizing:
-            return
-        runs = CPUSet.parse_or_empty(held)
-        keep = aside(key, todo, runs, self._leaves, self._new, self._gains)
-        if keep - self._resized_off() != keep:  # not onto CPUs a resize under way still runs on
-            keep = runs & keep
-        keep -= self._still_left(key) - runs  # nor onto those another, in this push or not, is to leave
-        if not keep or keep == runs:
-            return
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with self._slots, lock:
-            if self._removed(c.id, c.pod_id):
+            # Decided once the lock is ours: a push that held it may have landed the move meanwhile
+            # (many pushes queue up behind a frozen runtime), and a step decided before it would undo it.
+            c = self.ledger.containers.get(key)
+            keep = self._narrowed(key, todo)
+            if c is None or keep is None or self._removed(c.id, c.pod_id):
                 return
             starting = key in self.starting
             self._maybe(key, str(keep))
@@ -308,6 +301,19 @@ class Pusher:
             if not self._raced(key, starting):
                 self.held[key], self.landed[key] = str(keep), time.monotonic()
 
+    def _narrowed(self, key: str, todo: list[str]) -> CPUSet | None:
+        """Where narrow runs key for now (None: nowhere else, or its move is no longer pending)."""
+        held = self.held.get(key)
+        c = self.ledger.containers.get(key)
+        if held is None or c is None or not c.id or not c.pending or key in self.resizing:
+            return None
+        runs = CPUSet.parse_or_empty(held)
+        keep = aside(key, todo, runs, self._leaves, self._new, self._gains)
+        if keep - self._resized_off() != keep:  # not onto CPUs a resize under way still runs on
+            keep = runs & keep
+        keep -= self._still_left(key) - runs  # nor onto those another, in this push or not, is to leave
+        return keep if keep and keep != runs else None
+
     def _maybe(self, key: str, cpus: str) -> None:
         """An update that failed may have been taken (a deadline passed, say): the container may run
         on its old CPUs or on those."""
@@ -319,16 +325,14 @@ class Pusher:
         """Run key, for now, on its desired CPUs but avoid (those a resize gives up) and those others
         run on and are still to leave; its desired resources stay pending. False where the runtime
         did not take it, or nothing would be left."""
-        c = self.ledger.containers.get(key)
-        if c is None or not c.id:
-            return True
-        now = self._new(key) - avoid - self._still_left(key)  # nor onto CPUs others are still to leave
-        if not now:
-            return False
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with self._slots, lock:
-            if self._removed(c.id, c.pod_id):
+            c = self.ledger.containers.get(key)  # decided once the lock is ours (narrow says why)
+            if c is None or not c.id or self._removed(c.id, c.pod_id):
                 return True
+            now = self._new(key) - avoid - self._still_left(key)  # nor onto CPUs others are still to leave
+            if not now:
+                return False
             starting = key in self.starting
             self._maybe(key, str(now))
             try:

@@ -299,3 +299,25 @@ def test_a_step_aside_sent_while_the_runtime_starts_the_container_is_not_taken()
     del pusher.starting["b"]
     assert asyncio.run(pusher.step_aside("b", CPUSet.parse("2")))
     assert pusher.held["b"] == "3"
+
+
+def test_a_narrowing_queued_behind_a_push_that_landed_the_move_sends_nothing():
+    # Behind a frozen runtime many pushes of one container queue up; a narrowing decided before the
+    # push that landed its move would move it back where it was, onto CPUs given away since.
+    ledger = ledger_of({"a": "8", "b": "5,13"})
+    runtime = SlowRuntime({"a": "5,12-13", "b": "8-9"})
+    pusher = Pusher(ledger, runtime, lambda: None)
+    pusher.held.update(runtime.held)
+    ledger.containers["a"].pending = ledger.containers["b"].pending = True
+
+    async def go() -> None:
+        lock = pusher._locks.setdefault("a", asyncio.Lock())
+        await lock.acquire()  # a push of a in flight
+        narrowing = asyncio.create_task(pusher.narrow("a", ["a", "b"]))
+        await asyncio.sleep(0.01)
+        pusher.held["a"], ledger.containers["a"].pending = "8", False  # it landed a's move
+        lock.release()
+        await narrowing
+
+    asyncio.run(go())
+    assert runtime.held["a"] == "5,12-13" and pusher.held["a"] == "8"  # nothing sent, nothing recorded
