@@ -239,6 +239,33 @@ class Containerd:
             raise CallError(grpc.StatusCode.UNAVAILABLE, "error reading from server: EOF (containerd restarted)")
 
 
+class Cpusets:
+    """The containers' cgroup cpusets as cri-resmgr reads and writes them (controllers/cgroups.py's
+    Cpusets), on the model: a container has a cgroup once its task runs."""
+
+    def __init__(self, ctrd: Containerd) -> None:
+        self.ctrd = ctrd
+
+    def _task(self, container_id: str) -> Ctr | None:
+        c = self.ctrd.containers.get(container_id)
+        return c if c is not None and c.state == cri.CONTAINER_RUNNING else None
+
+    def read(self, cgroup_parent: str, container_id: str) -> tuple[str, str] | None:
+        c = self._task(container_id)
+        return (c.resources.cpuset_cpus, c.resources.cpuset_mems) if c is not None else None
+
+    def write(self, cgroup_parent: str, container_id: str, cpus: str, mems: str) -> str | None:
+        c = self._task(container_id)
+        if c is None:
+            return None
+        if cpus:
+            c.resources.cpuset_cpus = cpus
+        if mems:
+            c.resources.cpuset_mems = mems
+        self.ctrd.on_change()
+        return f"{cgroup_parent}/{container_id}"
+
+
 class Client:
     """The RuntimeClient's methods (resmgr/frontends/cri/runtime.py) on the simulated containerd."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import os
 import random
@@ -20,7 +21,7 @@ from typing import Any
 import grpc
 
 from harness.sim.clock import VirtualLoop, virtual_time
-from harness.sim.containerd import CallError, Containerd, Quirks
+from harness.sim.containerd import CallError, Containerd, Cpusets, Quirks
 from harness.sim.kubelet import Kubelet
 from resmgr import policies
 from resmgr.engine import Engine, NotReady, statefile
@@ -28,10 +29,11 @@ from resmgr.engine.store import StateStore
 from resmgr.frontends.cri.lifecycle import CriLifecycle
 from resmgr.frontends.cri.runtime import CriRuntime
 from resmgr.policies import PolicyError
+from resmgr.topology import generate as generate_module
 from resmgr.topology.cpuset import CPUSet
+from resmgr.topology.generate import generate, parse_spec
 from resmgr.topology.model import Topology
 from resmgr.topology.sysfs import discover
-from tests.support.machines import tree
 
 SHAPE = "sockets=2,nodes=2,cores=2,threads=2"  # the VM tier's node: 4 NUMA nodes of 4 CPUs
 POLICY = {"Active": "topology-aware", "ReservedResources": {"cpu": "750m"}}
@@ -48,8 +50,19 @@ SHM = "/dev/shm"
 
 @functools.cache
 def _shape_tree() -> Path:
-    """The node's sysfs tree, made once a process (each run reads its own topology from it)."""
-    return tree(SHAPE)
+    """The node's sysfs tree, made once and kept for every process of every run (each run reads its
+    own topology from it): a pool's worker processes end without their exit handlers, which would
+    leave a tree of their own behind each time."""
+    made_by = hashlib.sha256(SHAPE.encode() + Path(generate_module.__file__).read_bytes()).hexdigest()[:12]
+    where = Path(SHM if os.path.isdir(SHM) else tempfile.gettempdir()) / f"crirm-sim-shape-{os.getuid()}-{made_by}"
+    if not (where / "sys" / "devices" / "system" / "node").is_dir():
+        made = Path(tempfile.mkdtemp(prefix="crirm-sim-shape-", dir=where.parent))
+        generate(parse_spec(SHAPE), made)
+        try:
+            made.rename(where)  # whole or not at all: another process may be making it too
+        except OSError:
+            shutil.rmtree(made, ignore_errors=True)
+    return where
 
 
 class Violation(Exception):
@@ -75,7 +88,8 @@ class Daemon:
         self.store.prepare()
         self.client = node.ctrd.client()
         policy = policies.create(node.policy["Active"], node.policy, node.topology)
-        self.engine = Engine(policy, self.store, CriRuntime(self.client), gated=True)  # type: ignore[arg-type]
+        self.engine = Engine(policy, self.store, CriRuntime(self.client),  # type: ignore[arg-type]
+                             cpusets=Cpusets(node.ctrd), gated=True)
         self.engine.state.restore(self.store.load(statefile.check))
         self.front = CriLifecycle(self.engine)
         self.handlers = {path.rsplit("/", 1)[1]: h for path, h in self.front.handlers().items()}
@@ -117,6 +131,7 @@ class Node:
     crashes: int = 3  # SIGKILLs of cri-resmgr during the run
     freezes: int = 1  # containerd frozen (SIGSTOP) 5-60 s during the run
     restarts: int = 1  # containerd restarted (down 0.5-3 s) during the run
+    losses: int = 1  # of the crashes, those that leave the state file cut short (set aside at the start)
     policy: dict[str, Any] = field(default_factory=lambda: dict(POLICY))
     quirks: Quirks = field(default_factory=Quirks)
     trace: list[str] = field(default_factory=list)
@@ -197,13 +212,26 @@ class Node:
 
     async def _crasher(self, until: float) -> None:
         loop = asyncio.get_running_loop()
-        for _ in range(self.crashes):
+        lossy = random.Random(self.seed * 104729 + 2)  # its own: the other choices of a seed stay as they were
+        losing = set(lossy.sample(range(self.crashes), min(self.losses, self.crashes)))
+        for n in range(self.crashes):
             await asyncio.sleep(self.rng.uniform(0, until / max(1, self.crashes)))
             self.kill_daemon()
+            if n in losing:
+                self.cut_state(lossy)
             await asyncio.sleep(self.rng.uniform(0.5, 5.0))  # systemd's restart, the daemon's start-up
             self.start_daemon()
             if loop.time() > until:
                 return
+
+    def cut_state(self, rng: random.Random) -> None:
+        """The state file cut short (the soak's corrupt-state fault): the next life sets it aside and
+        adopts what the runtime runs."""
+        for path in self.state_dir.iterdir():
+            if path.is_file() and not path.name.startswith(".") and ".broken-" not in path.name:
+                data = path.read_bytes()
+                path.write_bytes(data[:rng.randrange(max(1, len(data)))])
+                self.note(f"state file {path.name} cut to {path.stat().st_size} of {len(data)} bytes")
 
     # -- the invariants ---------------------------------------------------------------------------------
     def note(self, text: str) -> None:

@@ -22,6 +22,7 @@ from resmgr.control import cgroupcpus
 from resmgr.control.manager import ConfigManager, Rejected, Sources
 from resmgr.controllers import ControllerError, Controllers, follow
 from resmgr.controllers.blockio import BlockIOController
+from resmgr.controllers.cgroups import CpusetFiles
 from resmgr.controllers.cpu import CPUController
 from resmgr.controllers.irq import IRQController
 from resmgr.controllers.rdt import RDTController
@@ -270,7 +271,7 @@ class Daemon:
             controllers.prepare(self.config.data)()
         except ControllerError as err:
             raise StartupError(f"{self.config.source}: {err}") from None
-        engine = Engine(policy, store, runtime, controllers, cgroup_root=self.opts.cgroup_root, gated=True,
+        engine = Engine(policy, store, runtime, controllers, cpusets=CpusetFiles(self.opts.cgroup_root), gated=True,
                         device_hints=functools.partial(device_hints, host_root=self.opts.host_root),
                         write_behind=write_behind)
         sched.lookup = engine.state.scheduling_class

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from typing import Protocol
 
 # The systemd scope of a container, by runtime: containerd, CRI-O.
 SCOPES = ("cri-containerd-{id}.scope", "crio-{id}.scope")
@@ -62,6 +63,29 @@ def write_cpuset(cgroup_root: str, cgroup_parent: str, container_id: str, cpus: 
                     f.write(value)
         return base
     return None
+
+
+class Cpusets(Protocol):
+    """Where reconciliation reads a container's cpuset back, and writes it (CpusetFiles)."""
+
+    def read(self, cgroup_parent: str, container_id: str) -> tuple[str, str] | None: ...
+
+    def write(self, cgroup_parent: str, container_id: str, cpus: str, mems: str) -> str | None: ...
+
+
+class CpusetFiles:
+    """The containers' cpuset files below one hierarchy root: what reconciliation reads back, and
+    writes where the runtime took an update without applying it. The simulated node gives the
+    engine its own, which reads and writes its model of the kernel instead."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def read(self, cgroup_parent: str, container_id: str) -> tuple[str, str] | None:
+        return read_cpuset(self.root, cgroup_parent, container_id)
+
+    def write(self, cgroup_parent: str, container_id: str, cpus: str, mems: str) -> str | None:
+        return write_cpuset(self.root, cgroup_parent, container_id, cpus, mems)
 
 
 async def tell_systemd(unit: str, cpus: str, mems: str, timeout: float = 10.0) -> str:

@@ -21,6 +21,7 @@ prepared and unprepared). Callers name the part: `engine.creating.plan_create(..
 from __future__ import annotations
 
 from resmgr.controllers import Controllers
+from resmgr.controllers.cgroups import Cpusets
 from resmgr.engine.claims import Claims
 from resmgr.engine.create import Create
 from resmgr.engine.reconcile import Reconciler
@@ -36,10 +37,10 @@ class Engine:
     """What the front ends call: the state, its reconciler, and every lifecycle step."""
 
     def __init__(self, policy: Policy, store: StateStore, runtime: Runtime, controllers: Controllers | None = None,
-                 cgroup_root: str = "", gated: bool = False, device_hints: Hints | None = None,
+                 cpusets: Cpusets | None = None, gated: bool = False, device_hints: Hints | None = None,
                  write_behind: bool = False) -> None:
         """See EngineState for the arguments."""
-        self.state = EngineState(policy, store, runtime, controllers, cgroup_root, gated, device_hints,
+        self.state = EngineState(policy, store, runtime, controllers, cpusets, gated, device_hints,
                                  write_behind)
         self.reconciler = Reconciler(self.state)
         self.creating = Create(self.state, self.reconciler)

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from resmgr.controllers.cgroups import read_cpuset, tell_systemd, write_cpuset
+from resmgr.controllers.cgroups import tell_systemd
 from resmgr.engine.state import EngineState, brief
 from resmgr.model import Container, ContainerState, Decision, Pod, PodState, Resources
 from resmgr.policies.base import PolicyError
@@ -209,8 +209,8 @@ class Reconciler:
         """The cpuset a container runs with: in its cgroup, and from each source (the cgroup, the runtime)."""
         seen, cg = [], None
         pod = self.state.pods.get(c.pod_id)
-        if self.state.cgroup_root and pod is not None:
-            cg = await asyncio.to_thread(read_cpuset, self.state.cgroup_root, pod.cgroup_parent, c.id)
+        if self.state.cpusets is not None and pod is not None:
+            cg = await asyncio.to_thread(self.state.cpusets.read, pod.cgroup_parent, c.id)
             if cg is not None:
                 seen.append(cg)
         try:
@@ -349,14 +349,14 @@ class Reconciler:
     async def _write_cgroup(self, c: Container) -> None:
         pod = self.state.pods.get(c.pod_id)
         res = c.resources
-        if pod is None or c.pending:
+        if pod is None or c.pending or self.state.cpusets is None:
             return  # gone, or decided anew meanwhile: the next round sees
         wanted = (res.cpuset_cpus, res.cpuset_mems)
         # Said once per grant: a cgroup the kernel keeps refusing is tried again every round.
         first = self._written.get(c.key) != wanted
         self._written[c.key] = wanted
         try:
-            where = await asyncio.to_thread(write_cpuset, self.state.cgroup_root, pod.cgroup_parent, c.id,
+            where = await asyncio.to_thread(self.state.cpusets.write, pod.cgroup_parent, c.id,
                                             res.cpuset_cpus, res.cpuset_mems)
         except OSError as err:
             (log.error if first else log.debug)("container %s: the runtime took its update but runs it as "

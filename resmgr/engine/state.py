@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from resmgr.controllers import Controllers
+from resmgr.controllers.cgroups import Cpusets
 from resmgr.engine import statefile
 from resmgr.engine.ledger import Ledger
 from resmgr.engine.pusher import Pusher
@@ -109,9 +110,10 @@ class EngineState:
     """The ledger and its lock, persistence, pushes, and the policy's own changes."""
 
     def __init__(self, policy: Policy, store: StateStore, runtime: Runtime, controllers: Controllers | None = None,
-                 cgroup_root: str = "", gated: bool = False, device_hints: Hints | None = None,
+                 cpusets: Cpusets | None = None, gated: bool = False, device_hints: Hints | None = None,
                  write_behind: bool = False) -> None:
-        """gated: lifecycle decisions wait for the first reconciliation (the daemon's case).
+        """cpusets: the containers' cgroup cpusets (controllers/cgroups.py), read back by reconciliation.
+        gated: lifecycle decisions wait for the first reconciliation (the daemon's case).
         device_hints: device host paths -> {path: NUMA nodes} (the daemon reads sysfs; none by default).
         write_behind: answers need not wait for the disk (see below)."""
         self.ledger = Ledger(policy)
@@ -119,7 +121,7 @@ class EngineState:
         self.device_hints: Hints = device_hints or (lambda paths: {})
         self.store = store
         self.runtime = runtime
-        self.cgroup_root = cgroup_root  # where container cgroups are read back ("": not at all)
+        self.cpusets = cpusets  # where containers' cpusets are read back (None: not at all)
         self.lock = asyncio.Lock()
         self.reconciled = asyncio.Event()
         if not gated:

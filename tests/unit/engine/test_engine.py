@@ -8,6 +8,7 @@ import logging
 import grpc
 import pytest
 
+from resmgr.controllers.cgroups import CpusetFiles
 from resmgr.engine import Engine, NotReady, ledger, reconcile
 from resmgr.engine import pusher as pushing
 from resmgr.engine import start as starting
@@ -486,7 +487,7 @@ def _cgroup(root, parent, name, cpus, mems="0"):
 def _cgroup_engine(tmp_path):
     """An engine that reads (and may write) container cgroups under tmp_path/cg."""
     engine = Engine(PinningPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
-                    cgroup_root=str(tmp_path / "cg"))
+                    cpusets=CpusetFiles(str(tmp_path / "cg")))
     engine.state.store.prepare()
     return engine
 
@@ -526,7 +527,7 @@ async def test_a_cgroup_the_kernel_refuses_is_tried_every_round_and_reported_onc
         tried.append(args)
         raise OSError(22, "Invalid argument")
 
-    monkeypatch.setattr(reconcile, "write_cpuset", refuse)
+    monkeypatch.setattr(engine.state.cpusets, "write", refuse)
     with caplog.at_level(logging.DEBUG, logger="cri-resmgr.engine"):
         for _ in range(5):
             await engine.reconcile()
