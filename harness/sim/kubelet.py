@@ -181,6 +181,9 @@ class Kubelet:
                     if c.state != cri.CONTAINER_CREATED:
                         await self._until(pod, "stop", cri.StopContainerRequest(container_id=c.id, timeout=30))
                 await self._until(pod, "stop pod", cri.StopPodSandboxRequest(pod_sandbox_id=sandbox))
+                if any(c.pod_id == sandbox and c.state == cri.CONTAINER_CREATED
+                       for c in self.node.ctrd.containers.values()):
+                    await asyncio.sleep(self.rng.uniform(1.0, 60.0))  # its garbage collection runs every minute
                 for c in [c for c in self.node.ctrd.containers.values() if c.pod_id == sandbox]:
                     await self._until(pod, "remove", cri.RemoveContainerRequest(container_id=c.id))
                 await self._until(pod, "remove pod", cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox))

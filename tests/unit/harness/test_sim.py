@@ -15,6 +15,7 @@ import pytest
 from harness.sim.containerd import Containerd, Ctr, Quirks, Sandbox
 from harness.sim.kubelet import resources
 from harness.sim.node import Node, Violation
+from harness.sim.plants import PLANTS
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import Resources
 from resmgr.topology.cpuset import CPUSet
@@ -115,3 +116,22 @@ def test_a_quiet_node_whose_cgroups_are_not_as_granted_is_caught():
     with pytest.raises(Violation, match="cri-resmgr does not know it"):
         node.check_quiet()
     assert CPUSet.parse("3") == node.ctrd.containers["g"].cpus
+
+
+# -- proven by what it catches: each earlier fix undone (harness/sim/plants.py) on its seed ----------
+CAUGHT = sorted(name for name, p in PLANTS.items() if p.seed)
+
+
+def test_the_plants_seeds_run_clean_with_every_fix_in_place():
+    done = sim("--only", ",".join(str(PLANTS[name].seed) for name in CAUGHT))
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_most_plants_are_caught():
+    assert len(CAUGHT) >= len(PLANTS) - 3, [n for n in PLANTS if n not in CAUGHT]
+
+
+@pytest.mark.parametrize("name", CAUGHT)
+def test_a_planted_defect_breaks_an_invariant_on_its_seed(name):
+    done = sim("--only", str(PLANTS[name].seed), "--plant", name, "--jobs", "1")
+    assert done.returncode == 1 and f"seed {PLANTS[name].seed}: " in done.stdout, done.stdout[-3000:]

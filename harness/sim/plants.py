@@ -1,0 +1,69 @@
+"""Defects planted in the real engine, each an earlier fix undone, to prove the simulated node finds
+them: `python -m harness.sim --plant NAME` runs seeds with one of them in place, and
+tests/unit/harness/test_sim_plants.py holds each to the first seed that catches it.
+
+A plant swaps one method or function of the engine for the one before its fix, for the life of a
+`with` block in one process (the simulator's workers each plant it anew).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+from resmgr.engine import ledger, pusher
+from resmgr.topology.cpuset import CPUSet
+
+
+async def _nothing(*args: Any) -> None:
+    return None
+
+
+def _all_at_once(todo: Iterable[str], leaves: Callable[[str], CPUSet], new: Callable[[str], CPUSet]) -> list[str]:
+    return list(todo)
+
+
+@dataclass(frozen=True)
+class Plant:
+    fix: str  # what the fix it undoes made right
+    target: Any  # the class or module whose attribute is swapped
+    name: str
+    stand_in: Any
+    seed: int = 0  # the first seed (of 1-150) that catches it; 0: none does (why, in `fix`)
+
+
+PLANTS = {
+    "found": Plant("an adopted container holds the CPUs it was found on until its move lands (soak seed 536)",
+                   pusher.Pusher, "found", lambda self, key, cpus: None, 21),
+    "maybe": Plant("a push that failed counts as holding both the old CPUs and the new (soak seed 517)",
+                   pusher.Pusher, "_maybe", lambda self, key, cpus: None, 6),
+    "removed": Plant("nothing is sent to a container whose removal is under way: containerd 2.3.7 panics "
+                     "(the hostile test)", pusher.Pusher, "_removed", lambda self, cid, pod: False, 5),
+    "narrow": Plant("containers that swap CPUs first narrow to the CPUs they keep (a policy switch in the soak)",
+                    pusher.Pusher, "narrow", lambda self, key, todo: _nothing(), 4),
+    "waves": Plant("of many pushes, those that give CPUs up land before those that take them (a switch in the "
+                   "soak)", pusher, "movable", _all_at_once, 4),
+    "raced": Plant("an update sent while the runtime starts the container is taken only once it runs and is "
+                   "sent again (the simulated node, once its containerd made tasks as containerd does)",
+                   pusher.Pusher, "_raced", lambda self, key, starting: False, 4),
+    "again": Plant("a container updated while the runtime started it is updated again once started: without it, "
+                   "it stays pending and held where it may run, and reconciliation pushes it (slower, no "
+                   "invariant broken)", pusher.Pusher, "again", lambda self, key: _nothing(), 0),
+    "released-lately": Plant("a container the runtime lists running just after its stop is not granted again "
+                             "(the soak): its only harm, an update to a stopped container, is no invariant",
+                             ledger.Ledger, "released_lately", lambda self, c: False, 0),
+}
+
+
+@contextlib.contextmanager
+def planted(name: str) -> Iterator[Plant]:
+    """The engine with the named defect in place ("" : none)."""
+    if not name:
+        yield Plant("", None, "", None)
+        return
+    plant = PLANTS[name]
+    with mock.patch.object(plant.target, plant.name, plant.stand_in):
+        yield plant
