@@ -337,7 +337,12 @@ class Reconciler:
             return
         wanted = (c.resources.cpuset_cpus, c.resources.cpuset_mems)
         cg = obs.cgroups.get(c.id)
-        if self._pushed.get(c.key) == wanted and cg is not None and self._differs(c, [cg]):
+        failed = self.state.runtime.failed_update(c.id)
+        # Pushed once more and still not applied, or failed by the runtime (its deadline passed on a
+        # busy node): the cgroup is written, not left to a runtime that may fail it again for a while.
+        tried = self._pushed.get(c.key) == wanted or (
+            failed is not None and (failed.cpuset_cpus, failed.cpuset_mems) == wanted)
+        if tried and cg is not None and self._differs(c, [cg]):
             out.unapplied.append(c)
             return
         log.warning("container %s runs with other CPUs or memory nodes than granted (%s); updating it again",

@@ -87,6 +87,11 @@ class Runtime(Protocol):
         or sent and not yet answered): until it lands, the container runs where it was."""
         ...
 
+    def failed_update(self, container_id: str) -> Resources | None:
+        """The last update the runtime failed or refused for the container after taking it for
+        delivery (NRI's UpdateContainers answers later), until one lands; None where none did."""
+        ...
+
 
 class Changes:
     """Counts the engine's state changes, for those who follow them (the topology feed)."""

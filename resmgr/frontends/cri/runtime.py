@@ -145,6 +145,9 @@ class CriRuntime:
     def delivering(self, container_id: str) -> bool:
         return False  # an update returns once the runtime has taken it
 
+    def failed_update(self, container_id: str) -> Resources | None:
+        return None  # a failed update raises to the pusher, which keeps it pending
+
     async def update_resources(self, container_id: str, res: Resources) -> None:
         try:
             await self.client.update_resources(container_id, convert.to_linux(res))

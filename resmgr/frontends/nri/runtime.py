@@ -82,6 +82,9 @@ class NriRuntime:
         self._outbox: dict[str, Resources] = {}
         self._sending: dict[str, Resources] = {}  # the UpdateContainers call in flight
         self._latest: dict[str, Resources] = {}  # the newest value given per container
+        # The updates the runtime failed or refused (a deadline of its own, a busy shim): until one
+        # lands, reconciliation writes the container's cgroup rather than wait for the runtime.
+        self._failed: dict[str, Resources] = {}
         self._kick = asyncio.Event()
         self.on_failure: Callable[[], None] = lambda: None  # the engine's retry (with backoff)
         # Set while this runtime's UpdateContainers is unsafe: ends the connection so that a new
@@ -120,6 +123,7 @@ class NriRuntime:
         self.containers[c.id] = copy
 
     def gone_container(self, container_id: str) -> None:
+        self._failed.pop(container_id, None)
         self.containers.pop(container_id, None)
         self._latest.pop(container_id, None)
         self._outbox.pop(container_id, None)
@@ -131,6 +135,7 @@ class NriRuntime:
 
     def applied(self, container_id: str, res: Resources) -> None:
         """The runtime took res for the container: it runs with that cpuset now."""
+        self._failed.pop(container_id, None)
         c = self.containers.get(container_id)
         if c is not None:
             if res.cpuset_cpus:
@@ -166,6 +171,9 @@ class NriRuntime:
     def delivering(self, container_id: str) -> bool:
         return container_id in self._outbox or container_id in self._sending
 
+    def failed_update(self, container_id: str) -> Resources | None:
+        return None if self.delivering(container_id) else self._failed.get(container_id)
+
     async def update_resources(self, container_id: str, res: Resources) -> None:
         self._latest[container_id] = res
         collector = COLLECTING.get()
@@ -198,8 +206,9 @@ class NriRuntime:
             try:
                 failed = await self._answer(call, len(batch))
             except Exception as err:
-                log.warning("UpdateContainers for %d container(s) failed: %s; they are repaired at the next "
-                            "synchronization", len(batch), str(err) or type(err).__name__)
+                log.warning("UpdateContainers for %d container(s) failed: %s; reconciliation repairs them",
+                            len(batch), str(err) or type(err).__name__)
+                self._failed.update(batch)
                 self.on_failure()
                 continue
             finally:
@@ -208,6 +217,7 @@ class NriRuntime:
             for cid, res in batch.items():
                 if cid in refused:
                     log.warning("the runtime refused the update of container %s", cid)
+                    self._failed[cid] = res
                 elif self._latest.get(cid) is res:
                     self.applied(cid, res)
                 elif cid in self._latest and cid not in self._outbox:

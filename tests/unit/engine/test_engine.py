@@ -519,6 +519,19 @@ async def test_a_cgroup_the_runtime_took_an_update_for_and_left_as_it_was_is_wri
     assert len(rt.updates) == 1 and not engine.state.containers["c1"].pending
 
 
+async def test_a_cgroup_whose_update_the_runtime_failed_is_written_at_once(tmp_path):
+    """NRI's UpdateContainers answers later: containerd on a busy node fails it on a deadline of its
+    own ("failed to get task") for tens of seconds. The next round writes the cgroup rather than
+    hand the same update to that runtime again."""
+    engine, cg = await _lost_task(tmp_path)
+    rt = engine.state.runtime.client
+    rt.cpusets["c1"] = "0-3"  # the runtime's record: the update never landed
+    granted = engine.state.containers["c1"].resources
+    engine.state.runtime.failed_update = lambda cid: granted if cid == "c1" else None
+    await engine.reconcile()
+    assert rt.updates == [] and (cg / "cpuset.cpus").read_text() == "0"
+
+
 async def test_a_cgroup_the_kernel_refuses_is_tried_every_round_and_reported_once(tmp_path, monkeypatch, caplog):
     engine, _ = await _lost_task(tmp_path)
     tried = []

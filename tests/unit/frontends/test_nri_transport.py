@@ -409,6 +409,7 @@ async def test_a_safe_runtime_gets_a_synchronizations_updates_by_update_containe
         await asyncio.sleep(0.01)
     assert failures  # the engine is woken to repair it
     assert plugin.runtime.containers["c1"].linux.resources.cpu.cpus != "1"  # not taken as applied
+    assert plugin.runtime.failed_update("c1").cpuset_cpus == "1"  # reconciliation writes the cgroup
 
 
 async def test_an_unsafe_runtime_still_gets_them_in_the_synchronize_answer(dialled):
