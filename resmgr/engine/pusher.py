@@ -7,8 +7,10 @@ at once overall. A failed push is retried by reconciliation (it stays pending).
 
 Pushes may run in the background so the call that caused them returns at once; a new
 container's start waits for those that move others off its CPUs (`repins`). A container
-updated while the runtime starts it is updated again once started (`raced`): the runtime
-may have started it from what it held before, so until then its move is not taken.
+updated while the runtime starts it (a push, a step aside, a narrowing) is updated again once
+started (`raced`): the runtime may have started it from what it held before, so until then its
+move is not taken. A step aside or a narrowing is decided once the container's lock is held:
+one queued behind the push that landed its move would otherwise move it back.
 
 Of many pushes at once (a policy switch, a rebalance), those that only take CPUs away go first:
 a container moved onto CPUs another one still runs on would share them with it until both
