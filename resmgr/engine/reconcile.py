@@ -357,6 +357,7 @@ class Reconciler:
         if pod is None or c.pending or self.state.cpusets is None:
             return  # gone, or decided anew meanwhile: the next round sees
         wanted = (res.cpuset_cpus, res.cpuset_mems)
+        why = "it failed it" if self.state.runtime.failed_update(c.id) is not None else "it took it, runs as before"
         # Said once per grant: a cgroup the kernel keeps refusing is tried again every round.
         first = self._written.get(c.key) != wanted
         self._written[c.key] = wanted
@@ -364,13 +365,13 @@ class Reconciler:
             where = await asyncio.to_thread(self.state.cpusets.write, pod.cgroup_parent, c.id,
                                             res.cpuset_cpus, res.cpuset_mems)
         except OSError as err:
-            (log.error if first else log.debug)("container %s: the runtime took its update but runs it as "
-                                                "before, and its cgroup cannot be written: %s", c.id, err)
+            (log.error if first else log.debug)("container %s: the runtime has not applied its update (%s), and "
+                                                "its cgroup cannot be written: %s", c.id, why, err)
             return
         if where is None:
             return
-        (log.warning if first else log.debug)("container %s: the runtime took its update but runs it as before; "
-                                              "its cgroup's cpuset is written instead (cpus %s, mems %s)", c.id,
+        (log.warning if first else log.debug)("container %s: the runtime has not applied its update (%s); its "
+                                              "cgroup's cpuset is written instead (cpus %s, mems %s)", c.id, why,
                                               res.cpuset_cpus or "-", res.cpuset_mems or "-")
         unit = os.path.basename(where)
         if unit.endswith(".scope"):
