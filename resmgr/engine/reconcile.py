@@ -157,7 +157,7 @@ class Reconciler:
             first = not self.state.reconciled.is_set() or not self._swept
             obs = await self._observe()
             async with self.state.lock:
-                outcome, _, fresh = self._commit(obs, limits)  # its decisions recorded as made (_took)
+                outcome, fresh = self._commit(obs, limits)  # its decisions recorded as made (_took)
             self.state.pusher.looked.set()  # where containers run is known: moves may go
             await self.state.pusher.push_pending()
             for c in outcome.unapplied:
@@ -238,11 +238,11 @@ class Reconciler:
         return full
 
     # -- repairing (engine lock held) -------------------------------------------------
-    def _commit(self, obs: Observation, limits: bool = False) -> tuple[Outcome, Decision, list[Container]]:
-        out, decision, fresh = Outcome(), Decision(), []
+    def _commit(self, obs: Observation, limits: bool = False) -> tuple[Outcome, list[Container]]:
+        out, fresh = Outcome(), []
         for pod in [p for p in self.state.pods.values() if p.id not in obs.pods and p.seq <= obs.start_seq]:
             # Gone without kubelet removing it (the node rebooted, say): kubelet may make it anew.
-            self._took(decision, self.state.drop_pod(pod, vanished=True).updates)
+            self._took(self.state.drop_pod(pod, vanished=True).updates)
             out.dropped_pods += 1
         for c in list(self.state.containers.values()):
             if not c.id or c.seq > obs.start_seq:
@@ -256,19 +256,19 @@ class Reconciler:
                 if down:
                     self.state.ledger.await_return(c)
                 log.debug("container %s (%s) is gone from the runtime; forgotten", c.id, c.name)
-                self._took(decision, self.ended(c, None).updates)
+                self._took(self.ended(c, None).updates)
                 out.dropped += 1
             elif live.state == ContainerState.EXITED:
                 if c.state != ContainerState.EXITED:
                     if down:
                         self.state.ledger.await_return(c)
-                    self._took(decision, self.ended(c, live).updates)
+                    self._took(self.ended(c, live).updates)
                     out.exited += 1
             elif live.state == ContainerState.CREATED and _stopped(sandbox):
                 # Made in a pod stopped since: it can never start. It holds nothing, and is sent
                 # nothing: an update racing with its removal makes containerd 2.3 panic.
                 if c.state != ContainerState.EXITED:
-                    self._took(decision, self.state.release(c).updates)
+                    self._took(self.state.release(c).updates)
                     out.exited += 1
             elif live.state.live:
                 if c.state == ContainerState.EXITED:  # released, yet it runs: it needs a grant again
@@ -283,7 +283,7 @@ class Reconciler:
                     self.state.pusher.seen_pending(c.key, [cpus for cpus, _ in obs.actual.get(c.id, [])])
                 moved = self._resized(c, live.requested) if limits and not c.pending else None
                 if moved is not None:
-                    self._took(decision, moved)
+                    self._took(moved)
                     out.resized += 1
                 elif not c.pending and not self.state.runtime.delivering(c.id):
                     self._repair(c, obs, out)
@@ -312,19 +312,18 @@ class Reconciler:
                 self.state.pusher.raced.add(cid)
             fresh.append(c)
             out.adopted += 1
-        self._took(decision, self.allocate_waiting())
+        self._took(self.allocate_waiting())
         self.state.rebooted = False
         for seen in (self._pushed, self._written):
             for key in [k for k in seen if k not in self.state.containers]:
                 del seen[key]
-        return out, decision, fresh
+        return out, fresh
 
-    def _took(self, decision: Decision, updates: dict[str, Resources]) -> None:
+    def _took(self, updates: dict[str, Resources]) -> None:
         """One decision's updates recorded at once (the next decision of the round decides from
-        them: a container moved by one and left alone by the next keeps the latest place), and
-        kept for the round's push."""
+        them: a container moved by one and left alone by the next keeps the latest place); the
+        round pushes what is pending."""
         self.state.record(updates)
-        decision.updates.update(updates)
 
     def _repair(self, c: Container, obs: Observation, out: Outcome) -> None:
         """Push c again where it runs with other CPUs or memory nodes than granted; where its cgroup
