@@ -106,6 +106,7 @@ class NriRuntime:
         self.pods = {p.id: p for p in pods if p.id}
         self.containers = {c.id: c for c in containers if c.id}
         self._latest = {k: v for k, v in self._latest.items() if k in self.containers}
+        self._failed = {k: v for k, v in self._failed.items() if k in self.containers}
         self._outbox.clear()  # what was queued is superseded by what this synchronization decides
 
     def seen_pod(self, p: nri.PodSandbox) -> None:

@@ -625,3 +625,16 @@ async def test_a_new_container_answer_carries_the_update_of_one_still_on_its_cpu
     assert collector.updates == {}  # nothing g leaves
     trunk.close()
     peer.writer.close()
+
+
+def test_a_failed_update_is_forgotten_with_its_container_and_by_a_synchronization_without_it():
+    from resmgr.frontends.nri.runtime import NriRuntime
+    from resmgr.model import Resources
+
+    rt = NriRuntime()
+    rt.replace([], [nri.Container(id="c1"), nri.Container(id="c2")])
+    rt._failed.update({"c1": Resources(cpuset_cpus="1"), "c2": Resources(cpuset_cpus="2")})
+    rt.gone_container("c1")
+    assert rt.failed_update("c1") is None and rt.failed_update("c2") is not None
+    rt.replace([], [])  # c2 went while the plugin was away
+    assert rt.failed_update("c2") is None
