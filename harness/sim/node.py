@@ -140,8 +140,7 @@ class Node:
         self.rng = random.Random(self.seed)
         self.topology: Topology = discover(str(_shape_tree()))
         self.online = CPUSet(self.topology.online)
-        # In memory where it can be: the simulated crash decides what a write leaves, not the disk.
-        self.state_dir = Path(tempfile.mkdtemp(prefix="crirm-sim-", dir=SHM if os.path.isdir(SHM) else None))
+        self.state_dir = Path()  # made when the run starts (a node made and not run leaves nothing)
         self.daemon: Daemon | None = None
         self.last_call = 0.0
         self.simulated = 0.0  # virtual seconds the run lasted
@@ -346,6 +345,8 @@ class Node:
     def run(self) -> None:
         """The whole run; Violation if an invariant broke."""
         loop = VirtualLoop()
+        # In memory where it can be: the simulated crash decides what a write leaves, not the disk.
+        self.state_dir = Path(tempfile.mkdtemp(prefix="crirm-sim-", dir=SHM if os.path.isdir(SHM) else None))
         logging.disable(logging.CRITICAL)
         try:
             with virtual_time(loop):

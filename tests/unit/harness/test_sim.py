@@ -131,8 +131,8 @@ def test_the_plants_seeds_run_clean_with_every_fix_in_place():
     assert done.returncode == 0, done.stdout[-3000:]
 
 
-def test_most_plants_are_caught():
-    assert len(CAUGHT) >= len(PLANTS) - 3, [n for n in PLANTS if n not in CAUGHT]
+def test_the_plants_not_caught_are_those_whose_reasons_the_table_states():
+    assert sorted(n for n in PLANTS if n not in CAUGHT) == ["again", "released-lately"]
 
 
 @pytest.mark.parametrize("name", CAUGHT)
