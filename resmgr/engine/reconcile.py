@@ -30,13 +30,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from resmgr.controllers.cgroups import tell_systemd
+from resmgr.engine.kernel import CgroupWriter
 from resmgr.engine.state import EngineState, brief
 from resmgr.model import Container, ContainerState, Decision, Pod, PodState, Resources
 from resmgr.policies.base import PolicyError
@@ -117,7 +116,7 @@ class Reconciler:
         self._sweep_lock = asyncio.Lock()  # one round at a time
         self._swept = False  # a round has completed since start-up
         self._pushed: dict[str, tuple[str, str]] = {}  # by container: the cpuset a repair pushed last round
-        self._written: dict[str, tuple[str, str]] = {}  # by container: the cpuset its cgroup was last written
+        self.cgroups = CgroupWriter(state)  # where the runtime has not applied an update
 
     # -- the loop ----------------------------------------------------------------------
     async def run(self, interval: float) -> None:
@@ -161,7 +160,9 @@ class Reconciler:
             self.state.pusher.looked.set()  # where containers run is known: moves may go
             await self.state.pusher.push_pending()
             for c in outcome.unapplied:
-                await self._write_cgroup(c)
+                why = "it failed it" if self.state.runtime.failed_update(c.id) is not None else \
+                    "it took it, runs as before"
+                await self.cgroups.write(c, why)
             if first:
                 await self.state.reapply()  # containers started while we were away join their classes too
             else:
@@ -314,9 +315,9 @@ class Reconciler:
             out.adopted += 1
         self._took(self.allocate_waiting())
         self.state.rebooted = False
-        for seen in (self._pushed, self._written):
-            for key in [k for k in seen if k not in self.state.containers]:
-                del seen[key]
+        for key in [k for k in self._pushed if k not in self.state.containers]:
+            del self._pushed[key]
+        self.cgroups.forget_gone()
         return out, fresh
 
     def _took(self, updates: dict[str, Resources]) -> None:
@@ -349,36 +350,6 @@ class Reconciler:
         self._pushed[c.key] = wanted
         c.pending = True
         out.repaired += 1
-
-    async def _write_cgroup(self, c: Container) -> None:
-        pod = self.state.pods.get(c.pod_id)
-        res = c.resources
-        if pod is None or c.pending or self.state.cpusets is None:
-            return  # gone, or decided anew meanwhile: the next round sees
-        wanted = (res.cpuset_cpus, res.cpuset_mems)
-        why = "it failed it" if self.state.runtime.failed_update(c.id) is not None else "it took it, runs as before"
-        # Said once per grant: a cgroup the kernel keeps refusing is tried again every round.
-        first = self._written.get(c.key) != wanted
-        self._written[c.key] = wanted
-        try:
-            where = await asyncio.to_thread(self.state.cpusets.write, pod.cgroup_parent, c.id,
-                                            res.cpuset_cpus, res.cpuset_mems)
-        except OSError as err:
-            (log.error if first else log.debug)("container %s: the runtime has not applied its update (%s), and "
-                                                "its cgroup cannot be written: %s", c.id, why, err)
-            return
-        if where is None:
-            return
-        (log.warning if first else log.debug)("container %s: the runtime has not applied its update (%s); its "
-                                              "cgroup's cpuset is written instead (cpus %s, mems %s)", c.id, why,
-                                              res.cpuset_cpus or "-", res.cpuset_mems or "-")
-        unit = os.path.basename(where)
-        if unit.endswith(".scope"):
-            why = await tell_systemd(unit, res.cpuset_cpus, res.cpuset_mems)
-            if why:
-                (log.warning if first else log.debug)("container %s: systemd was not told of its scope's new "
-                                                      "cpuset (%s); it may put the old one back when it next "
-                                                      "applies the scope's properties", c.id, why)
 
     def ended(self, c: Container, listed: Container | None) -> Decision:
         """What c gives back, as the runtime lists it (None: not at all): removed, it is forgotten;

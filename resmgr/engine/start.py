@@ -45,6 +45,7 @@ class Start:
             if repin is not None:
                 await asyncio.shield(repin)
             await self._clear_the_way(container_id, deadline)
+            await self.off_its_cpus(container_id)
         starting = self.state.pusher.starting
         started = starting.setdefault(container_id, asyncio.Event())
         try:
@@ -65,6 +66,18 @@ class Start:
             await self.state.controllers_apply(c)
             await self.state.save()
         return resp
+
+    async def off_its_cpus(self, container_id: str) -> list[str]:
+        """Just before the container runs: the containers whose cgroups still hold its CPUs, though
+        the runtime took their moves off them (containerd ignores a failed update an NRI answer
+        carries, and a lost task takes one without applying it), have their cgroups written now.
+        The ids written."""
+        c = self.state.containers.get(container_id)
+        if c is None or self.state.cpusets is None:
+            return []
+        async with self.state.lock:  # no grant changes while the cgroups are compared and written
+            others = [self.state.containers[k] for k in self._elsewhere(c)]
+            return await self.reconciler.cgroups.clear(c, others)
 
     async def _clear_the_way(self, container_id: str, deadline: float | None) -> None:
         c = self.state.containers.get(container_id)

@@ -16,6 +16,7 @@ import pytest
 from harness.containerd import REQUIRE_CRI_RESMGR, PrivateContainerd
 from harness.relay import NriProcess, policy_relay
 from resmgr.generated.cri import api_pb2 as cri
+from resmgr.topology.cpuset import CPUSet
 from tests.support.helpers import (
     ONLINE,
     ROOT,
@@ -125,6 +126,37 @@ def test_synchronize_adopts_what_runs_and_restarts_lose_nothing(containerd, work
         assert "Traceback" not in plugin.log()
     finally:
         plugin.stop()
+
+
+def test_a_container_the_kernel_still_runs_on_the_cpus_of_one_starting_is_moved_off_them_first(
+        containerd, workdir, pods):
+    """containerd logs and ignores a failed update a CreateContainer answer carries (a shim that does
+    not answer in time, on a busy node): the new container would start on CPUs the shared one still
+    runs on. At the start event the plugin reads the kernel, not the runtime's word."""
+    plugin = nri_plugin(workdir, containerd, "static", "--reconcile-interval", "1h").start()
+    try:
+        s_cfg, shared = run(pods, "burstable", 200)
+        g_cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
+        pod = pods.client.run_pod(g_cfg)
+        pods.ids.append(pod)
+        mine_id = pods.client.create(pod, g_cfg, container_config(resources=resources(1000, True)))
+        mine = CPUSet.parse(grants(plugin.relay_dir, mine_id)[mine_id])
+        assert cgroup_cpus(s_cfg, shared) == ONLINE - mine  # the answer's update, applied
+        write_cpus(s_cfg, shared, ONLINE)  # as if it had failed
+        pods.client.start(mine_id)
+        assert cgroup_cpus(s_cfg, shared) == ONLINE - mine
+        assert f"it still runs on CPUs of container {mine_id}, which is starting" in plugin.log()
+    finally:
+        plugin.stop()
+
+
+def write_cpus(pod: cri.PodSandboxConfig, cid: str, cpus: CPUSet) -> None:
+    for base in (Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
+        path = base / pod.linux.cgroup_parent.lstrip("/") / cid / "cpuset.cpus"
+        if path.exists():
+            path.write_text(str(cpus))
+            return
+    raise AssertionError(f"no cpuset cgroup for container {cid}")
 
 
 def test_a_resize_while_the_plugin_is_down_is_placed_once_it_is_back(containerd, workdir, pods):

@@ -307,6 +307,8 @@ class NriPlugin:
         self.runtime.gone_pod(p.id)
 
     async def _container_start(self, p: nri.PodSandbox, c: nri.Container, deadline: float | None) -> None:
+        # The task is made, not yet started: the last moment to make sure nothing else runs on its CPUs.
+        await self.engine.starting.off_its_cpus(c.id)
         # The start answer carries nothing: hook plugins' changes go with UpdateContainers.
         await self.calls.before_start(c.id, deadline)
 

@@ -942,6 +942,29 @@ async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_p
     assert started == [True, True] and rt.cpusets["c1"] == "0" and not engine.state.containers["c1"].pending
 
 
+async def test_a_container_whose_cgroup_still_holds_the_cpus_of_one_starting_is_moved_off_them_first(tmp_path):
+    """The runtime's word is not the kernel's: containerd logs and ignores a failed update an NRI
+    answer carries, and a lost task takes one without applying it. Before a container runs, the
+    cgroups of those moved off its CPUs are read, and one still on them is written."""
+    engine = Engine(TakingPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
+                    cpusets=CpusetFiles(str(tmp_path / "cg")))
+    engine.state.store.prepare()
+    rt = engine.state.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    await engine.starting.start_container("c1", _ok)
+    cg = _cgroup(tmp_path / "cg", cfg.linux.cgroup_parent, "c1", "1")
+    await _create(engine, pod_id, cfg, cid="c2", name="b")  # c2 on CPU 2, c1 moved to CPU 0
+    await engine.state.settle_updates()
+    assert rt.cpusets["c1"] == "0" and not engine.state.containers["c1"].pending  # taken, says the runtime
+    (cg / "cpuset.cpus").write_text("0-3\n")  # ... and the kernel runs it where it ran
+    other = _cgroup(tmp_path / "cg", cfg.linux.cgroup_parent, "c9", "0-3")  # not ours: left alone
+    await engine.starting.start_container("c2", _ok)
+    assert (cg / "cpuset.cpus").read_text() == "0" and (other / "cpuset.cpus").read_text() == "0-3\n"
+    (cg / "cpuset.cpus").write_text("0\n")
+    assert await engine.starting.off_its_cpus("c2") == []  # off them now: nothing written
+
+
 async def _held_back(tmp_path):
     """c1 runs and c2 is made on a CPU c1 must leave, with the runtime refusing c1's move."""
     engine = taking_engine(tmp_path)

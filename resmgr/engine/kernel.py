@@ -1,0 +1,79 @@
+"""A container's cgroup cpuset written by the engine itself, where the runtime has not applied its
+update: it took it and runs as before (a runtime that lost the container's task answers success),
+failed it (its own deadline on a busy node), or failed it without a word (containerd logs and
+ignores a failed update an NRI answer carries). Reconciliation writes such a cgroup after a
+round; a start writes those of the containers still on the starting one's CPUs before it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from resmgr.controllers.cgroups import tell_systemd
+from resmgr.engine.state import EngineState
+from resmgr.model import Container
+from resmgr.topology.cpuset import CPUSet
+
+log = logging.getLogger("cri-resmgr.engine")
+
+
+class CgroupWriter:
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+        self._written: dict[str, tuple[str, str]] = {}  # by container: the cpuset its cgroup was last written
+
+    def forget_gone(self) -> None:
+        for key in [k for k in self._written if k not in self.state.containers]:
+            del self._written[key]
+
+    async def write(self, c: Container, why: str) -> bool:
+        """Write c's granted cpuset into its cgroup (and tell its systemd scope); whether written.
+        A pending container is skipped: its grant may be a move that waits for CPUs another has not
+        given up yet, which the pusher sends in steps."""
+        pod = self.state.pods.get(c.pod_id)
+        res = c.resources
+        if pod is None or c.pending or self.state.cpusets is None:
+            return False
+        wanted = (res.cpuset_cpus, res.cpuset_mems)
+        # Said once per grant: a cgroup the kernel keeps refusing is tried again every round.
+        first = self._written.get(c.key) != wanted
+        self._written[c.key] = wanted
+        try:
+            where = await asyncio.to_thread(self.state.cpusets.write, pod.cgroup_parent, c.id,
+                                            res.cpuset_cpus, res.cpuset_mems)
+        except OSError as err:
+            (log.error if first else log.debug)("container %s: the runtime has not applied its update (%s), and "
+                                                "its cgroup cannot be written: %s", c.id, why, err)
+            return False
+        if where is None:
+            return False
+        (log.warning if first else log.debug)("container %s: the runtime has not applied its update (%s); its "
+                                              "cgroup's cpuset is written instead (cpus %s, mems %s)", c.id, why,
+                                              res.cpuset_cpus or "-", res.cpuset_mems or "-")
+        unit = os.path.basename(where)
+        if unit.endswith(".scope"):
+            told = await tell_systemd(unit, res.cpuset_cpus, res.cpuset_mems)
+            if told:
+                (log.warning if first else log.debug)("container %s: systemd was not told of its scope's new "
+                                                      "cpuset (%s); it may put the old one back when it next "
+                                                      "applies the scope's properties", c.id, told)
+        return True
+
+    async def clear(self, c: Container, others: list[Container]) -> list[str]:
+        """The cgroups of others that still hold some of c's CPUs, written with their grants (which
+        hold none of them) where the runtime took those; the ids written. The kernel's word, not
+        the runtime's, decides whether c shares a CPU once it runs."""
+        cpusets, mine = self.state.cpusets, CPUSet.parse_or_empty(c.resources.cpuset_cpus)
+        where = [(o, self.state.pods[o.pod_id].cgroup_parent) for o in others if o.pod_id in self.state.pods]
+        if cpusets is None or not mine or not where:
+            return []
+        seen = await asyncio.to_thread(lambda: [cpusets.read(parent, o.id) for o, parent in where])
+        written = []
+        for (o, _), cg in zip(where, seen, strict=True):
+            # An empty cpuset.cpus is the parent's: every CPU.
+            held = CPUSet.parse_or_empty(cg[0]) if cg is not None and cg[0] else mine
+            if cg is not None and held & mine and not CPUSet.parse_or_empty(o.resources.cpuset_cpus) & mine:
+                if await self.write(o, f"it still runs on CPUs of container {c.id}, which is starting"):
+                    written.append(o.id)
+        return written
