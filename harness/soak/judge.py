@@ -27,8 +27,9 @@ shared ones only once the runtime confirms it gone, so a shared container narrow
 pool, or a balloon part-moved, is excused for slow_grace (more than kubelet's runtime request
 timeout) after a container that held some of those CPUs went away or gave them up.
 While a configuration change is in flight the snapshot may follow the old configuration
-or the new one; the change is done once a snapshot taken after it was written follows the new
-one, and may take until the node reports it applied and a grace more (switch_bound at most).
+or the new one; it is in flight until the node reports it applied and a grace more
+(switch_bound at most), and done at the first snapshot after that which follows the new one
+(one before then proves nothing: the layout before a switch can suit both configurations).
 A snapshot that follows neither (containers part-moved) may show two containers sharing CPUs;
 that is a violation unless they shared those CPUs before the change or share them once it is
 done (a Guaranteed container and the others of the balloon it joins, one of which moved first),
@@ -58,8 +59,8 @@ EXCUSES = {
     "move": "any finding but exclusive-shared and balloon-overlap, from when it is first seen: grace",
     "release": "pool and balloon-moving findings about CPUs a container held, from when the snapshot "
                "shows it gone or its CPUs given up: slow_grace",
-    "switch": "a configuration written by the soak, until a snapshot follows it: until the node reports "
-              "it applied and grace more, switch_bound at most; a pair that shares CPUs meanwhile must "
+    "switch": "a configuration written by the soak, until the node reports it applied and grace more, "
+              "switch_bound at most, and a snapshot follows it; a pair that shares CPUs meanwhile must "
               "have shared them before it or share them after it",
     "freeze": "a configuration change in flight while the soak froze containerd: the switch excuse's bound "
               "grows by the freeze's length and its grace runs from the thaw",
@@ -391,6 +392,7 @@ class Judge:
     previous: Expect | None = None  # while a change is in flight: the configuration before it
     switch_started: float = 0.0
     switch_applied: float | None = None  # when the node reported the change in flight applied
+    switch_clean: float | None = None  # since when the snapshots of the change in flight have suited it
     switches: list[tuple[str, float]] = field(default_factory=list)  # (to what, seconds until followed)
     open: dict[str, Violation] = field(default_factory=dict)  # findings seen, by kind/key
     absent: dict[str, float] = field(default_factory=dict)  # ... of those, not in the last snapshot: since when
@@ -414,7 +416,7 @@ class Judge:
             return
         self._judge_mixes(None)  # a change on top of one in flight: what it left unresolved counts
         self.previous, self.expect, self.switch_started = self.expect, expect, t
-        self.switch_applied = None
+        self.switch_applied = self.switch_clean = None
         self.before_change = dict(self.last_cpus)
 
     def applied(self, t: float) -> None:
@@ -455,17 +457,22 @@ class Judge:
             # Taken before the change was written (snapshots arrive seconds late): the old one's.
             found = findings(ctrs, self.previous, self.machine, created)
         elif self.previous is not None:
-            if not found:
-                self.switches.append((self.expect.policy, t - self.switch_started))
-                self.previous = None
-                self._judge_mixes(self.last_cpus)
-            elif self._in_switch(t):
+            if self._in_switch(t):
+                # A snapshot that suits the new configuration does not end the change while it may
+                # still be landing: the layout before it can suit both (topology-aware's pools read
+                # as podpools' disjoint sets), and the moves come after.
+                self.switch_clean = None if found else self.switch_clean if self.switch_clean is not None else t
                 before = findings(ctrs, self.previous, self.machine, created)
                 self._carry(t, found, before)
                 if any(f.kind in STRICT for f in before):  # neither: a mix while containers move
                     mixed = [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found if f.kind in STRICT]
                     self._note_mixes(t, mixed, self.last_cpus)
                 return []
+            if not found:
+                done = self.switch_clean if self.switch_clean is not None else t
+                self.switches.append((self.expect.policy, done - self.switch_started))
+                self.previous = None
+                self._judge_mixes(self.last_cpus)
             else:
                 self._judge_mixes(None)  # not done within its bound: every mix counts
         self._track(t, found)

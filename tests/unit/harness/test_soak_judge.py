@@ -135,7 +135,11 @@ def test_a_configuration_change_is_in_flight_until_the_node_follows_it():
     mixed = {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "3-4", "0-1", 0.2)}
     judge.feed(22.0, mixed)
     assert judge.violations == []  # known once the change is done: do g and b share CPU 4 then?
-    judge.feed(25.0, {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5", "1", 0.2)})
+    after = {"g": ctr("guaranteed", "4", "1", 1), "b": ctr("burstable", "5", "1", 0.2)}
+    judge.feed(25.0, after)
+    assert judge.previous is not None  # it suits balloons, and the node has not said it applied it
+    judge.applied(26.0)
+    judge.feed(56.0, after)  # ... and a grace has passed since
     assert judge.switches == [("balloons", 5.0)] and judge.previous is None
     assert [v.kind for v in judge.violations] == ["switch-balloon-overlap"]  # neither before nor after
 
@@ -154,6 +158,8 @@ def test_a_snapshot_taken_before_a_change_was_written_is_judged_by_the_configura
     judge.feed(24.0, topology)  # still before the switch lands
     assert judge.violations == [] and judge.previous is not None
     judge.feed(30.0, both)
+    judge.applied(30.0)
+    judge.feed(60.0, both)
     assert judge.switches == [("balloons", 10.0)] and judge.violations == []
 
 
@@ -169,7 +175,10 @@ def test_in_a_switch_containers_of_one_balloon_to_be_may_share_its_cpus_as_they_
         judge.feed(22.0, {"g": ctr("guaranteed", "12-15", "3", 4), "b": ctr("burstable", "10-13", "2-3", 0.2)})
         assert judge.violations == []
         if done:
-            judge.feed(24.0, {"g": ctr("guaranteed", "10-13", "2-3", 4), "b": ctr("burstable", "10-13", "2-3", 0.2)})
+            one = {"g": ctr("guaranteed", "10-13", "2-3", 4), "b": ctr("burstable", "10-13", "2-3", 0.2)}
+            judge.feed(24.0, one)
+            judge.applied(24.0)
+            judge.feed(54.0, one)
             assert judge.previous is None and judge.violations == []
         else:
             judge.feed(90.0, {"g": ctr("guaranteed", "12-15", "3", 4), "b": ctr("burstable", "10-13", "2-3", 0.2)})
@@ -438,8 +447,33 @@ def test_in_a_switch_a_read_that_mixes_the_two_configurations_is_judged_once_the
     # Neither configuration's: b moved onto CPU 5 of g's (balloons: two sets partly overlapping).
     judge.glance(22.0, {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "5-6", "1", 0.2)})
     assert judge.violations == []
-    judge.feed(25.0, {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "1-3,6-7", "0-1", 0.2)})
+    after = {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "1-3,6-7", "0-1", 0.2)}
+    judge.feed(25.0, after)
+    judge.applied(25.0)
+    judge.feed(55.0, after)
     assert [v.kind for v in judge.violations] == ["switch-exclusive-shared"]  # shared neither before nor after
+
+
+def test_a_layout_that_suits_both_configurations_does_not_end_a_switch_before_its_moves():
+    """topology-aware's pools read as podpools' disjoint sets: the snapshots right after a switch
+    to podpools suit it before anything moved. The moves that follow are judged as a switch's
+    (two containers may share CPUs they share once it is done), not as a finding of their own."""
+    judge = Judge(MACHINE, TA)
+    topology = {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "1-3", "0", 0.2),
+                "be": ctr("besteffort", "6-7", "1")}
+    assert kinds(topology, PODPOOLS) == []
+    judge.feed(10.0, topology)
+    judge.change(PODPOOLS, 20.0)
+    judge.feed(21.0, topology)
+    assert judge.previous is not None
+    judge.feed(23.0, {"g": ctr("guaranteed", "4-5", "1", 2), "b": ctr("burstable", "3-4", "0-1", 0.2),
+                      "be": ctr("besteffort", "6-7", "1")})  # b on its way into g's pool
+    judge.applied(24.0)
+    pool = {"g": ctr("guaranteed", "4-7", "1", 2), "b": ctr("burstable", "4-7", "1", 0.2),
+            "be": ctr("besteffort", "1-3", "0")}
+    judge.feed(26.0, pool)
+    judge.feed(56.0, pool)
+    assert judge.previous is None and judge.violations == [] and judge.switches == [("podpools", 6.0)]
 
 
 def test_an_nri_window_excuses_only_where_the_soak_killed_the_plugin():
