@@ -27,9 +27,11 @@ shared ones only once the runtime confirms it gone, so a shared container narrow
 pool, or a balloon part-moved, is excused for slow_grace (more than kubelet's runtime request
 timeout) after a container that held some of those CPUs went away or gave them up.
 While a configuration change is in flight the snapshot may follow the old configuration
-or the new one; it is in flight until the node reports it applied and a grace more
-(switch_bound at most), and done at the first snapshot after that which follows the new one
-(one before then proves nothing: the layout before a switch can suit both configurations).
+or the new one; it is followed at the first snapshot that follows the new one, and in flight
+until the node reports it applied and a grace more (switch_bound at most), and done at the first
+snapshot after that which follows the new one. Once followed, findings are judged as ever but
+for two containers sharing CPUs, which may still be the switch's moves (the layout before a
+switch can suit both configurations: topology-aware's pools read as podpools' sets).
 A snapshot that follows neither (containers part-moved) may show two containers sharing CPUs;
 that is a violation unless they shared those CPUs before the change or share them once it is
 done (a Guaranteed container and the others of the balloon it joins, one of which moved first),
@@ -60,8 +62,8 @@ EXCUSES = {
     "release": "pool and balloon-moving findings about CPUs a container held, from when the snapshot "
                "shows it gone or its CPUs given up: slow_grace",
     "switch": "a configuration written by the soak, until the node reports it applied and grace more, "
-              "switch_bound at most, and a snapshot follows it; a pair that shares CPUs meanwhile must "
-              "have shared them before it or share them after it",
+              "switch_bound at most, and a snapshot follows it (once one has, only a pair sharing CPUs); "
+              "a pair that shares CPUs meanwhile must have shared them before it or share them after it",
     "freeze": "a configuration change in flight while the soak froze containerd: the switch excuse's bound "
               "grows by the freeze's length and its grace runs from the thaw",
     "nri-kill": "NRI mode: a container first seen between the soak's SIGKILL of the plugin cutting a "
@@ -392,7 +394,7 @@ class Judge:
     previous: Expect | None = None  # while a change is in flight: the configuration before it
     switch_started: float = 0.0
     switch_applied: float | None = None  # when the node reported the change in flight applied
-    switch_clean: float | None = None  # since when the snapshots of the change in flight have suited it
+    switch_followed: float | None = None  # when a snapshot first followed the change in flight
     switches: list[tuple[str, float]] = field(default_factory=list)  # (to what, seconds until followed)
     open: dict[str, Violation] = field(default_factory=dict)  # findings seen, by kind/key
     absent: dict[str, float] = field(default_factory=dict)  # ... of those, not in the last snapshot: since when
@@ -416,7 +418,7 @@ class Judge:
             return
         self._judge_mixes(None)  # a change on top of one in flight: what it left unresolved counts
         self.previous, self.expect, self.switch_started = self.expect, expect, t
-        self.switch_applied = self.switch_clean = None
+        self.switch_applied = self.switch_followed = None
         self.before_change = dict(self.last_cpus)
 
     def applied(self, t: float) -> None:
@@ -457,22 +459,27 @@ class Judge:
             # Taken before the change was written (snapshots arrive seconds late): the old one's.
             found = findings(ctrs, self.previous, self.machine, created)
         elif self.previous is not None:
-            if self._in_switch(t):
-                # A snapshot that suits the new configuration does not end the change while it may
-                # still be landing: the layout before it can suit both (topology-aware's pools read
-                # as podpools' disjoint sets), and the moves come after.
-                self.switch_clean = None if found else self.switch_clean if self.switch_clean is not None else t
+            in_switch = self._in_switch(t)
+            if not found and self.switch_followed is None:
+                self.switch_followed = t
+                self.switches.append((self.expect.policy, t - self.switch_started))
+            if not found and not in_switch:
+                self.previous = None
+                self._judge_mixes(self.last_cpus)
+            elif in_switch and self.switch_followed is None:
                 before = findings(ctrs, self.previous, self.machine, created)
                 self._carry(t, found, before)
                 if any(f.kind in STRICT for f in before):  # neither: a mix while containers move
                     mixed = [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found if f.kind in STRICT]
                     self._note_mixes(t, mixed, self.last_cpus)
                 return []
-            if not found:
-                done = self.switch_clean if self.switch_clean is not None else t
-                self.switches.append((self.expect.policy, done - self.switch_started))
-                self.previous = None
-                self._judge_mixes(self.last_cpus)
+            elif in_switch:
+                # Followed once, yet its moves may still be landing: the layout before a switch can
+                # suit both configurations (topology-aware's pools read as podpools' disjoint sets).
+                # Two containers sharing CPUs are judged as the switch's mix; the rest as ever.
+                mixed = [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found if f.kind in STRICT]
+                self._note_mixes(t, mixed, self.last_cpus)
+                found = [f for f in found if f.kind not in STRICT]
             else:
                 self._judge_mixes(None)  # not done within its bound: every mix counts
         self._track(t, found)
