@@ -838,17 +838,20 @@ class Soak:
         # churn going on: each install restarts the daemon and the agent onto the other code, and
         # must leave the node in its mode (relay or NRI plugin) with every placement kept.
         self._excused = self.guest.mode == "relay"  # a restarted relay fails the calls in flight
-        versions = []
+        versions, took = [], []
         for deb in (PREVIOUS, PACKAGE):
             agent = self.guest.main_pid("cri-resmgr-agent")
             self.upgrades.append(self.guest.now())
+            began = time.monotonic()
             versions.append(self.guest.install_package(deb))
+            took.append(round(time.monotonic() - began))
             running, should = self.guest.running(), self.guest.should_run()
             if running != should:
                 self.violations.append(("upgrade", f"after installing {versions[-1]}: {running}, not {should}"))
             if self.guest.main_pid("cri-resmgr-agent") == agent:
                 self.violations.append(("upgrade", f"after installing {versions[-1]}: the agent runs the code before"))
         s.notes["versions"] = " -> ".join(versions)
+        s.notes["install s"] = took
 
     def _bad_config(self, s: Strike) -> None:
         good = self.configs.break_it()

@@ -8,7 +8,8 @@ from it.
 Container updates reach the runtime in one of two ways:
 - inside an event that can carry them (Synchronize, CreateContainer, UpdateContainer,
   StopContainer): collected while the handler runs and put in its answer;
-- otherwise (a new policy, a rebalance, a repair): queued and sent with UpdateContainers.
+- otherwise (a new policy, a rebalance, a repair): queued and sent with UpdateContainers,
+  one container a call (the runtime gives a call one deadline for all its updates).
   The runtime holds its plugin lock while an event is being answered and UpdateContainers
   waits for that lock, so nothing here ever waits for an UpdateContainers answer: the
   engine's push returns at once and one sender delivers the queue, newest value wins.
@@ -203,29 +204,56 @@ class NriRuntime:
                 continue
             batch = self._sending = self._outbox
             self._outbox = {}
-            call = asyncio.ensure_future(send([convert.update(cid, res) for cid, res in self.in_order(batch)]))
             try:
-                failed = await self._answer(call, len(batch))
-            except Exception as err:
-                log.warning("UpdateContainers for %d container(s) failed: %s; reconciliation repairs them",
-                            len(batch), str(err) or type(err).__name__)
-                self._failed.update(batch)
-                self.on_failure()
-                continue
+                failed = await self._deliver(send, batch)
             finally:
                 self._sending = {}
-            refused = {u.container_id for u in failed}
             for cid, res in batch.items():
-                if cid in refused:
-                    log.warning("the runtime refused the update of container %s", cid)
+                if cid in failed:
                     self._failed[cid] = res
                 elif self._latest.get(cid) is res:
                     self.applied(cid, res)
                 elif cid in self._latest and cid not in self._outbox:
                     self._outbox[cid] = self._latest[cid]  # a newer value went out meanwhile: it wins
                     self._kick.set()
-            if refused:
+            if failed:
+                why = "; ".join(f"{cid[:12]}: {reason}" for cid, reason in list(failed.items())[:3])
+                log.warning("UpdateContainers failed for %d of %d container(s) (%s); reconciliation repairs them",
+                            len(failed), len(batch), why)
                 self.on_failure()
+
+    async def _deliver(self, send: Send, batch: dict[str, Resources]) -> dict[str, str]:
+        """Each step of batch in an UpdateContainers call of its own, one after the other; why each
+        container that failed did. containerd gives a call one deadline for all its updates: on a
+        busy node the first used it up and every later one failed at once ("failed to get task:
+        context deadline exceeded"), call after call. A step onto CPUs that a container whose step
+        failed still holds is not sent (it fails too): the kernel would run both there."""
+        failed: dict[str, str] = {}
+        stuck = CPUSet()  # CPUs the containers of failed steps were to leave, and still run on
+        for cid, res in self.in_order(batch):
+            if cid in failed:
+                continue
+            cpus = CPUSet.parse_or_empty(res.cpuset_cpus)
+            if cpus & stuck:
+                failed[cid] = f"not sent: CPUs {cpus & stuck} are not given up yet"
+                continue
+            known = self.containers.get(cid)
+            held = CPUSet.parse_or_empty(known.linux.resources.cpu.cpus) if known is not None else CPUSet()
+            try:
+                refused = await self._answer(asyncio.ensure_future(send([convert.update(cid, res)])), cid)
+            except ConnectionError as err:  # nothing more goes over this connection
+                for other in batch:
+                    failed.setdefault(other, str(err) or type(err).__name__)
+                break
+            except Exception as err:
+                refused, failed[cid] = [], str(err) or type(err).__name__
+            if refused:
+                failed[cid] = "refused"
+            if cid in failed:
+                stuck |= held - cpus
+            elif res is not batch[cid]:
+                self.applied(cid, res)  # a step on the way (a swap's step aside): where it runs now
+        return failed
 
     def in_order(self, updates: dict[str, Resources], narrow: bool = True) -> list[tuple[str, Resources]]:
         """updates in an order the runtime can apply one after the other without a container on a CPU
@@ -243,15 +271,15 @@ class NriRuntime:
         return steps
 
     @staticmethod
-    async def _answer(call: asyncio.Future[list[nri.ContainerUpdate]], count: int) -> list[nri.ContainerUpdate]:
+    async def _answer(call: asyncio.Future[list[nri.ContainerUpdate]], cid: str) -> list[nri.ContainerUpdate]:
         """The runtime's answer to an UpdateContainers, however long it takes. A runtime that is
         stopped or busy queues the calls it has not read and runs them all once it goes on, in any
         order: a second call with newer values while one is unanswered could be overtaken by the
         stale one. So no other goes out until this one is answered, or fails with the connection."""
         done, _ = await asyncio.wait({call}, timeout=UPDATE_TIMEOUT)
         if not done:
-            log.warning("UpdateContainers for %d container(s) has had no answer for %.0f s; no other is sent "
-                        "until it has", count, UPDATE_TIMEOUT)
+            log.warning("UpdateContainers for container %s has had no answer for %.0f s; no other is sent "
+                        "until it has", cid, UPDATE_TIMEOUT)
         return await call
 
     def queue(self, updates: dict[str, Resources]) -> int:

@@ -535,8 +535,8 @@ async def test_no_update_goes_out_while_the_runtime_has_not_answered_the_last(di
 
 
 async def test_update_containers_orders_a_swap_so_no_container_shares_a_cpu():
-    """containerd applies an UpdateContainers call's updates one after the other: the call lists
-    them so that none lands on a CPU another is still to leave (a swap: one steps aside first)."""
+    """The updates go one a call, in an order in which none lands on a CPU another is still to
+    leave (a swap: one steps aside first)."""
     from resmgr.model import Resources
 
     runtime = NriRuntime()
@@ -555,12 +555,50 @@ async def test_update_containers_orders_a_swap_so_no_container_shares_a_cpu():
     try:
         runtime.queue({"g": Resources(cpuset_cpus="1", cpu_quota=100000), "b": Resources(cpuset_cpus="0,2-3")})
         for _ in range(100):
-            if sent:
+            if len(sent) == 3:
                 break
             await asyncio.sleep(0.01)
     finally:
         sender.cancel()
-    assert sent == [[("b", "2-3"), ("g", "1"), ("b", "0,2-3")]]
+    assert sent == [[("b", "2-3")], [("g", "1")], [("b", "0,2-3")]]
+
+
+async def test_each_update_has_a_call_of_its_own_and_a_failed_one_holds_back_the_moves_onto_its_cpus():
+    """containerd gives an UpdateContainers call one deadline for all its updates: on a busy node the
+    first used it up and every later one failed at once, call after call. One a call, a failure is
+    the failed container's own; a move onto CPUs it was to leave is not sent (both would run there),
+    a move elsewhere is."""
+    from resmgr.frontends.nri.transport import RpcError
+    from resmgr.model import Resources
+
+    runtime = NriRuntime()
+    runtime.replace([], [nri.Container(id=cid, linux=nri.LinuxContainer(resources=nri.LinuxResources(
+                         cpu=nri.LinuxCPU(cpus=cpus)))) for cid, cpus in (("a", "0-1"), ("b", "2"), ("c", "3"))])
+    sent: list[list[str]] = []
+
+    async def send(updates: list[nri.ContainerUpdate]) -> list[nri.ContainerUpdate]:
+        sent.append([u.container_id for u in updates])
+        if updates[0].container_id == "a":
+            raise RpcError(2, "NRI update of some containers failed")
+        return []
+
+    failures = []
+    runtime.on_failure = lambda: failures.append(True)
+    runtime.connected(send)
+    # a leaves CPU 1 (and fails), b takes it, c moves elsewhere
+    for cid, cpus in (("a", "0"), ("b", "1-2"), ("c", "3-4")):
+        await runtime.update_resources(cid, Resources(cpuset_cpus=cpus))
+    sender = asyncio.create_task(runtime.run_sender())
+    try:
+        for _ in range(100):
+            if failures:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        sender.cancel()
+    assert sorted(sent) == [["a"], ["c"]] and failures == [True]
+    assert runtime.failed_update("a") is not None and runtime.failed_update("b") is not None
+    assert runtime.failed_update("c") is None and runtime.containers["c"].linux.resources.cpu.cpus == "3-4"
 
 
 async def test_a_move_onto_cpus_an_updated_container_gives_up_waits_until_the_runtime_has_updated_it(tmp_path):
