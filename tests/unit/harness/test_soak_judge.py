@@ -534,6 +534,10 @@ def test_a_node_as_podpools_places_it_breaks_nothing_and_overlapping_pools_are_c
     assert kinds(ok, PODPOOLS) == []
     assert kinds({**ok, "p3": ctr("besteffort", "13-14", "3")}, PODPOOLS) == ["balloon-overlap"]
     assert kinds({**ok, "p3": ctr("besteffort", "0,12-13", "0,3")}, PODPOOLS) == ["reserved"]
+    # A pool's pods share its CPUs whatever they ask: Guaranteed pods a switch brought into the
+    # default pool may ask for more than it has (balloons would grow it, podpools does not).
+    crowded = {**ok, "d2": ctr("guaranteed", "1-9", "0-2", 4), "d3": ctr("guaranteed", "1-9", "0-2", 6)}
+    assert kinds(crowded, PODPOOLS) == [] and kinds(crowded, Expect("balloons", CPUSet([0]))) == ["balloon-size"]
 
 
 def test_every_configuration_the_soak_writes_makes_its_policy_on_the_soaks_node():
