@@ -27,6 +27,9 @@ log = logging.getLogger("cri-resmgr.nri")
 
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 REGISTER_TIMEOUT = 5.0
+# The deadline containerd gets for one container's update: a busy node's shim can take over 10 s,
+# and an update containerd gave up on may still land later, its record left saying otherwise.
+UPDATE_DEADLINE = 30.0
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
 NAME = re.compile(r"[a-zA-Z0-9_.+-]+")
 
@@ -72,7 +75,7 @@ def update_sender(trunk: Trunk) -> Send:
     async def send(updates: list[nri.ContainerUpdate]) -> list[nri.ContainerUpdate]:
         req = nri.UpdateContainersRequest(update=updates)
         # The runtime's deadline; the answer is awaited for as long as it takes (NriRuntime._answer).
-        raw = await trunk.call(RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), 10.0,
+        raw = await trunk.call(RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), UPDATE_DEADLINE,
                                until_answered=True)
         return list(nri.UpdateContainersResponse.FromString(raw).failed)
     return send
