@@ -48,7 +48,7 @@ PLANTS = {
                    "soak)", pusher, "movable", _all_at_once, 4),
     "raced": Plant("an update sent while the runtime starts the container is taken only once it runs and is "
                    "sent again (the simulated node, once its containerd made tasks as containerd does)",
-                   pusher.Pusher, "_raced", lambda self, key, starting: False, 4),
+                   pusher.Pusher, "_raced", lambda self, key, starting: False, 16),
     "again": Plant("a container updated while the runtime started it is updated again once started: without it, "
                    "it stays pending and held where it may run, and reconciliation pushes it (slower, no "
                    "invariant broken)", pusher.Pusher, "again", lambda self, key: _nothing(), 0),

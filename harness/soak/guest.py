@@ -43,6 +43,9 @@ Nice=-5
 [Install]
 WantedBy=multi-user.target
 """
+# Without dpkg's fsync of each of the package's 3,500 files: on the emulated disk they took minutes
+# an install, and no fault strikes while dpkg unpacks.
+DPKG_OPTIONS = "--force-confold --force-unsafe-io"
 
 
 class Guest:
@@ -109,7 +112,7 @@ class Guest:
         # kubelet first (on containerd), as on a node that runs already; the package moves it to the relay.
         self.kubelet.start(CONTAINERD_SOCKET, **kubelet_settings)
         self._took("kubelet ready", began)
-        self.sh(f"dpkg -i --force-confold {PACKAGE}", timeout=300)
+        self.sh(f"dpkg -i {DPKG_OPTIONS} {PACKAGE}", timeout=300)
         if self.mode == "nri":  # the package's other unit, kubelet back on containerd, which waits for it
             self.sh(f"[ -e {CONTAINERD_CONFIG}.soak ] || cp {CONTAINERD_CONFIG} {CONTAINERD_CONFIG}.soak; "
                     f"cp {CONTAINERD_CONFIG}.soak {CONTAINERD_CONFIG} && "
@@ -160,7 +163,7 @@ class Guest:
     def install_package(self, deb: str) -> str:
         """dpkg -i of a package over the one installed (an upgrade or a rollback), as an operator
         does it with pods running; returns the version that then runs."""
-        self.sh(f"dpkg -i --force-confold {deb}", timeout=600)
+        self.sh(f"dpkg -i {DPKG_OPTIONS} {deb}", timeout=600)
         self.wait_serving()
         return self.sh("/usr/bin/cri-resmgr --version").strip()
 
