@@ -34,7 +34,8 @@ unshare --mount --propagation private sh -euc '
     mount --bind "$1/opt/cri-resmgr" /opt/cri-resmgr
     /usr/bin/python3.11 -m venv /opt/cri-resmgr/venv
     /opt/cri-resmgr/venv/bin/pip install -q --disable-pip-version-check --no-compile "$2"/*.whl
-    /opt/cri-resmgr/venv/bin/pip uninstall -q -y pip
+    # pip and setuptools only build and install: 900 files fewer for dpkg to unpack on every upgrade.
+    /opt/cri-resmgr/venv/bin/pip uninstall -q -y pip setuptools
     find /opt/cri-resmgr -name __pycache__ -prune -exec rm -rf {} +
     # Bytecode ships with the package (hash-checked: valid whatever the files mtimes), so the first
     # start after an install does not compile every module (seconds on a small node) and nothing

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.kube import container_ids
+from harness.soak.guest import DPKG_OPTIONS
 from harness.vm import GuestError, Shape
 from harness.vmnode import CONTAINERD_SOCKET, RELAY_SOCKET, Kubelet, Node
 from resmgr import __version__
@@ -297,7 +298,7 @@ def test_the_host_package_runs_the_relay_for_kubelet_and_leaves_containerd_to_it
     try:
         before = kubelet.run("pkg-early", "250m", "64Mi")
         node.vm.write("/etc/cri-resmgr/fallback.yaml", TOPOLOGY_AWARE)  # as configuration management would
-        node.sh(f"dpkg -i --force-confold {current}", timeout=300)
+        node.sh(f"dpkg -i {DPKG_OPTIONS} {current}", timeout=300)
         assert node.sh("systemctl is-enabled cri-resmgr.service; systemctl is-active cri-resmgr.service").split() \
             == ["enabled", "active"]
         assert "cri-resmgr.sock" in node.sh("cat /etc/kubernetes/kubelet.conf.d/50-cri-resmgr.conf")
@@ -320,7 +321,7 @@ def test_the_host_package_runs_the_relay_for_kubelet_and_leaves_containerd_to_it
 
             for deb in (previous, current):  # rolled back to the previous release, upgraded again
                 since = node.sh("date +%s").strip()
-                node.sh(f"dpkg -i --force-confold {deb}", timeout=300)
+                node.sh(f"dpkg -i {DPKG_OPTIONS} {deb}", timeout=300)
                 node.sh(f"for i in $(seq 600); do [ -S {RELAY_SOCKET} ] && exit 0; sleep 0.1; done; exit 1")
                 kubelet.wait_ready()
                 version = node.sh("/usr/bin/cri-resmgr --version").strip()
