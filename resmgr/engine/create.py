@@ -222,11 +222,11 @@ class Create:
                 late = self.state.ledger.take_over(holder, c)
                 wanted = late or holder.resources
                 updates = {c.key: wanted} if wanted.overlaid(c.adjusted) != c.resources else {}
+                self.state.record(updates)
             else:  # the holder ended meanwhile: allocated like a container found running
                 self.state.ledger.enter(c)
                 self.state.ledger.await_grant(c.key)
-                updates = self.reconciler.allocate_waiting()
-            self.state.record(updates)
+                updates = self.reconciler.allocate_waiting()  # recorded as made
         self.state.apply_soon(Decision(updates=updates), before_start=c.key)
         await self.state.save()
         return c

@@ -313,7 +313,7 @@ class Reconciler:
                 self.state.pusher.raced.add(cid)
             fresh.append(c)
             out.adopted += 1
-        self._took(self.allocate_waiting())
+        self.allocate_waiting()  # recorded as made; the round pushes what is pending
         self.state.rebooted = False
         for key in [k for k in self._pushed if k not in self.state.containers]:
             del self._pushed[key]
@@ -443,7 +443,8 @@ class Reconciler:
         await self.state.pusher.push_pending()
 
     def allocate_waiting(self) -> dict[str, Resources]:
-        """Allocate containers the policy holds nothing for, and retry those that did not fit."""
+        """Allocate containers the policy holds nothing for, and retry those that did not fit; each
+        decision recorded as made (the next one decides from it). The updates to push."""
         updates: dict[str, Resources] = {}
         for c in self.state.ledger.waiting():
             pod = self.state.pods[c.pod_id]
@@ -463,10 +464,9 @@ class Reconciler:
                 continue
             self.state.ledger.granted(c.key)
             self.state.ledger.apply(c, decision)
-            self.state.record(decision.updates)  # the next container's decision sees these moves
-            updates.update(decision.updates)
-            if decision.resources is not None:
-                updates[c.key] = c.resources
+            made = {**decision.updates, **({c.key: c.resources} if decision.resources is not None else {})}
+            self.state.record(made)  # the next container's decision sees these moves
+            updates.update(made)
         return updates
 
 
