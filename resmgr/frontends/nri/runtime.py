@@ -205,33 +205,39 @@ class NriRuntime:
             batch = self._sending = self._outbox
             self._outbox = {}
             try:
-                failed = await self._deliver(send, batch)
+                failed, sent = await self._deliver(send, batch)
             finally:
                 self._sending = {}
             for cid, res in batch.items():
-                if cid in failed:
+                newest = self._latest.get(cid, res) is res
+                if cid in failed and newest:
                     self._failed[cid] = res
-                elif self._latest.get(cid) is res:
-                    self.applied(cid, res)
-                elif cid in self._latest and cid not in self._outbox:
-                    self._outbox[cid] = self._latest[cid]  # a newer value went out meanwhile: it wins
-                    self._kick.set()
+                elif cid in sent:
+                    self.applied(cid, res)  # what it runs with now, the newest value or not
+                    if not newest and cid not in self._outbox:
+                        # A newer value went out meanwhile in an event's answer, which the runtime
+                        # may have applied before this call: sent again, it wins.
+                        self._outbox[cid] = self._latest[cid]
+                        self._kick.set()
             if failed:
                 why = "; ".join(f"{cid[:12]}: {reason}" for cid, reason in list(failed.items())[:3])
                 log.warning("UpdateContainers failed for %d of %d container(s) (%s); reconciliation repairs them",
                             len(failed), len(batch), why)
                 self.on_failure()
 
-    async def _deliver(self, send: Send, batch: dict[str, Resources]) -> dict[str, str]:
+    async def _deliver(self, send: Send, batch: dict[str, Resources]) -> tuple[dict[str, str], set[str]]:
         """Each step of batch in an UpdateContainers call of its own, one after the other; why each
-        container that failed did. containerd gives a call one deadline for all its updates: on a
-        busy node the first used it up and every later one failed at once ("failed to get task:
-        context deadline exceeded"), call after call. A step onto CPUs that a container whose step
-        failed still holds is not sent (it fails too): the kernel would run both there."""
+        container that failed did, and those whose value the runtime took. containerd gives a call
+        one deadline for all its updates: on a busy node the first used it up and every later one
+        failed at once ("failed to get task: context deadline exceeded"), call after call. A step
+        onto CPUs that a container whose step failed still holds is not sent (it fails too): the
+        kernel would run both there. Nor is one of a container given a newer value meanwhile (an
+        event's answer carried it, or it waits in the queue): sent after it, it would undo it."""
         failed: dict[str, str] = {}
+        sent: set[str] = set()
         stuck = CPUSet()  # CPUs the containers of failed steps were to leave, and still run on
         for cid, res in self.in_order(batch):
-            if cid in failed:
+            if cid in failed or self._latest.get(cid, batch[cid]) is not batch[cid]:
                 continue
             cpus = CPUSet.parse_or_empty(res.cpuset_cpus)
             if cpus & stuck:
@@ -253,7 +259,9 @@ class NriRuntime:
                 stuck |= held - cpus
             elif res is not batch[cid]:
                 self.applied(cid, res)  # a step on the way (a swap's step aside): where it runs now
-        return failed
+            else:
+                sent.add(cid)
+        return failed, sent
 
     def in_order(self, updates: dict[str, Resources], narrow: bool = True) -> list[tuple[str, Resources]]:
         """updates in an order the runtime can apply one after the other without a container on a CPU
@@ -284,6 +292,7 @@ class NriRuntime:
 
     def queue(self, updates: dict[str, Resources]) -> int:
         """Updates for UpdateContainers to deliver (it reports those the runtime refused); how many."""
+        self._latest.update(updates)
         self._outbox.update(updates)
         if updates:
             self._kick.set()

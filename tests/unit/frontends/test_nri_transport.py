@@ -676,3 +676,45 @@ def test_a_failed_update_is_forgotten_with_its_container_and_by_a_synchronizatio
     assert rt.failed_update("c1") is None and rt.failed_update("c2") is not None
     rt.replace([], [])  # c2 went while the plugin was away
     assert rt.failed_update("c2") is None
+
+
+async def test_an_update_an_event_answer_carried_meanwhile_is_not_undone_by_the_queue():
+    """The queue's calls wait for containerd's plugin lock, which an event holds: an event's answer
+    can carry a newer value for a container whose older one waits in the queue's batch (b: not sent
+    any more), or is in the call in flight (a: it lands after the answer, so the runtime runs the
+    older one; recorded as such, and the newer one is sent again)."""
+    from resmgr.frontends.nri.runtime import collecting
+    from resmgr.model import Resources
+
+    runtime = NriRuntime()
+    runtime.replace([], [nri.Container(id=cid, linux=nri.LinuxContainer(resources=nri.LinuxResources(
+                         cpu=nri.LinuxCPU(cpus="8-11")))) for cid in ("a", "b")])
+    sent: list[tuple[str, str]] = []
+    gate = asyncio.Event()
+
+    async def send(updates: list[nri.ContainerUpdate]) -> list[nri.ContainerUpdate]:
+        sent.append((updates[0].container_id, updates[0].linux.resources.cpu.cpus))
+        if len(sent) == 1:
+            await gate.wait()  # the runtime busy with an event
+        return []
+
+    runtime.connected(send)
+    await runtime.update_resources("a", Resources(cpuset_cpus="4-5"))
+    await runtime.update_resources("b", Resources(cpuset_cpus="1-3,6-7"))
+    sender = asyncio.create_task(runtime.run_sender())
+    try:
+        for _ in range(100):
+            if sent:
+                break
+            await asyncio.sleep(0.01)
+        with collecting():  # the event's answer: a resized to CPU 4, b given CPU 5 it gives up
+            await runtime.update_resources("a", Resources(cpuset_cpus="4"))
+            await runtime.update_resources("b", Resources(cpuset_cpus="1-3,5-7"))
+        gate.set()
+        for _ in range(100):
+            if len(sent) == 2:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        sender.cancel()
+    assert sent == [("a", "4-5"), ("a", "4")]  # b's older value never goes; a's newer one goes again
