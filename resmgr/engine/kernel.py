@@ -22,13 +22,15 @@ class CgroupWriter:
     def __init__(self, state: EngineState) -> None:
         self.state = state
         self._written: dict[str, tuple[str, str]] = {}  # by container: the cpuset its cgroup was last written
+        self._telling: set[asyncio.Task[None]] = set()
 
     def forget_gone(self) -> None:
         for key in [k for k in self._written if k not in self.state.containers]:
             del self._written[key]
 
-    async def write(self, c: Container, why: str) -> bool:
-        """Write c's granted cpuset into its cgroup (and tell its systemd scope); whether written.
+    async def write(self, c: Container, why: str, tell_later: bool = False) -> bool:
+        """Write c's granted cpuset into its cgroup (and tell its systemd scope, in the background with
+        tell_later: an NRI event must be answered within the runtime's 2 s); whether written.
         A pending container is skipped: its grant may be a move that waits for CPUs another has not
         given up yet, which the pusher sends in steps."""
         pod = self.state.pods.get(c.pod_id)
@@ -53,12 +55,22 @@ class CgroupWriter:
                                               res.cpuset_cpus or "-", res.cpuset_mems or "-")
         unit = os.path.basename(where)
         if unit.endswith(".scope"):
-            told = await tell_systemd(unit, res.cpuset_cpus, res.cpuset_mems)
-            if told:
-                (log.warning if first else log.debug)("container %s: systemd was not told of its scope's new "
-                                                      "cpuset (%s); it may put the old one back when it next "
-                                                      "applies the scope's properties", c.id, told)
+            telling = self._tell(c.id, unit, res.cpuset_cpus, res.cpuset_mems, first)
+            if tell_later:
+                task = asyncio.create_task(telling)
+                self._telling.add(task)
+                task.add_done_callback(self._telling.discard)
+            else:
+                await telling
         return True
+
+    @staticmethod
+    async def _tell(cid: str, unit: str, cpus: str, mems: str, first: bool) -> None:
+        told = await tell_systemd(unit, cpus, mems)
+        if told:
+            (log.warning if first else log.debug)("container %s: systemd was not told of its scope's new cpuset (%s); "
+                                                  "it may put the old one back when it next applies the scope's "
+                                                  "properties", cid, told)
 
     async def clear(self, c: Container, others: list[Container]) -> list[str]:
         """The cgroups of others that still hold some of c's CPUs, written with their grants (which
@@ -74,6 +86,7 @@ class CgroupWriter:
             # An empty cpuset.cpus is the parent's: every CPU.
             held = CPUSet.parse_or_empty(cg[0]) if cg is not None and cg[0] else mine
             if cg is not None and held & mine and not CPUSet.parse_or_empty(o.resources.cpuset_cpus) & mine:
-                if await self.write(o, f"it still runs on CPUs of container {c.id}, which is starting"):
+                if await self.write(o, f"it still runs on CPUs of container {c.id}, which is starting",
+                                    tell_later=True):
                     written.append(o.id)
         return written
