@@ -534,6 +534,21 @@ async def test_no_update_goes_out_while_the_runtime_has_not_answered_the_last(di
     assert [(u.container_id, u.linux.resources.cpu.cpus) for u in req.update] == [("c1", "2")]
 
 
+def _runtime_running(**cpus: str) -> NriRuntime:
+    """An NriRuntime whose record has each container on its CPUs."""
+    runtime = NriRuntime()
+    runtime.replace([], [nri.Container(id=cid, linux=nri.LinuxContainer(resources=nri.LinuxResources(
+                         cpu=nri.LinuxCPU(cpus=c)))) for cid, c in cpus.items()])
+    return runtime
+
+
+async def _until(check, tries: int = 100) -> None:
+    for _ in range(tries):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+
+
 async def test_update_containers_orders_a_swap_so_no_container_shares_a_cpu():
     """The updates go one a call, in an order in which none lands on a CPU another is still to
     leave (a swap: one steps aside first)."""
@@ -571,9 +586,7 @@ async def test_each_update_has_a_call_of_its_own_and_a_failed_one_holds_back_the
     from resmgr.frontends.nri.transport import RpcError
     from resmgr.model import Resources
 
-    runtime = NriRuntime()
-    runtime.replace([], [nri.Container(id=cid, linux=nri.LinuxContainer(resources=nri.LinuxResources(
-                         cpu=nri.LinuxCPU(cpus=cpus)))) for cid, cpus in (("a", "0-1"), ("b", "2"), ("c", "3"))])
+    runtime = _runtime_running(a="0-1", b="2", c="3")
     sent: list[list[str]] = []
 
     async def send(updates: list[nri.ContainerUpdate]) -> list[nri.ContainerUpdate]:
@@ -590,10 +603,7 @@ async def test_each_update_has_a_call_of_its_own_and_a_failed_one_holds_back_the
         await runtime.update_resources(cid, Resources(cpuset_cpus=cpus))
     sender = asyncio.create_task(runtime.run_sender())
     try:
-        for _ in range(100):
-            if failures:
-                break
-            await asyncio.sleep(0.01)
+        await _until(lambda: failures)
     finally:
         sender.cancel()
     assert sorted(sent) == [["a"], ["c"]] and failures == [True]
@@ -686,9 +696,7 @@ async def test_an_update_an_event_answer_carried_meanwhile_is_not_undone_by_the_
     from resmgr.frontends.nri.runtime import collecting
     from resmgr.model import Resources
 
-    runtime = NriRuntime()
-    runtime.replace([], [nri.Container(id=cid, linux=nri.LinuxContainer(resources=nri.LinuxResources(
-                         cpu=nri.LinuxCPU(cpus="8-11")))) for cid in ("a", "b")])
+    runtime = _runtime_running(a="8-11", b="8-11")
     sent: list[tuple[str, str]] = []
     gate = asyncio.Event()
 
@@ -703,18 +711,12 @@ async def test_an_update_an_event_answer_carried_meanwhile_is_not_undone_by_the_
     await runtime.update_resources("b", Resources(cpuset_cpus="1-3,6-7"))
     sender = asyncio.create_task(runtime.run_sender())
     try:
-        for _ in range(100):
-            if sent:
-                break
-            await asyncio.sleep(0.01)
+        await _until(lambda: sent)
         with collecting():  # the event's answer: a resized to CPU 4, b given CPU 5 it gives up
             await runtime.update_resources("a", Resources(cpuset_cpus="4"))
             await runtime.update_resources("b", Resources(cpuset_cpus="1-3,5-7"))
         gate.set()
-        for _ in range(100):
-            if len(sent) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await _until(lambda: len(sent) == 2)
     finally:
         sender.cancel()
     assert sent == [("a", "4-5"), ("a", "4")]  # b's older value never goes; a's newer one goes again
