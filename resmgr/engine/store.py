@@ -9,7 +9,8 @@ it: the decisions stay in memory, the failure is reported (a log line, a metric,
 for the status and the agent), and `keep_written` writes the state once it can. It also
 watches the file system: a quiet node may have no write due for minutes, so when the next write
 might not fit, or the file system turned read-only, it writes at once, and a failure is reported
-when the disk fills, not when a pod next comes. What is lost
+when the disk fills, not when a pod next comes; so is a file system too full for a new state
+beside the old one while writes still work (each fitting in the blocks the last one freed). What is lost
 if the daemon dies meanwhile is rebuilt from the runtime at the next start, as after any
 crash; only what the runtime cannot tell (a prepared DRA claim) insists on the disk
 (`save(strict=True)`).
@@ -88,6 +89,9 @@ class StateStore:
         self._retry = asyncio.Event()  # set when a write failed and must be tried again
         self._snapshot: Callable[[], dict[str, Any]] | None = None
         self._size = 0  # bytes of the last state written
+        # Why the file system has no room for a write beside the old state, though writes still
+        # work ("" while it has): each write may fit only in the blocks the last one freed.
+        self.cramped: str = ""
 
     @property
     def tmp(self) -> Path:
@@ -238,12 +242,14 @@ class StateStore:
             log.warning("the state is written to %s again, after %.0f s and %d failed writes", self.path,
                         time.time() - self.failing_since, self._failures)
             self.failing, self._failures = "", 0
-            metrics.state_failing(self.path.name, False)
+            metrics.state_failing(self.path.name, bool(self.cramped))
         self._retry.clear()
 
     @property
     def problem(self) -> str:
         """What an operator should know about the state file ("" when all is well)."""
+        if self.cramped and not self.failing:
+            return self.cramped
         if not self.failing:
             return ""
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.failing_since))
@@ -257,25 +263,44 @@ class StateStore:
                 async with asyncio.timeout(SPACE_EVERY):
                     await self._retry.wait()
             except TimeoutError:
-                if self._snapshot is not None and await asyncio.to_thread(self._short_of_room):
+                if self._snapshot is None:
+                    continue
+                room = await asyncio.to_thread(self._room)
+                if room is not None:
                     await self.save(self._snapshot)  # a failure now is reported now
+                self._note_room(room)
                 continue
             await asyncio.sleep(min(RETRY_FIRST * 2 ** max(0, self._failures - 1), RETRY_MAX))
             if self._snapshot is not None and self.failing:
                 await self.save(self._snapshot)
 
-    def _short_of_room(self) -> bool:
-        """Whether the state directory's file system may not take the next write: too full, or
-        read-only (as a file system remounts itself after an error)."""
+    def _room(self) -> str | None:
+        """Why the state directory's file system may not take the next write (None: it may): too
+        full, or read-only (as a file system remounts itself after an error)."""
         try:
             fs = os.statvfs(self.dir)
         except OSError:
-            return False
+            return None
         if fs.f_flag & os.ST_RDONLY:
-            return True
+            return "its file system is read-only"
         # Root writes into the blocks the file system keeps back from others.
         free = (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) * fs.f_frsize
-        return free < 2 * self._size + SPACE_MARGIN
+        need = 2 * self._size + SPACE_MARGIN
+        if free >= need:
+            return None
+        return f"its file system is full ({free} bytes free, {need} wanted for a new state beside the old)"
+
+    def _note_room(self, room: str | None) -> None:
+        """A write that worked on a full file system fit in the blocks the one before freed (the
+        disk filled while both were there): the next, larger state will not. Reported as a
+        failure is, until there is room again."""
+        cramped = f"cannot write the state to {self.path} safely: {room}" if room else ""
+        if cramped and not self.cramped and not self.failing:
+            log.error("%s; it is written while it fits, and kept in memory once it does not", cramped)
+        elif self.cramped and not cramped:
+            log.warning("the file system of %s has room for the state again", self.path)
+        self.cramped = cramped
+        metrics.state_failing(self.path.name, bool(self.failing or cramped))
 
     def remove(self) -> None:
         try:

@@ -223,6 +223,21 @@ def test_a_full_state_directory_refuses_no_pod_crashes_nothing_and_is_written_on
         assert {c["id"] for c in state_of(second)["containers"]} == {before, during, after}
         assert failing() == "0.0"
         assert "written to" in second.log() and "again" in second.log()
+        # Full again, but for room a state fits in: each write takes the blocks the one before
+        # freed, and nothing fails; the full disk is reported all the same.
+        (state / "room").write_bytes(b"\0" * (2 * (state / "cache").stat().st_size))
+        with open(state / "fill", "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass
+        (state / "room").unlink()
+        wait_until(lambda: failing() == "1.0", timeout=30, what="the full disk reported with every write working")
+        problems = resmgr_status(str(workdir / "config.sock")).problems
+        assert len(problems) == 1 and "safely" in problems[0] and "full" in problems[0], problems
+        (state / "fill").unlink()
+        wait_until(lambda: failing() == "0.0", timeout=30, what="room again")
         via.close()
     finally:
         for r in relays:

@@ -171,3 +171,45 @@ async def test_a_disk_that_fills_while_no_write_is_due_is_reported_without_waiti
         assert store.problem == ""
     finally:
         keeper.cancel()
+
+
+async def test_a_full_disk_is_reported_though_each_write_fits_in_the_blocks_the_one_before_freed(tmp_path,
+                                                                                                monkeypatch):
+    """The disk filled while a write's new file stood beside the old one: once renamed, the old
+    one's blocks are all that is free, and every write of a state no larger fits in them. Nothing
+    fails, yet the next larger state will: the full disk is reported all the same, until it has
+    room again."""
+    metrics.enable()
+    Disk(monkeypatch)  # every write goes through
+    store = StateStore(tmp_path)
+    monkeypatch.setattr(store_mod, "SPACE_EVERY", 0.05, raising=False)
+    free = {"bytes": 1 << 30}
+    real = os.statvfs
+
+    def statvfs(path: str | os.PathLike[str]) -> os.statvfs_result:
+        fs = list(real(path))
+        fs[0] = fs[1] = 1
+        fs[3] = fs[4] = free["bytes"]
+        return os.statvfs_result(fs)
+
+    monkeypatch.setattr(store_mod.os, "statvfs", statvfs)
+    await store.save(lambda: {"pods": ["a"]})
+    keeper = asyncio.create_task(store.keep_written())
+    try:
+        free["bytes"] = 4096
+        for _ in range(100):
+            if store.problem:
+                break
+            await asyncio.sleep(0.02)
+        assert store.problem.startswith("cannot write the state") and "full (4096 bytes free" in store.problem
+        assert store.failing == ""  # the writes themselves work
+        assert metrics.STATE_FAILING.labels("cache")._value.get() == 1
+        free["bytes"] = 1 << 30
+        for _ in range(100):
+            if not store.problem:
+                break
+            await asyncio.sleep(0.02)
+        assert store.problem == ""
+        assert metrics.STATE_FAILING.labels("cache")._value.get() == 0
+    finally:
+        keeper.cancel()
