@@ -13,7 +13,7 @@ from kubernetes.client.rest import ApiException
 from harness.containerd import TOOLS_BIN
 from resmgr.agent import resources as rs
 from tests.support.agentenv import NS, Env, cpu, healthy_again, matches_status, milli, policy_map, status_doc, wait_for
-from tests.support.helpers import ONLINE, ROOT, Cri, container_config, pod_config, resources
+from tests.support.helpers import ONLINE, ROOT, Cri, container_config, fill, pod_config, resources
 
 
 def entry_is(env: Env, name: str, status: str) -> dict:
@@ -146,12 +146,7 @@ def test_a_full_state_directory_is_reported_in_the_probe_and_the_node_status_unt
         env.cluster.resource("default", {"policy": {"Active": "static"}})
         env.agent.start("--status-interval", "0.2")
         entry_is(env, "default", rs.SUCCESS)
-        with open(state / "fill", "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass
+        fill(state / "fill")
         env.cluster.resource("default", {"policy": {"Active": "static-plus"}})  # its save fails
         entry = wait_for(lambda: (e := env.cluster.node_entry("default")).get("problems") and
                          e.get("generation") == 2 and e, what="the problem in the node's status")

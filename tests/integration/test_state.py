@@ -19,6 +19,7 @@ from tests.support.helpers import (
     cgroup_cpus,
     container_cgroup,
     container_config,
+    fill,
     pod_config,
     policy_relay,
     resmgr_status,
@@ -191,12 +192,7 @@ def test_a_full_state_directory_refuses_no_pod_crashes_nothing_and_is_written_on
         cfg = pod_config(qos="guaranteed", logdir=str(workdir / "logs"))
         pods.append(via.run_pod(cfg))
         before = via.run_container(pods[0], cfg, container_config("before", resources=guaranteed_cpu()))
-        with open(state / "fill", "wb", buffering=0) as f:  # every block taken
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass
+        fill(state / "fill")  # every block taken
         # No write is due: the daemon finds the full disk by itself.
         wait_until(lambda: failing() == "1.0", timeout=30, what="the full disk reported with no call made")
         during = via.run_container(pods[0], cfg, container_config("during", resources=guaranteed_cpu()))
@@ -226,12 +222,7 @@ def test_a_full_state_directory_refuses_no_pod_crashes_nothing_and_is_written_on
         # Full again, but for room a state fits in: each write takes the blocks the one before
         # freed, and nothing fails; the full disk is reported all the same.
         (state / "room").write_bytes(b"\0" * (2 * (state / "cache").stat().st_size))
-        with open(state / "fill", "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass
+        fill(state / "fill")
         (state / "room").unlink()
         wait_until(lambda: failing() == "1.0", timeout=30, what="the full disk reported with every write working")
         problems = resmgr_status(str(workdir / "config.sock")).problems

@@ -54,6 +54,16 @@ def cgroup_cpus(pod: cri.PodSandboxConfig | str, cid: str) -> CPUSet:
     return cgroup_cpuset(pod, cid, "cpus")
 
 
+def fill(path: Path) -> None:
+    """Write zeros to path until its file system takes no more (every block taken)."""
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
 def wait_until(check, timeout: float = 15.0, interval: float = 0.05, what: str = ""):
     """Poll check() until it returns something true; that value, or AssertionError after timeout."""
     deadline = time.monotonic() + timeout
