@@ -209,6 +209,12 @@ class Guest:
         rounding up would drop what was logged in since's own second)."""
         return self.run(f"journalctl -u {unit} --no-pager -o cat --since @{int(since)}").out
 
+    def warnings(self, unit: str, since: float, until: float, most: int = 30) -> list[str]:
+        """The unit's warnings and errors from since to until (its own log levels), the last most."""
+        res = self.run(f"journalctl -u {unit} --no-pager -o cat --since @{int(since)} --until @{int(until) + 1} "
+                       f"| grep -E ' (WARNING|ERROR|CRITICAL) ' | tail -n {most}", timeout=60)
+        return [line[:400] for line in res.out.splitlines()]
+
     def nri_journal(self, since: float) -> str:
         """containerd's lines of its starts, its creates (made without the plugin, or answered) and the
         plugin's synchronizations, from since on (`-o short-unix`: harness.soak.judge.nri_windows and

@@ -108,6 +108,9 @@ def text(report: dict[str, Any]) -> str:
     lines += ["", f"violations: {sum(report['violations'].values())} {report['violations'] or ''}"]
     for v in report["violation_examples"]:
         lines.append(f"  {v}")
+    if report.get("daemon_said"):
+        lines.append("what cri-resmgr warned of around them:")
+        lines += [f"  {line}" for line in report["daemon_said"]]
     lines.append(f"planted by the soak: {len(report.get('planted', []))}")
     lines += [f"  {p}" for p in report.get("planted", [])]
     if report.get("nri_window"):

@@ -50,6 +50,7 @@ WHOLE_EVERY = 10.0  # seconds between two looks at whether the node is whole aga
 SETTLE = 180.0  # seconds a configuration change is given to reach the kernel before a reboot, at most
 CROWD_BOUND = 300.0  # seconds the crowd waits for a refusal, and then for the refused pod to run
 REFUSING = ("topology-aware", "static")  # the policies whose exclusive CPUs a crowd takes to the last
+SAID_BEFORE = 60.0  # seconds of cri-resmgr's warnings before a violation the report carries
 FAULTS = ("kill-resmgr", "kill-agent", "restart-containerd", "restart-kubelet", "api-away", "disk-full",
           "freeze-containerd", "bad-config", "corrupt-state")
 
@@ -695,6 +696,9 @@ class Soak:
         s.notes["reported"] = seen
         if not seen["metric"]:  # what the endpoint said instead (None: no answer)
             s.notes["metric answer"] = answer
+        if not all(seen.values()):  # the evidence: how full it was, and whether writes still worked
+            s.notes["free bytes"] = self.guest.run(f"df -B1 --output=avail {STATE_DIR} | tail -1").out.strip()
+            s.notes["state written since the fill"] = self.guest.inspect()["state"].get("mtime", 0.0) > since
         for where, ok in seen.items():
             if not ok:
                 self.violations.append(("disk-full-unreported", f"the full disk is not reported in the {where}"))
@@ -945,6 +949,7 @@ class Soak:
                     f"into the run) for {v.last - v.first:.0f} s: {v.text}")
 
         judged = [(v.kind, when(v)) for v in self.judge.violations]
+        said = self._said(self.judge.violations)
         counts: dict[str, int] = {}
         for kind, _ in judged + self.violations:
             counts[kind] = counts.get(kind, 0) + 1
@@ -963,11 +968,23 @@ class Soak:
             "strikes": [{"fault": s.kind, "to_whole_s": None if s.to_whole is None else round(s.to_whole, 1),
                          **s.notes} for s in self.strikes],
             "violations": counts, "violation_examples": [f"{k}: {t}" for k, t in (judged + self.violations)[:20]],
-            "nri_window": [f"{v.kind}: {when(v)}" for v in window], "planted": planted,
+            "nri_window": [f"{v.kind}: {when(v)}" for v in window], "planted": planted, "daemon_said": said,
             "snapshots": self.judge.seen, "slopes": slopes, "state_max_bytes": self.state_max,
             "judge_events": self.events,  # the configuration changes as the judge had them (to replay a run)
             "notes": {**self.notes, **({"runtime leftovers": sorted(self.leftovers)} if self.leftovers else {})},
         }
+
+
+    def _said(self, violations: list[Violation]) -> list[str]:
+        """What cri-resmgr warned of from SAID_BEFORE before the first violation to the end of the
+        last (a CI run's journals are not kept: these lines are its evidence)."""
+        if not violations:
+            return []
+        first, last = min(v.first for v in violations), max(v.last for v in violations)
+        try:
+            return self.guest.warnings(self.guest.unit, first - SAID_BEFORE, last + 5)
+        except Exception as err:  # the node gone with the run: the figures still count
+            return [f"(the journal could not be read: {type(err).__name__}: {str(err)[:200]})"]
 
 
 def disagree(placed: dict[str, list], snapshot: dict[str, list[str]]) -> dict[str, str]:

@@ -295,3 +295,36 @@ def test_before_a_switch_to_a_policy_without_devices_the_claims_pods_go_and_thei
     run.time.sleep = lambda s: now.__setitem__(0, now[0] + s)
     soak._before_switch("podpools")
     assert [k for k, _ in soak.violations] == ["claims"]
+
+
+def test_the_report_carries_what_cri_resmgr_warned_of_around_the_violations():
+    """A CI run's journals are not kept: the daemon's warnings from a minute before the first
+    violation to the end of the last are its evidence, and none are read for a clean run."""
+    from types import SimpleNamespace
+
+    from harness.soak.judge import Violation
+    from harness.soak.report import text
+
+    asked: list[tuple[str, float, float]] = []
+
+    def warnings(unit: str, since: float, until: float) -> list[str]:
+        asked.append((unit, since, until))
+        return ["2026-12-06 11:05:01,2 ERROR cri-resmgr.engine: no room"]
+
+    soak = _soak()
+    soak.guest = SimpleNamespace(unit="cri-resmgr", warnings=warnings)
+    assert soak._said([]) == [] and asked == []
+    said = soak._said([Violation("exclusive-shared", "x", 1000.0, 1017.0, "k"),
+                       Violation("exclusive-shared", "y", 1003.0, 1010.0, "k")])
+    assert asked == [("cri-resmgr", 1000.0 - run.SAID_BEFORE, 1022.0)] and said[0].endswith("no room")
+    report = {"mode": "relay", "duration_s": 60, "seed": 1, "pods": {"made": 0, "deleted": 0, "resized": 0},
+              "config_changes": [],
+              "faults": [], "violations": {"exclusive-shared": 2}, "violation_examples": [], "daemon_said": said,
+              "slopes": {}, "state_max_bytes": 0, "notes": {}}
+    assert "  2026-12-06 11:05:01,2 ERROR cri-resmgr.engine: no room" in text(report)
+
+    def gone(unit: str, since: float, until: float) -> list[str]:
+        raise TimeoutError("the guest agent did not answer")
+
+    soak.guest = SimpleNamespace(unit="cri-resmgr", warnings=gone)
+    assert "could not be read" in soak._said([Violation("exclusive-shared", "x", 1.0, 2.0, "k")])[0]
