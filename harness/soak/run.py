@@ -676,7 +676,7 @@ class Soak:
         self.guest.fill_state_fs()
         hold_until = time.monotonic() + self.timing.disk_full
         seen = dict.fromkeys(("log", "metric", "status", "probe", "node status"), False)
-        answer: dict[str, float] | None = None
+        info: dict = {}  # the last look at the node
         until = time.monotonic() + min(90.0, self.timing.disk_full - 5)
         while not all(seen.values()) and time.monotonic() < until:  # once a write has failed, all say so
             time.sleep(5)
@@ -692,13 +692,12 @@ class Soak:
             info = self.guest.inspect()
             seen["log"] = seen["log"] or "cannot write the state" in self.guest.journal(self.guest.unit, since)
             seen["metric"] = seen["metric"] or (info["failing"] or {}).get("cache") == 1.0
-            answer = info["failing"]
         s.notes["reported"] = seen
         if not seen["metric"]:  # what the endpoint said instead (None: no answer)
-            s.notes["metric answer"] = answer
+            s.notes["metric answer"] = info.get("failing")
         if not all(seen.values()):  # the evidence: how full it was, and whether writes still worked
             s.notes["free bytes"] = self.guest.run(f"df -B1 --output=avail {STATE_DIR} | tail -1").out.strip()
-            s.notes["state written since the fill"] = self.guest.inspect()["state"].get("mtime", 0.0) > since
+            s.notes["state written since the fill"] = info.get("state", {}).get("mtime", 0.0) > since
         for where, ok in seen.items():
             if not ok:
                 self.violations.append(("disk-full-unreported", f"the full disk is not reported in the {where}"))
@@ -973,7 +972,6 @@ class Soak:
             "judge_events": self.events,  # the configuration changes as the judge had them (to replay a run)
             "notes": {**self.notes, **({"runtime leftovers": sorted(self.leftovers)} if self.leftovers else {})},
         }
-
 
     def _said(self, violations: list[Violation]) -> list[str]:
         """What cri-resmgr warned of from SAID_BEFORE before the first violation to the end of the

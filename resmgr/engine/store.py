@@ -248,10 +248,8 @@ class StateStore:
     @property
     def problem(self) -> str:
         """What an operator should know about the state file ("" when all is well)."""
-        if self.cramped and not self.failing:
-            return self.cramped
         if not self.failing:
-            return ""
+            return self.cramped
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.failing_since))
         return f"{self.failing} (since {since}); decisions are kept in memory until it can be written"
 
