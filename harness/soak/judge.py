@@ -175,9 +175,14 @@ def parse(snapshot: dict[str, list[str]], claimed: dict[str, int] | None = None)
 
 def held(snapshot: dict[str, list[str]], claimed: dict[str, int] | None = None) -> CPUSet:
     """The CPUs of containers created with CPUs of their own but not started yet: exclusive
-    already (the runtime made their cgroups so), though nothing runs there yet."""
+    already (the runtime made their cgroups so), though nothing runs there yet. Not those under a
+    started container: an older attempt kubelet gave up on (it will never start it) waits on the
+    shared CPUs, and an exclusive container's CPUs still under another are caught the moment it
+    starts (exclusive-shared)."""
+    running = _union(c.cpus for c in parse(snapshot, claimed))
     return _union(c.cpus for cid, row in snapshot.items()
-                  if row[5] == "created" and (c := _ctr(cid, row, claimed or {})).whole_cpus)
+                  if row[5] == "created" and (c := _ctr(cid, row, claimed or {})).whole_cpus
+                  and not c.cpus & running)
 
 
 def released(before: dict[str, CPUSet], ctrs: list[Ctr]) -> CPUSet:

@@ -99,6 +99,25 @@ def test_a_created_exclusive_container_holds_its_cpus_before_it_starts():
     assert judge.violations == []
 
 
+def test_an_older_attempt_kubelet_gave_up_on_waits_on_the_shared_cpus_and_holds_none():
+    """A start cut by a fault: kubelet makes the next attempt and never starts the one created,
+    which cri-resmgr moves onto the shared CPUs; its whole CPUs of cpu.max are nobody's."""
+    static = Expect("static", CPUSet([0]))
+    parked = {"old": ctr("guaranteed", "0-1,4-15", "0-3", 1, runs="created"),
+              "g2": ctr("guaranteed", "2-3", "0-3", 2), "b": ctr("burstable", "0-1,4-15", "0-3", 0.3)}
+    assert kinds(parked, static) == []
+    in_pool = {"old": ctr("guaranteed", "1", "0", 1, runs="created"), "g2": ctr("guaranteed", "2", "0", 1),
+               "g3": ctr("guaranteed", "3", "0", 1), "b": ctr("burstable", "1", "0", 0.3)}
+    assert kinds(in_pool) == []
+    judge = Judge(MACHINE, TA, grace=30)
+    for t in range(0, 200, 10):
+        judge.feed(float(t), in_pool)
+    assert judge.violations == []
+    # Started on the shared CPUs it waited on, it is an exclusive container beside another at once.
+    started = {**in_pool, "old": ctr("guaranteed", "1", "0", 1)}
+    assert "exclusive-shared" in kinds(started)
+
+
 def test_memory_must_follow_the_cpus_and_the_reserved_cpus_stay_reserved():
     assert kinds({"b": ctr("burstable", "5-7", "0-1", 0.2)}) == ["memory", "pool"]
     assert kinds({"b": ctr("burstable", "0-3", "0", 0.2)}) == ["pool", "reserved"]
