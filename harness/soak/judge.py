@@ -193,6 +193,25 @@ def released(before: dict[str, CPUSet], ctrs: list[Ctr]) -> CPUSet:
     return _union(cpus - now.get(cid, CPUSet()) for cid, cpus in before.items() if cid not in now or cid in whole)
 
 
+def unseen_claims(snapshot: dict[str, list[str]], claimed: dict[str, int], created: CPUSet = CPUSet()) -> int:
+    """The CPUs of the claims of pods the node runs nothing of yet (their sandbox or a container
+    made, none started, none holding its CPUs in created): cri-resmgr holds a claim's CPUs from
+    kubelet's prepare, before the pod's sandbox is made, so the kernel shows how many, not which."""
+    pods: dict[str, bool] = {}
+    for cid, row in snapshot.items():
+        uid = pod_uid(row[0])
+        if uid in claimed:
+            c = _ctr(cid, row, claimed)
+            placed = row[5] == "started" or (row[5] == "created" and bool(c.cpus) and c.cpus <= created)
+            pods[uid] = pods.get(uid, False) or placed
+    return sum(claimed[uid] for uid, placed in pods.items() if not placed)
+
+
+def _off_by_unseen(cpus: CPUSet, expected: CPUSet, unseen: int) -> bool:
+    """A shared container short of expected by no more CPUs than unseen claims hold."""
+    return cpus != expected and cpus <= expected and len(expected - cpus) <= unseen
+
+
 @dataclass(frozen=True)
 class Finding:
     kind: str
@@ -202,12 +221,15 @@ class Finding:
     cpus: CPUSet = CPUSet()  # slow kinds: the CPUs out of place, which a release may explain
 
 
-def findings(ctrs: list[Ctr], expect: Expect, machine: Machine, created: CPUSet = CPUSet()) -> list[Finding]:
+def findings(ctrs: list[Ctr], expect: Expect, machine: Machine, created: CPUSet = CPUSet(),
+             unseen: int = 0) -> list[Finding]:
+    """What ctrs break of expect; created: CPUs held by containers not started (held); unseen: CPUs of
+    claims held where the kernel shows nothing yet (unseen_claims)."""
     out = _common(ctrs, expect, machine)
     if expect.policy == "topology-aware":
-        out += _topology_aware(ctrs, expect, machine, created)
+        out += _topology_aware(ctrs, expect, machine, created, unseen)
     elif expect.policy == "static":
-        out += _static(ctrs, machine, created)
+        out += _static(ctrs, machine, created, unseen)
     elif expect.policy in ("balloons", "podpools"):
         out += _balloons(ctrs, expect)
     return out
@@ -255,17 +277,18 @@ def _taken(ctrs: list[Ctr], created: CPUSet) -> CPUSet:
     return _union(c.cpus for c in ctrs if c.whole_cpus) | created
 
 
-def _static(ctrs: list[Ctr], machine: Machine, created: CPUSet) -> list[Finding]:
+def _static(ctrs: list[Ctr], machine: Machine, created: CPUSet, unseen: int = 0) -> list[Finding]:
     out = _exclusive(ctrs)
     default = machine.online - _taken(ctrs, created)
     for c in ctrs:
-        if not c.whole_cpus and c.cpus != default:
+        if not c.whole_cpus and c.cpus != default and not _off_by_unseen(c.cpus, default, unseen):
             out.append(Finding("pool", c.id, f"shared {_short(c)} runs on {c.cpus}; the default set is {default}",
                                cpus=(default - c.cpus) | (c.cpus - default)))
     return out
 
 
-def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine, created: CPUSet) -> list[Finding]:
+def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine, created: CPUSet,
+                    unseen: int = 0) -> list[Finding]:
     out = _exclusive(ctrs)
     taken = _taken(ctrs, created)
     pools = machine.pools()
@@ -274,7 +297,7 @@ def _topology_aware(ctrs: list[Ctr], expect: Expect, machine: Machine, created: 
             continue
         pool = next((p for p in pools if c.cpus <= p), machine.online)
         shared = pool - expect.reserved - taken
-        if c.cpus != shared:
+        if c.cpus != shared and not _off_by_unseen(c.cpus, shared, unseen):
             out.append(Finding("pool", c.id, f"shared {_short(c)} runs on {c.cpus}; its pool {pool} has the shared "
                                              f"CPUs {shared}", cpus=(shared - c.cpus) | (c.cpus - shared)))
     return out
@@ -455,16 +478,17 @@ class Judge:
         self.last_time = t
         ctrs = parse(snapshot, self.claimed)
         created = held(snapshot, self.claimed)
+        unseen = unseen_claims(snapshot, self.claimed, created)
         if given_up := released(self.last_cpus, ctrs):
             self.released.append((t, given_up))
         self.released = [(r, cpus) for r, cpus in self.released if t - r < self.slow_grace]
         self.last_cpus = {c.id: c.cpus for c in ctrs}
         for c in ctrs:
             self.first_seen.setdefault(c.id, t)
-        found = findings(ctrs, self.expect, self.machine, created)
+        found = findings(ctrs, self.expect, self.machine, created, unseen)
         if self.previous is not None and t < self.switch_started:
             # Taken before the change was written (snapshots arrive seconds late): the old one's.
-            found = findings(ctrs, self.previous, self.machine, created)
+            found = findings(ctrs, self.previous, self.machine, created, unseen)
         elif self.previous is not None:
             in_switch = self._in_switch(t)
             if not found and self.switch_followed is None:
@@ -474,7 +498,7 @@ class Judge:
                 self.previous = None
                 self._judge_mixes(self.last_cpus)
             elif in_switch and self.switch_followed is None:
-                before = findings(ctrs, self.previous, self.machine, created)
+                before = findings(ctrs, self.previous, self.machine, created, unseen)
                 self._carry(t, found, before)
                 if any(f.kind in STRICT for f in before):  # neither: a mix while containers move
                     mixed = [Finding(f"switch-{f.kind}", f.key, f.text, f.pairs) for f in found if f.kind in STRICT]

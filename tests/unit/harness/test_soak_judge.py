@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from harness.soak.judge import Expect, Judge, findings, held, parse
+from harness.soak.judge import Expect, Judge, findings, held, parse, unseen_claims
 from harness.soak.run import machine_of
 from harness.vm import Shape
 from resmgr.topology.cpuset import CPUSet
@@ -649,3 +649,24 @@ def test_a_claimed_container_on_other_cpus_than_its_claims_or_beside_another_is_
     unclaimed = Judge(MACHINE, TA, grace=30)
     unclaimed.feed(100.0, {"dc": claiming("4-5", "1"), "b": ctr("burstable", "5-7", "1", 0.2)})
     assert "exclusive-shared" not in [v.kind for v in unclaimed.violations]
+
+
+def test_a_claim_prepared_before_its_pod_runs_anything_holds_as_many_cpus_as_it_claims():
+    """kubelet prepares a claim before it makes the pod's sandbox, and cri-resmgr takes the claim's
+    CPUs from the shared ones then: while the pod runs nothing of its own the kernel shows how many
+    CPUs are gone from the default set, not which (a local run: 61 s during an upgrade)."""
+    static = Expect("static", CPUSet([0]))
+    narrowed = {"b": ctr("burstable", "0-1,4-15", "0-3", 0.2)}
+    sandbox = {"dc-pause": claiming("0-15", "0-3", runs="pause")}
+    assert [f.kind for f in findings(parse(narrowed, CLAIMED), static, MACHINE)] == ["pool"]
+    judge = Judge(MACHINE, static, grace=30, claimed=dict(CLAIMED))
+    for t in range(0, 200, 10):
+        judge.feed(float(t), {**narrowed, **sandbox})
+    assert judge.violations == []
+    # Short by more CPUs than the claim holds, or once its container runs: off the default set.
+    wider = {"b": ctr("burstable", "0,4-15", "0-3", 0.2), **sandbox}
+    assert [f.kind for f in findings(parse(wider, CLAIMED), static, MACHINE, unseen=2)] == ["pool"]
+    running = {**narrowed, **sandbox, "dc": claiming("2-3", "0-3")}
+    assert unseen_claims(running, CLAIMED) == 0
+    assert unseen_claims({**narrowed, **sandbox}, CLAIMED) == 2
+    assert unseen_claims({**narrowed, **sandbox}, {}) == 0
