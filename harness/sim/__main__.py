@@ -1,9 +1,11 @@
 """Runs the simulated node over seeds (harness/sim/node.py):
 
-    python -m harness.sim [--seeds N] [--first S | --only S,S,...] [--steps M] [--crashes K] [--jobs J]
+    python -m harness.sim [--seeds N] [--first S | --only S,S,...] [--steps M] [--crashes K] [--switches W]
+                          [--jobs J]
 
 Each seed is one run of kubelet's M actions with cri-resmgr SIGKILLed K times (one of them leaving
-its state file cut short); a run that breaks an invariant prints its seed, the violation and the
+its state file cut short) and, with --switches, configurations of other policies pushed W times
+(a switch re-allocates every container); a run that breaks an invariant prints its seed, the violation and the
 last lines of its trace, and the exit status is 1. --plant NAME runs them with an earlier fix of
 the engine undone (harness/sim/plants.py), to show which seed finds it.
 The same seed runs the same steps (with PYTHONHASHSEED fixed: this program sets it and runs again);
@@ -21,13 +23,14 @@ from typing import Any
 
 
 def run_seed(seed: int, steps: int, crashes: int, freezes: int = 1, restarts: int = 1, plant: str = "",
-             losses: int = 1) -> tuple[int, str, list[str], float]:
+             losses: int = 1, switches: int = 0) -> tuple[int, str, list[str], float]:
     """One seed: (seed, the violation or "", its trace, virtual seconds simulated), with the named
     defect planted in the engine (harness/sim/plants.py), if any."""
     from harness.sim.node import Node, Violation
     from harness.sim.plants import planted
 
-    node = Node(seed, steps=steps, crashes=crashes, freezes=freezes, restarts=restarts, losses=losses)
+    node = Node(seed, steps=steps, crashes=crashes, freezes=freezes, restarts=restarts, losses=losses,
+                switches=switches)
     with planted(plant):
         try:
             node.run()
@@ -50,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restarts", type=int, default=1, help="containerd restarted, times a run (default: %(default)s)")
     ap.add_argument("--losses", type=int, default=1,
                     help="of the SIGKILLs, those that leave the state file cut short (default: %(default)s)")
+    ap.add_argument("--switches", type=int, default=0,
+                    help="configurations of another policy pushed a run: topology-aware, static, balloons, podpools "
+                         "(default: %(default)s)")
     ap.add_argument("--plant", default="", metavar="NAME",
                     help="run with an earlier fix undone (harness/sim/plants.py), to see which seed finds it")
     ap.add_argument("--only", default="", metavar="S,S,...", help="these seeds instead of --seeds and --first")
@@ -76,12 +82,12 @@ def main(argv: list[str] | None = None) -> int:
 def _runs(seeds: list[int], args: Any) -> list[tuple[int, str, list[str], float]]:
     """Every seed's run, in the order of seeds (each deterministic wherever it runs)."""
     if args.jobs <= 1 or len(seeds) <= 1:
-        return [run_seed(seed, args.steps, args.crashes, args.freezes, args.restarts, args.plant, args.losses)
-                for seed in seeds]
+        return [run_seed(seed, args.steps, args.crashes, args.freezes, args.restarts, args.plant, args.losses,
+                         args.switches) for seed in seeds]
     n = len(seeds)
     with concurrent.futures.ProcessPoolExecutor(min(args.jobs, n)) as pool:
         return list(pool.map(run_seed, seeds, [args.steps] * n, [args.crashes] * n, [args.freezes] * n,
-                             [args.restarts] * n, [args.plant] * n, [args.losses] * n))
+                             [args.restarts] * n, [args.plant] * n, [args.losses] * n, [args.switches] * n))
 
 
 if __name__ == "__main__":

@@ -37,9 +37,20 @@ from resmgr.topology.sysfs import discover
 
 SHAPE = "sockets=2,nodes=2,cores=2,threads=2"  # the VM tier's node: 4 NUMA nodes of 4 CPUs
 POLICY = {"Active": "topology-aware", "ReservedResources": {"cpu": "750m"}}
+# What a switch pushes, as the soak's configurations (harness/soak/config.py) name them.
+POLICIES: dict[str, dict[str, Any]] = {
+    "topology-aware": POLICY,
+    "static": {"Active": "static", "ReservedResources": {"cpu": "750m"}},
+    "balloons": {"Active": "balloons", "ReservedResources": {"cpu": "750m"},
+                 "balloons": {"BalloonTypes": [{"Name": "sim", "Namespaces": ["*"], "MaxCPUs": 6}]}},
+    "podpools": {"Active": "podpools", "ReservedResources": {"cpu": "750m"},
+                 "podpools": {"Pools": [{"Name": "sim", "CPU": 2, "MaxPods": 3, "Instances": 3}]}},
+}
+EXCLUSIVE = ("topology-aware", "static")  # the policies that give whole-CPU Guaranteed containers CPUs of their own
 RECONCILE_EVERY = 30.0
 FIRST_WAIT = 2.0  # the relay's: how long its start waits for the runtime before serving anyway
 QUIET = 120.0  # seconds without a lifecycle call after which every cgroup must be as granted
+SETTLE_BOUND = 150.0  # seconds a switch (and the rebuild of a life that cut it short) may take to land
 
 
 REFUSALS = (NotReady, PolicyError)  # what cri-resmgr answers kubelet with on purpose
@@ -110,6 +121,8 @@ class Daemon:
         self.serving = True
         self.spawn(self.engine.run_reconciler(RECONCILE_EVERY))
         self.spawn(self.engine.state.keep_written())
+        if self.node.wanted != self.node.policy:  # the agent pushes again to a daemon that restarted
+            self.spawn(self.node.push(self))
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -132,6 +145,7 @@ class Node:
     freezes: int = 1  # containerd frozen (SIGSTOP) 5-60 s during the run
     restarts: int = 1  # containerd restarted (down 0.5-3 s) during the run
     losses: int = 1  # of the crashes, those that leave the state file cut short (set aside at the start)
+    switches: int = 0  # configurations of another policy pushed during the run
     policy: dict[str, Any] = field(default_factory=lambda: dict(POLICY))
     quirks: Quirks = field(default_factory=Quirks)
     trace: list[str] = field(default_factory=list)
@@ -145,6 +159,10 @@ class Node:
         self.last_call = 0.0
         self.simulated = 0.0  # virtual seconds the run lasted
         self.failure: Violation | None = None
+        self.wanted = self.policy  # the configuration the agent pushes; self.policy: the one persisted
+        self.settled = True  # every cgroup follows the policy in force (not a switch's or a rebuild's mix)
+        self.unsettled_at = 0.0  # when a switch began that has not landed yet
+        self.in_force = self.policy["Active"]
 
     # -- kubelet's door: the relay ---------------------------------------------------------------------
     async def call(self, req: Any, timeout: float) -> Any:
@@ -223,6 +241,47 @@ class Node:
             if loop.time() > until:
                 return
 
+    async def _switcher(self, until: float) -> None:
+        """Configurations of other policies pushed at random moments (a generator of its own)."""
+        rng = random.Random(self.seed * 15485863 + 3)
+        for _ in range(self.switches):
+            await asyncio.sleep(rng.uniform(0, until / max(1, self.switches)))
+            self.wanted = POLICIES[rng.choice(sorted(p for p in POLICIES if p != self.wanted["Active"]))]
+            self.note(f"configuration of {self.wanted['Active']} pushed")
+            if self.daemon is not None and self.daemon.serving:
+                self.daemon.spawn(self.push(self.daemon))
+
+    async def push(self, daemon: Daemon) -> None:
+        """The agent's push, as the daemon applies it: a switch that re-allocates every container, and
+        the configuration persisted once it is done (a kill before that starts the next life with the
+        one before)."""
+        wanted = self.wanted
+        if daemon.engine.policy.name != wanted["Active"]:
+            if self.settled:
+                self.settled, self.unsettled_at = False, asyncio.get_running_loop().time()
+            try:
+                await daemon.engine.state.switch_policy(policies.create(wanted["Active"], dict(wanted), self.topology))
+            except PolicyError as err:
+                self.note(f"switch to {wanted['Active']} rejected: {err}")
+        if daemon.engine.policy.name == wanted["Active"]:
+            self.policy = wanted
+
+    def settle(self) -> None:
+        """A switch, or the rebuild of a life started on one cut short, has landed once cri-resmgr has
+        reconciled and sent every container its desired resources: the invariants of the policy in
+        force hold from then on. Violation: not landed within SETTLE_BOUND."""
+        if self.settled or self.daemon is None:
+            return
+        state = self.daemon.engine.state
+        if state.reconciled.is_set() and not any(c.pending for c in state.containers.values()):
+            self.in_force = state.policy.name
+            self.settled = True
+            self.note(f"{self.in_force} settled")
+        elif asyncio.get_running_loop().time() - self.unsettled_at > SETTLE_BOUND:
+            pending = sorted(k for k, c in state.containers.items() if c.pending)
+            raise Violation(f"a switch to {state.policy.name} not landed after {SETTLE_BOUND:.0f} s: "
+                            f"{len(pending)} container(s) pending ({', '.join(pending[:4])})")
+
     def cut_state(self, rng: random.Random) -> None:
         """The state file cut short (the soak's corrupt-state fault): the next life sets it aside and
         adopts what the runtime runs."""
@@ -246,12 +305,16 @@ class Node:
         return guaranteed and res.cpu_quota > 0 and res.cpu_quota % res.cpu_period == 0
 
     def check(self) -> None:
-        """After every change of a cgroup: no exclusive CPU under two running containers."""
+        """After every change of a cgroup: no exclusive CPU under two running containers (where the
+        policy in force gives any, and not while a switch or a rebuild after one moves containers)."""
         if self.failure is not None:
             return
         try:
             if self.ctrd.broken:
                 raise Violation(self.ctrd.broken[0])
+            self.settle()
+            if not self.settled or self.in_force not in EXCLUSIVE:
+                return
             running = [(c.id, c.cpus) for c in self.ctrd.running()]
             for cid, cpus in running:
                 if not self.exclusive(cid):
@@ -295,6 +358,7 @@ class Node:
         """The quiet node's check, every few seconds; returns at the first violation."""
         loop = asyncio.get_running_loop()
         while not self.failed.is_set():
+            self.check()  # a switch may land without a cgroup changing
             if self.daemon is not None and loop.time() - self.last_call > QUIET and \
                     self.daemon.engine.state.reconciled.is_set():
                 try:
@@ -331,16 +395,19 @@ class Node:
     async def _work(self, kubelet: Kubelet) -> None:
         crasher = asyncio.ensure_future(self._crasher(self.steps * 2.0))
         faults = asyncio.ensure_future(self._runtime_faults(self.steps * 2.0))
+        switcher = asyncio.ensure_future(self._switcher(self.steps * 2.0))
         try:
             await kubelet.run(self.steps)
             await crasher
             await faults
+            await switcher
             await kubelet.delete_all()
             await asyncio.sleep(QUIET + 2 * RECONCILE_EVERY)  # reconciliation drops what it missed
             self.check_empty()
         finally:
             crasher.cancel()
             faults.cancel()
+            switcher.cancel()
 
     def run(self) -> None:
         """The whole run; Violation if an invariant broke."""

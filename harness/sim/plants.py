@@ -8,6 +8,7 @@ A plant swaps one method or function of the engine for the one before its fix, f
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -33,9 +34,16 @@ class Plant:
     name: str
     stand_in: Any
     seed: int = 0  # the first seed (of 1-150) that catches it; 0: none does (why, in `fix`)
+    switches: int = 0  # ... with this many policy switches a run (--switches)
+
+
+def _own_lock(self: Any, key: str) -> asyncio.Lock:
+    return asyncio.Lock()
 
 
 PLANTS = {
+    "sending": Plant("kubelet's update of a container goes to the runtime after a push of it in flight (the "
+                     "simulated node, once it switched policies)", pusher.Pusher, "sending", _own_lock, 149, 3),
     "found": Plant("an adopted container holds the CPUs it was found on until its move lands (soak seed 536)",
                    pusher.Pusher, "found", lambda self, key, cpus: None, 21),
     "maybe": Plant("a push that failed counts as holding both the old CPUs and the new (soak seed 517)",
@@ -45,7 +53,7 @@ PLANTS = {
     "narrow": Plant("containers that swap CPUs first narrow to the CPUs they keep (a policy switch in the soak)",
                     pusher.Pusher, "narrow", lambda self, key, todo: _nothing(), 4),
     "waves": Plant("of many pushes, those that give CPUs up land before those that take them (a switch in the "
-                   "soak)", pusher, "movable", _all_at_once, 4),
+                   "soak)", pusher, "movable", _all_at_once, 4, 3),
     "raced": Plant("an update sent while the runtime starts the container is taken only once it runs and is "
                    "sent again (the simulated node, once its containerd made tasks as containerd does)",
                    pusher.Pusher, "_raced", lambda self, key, starting: False, 16),

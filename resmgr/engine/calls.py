@@ -17,6 +17,7 @@ policy's decision, the hook plugins and the runtime call as its children.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol, TypeVar
@@ -182,8 +183,12 @@ class Calls:
                     with tracer.start_as_current_span("hook plugins"):
                         c = dataclasses.replace(plan.container, resources=resources)
                         adj = await self.hooks.pre_update(plan.pod, c, plan.pinned, deadline)
+                # Relay: after any push of it in flight. NRI (not clear): the answer carries it, and a
+                # push waits for containerd's plugin lock, which the event being answered holds.
+                sending = self.engine.state.pusher.sending(plan.container.key) if clear else contextlib.nullcontext()
                 with tracer.start_as_current_span("runtime"):
-                    resp, sent = await call(resources, adj)
+                    async with sending:
+                        resp, sent = await call(resources, adj)
             except BaseException:
                 await self.engine.updating.abort_update(plan)
                 raise

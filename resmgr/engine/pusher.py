@@ -129,6 +129,12 @@ class Pusher:
         self.held[key], self.landed[key] = cpus, time.monotonic()
         self.unmoved.discard(key)
 
+    def sending(self, key: str) -> asyncio.Lock:
+        """The lock an update of the container goes to the runtime under (pushes, kubelet's updates
+        and resizes), so that the runtime takes them in the order they were sent: a push in flight
+        landing after a resize would undo it, while the CPUs it gave up go to others."""
+        return self._locks.setdefault(key, asyncio.Lock())
+
     def found(self, key: str, cpus: str) -> None:
         """A container adopted where the runtime runs it: those CPUs are held until a move of it lands
         (a container placed onto them waits), not those its first decision gives it."""
