@@ -321,3 +321,30 @@ def test_a_narrowing_queued_behind_a_push_that_landed_the_move_sends_nothing():
 
     asyncio.run(go())
     assert runtime.held["a"] == "5,12-13" and pusher.held["a"] == "8"  # nothing sent, nothing recorded
+
+
+def test_an_update_sent_under_the_containers_lock_lands_after_a_push_in_flight():
+    """kubelet's resize of a goes to the runtime while a push of a is in flight: the resize, sent
+    after it, must be what a runs with (the push landing after it would undo it, and the CPUs the
+    resize gave up go to others)."""
+    ledger = ledger_of({"a": "1,9"})
+    ledger.containers["a"].pending = True
+    order: list[str] = []
+
+    class Runtime:
+        async def update_resources(self, container_id: str, res: Resources) -> None:
+            await asyncio.sleep(0.05 if res.cpuset_cpus == "1,9" else 0.01)  # the push is the slow one
+            order.append(res.cpuset_cpus)
+
+    pusher = Pusher(ledger, Runtime(), lambda: None)
+
+    async def resize() -> None:
+        await asyncio.sleep(0.005)  # decided once the push is on its way
+        async with pusher.sending("a"):
+            await pusher.runtime.update_resources("a", Resources(cpuset_cpus="8"))
+
+    async def both() -> None:
+        await asyncio.gather(pusher.push("a"), resize())
+
+    asyncio.run(both())
+    assert order == ["1,9", "8"]
