@@ -193,11 +193,14 @@ def released(before: dict[str, CPUSet], ctrs: list[Ctr]) -> CPUSet:
     return _union(cpus - now.get(cid, CPUSet()) for cid, cpus in before.items() if cid not in now or cid in whole)
 
 
-def unseen_claims(snapshot: dict[str, list[str]], claimed: dict[str, int], created: CPUSet = CPUSet()) -> int:
-    """The CPUs of the claims of pods the node runs nothing of yet (their sandbox or a container
-    made, none started, none holding its CPUs in created): cri-resmgr holds a claim's CPUs from
-    kubelet's prepare, before the pod's sandbox is made, so the kernel shows how many, not which."""
-    pods: dict[str, bool] = {}
+def unseen_claims(snapshot: dict[str, list[str]], claimed: dict[str, int], created: CPUSet = CPUSet(),
+                  unclaimed: set[str] | frozenset[str] = frozenset()) -> int:
+    """The CPUs of the claims of pods the node runs nothing of yet (no container started, none
+    holding its CPUs in created), but pods deleted (unclaimed) the kernel shows nothing of any more:
+    cri-resmgr holds a claim's CPUs from kubelet's prepare, before the pod's sandbox is made, so the
+    kernel shows how many, not which (nor, before the sandbox, whether they are held yet)."""
+    claimed, unclaimed = dict(claimed), set(unclaimed)  # the load's thread adds to them meanwhile
+    pods: dict[str, bool] = {uid: False for uid in claimed if uid not in unclaimed}
     for cid, row in snapshot.items():
         uid = pod_uid(row[0])
         if uid in claimed:
@@ -438,6 +441,7 @@ class Judge:
     first_seen: dict[str, float] = field(default_factory=dict)  # when each container was first seen started
     stalls: list[tuple[float, float]] = field(default_factory=list)  # containerd frozen by the soak (the freeze excuse)
     claimed: dict[str, int] = field(default_factory=dict)  # pod UID -> CPUs of its claim (the soak's load)
+    unclaimed: set[str] = field(default_factory=set)  # ... of those, pods deleted (the soak's load)
     seen: int = 0
     last_clean: float = 0.0
     last_time: float = 0.0
@@ -478,7 +482,7 @@ class Judge:
         self.last_time = t
         ctrs = parse(snapshot, self.claimed)
         created = held(snapshot, self.claimed)
-        unseen = unseen_claims(snapshot, self.claimed, created)
+        unseen = unseen_claims(snapshot, self.claimed, created, self.unclaimed)
         if given_up := released(self.last_cpus, ctrs):
             self.released.append((t, given_up))
         self.released = [(r, cpus) for r, cpus in self.released if t - r < self.slow_grace]

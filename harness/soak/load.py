@@ -178,6 +178,7 @@ class Load:
     spared: set[str] = field(default_factory=set)  # pods the churn neither deletes nor resizes for now
     claiming: threading.Event = field(default_factory=threading.Event)  # set: the policy in force offers devices
     claimed: dict[str, int] = field(default_factory=dict)  # pod UID -> CPUs its claim gives it (the judge's)
+    unclaimed: set[str] = field(default_factory=set)  # ... of those, the pods deleted (the judge's)
     unplaced: int = 0  # pods of a claim kube-scheduler found no room for within UNPLACED s, deleted
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -282,6 +283,8 @@ class Load:
                 raise
         rec.deleted = time.monotonic()
         self.deleted += 1
+        if rec.claim:
+            self.unclaimed.add(rec.uid)
 
     def drop_claims(self) -> list[PodRecord]:
         """Every live pod of a claim deleted (a policy that offers no device could not hold them)."""

@@ -124,7 +124,7 @@ class Soak:
         self.configs = cfg.Configs(core, CustomObjectsApi(control.api_client()), NODE_NAME, self.rng)
         self.load = Load(control.core(), NODE_NAME, random.Random(self.rng.random()))
         self.judge = Judge(machine_of(shape), cfg.expect_of(cfg.GROUPS[cfg.START[settings.policy]]),
-                           claimed=self.load.claimed)
+                           claimed=self.load.claimed, unclaimed=self.load.unclaimed)
         self.strikes: list[Strike] = []
         self.violations: list[tuple[str, str]] = []  # the soak's own (pods, restarts, never whole)
         self.procs: list[dict[str, Any]] = []

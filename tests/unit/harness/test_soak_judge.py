@@ -658,7 +658,7 @@ def test_a_claim_prepared_before_its_pod_runs_anything_holds_as_many_cpus_as_it_
     static = Expect("static", CPUSet([0]))
     narrowed = {"b": ctr("burstable", "0-1,4-15", "0-3", 0.2)}
     sandbox = {"dc-pause": claiming("0-15", "0-3", runs="pause")}
-    assert [f.kind for f in findings(parse(narrowed, CLAIMED), static, MACHINE)] == ["pool"]
+    assert [f.kind for f in findings(parse(narrowed, CLAIMED), static, MACHINE)] == ["pool"]  # no unseen given
     judge = Judge(MACHINE, static, grace=30, claimed=dict(CLAIMED))
     for t in range(0, 200, 10):
         judge.feed(float(t), {**narrowed, **sandbox})
@@ -670,3 +670,7 @@ def test_a_claim_prepared_before_its_pod_runs_anything_holds_as_many_cpus_as_it_
     assert unseen_claims(running, CLAIMED) == 0
     assert unseen_claims({**narrowed, **sandbox}, CLAIMED) == 2
     assert unseen_claims({**narrowed, **sandbox}, {}) == 0
+    # Before its sandbox too (kubelet prepares first), until the pod is deleted and gone.
+    assert unseen_claims(narrowed, CLAIMED) == 2
+    assert unseen_claims(narrowed, CLAIMED, unclaimed={"7-8"}) == 0
+    assert unseen_claims({**narrowed, **sandbox}, CLAIMED, unclaimed={"7-8"}) == 2
