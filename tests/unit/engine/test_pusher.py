@@ -330,16 +330,19 @@ def test_an_update_sent_under_the_containers_lock_lands_after_a_push_in_flight()
     ledger = ledger_of({"a": "1,9"})
     ledger.containers["a"].pending = True
     order: list[str] = []
+    pushing = asyncio.Event()
 
     class Runtime:
         async def update_resources(self, container_id: str, res: Resources) -> None:
+            if res.cpuset_cpus == "1,9":
+                pushing.set()
             await asyncio.sleep(0.05 if res.cpuset_cpus == "1,9" else 0.01)  # the push is the slow one
             order.append(res.cpuset_cpus)
 
     pusher = Pusher(ledger, Runtime(), lambda: None)
 
     async def resize() -> None:
-        await asyncio.sleep(0.005)  # decided once the push is on its way
+        await pushing.wait()  # decided once the push is on its way
         async with pusher.sending("a"):
             await pusher.runtime.update_resources("a", Resources(cpuset_cpus="8"))
 
