@@ -102,6 +102,18 @@ class Cluster:
                 out.append(f"{p.metadata.name}: no log ({err.status})")
         return "\n".join(out)
 
+    def restarts(self, pod: Any) -> str:
+        """Why a pod's containers restarted: each one's last termination and the log it left."""
+        out = [describe(pod)]
+        for s in pod.status.container_statuses or []:
+            out.append(f"{s.name}: restarted {s.restart_count}, last {s.last_state}")
+            try:
+                out.append(self.core.read_namespaced_pod_log(pod.metadata.name, NS, container=s.name,
+                                                             previous=True, tail_lines=60))
+            except client.ApiException as err:
+                out.append(f"no previous log ({err.status})")
+        return "\n".join(out)
+
     def run(self, name: str, cpu: str, guaranteed: bool, namespace: str = "default", claim: str = "") -> Any:
         """A pod the scheduler places (no node named), running; with claim, its CPUs come from that
         ResourceClaim alone."""
@@ -266,7 +278,7 @@ def test_helm_upgrade_switches_the_policy_live_without_restarting_pods(cluster):
         time.sleep(1)
     after = plugin_pod(c)
     assert after.metadata.uid == before.metadata.uid  # the same pod, not a new one
-    assert sum(s.restart_count for s in after.status.container_statuses) == 0
+    assert sum(s.restart_count for s in after.status.container_statuses) == 0, c.restarts(after)
     pod = c.core.read_namespaced_pod("kept-through-upgrade", "default")
     assert container_ids(pod) == container_ids(g) and len(c.cpus(pod)) == 1
 

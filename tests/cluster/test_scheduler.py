@@ -189,6 +189,18 @@ def test_cpus_of_one_numa_node_claimed_through_dra(cluster: Cluster) -> None:
     assert wait_for(lambda: agreed_slice(cluster, WIDE), 60, "the wide node's slice after the restart") == before
     assert [c["name"] for c in status_doc(cluster.config_socket(WIDE))["dra"]["claims"]] == ["two"]
     assert wide.cpus("dra-claimed") == {"c0": CPUSet.parse("0-1")}
+    users = status_doc(cluster.config_socket(WIDE))["dra"]["claims"][0]["users"]
+    assert len(users) == 1, users
+
+    # Killed again, its state file lost: the claim is held again from its CDI spec, and the
+    # container, adopted from containerd, is its user again (its CDI devices name the claim).
+    wide.resmgr.stop(signal.SIGKILL)
+    (wide.resmgr.relay_dir / "cache").unlink()
+    wide.resmgr.start()
+    wait_socket(cluster.config_socket(WIDE))
+    claims = status_doc(cluster.config_socket(WIDE))["dra"]["claims"]
+    assert [(c["name"], c["cpus"], c["users"]) for c in claims] == [("two", "0-1", users)], claims
+    assert wide.cpus("dra-claimed") == {"c0": CPUSet.parse("0-1")}
 
     # One container on two claims is refused, naming both, on the split node's two devices.
     make_claim(cluster, "left", "1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from pathlib import Path
 
 import grpc
 import pytest
@@ -164,14 +165,28 @@ def test_snapshots_are_plain_copies_that_round_trip():
     assert c.labels == {"a": "b"} and c.hints == {"/dev/x": [0, 1]} and "x" not in c.resources.unified
 
 
+def mount_small(fs: str, where: Path, scratch: Path) -> None:
+    """A small file system of its own at where."""
+    if fs == "tmpfs":
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(where)], check=True)
+        return
+    # ext4 on a loop device, as a node's own disk: it counts as free blocks it gives nobody.
+    image = scratch / "state.img"
+    subprocess.run(["truncate", "-s", "16M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(where)], check=True)
+    where.chmod(0o700)
+
+
+@pytest.mark.parametrize("fs", ["tmpfs", "ext4"])
 def test_a_full_state_directory_refuses_no_pod_crashes_nothing_and_is_written_once_there_is_room(
-        containerd, workdir):
+        containerd, workdir, fs):
     """The state directory's file system full: containers are still made and placed, the condition is
     reported (log, metric, status), a crash meanwhile restarts into service and loses nothing, and the
     state is written as soon as there is room again."""
     state = workdir / "state"
     state.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(state)], check=True)
+    mount_small(fs, state, workdir)
     address = f"127.0.0.1:{free_port()}"
     relays: list[RelayProcess] = []
     pods: list[str] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 
 from resmgr.generated.cri import api_pb2 as cri
@@ -27,6 +29,7 @@ class FakeRuntime:
         self.containers: list[cri.Container] = []
         self.updates: list[tuple[str, cri.LinuxContainerResources]] = []
         self.cpusets: dict[str, str] = {}  # what ContainerStatus reports, by container ID
+        self.cdi: dict[str, list[str]] = {}  # the CDI devices a container was created with, by ID
         self.fail_updates = False
 
     async def version(self):
@@ -43,9 +46,12 @@ class FakeRuntime:
         return [c for c in self.containers if not pod_id or c.pod_sandbox_id == pod_id]
 
     async def container_status(self, cid, verbose=True):
+        # The verbose info as containerd writes it: the CRI config in JSON, CDI_devices among it.
+        config = {"CDI_devices": [{"name": n} for n in self.cdi.get(cid, [])]}
         return cri.ContainerStatusResponse(status=cri.ContainerStatus(
             id=cid, resources=cri.ContainerResources(linux=cri.LinuxContainerResources(
-                cpu_shares=2, cpuset_cpus=self.cpusets.get(cid, "")))))
+                cpu_shares=2, cpuset_cpus=self.cpusets.get(cid, "")))),
+            info={"info": json.dumps({"config": config})} if verbose else {})
 
     async def update_resources(self, cid, res):
         if self.fail_updates:

@@ -13,6 +13,7 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from resmgr import cdi
 from resmgr.frontends.cri import convert, protowire
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import Container, Pod, Resources, Stopped, qos_class_from_cgroup_parent
@@ -133,6 +134,10 @@ class CriRuntime:
         c.requested, c.resources = res, Resources.from_dict(res.to_dict())
         c.env = {str(e.get("key") or ""): str(e.get("value") or "") for e in config.get("envs") or []
                  if isinstance(e, dict) and e.get("key")}
+        # The claims it uses, as CreateContainer named them: a container adopted with the state lost
+        # runs on its claim's CPUs, not on the shared ones beside them.
+        c.claims = cdi.claim_uids(str(d.get("name") or "") for d in config.get("CDI_devices") or []
+                                  if isinstance(d, dict))
         return c, devices
 
     async def running_resources(self, container_id: str) -> tuple[str, str] | None:

@@ -7,6 +7,7 @@ import asyncio
 import errno
 import json
 import os
+from collections.abc import Callable
 
 import pytest
 
@@ -127,6 +128,14 @@ def test_a_state_written_before_the_node_booted_says_so(tmp_path):
     assert store.written_before(booted)
 
 
+def allocating_within(monkeypatch: pytest.MonkeyPatch, free: Callable[[], int]) -> None:
+    """The file system gives an allocation while it has that many bytes free."""
+    def posix_fallocate(fd: int, offset: int, length: int) -> None:
+        if offset + length > free():
+            raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(store_mod.os, "posix_fallocate", posix_fallocate)
+
+
 @pytest.mark.parametrize("how", ["full", "read-only"])
 async def test_a_disk_that_fills_while_no_write_is_due_is_reported_without_waiting_for_one(tmp_path, monkeypatch,
                                                                                            how):
@@ -147,6 +156,7 @@ async def test_a_disk_that_fills_while_no_write_is_due_is_reported_without_waiti
         return os.statvfs_result(fs)
 
     monkeypatch.setattr(store_mod.os, "statvfs", statvfs)
+    allocating_within(monkeypatch, lambda: fs_now["free"])
     await store.save(lambda: {"pods": ["a"]})
     keeper = asyncio.create_task(store.keep_written())
     try:
@@ -193,6 +203,7 @@ async def test_a_full_disk_is_reported_though_each_write_fits_in_the_blocks_the_
         return os.statvfs_result(fs)
 
     monkeypatch.setattr(store_mod.os, "statvfs", statvfs)
+    allocating_within(monkeypatch, lambda: free["bytes"])
     await store.save(lambda: {"pods": ["a"]})
     keeper = asyncio.create_task(store.keep_written())
     try:

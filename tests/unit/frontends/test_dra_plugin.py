@@ -269,3 +269,31 @@ async def test_kubelet_hears_a_device_unhealthy_while_its_cpus_are_offline(root:
     finally:
         await node.plugin.stop()
         await node.engine.state.flush()
+
+
+async def test_a_container_adopted_with_the_state_lost_runs_on_its_claim_held_again(root: Path) -> None:
+    """The state set aside with a claim's container running: the claim is held again from its spec,
+    and the container, adopted from the runtime, is its user on its CPUs (its CDI devices, in the
+    runtime's verbose status, name the claim), not a shared container beside it."""
+    claims = {"a": claim_doc("u-a", "a", "numa-1", "2")}
+    node = Node(root, claims)
+    await node.plugin.start()
+    try:
+        assert not (await node.prepare("a"))["u-a"].error
+    finally:
+        await node.plugin.stop()
+        await node.engine.state.flush()
+    held = node.engine.state.policy.describe_claim("u-a")["cpus"]
+    shutil.rmtree(root / "state")
+    again = Node(root, claims)
+    again.runtime.pod("pod-p")
+    again.runtime.run("c1", "pod-p", name="app")
+    again.runtime.cpusets["c1"] = held
+    again.runtime.cdi["c1"] = [cdi.device_id("u-a"), "vendor.example.com/gpu=0"]
+    assert [c.uid for c in again.engine.claiming.recover(claims_on_disk(root / "cdi"))] == ["u-a"]
+    await again.engine.reconcile()
+    (c,) = again.engine.state.containers.values()
+    assert c.claims == ["u-a"]
+    claim = again.engine.state.policy.describe_claim("u-a")
+    assert claim["users"] == [c.key]
+    assert c.resources.cpuset_cpus == claim["cpus"]
