@@ -40,12 +40,15 @@ done (a Guaranteed container and the others of the balloon it joins, one of whic
 which is known when the change is done. In NRI mode, findings of a container containerd made
 without the plugin (its plugin killed by the soak, restarted by the soak's package install, or
 not back yet after the soak restarted containerd or rebooted the node) are set apart
-(Judge.set_apart).
+(Judge.set_apart). Findings about a container while containerd stalled on its update (its journal
+shows the call failed on a deadline) are set apart until containerd takes an update of it
+(Judge.excuse_refused).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +78,9 @@ EXCUSES = {
                 "plugin's next synchronization: grace more",
     "nri-upgrade": "NRI mode: a container first seen between the soak's dpkg -i of the package (its "
                    "postinst restarts the plugin) and the plugin's next synchronization: grace more",
+    "refused": "a finding but exclusive-shared, balloon-overlap and a switch's mix, about containers whose "
+               "update containerd's journal shows failed on a deadline (containerd stalled), from that call's "
+               "start less grace to containerd's next successful update of each, and grace more (300 s at most)",
     "restart": "a container restart counted before and after a fault the soak struck that cuts starts "
                "in flight (cri-resmgr killed or upgraded in relay mode, containerd or kubelet restarted, "
                "containerd frozen, the reboot): that fault's strike",
@@ -389,6 +395,35 @@ def upgrade_windows(journal: str, upgrades: list[float], bound: float = 300.0) -
     return [(u, next((t for t in syncs if t > u), u + bound)) for u in upgrades]
 
 
+_UPDATE = re.compile(r'UpdateContainerResources for \\?"([0-9a-f]{64})\\?" (with|failed|returns successfully)')
+STALLED = ("deadline exceeded", "context canceled")  # containerd's words for an update it did not get to
+
+
+def refused_windows(journal: str, bound: float = 300.0) -> dict[str, list[tuple[float, float]]]:
+    """When containerd did not get to a container's update, by container, from containerd's journal
+    (`-o short-unix`): from the start of an UpdateContainerResources of it that failed on a deadline
+    (containerd itself stalled: the update still in its hands, or its task not answering) to the
+    end of the next that returned successfully (bound: none did). A failure for another cause (an
+    update containerd refused as invalid, say) opens nothing."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    asked: dict[str, float] = {}  # the start of each container's latest call
+    opened: dict[str, float] = {}
+    for t, text in _stamped(journal):
+        m = _UPDATE.search(text)
+        if m is None:
+            continue
+        cid, what = m.groups()
+        if what == "with":
+            asked[cid] = t
+        elif what == "failed" and any(k in text.lower() for k in STALLED):
+            opened.setdefault(cid, asked.get(cid, t))
+        elif what == "returns successfully" and cid in opened:
+            out.setdefault(cid, []).append((opened.pop(cid), t))
+    for cid, t in opened.items():
+        out.setdefault(cid, []).append((t, t + bound))
+    return out
+
+
 def away_windows(journal: str, bound: float = 300.0) -> list[tuple[float, float, float]]:
     """When containerd made containers before the plugin was back after containerd itself started (a
     restart, a node reboot: NRI's design, docs/nri.md), from the journal of containerd and the plugin
@@ -642,6 +677,24 @@ class Judge:
         apart, kept = [], []
         for v in self.violations:
             (apart if within(v) else kept).append(v)
+        self.violations = kept
+        return apart
+
+    def excuse_refused(self, refused: dict[str, list[tuple[float, float]]]) -> list[Violation]:
+        """Take out of the violations (and return) the findings about containers whose update
+        containerd did not get to meanwhile (refused_windows): a container left where it was, while
+        cri-resmgr's update of it waited on containerd. Each of its containers must be in such a
+        window from the finding's first sight (less grace: the update may have been sent just
+        before) to its end (a grace more). Never two containers sharing CPUs (STRICT), nor a
+        switch's mixes."""
+        def covered(cid: str, v: Violation) -> bool:
+            return any(a - self.grace <= v.first and v.last <= b + self.grace for a, b in refused.get(cid, []))
+
+        apart, kept = [], []
+        for v in self.violations:
+            excused = (v.kind not in STRICT and not v.kind.startswith("switch-") and bool(v.ids)
+                       and all(covered(cid, v) for cid in v.ids))
+            (apart if excused else kept).append(v)
         self.violations = kept
         return apart
 

@@ -116,6 +116,10 @@ def text(report: dict[str, Any]) -> str:
     if report.get("nri_window"):
         lines.append(f"set apart, made without the NRI plugin (containerd issue 11217): {len(report['nri_window'])}")
         lines += [f"  {v}" for v in report["nri_window"][:10]]
+    if report.get("refused"):
+        lines.append(f"set apart, left where they were while containerd stalled on their update: "
+                     f"{len(report['refused'])}")
+        lines += [f"  {v}" for v in report["refused"][:10]]
     lines.append("")
     for name, fig in report["slopes"].items():
         lines.append(f"{name:11} RSS {fig['rss_mb_per_h']:+.2f} MB/h ({fig['rss_samples']} samples; last "

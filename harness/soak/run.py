@@ -27,7 +27,15 @@ from kubernetes.client import ApiException, CustomObjectsApi
 from harness.kube import ControlPlane, container_ids, statuses
 from harness.soak import config as cfg
 from harness.soak.guest import PACKAGE, PREVIOUS, SAMPLES, STATE_DIR, Guest
-from harness.soak.judge import Judge, Machine, Violation, away_windows, nri_windows, upgrade_windows
+from harness.soak.judge import (
+    Judge,
+    Machine,
+    Violation,
+    away_windows,
+    nri_windows,
+    refused_windows,
+    upgrade_windows,
+)
 from harness.soak.load import (
     ADMITTED,
     DRIVER,
@@ -922,6 +930,16 @@ class Soak:
             self.notes["nri window without the soak's restart"] = [f"{a:.1f}-{b:.1f}" for a, b in unstruck]
         return self.judge.set_apart(windows + away + upgraded)
 
+    def _refused(self) -> list[Violation]:
+        """The judge's findings about containers left where they were while containerd stalled on
+        their updates (its own journal says so), set apart from the violations: the runtime's doing."""
+        try:
+            journal = self.guest.update_journal(self.started_wall)
+        except Exception as err:  # a guest that does not answer: every finding stays a violation
+            self.notes["refused"] = f"journal not read: {type(err).__name__}: {err}"
+            return []
+        return self.judge.excuse_refused(refused_windows(journal))
+
     def report(self) -> dict[str, Any]:
         since = self.started_wall + self.timing.warmup  # the guest's clock follows the host's (its RTC)
         slopes = {}
@@ -938,6 +956,7 @@ class Soak:
                                             for pid in dict.fromkeys(q for _, q, _ in rss)}}
         self.judge.finish()
         window = self._nri_window()
+        refused = self._refused()
         self.judge.violations, planted = judge_plants(self.plants, self.judge.violations)
         self.violations += [("plant-missed", p) for p in planted if p.startswith("MISSED")]
 
@@ -967,7 +986,8 @@ class Soak:
             "strikes": [{"fault": s.kind, "to_whole_s": None if s.to_whole is None else round(s.to_whole, 1),
                          **s.notes} for s in self.strikes],
             "violations": counts, "violation_examples": [f"{k}: {t}" for k, t in (judged + self.violations)[:20]],
-            "nri_window": [f"{v.kind}: {when(v)}" for v in window], "planted": planted, "daemon_said": said,
+            "nri_window": [f"{v.kind}: {when(v)}" for v in window],
+            "refused": [f"{v.kind}: {when(v)}" for v in refused], "planted": planted, "daemon_said": said,
             "snapshots": self.judge.seen, "slopes": slopes, "state_max_bytes": self.state_max,
             "judge_events": self.events,  # the configuration changes as the judge had them (to replay a run)
             "notes": {**self.notes, **({"runtime leftovers": sorted(self.leftovers)} if self.leftovers else {})},

@@ -279,8 +279,8 @@ def test_placements_through_a_reboot_count_only_the_pods_that_lived_through_it_a
 
 
 JOURNAL = """\
-1000.10 node containerd[300]: msg="closing plugin cri-resmgr, failed to handle CreateContainer request: ttrpc: closed"
-1400.00 node containerd[300]: msg="failed to handle CreateContainer request: context deadline exceeded"
+1000.10 node ctrd: msg="closing plugin cri-resmgr, failed to handle CreateContainer request: ttrpc: closed"
+1400.00 node ctrd: msg="failed to handle CreateContainer request: context deadline exceeded"
 1030.50 node cri-resmgr[412]: NRI: synchronized 9 pods, 14 containers in 58.0 ms; 1 container(s) updated
 1500.00 node cri-resmgr[412]: NRI: synchronized 9 pods, 14 containers in 61.0 ms; 0 container(s) updated
 2000.00 node containerd[300]: level=error msg="closing plugin cri-resmgr, failed to handle CreateContainer request: EOF"
@@ -581,11 +581,11 @@ def test_a_balloon_reshaped_while_read_is_not_two_balloons_that_overlap():
 
 
 AWAY = """\
-1000.00 node containerd[300]: level=info msg="starting containerd" revision= version=v2.4.2
-1003.00 node containerd[300]: msg="CreateContainer within sandbox \\"s1\\" returns container id \\"a\\""
-1004.00 node containerd[300]: msg="CreateContainer within sandbox \\"s2\\" returns container id \\"b\\""
+1000.00 node ctrd: level=info msg="starting containerd" revision= version=v2.4.2
+1003.00 node ctrd: msg="CreateContainer within sandbox \\"s1\\" returns container id \\"a\\""
+1004.00 node ctrd: msg="CreateContainer within sandbox \\"s2\\" returns container id \\"b\\""
 1020.00 node cri-resmgr[412]: NRI: synchronized 9 pods, 14 containers in 58.0 ms; 2 container(s) updated
-1030.00 node containerd[300]: msg="CreateContainer within sandbox \\"s3\\" returns container id \\"c\\""
+1030.00 node ctrd: msg="CreateContainer within sandbox \\"s3\\" returns container id \\"c\\""
 2000.00 node containerd[301]: level=info msg="starting containerd" revision= version=v2.4.2
 2010.00 node cri-resmgr[412]: NRI: synchronized 9 pods, 15 containers in 58.0 ms; 0 container(s) updated
 2020.00 node containerd[301]: msg="CreateContainer within sandbox \\"s4\\" returns container id \\"d\\""
@@ -674,3 +674,49 @@ def test_a_claim_prepared_before_its_pod_runs_anything_holds_as_many_cpus_as_it_
     assert unseen_claims(narrowed, CLAIMED) == 2
     assert unseen_claims(narrowed, CLAIMED, unclaimed={"7-8"}) == 0
     assert unseen_claims({**narrowed, **sandbox}, CLAIMED, unclaimed={"7-8"}) == 2
+
+
+A, B = "a" * 64, "b" * 64
+REFUSED = f"""\
+1000.00 node ctrd: level=info msg="UpdateContainerResources for \\"{A}\\" with Linux: cpuset_cpus:\\"8-15\\""
+1030.00 node ctrd: msg="UpdateContainerResources for \\"{A}\\" failed" error="context deadline exceeded"
+1031.00 node ctrd: level=info msg="UpdateContainerResources for \\"{A}\\" with Linux: cpuset_cpus:\\"8-15\\""
+1061.00 node ctrd: msg="UpdateContainerResources for \\"{A}\\" failed" error="task: context deadline exceeded"
+1070.00 node ctrd: level=info msg="UpdateContainerResources for \\"{A}\\" with Linux: cpuset_cpus:\\"8-15\\""
+1071.00 node ctrd: level=info msg="UpdateContainerResources for \\"{A}\\" returns successfully"
+1200.00 node ctrd: level=info msg="UpdateContainerResources for \\"{B}\\" with Linux: cpuset_cpus:\\"99\\""
+1200.10 node ctrd: level=error msg="UpdateContainerResources for \\"{B}\\" failed" error="invalid cpuset 99"
+1300.00 node ctrd: level=info msg="UpdateContainerResources for \\"{B}\\" with Linux: cpuset_cpus:\\"5\\""
+1310.00 node ctrd: level=error msg="UpdateContainerResources for \\"{B}\\" failed" error="context canceled"
+"""
+
+
+def test_a_refused_window_runs_from_an_update_containerd_stalled_on_to_its_next_success():
+    """Only a stall (a deadline) opens a window: containerd refusing an update as invalid is no
+    excuse for where the container stays."""
+    from harness.soak.judge import refused_windows
+
+    assert refused_windows(REFUSED, bound=300) == {A: [(1000.0, 1071.0)], B: [(1300.0, 1600.0)]}
+    assert refused_windows("-- No entries --\n") == {}
+
+
+def test_a_container_left_where_it_was_while_containerd_stalled_on_its_update_is_excused_and_nothing_else():
+    """A shared container narrower than its pool while containerd does not get to its update: set
+    apart (refused). Longer than containerd's stall, of another container, or an exclusive CPU
+    shared meanwhile: still violations."""
+    judge = Judge(MACHINE, TA, grace=30)
+    narrow = {"g": ctr("guaranteed", "4", "1", 1), A: ctr("burstable", "5-6", "1", 0.2)}  # 7 left out
+    for t in (1010.0, 1050.0, 1090.0):
+        judge.feed(t, narrow)
+    judge.feed(1095.0, {"g": ctr("guaranteed", "4", "1", 1), A: ctr("burstable", "5-7", "1", 0.2)})
+    for t in (1200.0, 1240.0, 1280.0):  # the same, past the stall's end: not excused
+        judge.feed(t, narrow)
+    judge.feed(1285.0, {"g": ctr("guaranteed", "4", "1", 1), A: ctr("burstable", "5-7", "1", 0.2)})
+    for t in (1400.0, 1440.0):  # another container's finding, and an exclusive CPU shared
+        judge.feed(t, {"g": ctr("guaranteed", "4", "1", 1), A: ctr("burstable", "5-7", "1", 0.2),
+                       B: ctr("burstable", "4-7", "1", 0.2)})
+    judge.finish()
+    apart = judge.excuse_refused({A: [(1000.0, 1071.0), (1400.0, 1450.0)]})
+    assert [(v.kind, v.first) for v in apart] == [("pool", 1010.0)]
+    assert sorted((v.kind, v.first) for v in judge.violations) == [
+        ("exclusive-shared", 1400.0), ("pool", 1200.0), ("pool", 1400.0)]
