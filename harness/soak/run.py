@@ -861,6 +861,8 @@ class Soak:
                 self.violations.append(("upgrade", f"after installing {versions[-1]}: {running}, not {should}"))
             if self.guest.main_pid("cri-resmgr-agent") == agent:
                 self.violations.append(("upgrade", f"after installing {versions[-1]}: the agent runs the code before"))
+            if "unusable" in self.guest.journal(self.guest.unit, self.upgrades[-1]):  # each reads the other's state
+                self.violations.append(("upgrade", f"after installing {versions[-1]}: the state file set aside"))
         s.notes["versions"] = " -> ".join(versions)
         s.notes["install s"] = took
 
