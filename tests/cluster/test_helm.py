@@ -260,6 +260,10 @@ def plugin_pod(c: Cluster) -> Any:
     return c.ready("cri-resmgr-nri")[0]
 
 
+def restarts(pod: Any) -> int:
+    return sum(s.restart_count for s in pod.status.container_statuses or [])
+
+
 def active_policy(c: Cluster) -> str:
     return json.loads((c.state_dir / "cache").read_text())["policy"]["name"]
 
@@ -278,7 +282,10 @@ def test_helm_upgrade_switches_the_policy_live_without_restarting_pods(cluster):
         time.sleep(1)
     after = plugin_pod(c)
     assert after.metadata.uid == before.metadata.uid  # the same pod, not a new one
-    assert sum(s.restart_count for s in after.status.container_statuses) == 0, c.restarts(after)
+    # Not restarted by the switch. (A loaded machine may have restarted it at install: containerd's
+    # native snapshotter copies the image for each create, which can outlast kubelet's 2-minute
+    # runtime request timeout; kubelet then makes the container anew.)
+    assert restarts(after) == restarts(before), c.restarts(after)
     pod = c.core.read_namespaced_pod("kept-through-upgrade", "default")
     assert container_ids(pod) == container_ids(g) and len(c.cpus(pod)) == 1
 
