@@ -42,9 +42,11 @@ def build_release(src: Path) -> Path:
 
 
 def load(archive: Path, containerd_socket: str, version: str = "") -> str:
-    """Import the archive into containerd's CRI namespace; the image's name."""
+    """Import the archive into containerd's CRI namespace, unpacked for the harness containerd's
+    snapshotter; the image's name. (Unpacked for ctr's default instead, every first create of the
+    image unpacks it: a loaded machine's creates of the chart's pods then outlast kubelet's timeout.)"""
     version = version or builder().version()
     subprocess.run([tool("ctr"), "--address", containerd_socket, "--namespace", "k8s.io", "images", "import",
-                    "--base-name", REPOSITORY, "--local", str(archive)],
+                    "--base-name", REPOSITORY, "--local", "--snapshotter", "native", str(archive)],
                    check=True, capture_output=True, text=True)
     return f"{REPOSITORY}:{version}"
