@@ -49,9 +49,9 @@ PLANTS = {
     "maybe": Plant("a push that failed counts as holding both the old CPUs and the new (soak seed 517)",
                    pusher.Pusher, "_maybe", lambda self, key, cpus: None, 6),
     "removed": Plant("nothing is sent to a container whose removal is under way: containerd 2.3.7 panics "
-                     "(the hostile test)", pusher.Pusher, "_removed", lambda self, cid, pod: False, 5),
+                     "(the hostile test)", pusher.Pusher, "_removed", lambda self, cid, pod: False, 3),
     "narrow": Plant("containers that swap CPUs first narrow to the CPUs they keep (a policy switch in the soak)",
-                    pusher.Pusher, "narrow", lambda self, key, todo: _nothing(), 4),
+                    pusher.Pusher, "narrow", lambda self, key, todo: _nothing(), 3, 3),
     "waves": Plant("of many pushes, those that give CPUs up land before those that take them (a switch in the "
                    "soak)", pusher, "movable", _all_at_once, 4, 3),
     "raced": Plant("an update sent while the runtime starts the container is taken only once it runs and is "

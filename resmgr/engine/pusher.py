@@ -52,11 +52,13 @@ class Updater(Protocol):
 
 class Pusher:
     def __init__(self, ledger: Ledger, runtime: Updater, wake: Callable[[], None],
-                 describe: Callable[[BaseException], str] = str) -> None:
+                 describe: Callable[[BaseException], str] = str,
+                 shares: Callable[[str], bool] = lambda key: False) -> None:
         self.ledger = ledger
         self.runtime = runtime
         self.wake = wake  # a push failed: reconciliation retries it (with backoff: engine/retry.py)
         self.describe = describe
+        self.shares = shares  # Policy.shares_freely: may run a moment on CPUs another such leaves
         self._locks: dict[str, asyncio.Lock] = {}
         self._slots = asyncio.Semaphore(PARALLEL)
         self._background: set[asyncio.Task[None]] = set()
@@ -154,7 +156,9 @@ class Pusher:
             return CPUSet()
         return CPUSet.parse_or_empty(held) - self._new(key)
 
-    async def push(self, key: str) -> None:
+    async def push(self, key: str, beside: frozenset[str] = frozenset()) -> None:
+        """Send key's desired resources, unless they move it onto CPUs another container still runs
+        on and is to leave (but those of beside: containers it may share them with while they move)."""
         lock = self._locks.setdefault(key, asyncio.Lock())
         containers = self.ledger.containers
         async with self._slots, lock:
@@ -168,7 +172,7 @@ class Pusher:
                 self.wake()
                 return
             res = c.resources
-            if blocked := CPUSet.parse_or_empty(res.cpuset_cpus) & self._still_left(key):
+            if blocked := CPUSet.parse_or_empty(res.cpuset_cpus) & self._still_left(key, beside):
                 # What is desired now (a decision since the order of these pushes was made) moves it
                 # onto CPUs another container still runs on and is to leave: later, pending.
                 log.debug("container %s: not moved yet, CPUs %s are not given up yet", c.id, blocked)
@@ -230,11 +234,20 @@ class Pusher:
                 self.wake()
                 todo = [k for k in todo if k not in waiting]
             wave = movable(todo, self._leaves, self._new)
+            beside: frozenset[str] = frozenset()
             if not wave:  # a cycle (a swap): one after the other steps aside, then they move
                 for k in todo:
                     await self.narrow(k, todo)
-                wave = movable(todo, self._leaves, self._new) or todo  # none could step aside
-            await asyncio.gather(*(self.push(k) for k in wave))
+                wave = movable(todo, self._leaves, self._new)
+            if not wave:  # none could step aside: shared containers move onto each other's CPUs at once
+                beside = frozenset(k for k in todo if self.shares(k))
+                wave = [k for k in beside if not any(self._leaves(p) & self._new(k) for p in todo if p not in beside)]
+                if not wave:
+                    log.info("container(s) %s wait to move: each is to take CPUs another still runs on",
+                             ", ".join(containers[k].id[:12] for k in todo))
+                    self.wake()
+                    return
+            await asyncio.gather(*(self.push(k, beside) for k in wave))
             tried += wave
             todo = [k for k in todo if k not in wave]
 
@@ -265,12 +278,12 @@ class Pusher:
             await asyncio.sleep(0.1)
         return []
 
-    def _still_left(self, key: str) -> CPUSet:
-        """The CPUs other containers run on (as far as known) and are to leave, or a resize under
-        way gives up."""
+    def _still_left(self, key: str, beside: frozenset[str] = frozenset()) -> CPUSet:
+        """The CPUs other containers (but those of beside) run on (as far as known) and are to
+        leave, or a resize under way gives up."""
         out = self._resized_off()
         for k in self.ledger.containers:
-            if k != key:
+            if k != key and k not in beside:
                 out |= self._leaves(k)
         return out
 

@@ -136,7 +136,7 @@ class EngineState:
         # reconciliation finds ended are made again by kubelet (Ledger.await_return).
         self.rebooted = False
         self.retry = Retry(self.wake)  # what the runtime failed, tried again with backoff
-        self.pusher = Pusher(self.ledger, runtime, self.retry, brief)
+        self.pusher = Pusher(self.ledger, runtime, self.retry, brief, lambda key: self.policy.shares_freely(key))
         if gated:  # a daemon's start: its first reconciliation looks before anything moves
             self.pusher.looked.clear()
         # A front end whose answers need not wait for the disk (NRI's): a crash between the answer

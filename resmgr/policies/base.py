@@ -32,6 +32,9 @@ class Policy:
     # The options of its configuration section `policy.<name>` (policies/toolkit/options.py):
     # read with options.read, and the section's JSON Schema is generated from them.
     options: tuple[Option, ...] = ()
+    # Its shared containers run together on a pool's shared CPUs (topology-aware, static): see
+    # shares_freely.
+    shared_pools: bool = False
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         self.config = dict(config or {})
@@ -166,6 +169,16 @@ class Policy:
         (exclusive, shared, mixed or reserved), and fallback ("reserved" or "parent") when a shared
         one runs there for want of its pool's own shared CPUs; None when it holds nothing of the policy."""
         return None
+
+    def shares_freely(self, key: str) -> bool:
+        """Whether the container runs on CPUs that other containers share too (a shared pool), so
+        that while moving it may run for a moment on CPUs another such container is still to leave:
+        how a swap in which neither keeps a CPU gets done. Never an exclusive or a claim's container,
+        nor a balloon's or pod pool's member, whose CPUs no other balloon or pool may touch."""
+        if not self.shared_pools:
+            return False
+        held = self.describe_grant(key)
+        return held is not None and held.get("kind") in ("shared", "reserved")
 
     def export_state(self) -> dict[str, Any]:
         """Opaque policy data persisted with the engine state."""

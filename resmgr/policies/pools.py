@@ -36,6 +36,8 @@ def grant_in(pool: str, exclusive: CPUSet = EMPTY, milli: int = 0) -> Grant:
 
 
 class PoolPolicy(Policy):
+    shared_pools = True
+
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)
         self.require_topology()

@@ -67,6 +67,7 @@ class TopologyAwarePolicy(Policy):
     description = ("pools from the hardware tree (sockets, dies, NUMA nodes, L3): each container in the tightest "
                    "pool that fits, with CPUs and memory from the same place")
     options = OPTIONS
+    shared_pools = True
 
     def __init__(self, config: Mapping[str, Any] | None = None, topology: Topology | None = None) -> None:
         super().__init__(config, topology)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from resmgr.engine.ledger import Ledger
 from resmgr.engine.pusher import Pusher
 from resmgr.model import Container, ContainerState, Resources
@@ -171,7 +169,7 @@ def pushed(before: dict[str, str], desired: dict[str, str], keys: list[str],
     """push_all(keys) from containers running on before and desiring desired (pending where they differ)."""
     ledger = ledger_of(before)
     runtime = SlowRuntime(before)
-    pusher = Pusher(ledger, runtime, lambda: None)
+    pusher = Pusher(ledger, runtime, lambda: None, shares=lambda key: key not in exclusive)
     pusher.held.update(before)
     for key, cpus in desired.items():
         c = ledger.containers[key]
@@ -355,12 +353,24 @@ def test_an_update_sent_under_the_containers_lock_lands_after_a_push_in_flight()
     assert order == ["1,9", "8"]
 
 
-@pytest.mark.xfail(strict=True, reason="open defect: a cycle of moves in which no container keeps a CPU stays pending")
-def test_a_swap_in_which_no_container_keeps_a_cpu_lands():
+def test_shared_containers_that_swap_cpus_move_at_once_and_an_exclusive_one_never_shares():
     """Two shared containers swap their CPUs (a policy switch's decisions can ask for it): neither
-    can step aside onto a CPU it keeps, and each move waits for the other, so both stay pending
-    and every reconciliation finds them so again. Shared containers may share a CPU while they
-    move; an exclusive one may not."""
+    can step aside onto a CPU it keeps, and each move waits for the other. Shared containers may
+    share a CPU while they move: both go at once. An exclusive container never: a swap with one
+    waits, pending, no CPU shared (reconciliation tries again)."""
     runtime, pusher = pushed({"a": "0", "b": "1"}, {"a": "1", "b": "0"}, ["a", "b"])
     assert runtime.held == {"a": "1", "b": "0"}
     assert not any(c.pending for c in pusher.ledger.containers.values())
+    # Three shared in a ring, and one of them with CPUs to keep: the same.
+    runtime, pusher = pushed({"a": "0-1", "b": "2-3", "c": "4"}, {"a": "2-3", "b": "4", "c": "0-1"}, ["a", "b", "c"])
+    assert runtime.held == {"a": "2-3", "b": "4", "c": "0-1"}
+    assert not any(c.pending for c in pusher.ledger.containers.values())
+    # An exclusive one in the swap: nobody moves onto its CPU while it runs there, nor it onto the other's.
+    for exclusive in (frozenset({"a"}), frozenset({"a", "b"})):
+        runtime, pusher = pushed({"a": "0", "b": "1"}, {"a": "1", "b": "0"}, ["a", "b"], exclusive)
+        assert runtime.held == {"a": "0", "b": "1"} and runtime.overlaps == []
+        assert all(c.pending for c in pusher.ledger.containers.values())
+    # A shared container and an exclusive one it does not swap with: the shared pair moves, the
+    # exclusive one keeps its CPU.
+    runtime, pusher = pushed({"a": "0", "b": "1", "g": "2"}, {"a": "1", "b": "0"}, ["a", "b"], frozenset({"g"}))
+    assert runtime.held == {"a": "1", "b": "0", "g": "2"}
