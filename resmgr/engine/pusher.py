@@ -241,7 +241,8 @@ class Pusher:
                 wave = movable(todo, self._leaves, self._new)
             if not wave:  # none could step aside: shared containers move onto each other's CPUs at once
                 beside = frozenset(k for k in todo if self.shares(k))
-                wave = [k for k in beside if not any(self._leaves(p) & self._new(k) for p in todo if p not in beside)]
+                wave = [k for k in todo if k in beside
+                        and not any(self._leaves(p) & self._new(k) for p in todo if p not in beside)]
                 if not wave:
                     log.info("container(s) %s wait to move: each is to take CPUs another still runs on",
                              ", ".join(containers[k].id[:12] for k in todo))
