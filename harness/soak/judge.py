@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -674,9 +674,14 @@ class Judge:
                 return bool(v.ids) and all(made_apart(cid, v) for cid in v.ids)
             return any(made_apart(cid, v) for cid in v.ids)
 
-        apart, kept = [], []
+        return self._take(within)
+
+    def _take(self, excused: Callable[[Violation], bool]) -> list[Violation]:
+        """Take the violations excused out of the violations, and return them."""
+        apart: list[Violation] = []
+        kept: list[Violation] = []
         for v in self.violations:
-            (apart if within(v) else kept).append(v)
+            (apart if excused(v) else kept).append(v)
         self.violations = kept
         return apart
 
@@ -690,13 +695,8 @@ class Judge:
         def covered(cid: str, v: Violation) -> bool:
             return any(a - self.grace <= v.first and v.last <= b + self.grace for a, b in refused.get(cid, []))
 
-        apart, kept = [], []
-        for v in self.violations:
-            excused = (v.kind not in STRICT and not v.kind.startswith("switch-") and bool(v.ids)
-                       and all(covered(cid, v) for cid in v.ids))
-            (apart if excused else kept).append(v)
-        self.violations = kept
-        return apart
+        return self._take(lambda v: v.kind not in STRICT and not v.kind.startswith("switch-") and bool(v.ids)
+                          and all(covered(cid, v) for cid in v.ids))
 
     def clean(self) -> bool:
         """The last snapshot broke nothing."""

@@ -298,19 +298,18 @@ class StateStore:
         (None: it cannot be asked so). Its free count cannot tell: ext4 counts as free, even for root,
         blocks it gives nobody (up to 16 MiB), and a full disk would pass for one with room."""
         probe = self.path.with_name(f".{self.path.name}.room")
+        fd = -1
         try:
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        except OSError as err:
-            return False if err.errno in (errno.ENOSPC, errno.EDQUOT) else None
-        try:
             os.posix_fallocate(fd, 0, need)
             return True
         except OSError as err:
             return False if err.errno in (errno.ENOSPC, errno.EDQUOT) else None
         finally:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                probe.unlink()
+            if fd >= 0:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    probe.unlink()
 
     def _note_room(self, room: str | None) -> None:
         """A write that worked on a full file system fit in the blocks the one before freed (the
