@@ -168,6 +168,7 @@ def test_helm_install_in_nri_mode_runs_the_plugin_the_agent_and_the_webhook(clus
     started = time.monotonic()
     c.install()
     plugin = c.ready("cri-resmgr-nri")[0]
+    assert restarts(plugin) == 0, c.restarts(plugin)  # its create made once, within kubelet's timeout
     agent = c.ready("cri-resmgr-agent")[0]
     hooks = c.ready("cri-resmgr-webhook", 2)
     c.ready("cri-resmgr-tally")
