@@ -102,7 +102,7 @@ class Claims:
         # state, unused, and is collected as one kubelet will never unprepare.
         self.state.changes.bump()
         await self.state.store.save(self.state.snapshot)
-        await self.state.apply_updates(decision)
+        self.state.apply_soon(decision)  # CPUs given back: kubelet need not wait for them to be taken
 
     async def _persist(self) -> None:
         """On disk before kubelet hears the answer, even where lifecycle answers write behind

@@ -2,7 +2,8 @@
 update: it took it and runs as before (a runtime that lost the container's task answers success),
 failed it (its own deadline on a busy node), or failed it without a word (containerd logs and
 ignores a failed update an NRI answer carries). Reconciliation writes such a cgroup after a
-round; a start writes those of the containers still on the starting one's CPUs before it runs."""
+round; a start writes those of the containers still on the starting one's CPUs, and its own where
+it holds CPUs it was moved off, before it runs."""
 
 from __future__ import annotations
 
@@ -71,6 +72,19 @@ class CgroupWriter:
             (log.warning if first else log.debug)("container %s: systemd was not told of its scope's new cpuset (%s); "
                                                   "it may put the old one back when it next applies the scope's "
                                                   "properties", cid, told)
+
+    async def own(self, c: Container) -> bool:
+        """Just before c runs: its own cgroup, where it holds CPUs its grant does not (a move the
+        runtime took while it was still making c, from what c was created with: the two made at
+        once), written with its grant; whether written."""
+        pod, mine = self.state.pods.get(c.pod_id), CPUSet.parse_or_empty(c.resources.cpuset_cpus)
+        cpusets = self.state.cpusets
+        if cpusets is None or pod is None or not mine:
+            return False
+        cg = await asyncio.to_thread(cpusets.read, pod.cgroup_parent, c.id)
+        if cg is None or not cg[0] or not CPUSet.parse_or_empty(cg[0]) - mine:
+            return False  # an empty cpuset.cpus is the parent's, and says nothing of a move
+        return await self.write(c, "it is starting on CPUs it was moved off while being made", tell_later=True)
 
     async def clear(self, c: Container, others: list[Container]) -> list[str]:
         """The cgroups of others that still hold some of c's CPUs, written with their grants (which

@@ -70,14 +70,17 @@ class Start:
     async def off_its_cpus(self, container_id: str) -> list[str]:
         """Just before the container runs: the containers whose cgroups still hold its CPUs, though
         the runtime took their moves off them (containerd ignores a failed update an NRI answer
-        carries, and a lost task takes one without applying it), have their cgroups written now.
-        The ids written."""
+        carries, and a lost task takes one without applying it), have their cgroups written now,
+        and so does its own where it holds CPUs its grant does not. The ids written."""
         c = self.state.containers.get(container_id)
         if c is None or self.state.cpusets is None:
             return []
         async with self.state.lock:  # no grant changes while the cgroups are compared and written
             others = [self.state.containers[k] for k in self._elsewhere(c)]
-            return await self.reconciler.cgroups.clear(c, others)
+            written = await self.reconciler.cgroups.clear(c, others)
+            if await self.reconciler.cgroups.own(c):
+                written.append(c.id)
+            return written
 
     async def _clear_the_way(self, container_id: str, deadline: float | None) -> None:
         c = self.state.containers.get(container_id)

@@ -35,7 +35,9 @@ class Stop:
                 for c in [c for c in self.state.containers.values() if c.pod_id == pod.id]:
                     decision.updates.update(self.state.release(c).updates)
             self.state.record(decision.updates)
-        await self.state.apply_updates(decision)
+        # CPUs given back: nobody has to wait for that, and kubelet deletes the pod (and unprepares
+        # its claims) only once this is answered, which a runtime stalling updates would hold up.
+        self.state.apply_soon(decision)
         await self.state.save()
         return resp
 
@@ -47,7 +49,7 @@ class Stop:
             pod = self.state.pods.get(pod_id)
             decision = self.state.drop_pod(pod) if pod is not None else Decision()
             self.state.record(decision.updates)
-        await self.state.apply_updates(decision)
+        self.state.apply_soon(decision)  # as in stop_pod
         await self.state.save()
         return resp
 

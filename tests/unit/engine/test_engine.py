@@ -233,6 +233,54 @@ async def test_nothing_is_sent_to_a_container_while_its_pod_or_itself_is_removed
     assert not engine.state.pusher.removing
 
 
+class WideningPolicy(PinningPolicy):
+    """PinningPolicy that gives the CPUs of a container released to every other one."""
+
+    def release(self, container, view):
+        return Decision(updates={k: Resources(cpuset_cpus="0-7") for k in view.containers if k != container.key})
+
+
+@pytest.mark.parametrize("call", ["StopPodSandbox", "RemovePodSandbox"])
+async def test_a_pod_stopped_or_removed_is_answered_without_waiting_for_the_cpus_it_gives_back_to_be_taken(
+        tmp_path, call):
+    """Kubelet deletes a pod (and unprepares its claims) only once StopPodSandbox is answered: when
+    containerd stalled the others' updates that widen them onto the CPUs given back, the answer
+    waited for them, past kubelet's deadline while containerd failed each on its own. Nobody has
+    to wait for CPUs given back: they are pushed behind the answer, pending until they land."""
+    store = StateStore(tmp_path)
+    store.prepare()
+    engine = Engine(WideningPolicy(), store, CriRuntime(FakeRuntime()))
+    pod_p, cfg_p = await _run_pod(engine, "p")
+    await _create(engine, pod_p, cfg_p, cid="c1", name="a")
+    pod_q, cfg_q = await _run_pod(engine, "q")
+    await _create(engine, pod_q, cfg_q, cid="c2", name="b")
+    client = engine.state.runtime.client
+    await engine.state.settle_updates()
+    stalled = asyncio.Event()
+
+    async def stalled_update(cid, res):
+        await stalled.wait()
+        client.cpusets[cid] = res.cpuset_cpus
+
+    client.update_resources = stalled_update
+    lifecycle = front(engine)
+
+    async def answer(req):
+        return cri.StopPodSandboxResponse() if call == "StopPodSandbox" else cri.RemovePodSandboxResponse()
+
+    if call == "StopPodSandbox":
+        request = lifecycle.stop_pod_sandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod_p), answer)
+    else:
+        request = lifecycle.remove_pod_sandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod_p), answer)
+    async with asyncio.timeout(2.0):
+        await request
+    c2 = engine.state.containers["c2"]
+    assert c2.resources.cpuset_cpus == "0-7" and c2.pending  # desired, and recorded as not taken yet
+    stalled.set()
+    await engine.state.settle_updates()
+    assert client.cpusets["c2"] == "0-7" and not c2.pending
+
+
 async def test_a_stopped_container_the_runtime_still_lists_running_for_a_while_is_not_granted_again(
         engine, monkeypatch):
     """containerd answers a StopContainer before it has handled the exit: on a starved node its
@@ -963,6 +1011,27 @@ async def test_a_container_whose_cgroup_still_holds_the_cpus_of_one_starting_is_
     assert (cg / "cpuset.cpus").read_text() == "0" and (other / "cpuset.cpus").read_text() == "0-3\n"
     (cg / "cpuset.cpus").write_text("0\n")
     assert await engine.starting.off_its_cpus("c2") == []  # off them now: nothing written
+
+
+async def test_a_container_whose_own_cgroup_holds_cpus_it_was_moved_off_is_written_before_it_runs(tmp_path):
+    """containerd made c1's task from what c1 was created with, though c1's move off CPU 2 had
+    reached it (under NRI, in c2's create answer while c1's own create was still under way: two
+    creates at once after a node's reboot, c1 then started on c2's CPU). Before a container runs,
+    its own cgroup is read too, and written with its grant where it holds more."""
+    engine = Engine(TakingPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
+                    cpusets=CpusetFiles(str(tmp_path / "cg")))
+    engine.state.store.prepare()
+    rt = engine.state.runtime.client
+    pod_id, cfg = await _run_pod(engine)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    await _create(engine, pod_id, cfg, cid="c2", name="b")  # c2 on CPU 2, c1 moved to CPU 0
+    await engine.state.settle_updates()
+    assert rt.cpusets["c1"] == "0" and not engine.state.containers["c1"].pending  # taken, says the runtime
+    cg = _cgroup(tmp_path / "cg", cfg.linux.cgroup_parent, "c1", "0-3")  # ... its task made as created
+    await engine.starting.start_container("c1", _ok)
+    assert (cg / "cpuset.cpus").read_text() == "0"
+    (cg / "cpuset.cpus").write_text("0\n")
+    assert await engine.starting.off_its_cpus("c1") == []  # as granted now: nothing written
 
 
 async def _held_back(tmp_path):

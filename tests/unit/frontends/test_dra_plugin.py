@@ -297,3 +297,45 @@ async def test_a_container_adopted_with_the_state_lost_runs_on_its_claim_held_ag
     claim = again.engine.state.policy.describe_claim("u-a")
     assert claim["users"] == [c.key]
     assert c.resources.cpuset_cpus == claim["cpus"]
+
+
+async def test_an_unprepare_is_answered_without_waiting_for_the_cpus_it_gives_back_to_be_taken(root: Path) -> None:
+    """Kubelet's NodeUnprepareResources has a deadline; the shared containers widened onto the
+    claim's CPUs are pushed behind the answer, so a runtime stalling their updates cannot hold it."""
+    claims = {"two": claim_doc("u-two", "two", "numa-0", "2")}  # where the shared container runs
+    node = Node(root, claims)
+    lifecycle = CriLifecycle(node.engine)
+    cfg = pod_config("p")
+
+    async def run_pod(req):
+        return cri.RunPodSandboxResponse(pod_sandbox_id="pod-p")
+
+    async def create(req):
+        return cri.CreateContainerResponse(container_id="shared")
+    await lifecycle.run_pod_sandbox(cri.RunPodSandboxRequest(config=cfg), run_pod)
+    await lifecycle.create_container(cri.CreateContainerRequest(pod_sandbox_id="pod-p", config=container_config("app"),
+                                                                sandbox_config=cfg), create)
+    await node.plugin.start()
+    try:
+        assert not (await node.prepare("two"))["u-two"].error
+        await node.engine.state.settle_updates()
+        shared = node.engine.state.containers["shared"]
+        narrowed = shared.resources.cpuset_cpus
+        stalled = asyncio.Event()
+
+        async def stalled_update(cid, res):
+            await stalled.wait()
+            node.runtime.cpusets[cid] = res.cpuset_cpus
+        node.runtime.update_resources = stalled_update
+        async with grpc.aio.insecure_channel("unix://" + node.plugin.endpoint) as channel:
+            reply = await dra_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+                dra.NodeUnprepareResourcesRequest(claims=[dra.Claim(namespace="default", uid="u-two", name="two")]),
+                timeout=2.0)
+        assert reply.claims["u-two"].error == ""
+        widened = shared.resources.cpuset_cpus
+        assert CPUSet.parse(narrowed) <= CPUSet.parse(widened) != CPUSet.parse(narrowed) and shared.pending
+        stalled.set()
+        await node.engine.state.settle_updates()
+        assert node.runtime.cpusets["shared"] == widened and not shared.pending
+    finally:
+        await node.plugin.stop()
