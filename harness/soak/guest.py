@@ -6,6 +6,7 @@ filled), kubelet - and the soak's own sampler beside them (harness/soak/sampler.
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -213,6 +214,15 @@ class Guest:
         """The unit's warnings and errors from since to until (its own log levels), the last most."""
         res = self.run(f"journalctl -u {unit} --no-pager -o cat --since @{int(since)} --until @{int(until) + 1} "
                        f"| grep -E ' (WARNING|ERROR|CRITICAL) ' | tail -n {most}", timeout=60)
+        return [line[:400] for line in res.out.splitlines()]
+
+    def lines_about(self, names: list[str], since: float, most: int = 40) -> list[str]:
+        """kubelet's, containerd's and cri-resmgr's lines naming any of names (pods, claims) from since
+        on, the last most: what a step that did not end (a pod not gone, a claim not unprepared) is
+        stuck on, since a CI run's journals are not kept."""
+        patterns = " ".join(f"-e {shlex.quote(n)}" for n in names)
+        res = self.run(f"journalctl -u kubelet -u containerd -u {self.unit} --no-pager -o short-precise "
+                       f"--since @{int(since)} | grep -F {patterns} | tail -n {most}", timeout=120)
         return [line[:400] for line in res.out.splitlines()]
 
     def nri_journal(self, since: float) -> str:

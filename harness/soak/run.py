@@ -157,6 +157,7 @@ class Soak:
         self._switching_at_reboot = False
         self.started = self.started_wall = 0.0
         self.notes: dict[str, Any] = {}
+        self.evidence: list[str] = []  # journal lines of what a violation of the soak's own was stuck on
         self.plants: list[Plant] = []
         # [guest time, "start" or "change", policy, reserved, max balloon], [t, "applied"] or
         # [thaw, "stalled", freeze] (containerd frozen by the soak)
@@ -331,6 +332,8 @@ class Soak:
             time.sleep(5)
         self.violations.append(("claims", f"claims prepared ({prepared}) {CLAIMS_GONE:.0f} s after their pods "
                                           f"were deleted, before a switch to {policy}"))
+        stuck = [p.name for p in self.load.pods.values() if p.claim and not p.gone]
+        self.evidence += self._lines_about(stuck or ["claim"], self.guest.now() - CLAIMS_GONE - 60)
 
     def _note_applied(self) -> None:
         """Tell the judge when the node reports the change in flight applied (the switch excuse ends
@@ -990,10 +993,18 @@ class Soak:
             "violations": counts, "violation_examples": [f"{k}: {t}" for k, t in (judged + self.violations)[:20]],
             "nri_window": [f"{v.kind}: {when(v)}" for v in window],
             "refused": [f"{v.kind}: {when(v)}" for v in refused], "planted": planted, "daemon_said": said,
+            "evidence": self.evidence,
             "snapshots": self.judge.seen, "slopes": slopes, "state_max_bytes": self.state_max,
             "judge_events": self.events,  # the configuration changes as the judge had them (to replay a run)
             "notes": {**self.notes, **({"runtime leftovers": sorted(self.leftovers)} if self.leftovers else {})},
         }
+
+    def _lines_about(self, names: list[str], since: float) -> list[str]:
+        """The journals' lines naming names, for a violation of a step that never ended."""
+        try:
+            return [f"({', '.join(names)})"] + self.guest.lines_about(names, since)
+        except Exception as err:  # the node busy: the violation still counts
+            return [f"(the journals could not be read: {type(err).__name__}: {str(err)[:200]})"]
 
     def _said(self, violations: list[Violation]) -> list[str]:
         """What cri-resmgr warned of from SAID_BEFORE before the first violation to the end of the

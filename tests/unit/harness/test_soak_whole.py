@@ -12,7 +12,7 @@ STATUS_LAG = 60.0  # kubelet's runtime request timeout in the short form
 
 def _soak() -> Soak:
     soak = Soak.__new__(Soak)  # only the finding's bookkeeping: no node, no API server
-    soak._found = {}
+    soak._found, soak.evidence = {}, []
     soak.timing = Timing(runtime_timeout=STATUS_LAG)
     return soak
 
@@ -293,8 +293,15 @@ def test_before_a_switch_to_a_policy_without_devices_the_claims_pods_go_and_thei
     soak.load.make("dc")
     prepared[0] = 1
     run.time.sleep = lambda s: now.__setitem__(0, now[0] + s)
+    asked: list[tuple[list[str], float]] = []
+    soak.guest.now = lambda: 1000.0
+    soak.guest.lines_about = lambda names, since: asked.append((names, since)) or ["kubelet: mb-0 stuck"]
     soak._before_switch("podpools")
     assert [k for k, _ in soak.violations] == ["claims"]
+    # What the step is stuck on, from the journals (a CI run's are not kept): the pods are gone
+    # here, so the lines of claims.
+    assert asked == [(["claim"], 1000.0 - run.CLAIMS_GONE - 60)]
+    assert soak.evidence[-1] == "kubelet: mb-0 stuck"
 
 
 def test_the_report_carries_what_cri_resmgr_warned_of_around_the_violations():
