@@ -216,13 +216,14 @@ class Guest:
                        f"| grep -E ' (WARNING|ERROR|CRITICAL) ' | tail -n {most}", timeout=60)
         return [line[:400] for line in res.out.splitlines()]
 
-    def lines_about(self, names: list[str], since: float, most: int = 40) -> list[str]:
-        """kubelet's, containerd's and cri-resmgr's lines naming any of names (pods, claims) from since
-        on, the last most: what a step that did not end (a pod not gone, a claim not unprepared) is
-        stuck on, since a CI run's journals are not kept."""
+    def lines_about(self, names: list[str], since: float, until: float | None = None, most: int = 40) -> list[str]:
+        """kubelet's, containerd's and cri-resmgr's lines naming any of names (pods, claims, containers)
+        from since (to until), the last most: what a step that did not end (a pod not gone, a claim not
+        unprepared) is stuck on, or what led to a violation, since a CI run's journals are not kept."""
         patterns = " ".join(f"-e {shlex.quote(n)}" for n in names)
+        upto = f" --until @{int(until) + 1}" if until is not None else ""
         res = self.run(f"journalctl -u kubelet -u containerd -u {self.unit} --no-pager -o short-precise "
-                       f"--since @{int(since)} | grep -F {patterns} | tail -n {most}", timeout=120)
+                       f"--since @{int(since)}{upto} | grep -F {patterns} | tail -n {most}", timeout=120)
         return [line[:400] for line in res.out.splitlines()]
 
     def nri_journal(self, since: float) -> str:

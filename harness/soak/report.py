@@ -112,7 +112,7 @@ def text(report: dict[str, Any]) -> str:
         lines.append("what cri-resmgr warned of around them:")
         lines += [f"  {line}" for line in report["daemon_said"]]
     if report.get("evidence"):
-        lines.append("what the journals say of the pods or claims a violation waited on:")
+        lines.append("what the journals say of the pods, claims or containers of the violations:")
         lines += [f"  {line}" for line in report["evidence"]]
     lines.append(f"planted by the soak: {len(report.get('planted', []))}")
     lines += [f"  {p}" for p in report.get("planted", [])]

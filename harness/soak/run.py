@@ -973,6 +973,7 @@ class Soak:
 
         judged = [(v.kind, when(v)) for v in self.judge.violations]
         said = self._said(self.judge.violations)
+        self.evidence += self._lines_of(self.judge.violations)
         counts: dict[str, int] = {}
         for kind, _ in judged + self.violations:
             counts[kind] = counts.get(kind, 0) + 1
@@ -999,12 +1000,27 @@ class Soak:
             "notes": {**self.notes, **({"runtime leftovers": sorted(self.leftovers)} if self.leftovers else {})},
         }
 
-    def _lines_about(self, names: list[str], since: float) -> list[str]:
-        """The journals' lines naming names, for a violation of a step that never ended."""
+    def _lines_about(self, names: list[str], since: float, until: float | None = None) -> list[str]:
+        """The journals' lines naming names: for a violation of a step that never ended, or one the
+        judge found (INFO logs name the containers a move waits on, containerd each update)."""
         try:
-            return [f"({', '.join(names)})"] + self.guest.lines_about(names, since)
+            return [f"({', '.join(names)})"] + self.guest.lines_about(names, since, until)
         except Exception as err:  # the node busy: the violation still counts
             return [f"(the journals could not be read: {type(err).__name__}: {str(err)[:200]})"]
+
+    def _lines_of(self, violations: list[Violation], most: int = 3) -> list[str]:
+        """The journals' lines naming the containers of the first few violations, from SAID_BEFORE
+        before each to its end."""
+        lines: list[str] = []
+        seen: set[tuple[str, ...]] = set()
+        for v in violations:
+            if len(seen) >= most:
+                break
+            if not v.ids or v.ids in seen:
+                continue
+            seen.add(v.ids)
+            lines += self._lines_about([i[:12] for i in v.ids], v.first - SAID_BEFORE, v.last + 5)
+        return lines
 
     def _said(self, violations: list[Violation]) -> list[str]:
         """What cri-resmgr warned of from SAID_BEFORE before the first violation to the end of the

@@ -990,15 +990,20 @@ async def test_a_start_waits_until_the_runtime_took_the_moves_off_its_cpus(tmp_p
     assert started == [True, True] and rt.cpusets["c1"] == "0" and not engine.state.containers["c1"].pending
 
 
+async def _taking_with_cgroups(tmp_path):
+    """A TakingPolicy engine that reads (and may write) container cgroups under tmp_path/cg, and a pod."""
+    engine = Engine(TakingPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
+                    cpusets=CpusetFiles(str(tmp_path / "cg")))
+    engine.state.store.prepare()
+    pod_id, cfg = await _run_pod(engine)
+    return engine, engine.state.runtime.client, pod_id, cfg
+
+
 async def test_a_container_whose_cgroup_still_holds_the_cpus_of_one_starting_is_moved_off_them_first(tmp_path):
     """The runtime's word is not the kernel's: containerd logs and ignores a failed update an NRI
     answer carries, and a lost task takes one without applying it. Before a container runs, the
     cgroups of those moved off its CPUs are read, and one still on them is written."""
-    engine = Engine(TakingPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
-                    cpusets=CpusetFiles(str(tmp_path / "cg")))
-    engine.state.store.prepare()
-    rt = engine.state.runtime.client
-    pod_id, cfg = await _run_pod(engine)
+    engine, rt, pod_id, cfg = await _taking_with_cgroups(tmp_path)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     await engine.starting.start_container("c1", _ok)
     cg = _cgroup(tmp_path / "cg", cfg.linux.cgroup_parent, "c1", "1")
@@ -1018,11 +1023,7 @@ async def test_a_container_whose_own_cgroup_holds_cpus_it_was_moved_off_is_writt
     reached it (under NRI, in c2's create answer while c1's own create was still under way: two
     creates at once after a node's reboot, c1 then started on c2's CPU). Before a container runs,
     its own cgroup is read too, and written with its grant where it holds more."""
-    engine = Engine(TakingPolicy(), StateStore(tmp_path / "state"), CriRuntime(FakeRuntime()),
-                    cpusets=CpusetFiles(str(tmp_path / "cg")))
-    engine.state.store.prepare()
-    rt = engine.state.runtime.client
-    pod_id, cfg = await _run_pod(engine)
+    engine, rt, pod_id, cfg = await _taking_with_cgroups(tmp_path)
     await _create(engine, pod_id, cfg, cid="c1", name="a")
     await _create(engine, pod_id, cfg, cid="c2", name="b")  # c2 on CPU 2, c1 moved to CPU 0
     await engine.state.settle_updates()

@@ -295,7 +295,7 @@ def test_before_a_switch_to_a_policy_without_devices_the_claims_pods_go_and_thei
     run.time.sleep = lambda s: now.__setitem__(0, now[0] + s)
     asked: list[tuple[list[str], float]] = []
     soak.guest.now = lambda: 1000.0
-    soak.guest.lines_about = lambda names, since: asked.append((names, since)) or ["kubelet: mb-0 stuck"]
+    soak.guest.lines_about = lambda names, since, until=None: asked.append((names, since)) or ["kubelet: mb-0 stuck"]
     soak._before_switch("podpools")
     assert [k for k, _ in soak.violations] == ["claims"]
     # What the step is stuck on, from the journals (a CI run's are not kept): the pods are gone
@@ -335,3 +335,33 @@ def test_the_report_carries_what_cri_resmgr_warned_of_around_the_violations():
 
     soak.guest = SimpleNamespace(unit="cri-resmgr", warnings=gone)
     assert "could not be read" in soak._said([Violation("exclusive-shared", "x", 1.0, 2.0, "k")])[0]
+
+
+def test_the_report_carries_the_journals_lines_of_the_containers_of_the_first_violations():
+    """INFO logs name the containers a move waits on and containerd each update: for the first few
+    violations (by the containers they name), those lines from a minute before to the end."""
+    from types import SimpleNamespace
+
+    from harness.soak.judge import Violation
+    from harness.soak.report import text
+
+    asked: list[tuple[list[str], float, float | None]] = []
+
+    def lines_about(names: list[str], since: float, until: float | None = None) -> list[str]:
+        asked.append((names, since, until))
+        return [f"containerd: UpdateContainerResources for {names[0]}"]
+
+    soak = _soak()
+    soak.guest = SimpleNamespace(unit="cri-resmgr", lines_about=lines_about)
+    a, b = "a" * 64, "b" * 64
+    lines = soak._lines_of([Violation("exclusive-shared", "x", 1000.0, 1017.0, "k", (a, b)),
+                            Violation("pool", "y", 1003.0, 1010.0, "k", (a, b)),  # the same containers
+                            Violation("memory", "z", 1100.0, 1110.0, "m", ("c" * 64,)),
+                            Violation("not-whole", "w", 1200.0, 1200.0)], most=2)
+    assert asked == [([a[:12], b[:12]], 1000.0 - run.SAID_BEFORE, 1022.0),
+                     (["c" * 12], 1100.0 - run.SAID_BEFORE, 1115.0)]
+    assert lines[0] == f"({a[:12]}, {b[:12]})" and len(lines) == 4
+    report = {"mode": "relay", "duration_s": 60, "seed": 1, "pods": {"made": 0, "deleted": 0, "resized": 0},
+              "config_changes": [], "faults": [], "violations": {"pool": 1}, "violation_examples": [],
+              "evidence": lines, "slopes": {}, "state_max_bytes": 0, "notes": {}}
+    assert f"  containerd: UpdateContainerResources for {a[:12]}" in text(report)
