@@ -29,22 +29,22 @@ class CgroupWriter:
         for key in [k for k in self._written if k not in self.state.containers]:
             del self._written[key]
 
-    async def write(self, c: Container, why: str, tell_later: bool = False) -> bool:
+    async def write(self, c: Container, why: str, tell_later: bool = False, narrow: str = "") -> bool:
         """Write c's granted cpuset into its cgroup (and tell its systemd scope, in the background with
         tell_later: an NRI event must be answered within the runtime's 2 s); whether written.
         A pending container is skipped: its grant may be a move that waits for CPUs another has not
-        given up yet, which the pusher sends in steps."""
+        given up yet, which the pusher sends in steps. narrow: these CPUs instead (some of those it
+        runs on), its memory nodes left, pending or not."""
         pod = self.state.pods.get(c.pod_id)
         res = c.resources
-        if pod is None or c.pending or self.state.cpusets is None:
+        if pod is None or (c.pending and not narrow) or self.state.cpusets is None:
             return False
-        wanted = (res.cpuset_cpus, res.cpuset_mems)
+        wanted = (narrow, "") if narrow else (res.cpuset_cpus, res.cpuset_mems)
         # Said once per grant: a cgroup the kernel keeps refusing is tried again every round.
         first = self._written.get(c.key) != wanted
         self._written[c.key] = wanted
         try:
-            where = await asyncio.to_thread(self.state.cpusets.write, pod.cgroup_parent, c.id,
-                                            res.cpuset_cpus, res.cpuset_mems)
+            where = await asyncio.to_thread(self.state.cpusets.write, pod.cgroup_parent, c.id, *wanted)
         except OSError as err:
             (log.error if first else log.debug)("container %s: the runtime has not applied its update (%s), and "
                                                 "its cgroup cannot be written: %s", c.id, why, err)
@@ -53,10 +53,10 @@ class CgroupWriter:
             return False
         (log.warning if first else log.debug)("container %s: the runtime has not applied its update (%s); its "
                                               "cgroup's cpuset is written instead (cpus %s, mems %s)", c.id, why,
-                                              res.cpuset_cpus or "-", res.cpuset_mems or "-")
+                                              wanted[0] or "-", wanted[1] or "-")
         unit = os.path.basename(where)
         if unit.endswith(".scope"):
-            telling = self._tell(c.id, unit, res.cpuset_cpus, res.cpuset_mems, first)
+            telling = self._tell(c.id, unit, *wanted, first)
             if tell_later:
                 task = asyncio.create_task(telling)
                 self._telling.add(task)
@@ -73,23 +73,38 @@ class CgroupWriter:
                                                   "it may put the old one back when it next applies the scope's "
                                                   "properties", cid, told)
 
+    def _may_hold(self, c: Container, held: CPUSet) -> CPUSet:
+        """The CPUs c may run on now: its grant; or, while its move waits (pending), those of its grant
+        it runs on and those nobody else runs on and is to leave (the pusher sends the rest)."""
+        mine = CPUSet.parse_or_empty(c.resources.cpuset_cpus)
+        if not c.pending:
+            return mine
+        return (held & mine) | (mine - self.state.pusher.still_left(c.key))
+
+    async def _write_held(self, c: Container, held: CPUSet, target: CPUSet, why: str) -> bool:
+        """c's cgroup written with target where it holds CPUs outside it (its grant, or part of it)."""
+        if not target or not held - target:
+            return False
+        if not c.pending and target == CPUSet.parse_or_empty(c.resources.cpuset_cpus):
+            return await self.write(c, why, tell_later=True)
+        return await self.write(c, why, tell_later=True, narrow=str(target))
+
     async def own(self, c: Container) -> bool:
-        """Just before c runs: its own cgroup, where it holds CPUs its grant does not (a move the
-        runtime took while it was still making c, from what c was created with: the two made at
-        once), written with its grant; whether written."""
-        pod, mine = self.state.pods.get(c.pod_id), CPUSet.parse_or_empty(c.resources.cpuset_cpus)
-        cpusets = self.state.cpusets
-        if cpusets is None or pod is None or not mine:
+        """Just before c runs: its own cgroup, where it holds CPUs it may not (a move the runtime took
+        while it was making c's task, from the record as it was: the two at once), written with what
+        it may hold; whether written."""
+        pod, cpusets = self.state.pods.get(c.pod_id), self.state.cpusets
+        if cpusets is None or pod is None or not c.resources.cpuset_cpus:
             return False
         cg = await asyncio.to_thread(cpusets.read, pod.cgroup_parent, c.id)
-        if cg is None or not cg[0] or not CPUSet.parse_or_empty(cg[0]) - mine:
-            return False  # an empty cpuset.cpus is the parent's, and says nothing of a move
-        return await self.write(c, "it is starting on CPUs it was moved off while being made", tell_later=True)
+        held = CPUSet.parse_or_empty(cg[0]) if cg is not None else CPUSet()  # empty: the parent's, no move
+        return await self._write_held(c, held, self._may_hold(c, held),
+                                      "it is starting on CPUs it was moved off while being made")
 
     async def clear(self, c: Container, others: list[Container]) -> list[str]:
-        """The cgroups of others that still hold some of c's CPUs, written with their grants (which
-        hold none of them) where the runtime took those; the ids written. The kernel's word, not
-        the runtime's, decides whether c shares a CPU once it runs."""
+        """The cgroups of others that still hold some of c's CPUs, written with what they may hold (none
+        of them) where the runtime took those; the ids written. The kernel's word, not the runtime's,
+        decides whether c shares a CPU once it runs."""
         cpusets, mine = self.state.cpusets, CPUSet.parse_or_empty(c.resources.cpuset_cpus)
         where = [(o, self.state.pods[o.pod_id].cgroup_parent) for o in others if o.pod_id in self.state.pods]
         if cpusets is None or not mine or not where:
@@ -100,7 +115,7 @@ class CgroupWriter:
             # An empty cpuset.cpus is the parent's: every CPU.
             held = CPUSet.parse_or_empty(cg[0]) if cg is not None and cg[0] else mine
             if cg is not None and held & mine and not CPUSet.parse_or_empty(o.resources.cpuset_cpus) & mine:
-                if await self.write(o, f"it still runs on CPUs of container {c.id}, which is starting",
-                                    tell_later=True):
+                if await self._write_held(o, held, self._may_hold(o, held) - mine,
+                                          f"it still runs on CPUs of container {c.id}, which is starting"):
                     written.append(o.id)
         return written

@@ -288,6 +288,11 @@ class Pusher:
                 out |= self._leaves(k)
         return out
 
+    def still_left(self, key: str) -> CPUSet:
+        """The CPUs key may not move onto yet: others run on them and are to leave (the cgroup writer's
+        question, for a container whose move waits)."""
+        return self._still_left(key)
+
     def _resized_off(self) -> CPUSet:
         """The CPUs resizes under way give up and still run on."""
         out = CPUSet()

@@ -406,31 +406,71 @@ class NriPlugin:
     def _clear_for(self, cid: str, res: Resources, collector: Collector) -> None:
         """A new container's answer also carries the update of each container the runtime still runs
         on CPUs given to it that it is to leave (an update the runtime has not taken: it was frozen,
-        say, and the call failed): the runtime applies it before the new container can start."""
+        say, and the call failed): the runtime applies it before the new container can start. One
+        whose move waits for CPUs others still run on only steps off the new one's."""
         cpus = CPUSet.parse_or_empty(res.cpuset_cpus)
         for oid, known in self.runtime.containers.items():
             c = self.engine.state.containers.get(oid)
             if oid == cid or oid in collector.updates or c is None or not c.resources.cpuset_cpus:
                 continue
-            leaving = CPUSet.parse_or_empty(known.linux.resources.cpu.cpus) - CPUSet.parse(c.resources.cpuset_cpus)
-            if leaving & cpus and c.state.live:
+            runs_on, dest = CPUSet.parse_or_empty(known.linux.resources.cpu.cpus), CPUSet.parse(c.resources.cpuset_cpus)
+            if not (runs_on - dest) & cpus or not c.state.live:
+                continue
+            blocked = self.engine.state.pusher.still_left(c.key) | self._left_by_others((oid, cid))
+            if not dest & blocked:
                 collector.updates[oid] = c.resources
+                continue
+            # Its move waits for CPUs others still run on: off the new one's CPUs only, to where it
+            # may be now (the pusher sends the rest once they are free).
+            step = ((runs_on & dest) | (dest - blocked) or runs_on) - cpus
+            if step:
+                collector.updates[oid] = dataclasses.replace(c.resources, cpuset_cpus=str(step))
+
+    def _left_by_others(self, skip: tuple[str, ...]) -> CPUSet:
+        """The CPUs live containers (but skip) run on, as the runtime's record has it, and are to leave."""
+        out = CPUSet()
+        for oid in self.runtime.containers:
+            o = self.engine.state.containers.get(oid)
+            if oid not in skip and o is not None and o.resources.cpuset_cpus and o.state.live:
+                out |= self._runs_on(oid) - CPUSet.parse(o.resources.cpuset_cpus)
+        return out
+
+    def _runs_on(self, cid: str) -> CPUSet:
+        known = self.runtime.containers.get(cid)
+        return CPUSet.parse_or_empty(known.linux.resources.cpu.cpus) if known is not None else CPUSet()
 
     def _defer_onto(self, cid: str, final: Resources, collector: Collector) -> None:
         """The runtime applies the other containers' updates an UpdateContainer answer carries before
         the container's own: one that takes CPUs the container gives up (a resize that moves it, a
         swap) would share them with it until then. Such a move is split: the answer narrows it to
-        what it may hold now, and the rest goes once the runtime reports the container updated."""
-        known = self.runtime.containers.get(cid)
-        held = CPUSet.parse_or_empty(known.linux.resources.cpu.cpus) if known is not None else CPUSet()
-        given_up = held - CPUSet.parse_or_empty(final.cpuset_cpus) if final.cpuset_cpus else CPUSet()
-        later = {}
-        for other, res in collector.updates.items():
-            cpus = CPUSet.parse_or_empty(res.cpuset_cpus)
-            now = cpus - given_up
-            if other != cid and cpus & given_up and now:
-                later[other] = res
-                collector.updates[other] = dataclasses.replace(res, cpuset_cpus=str(now))
+        what it may hold now, and the rest goes once the runtime reports the container updated. One
+        with nothing else to go to (all its new CPUs given up by the container) is left where it
+        runs until then, and so are the moves onto the CPUs it is to leave; unless the container
+        takes those (a swap), which the answer carries as it is."""
+        ends_on = CPUSet.parse_or_empty(final.cpuset_cpus)
+        blocked = self._runs_on(cid) - ends_on if final.cpuset_cpus else CPUSet()
+        later: dict[str, Resources] = {}
+        swapping: set[str] = set()  # left in the answer: see below
+        changed = True
+        while changed:  # blocked only grows: each pass narrows or drops one at least, or ends
+            changed = False
+            for other, res in list(collector.updates.items()):
+                cpus = CPUSet.parse_or_empty(res.cpuset_cpus)
+                if other == cid or other in swapping or not cpus & blocked:
+                    continue
+                if now := cpus - blocked:
+                    later.setdefault(other, res)
+                    collector.updates[other] = dataclasses.replace(res, cpuset_cpus=str(now))
+                elif self._runs_on(other) & ends_on:
+                    # A swap with the container itself: no order spares a moment of both on some CPUs,
+                    # and in the answer that moment is the runtime's one call, not a round trip.
+                    swapping.add(other)
+                    continue
+                else:  # nothing it may hold yet: it stays where it runs, and what it is to leave waits too
+                    final_of = later.setdefault(other, res)
+                    del collector.updates[other]
+                    blocked |= self._runs_on(other) - CPUSet.parse_or_empty(final_of.cpuset_cpus)
+                changed = True
         if later:
             self._after_update.setdefault(cid, {}).update(later)
             asyncio.get_running_loop().call_later(AFTER_UPDATE_WAIT, self._moves_after, cid)

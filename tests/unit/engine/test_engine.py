@@ -18,6 +18,7 @@ from resmgr.frontends.cri.runtime import CriRuntime
 from resmgr.generated.cri import api_pb2 as cri
 from resmgr.model import ContainerEvent, ContainerState, Resources
 from resmgr.policies import Decision, Policy
+from resmgr.topology.cpuset import CPUSet
 from tests.support.fakeruntime import FakeRuntime, RuntimeError_
 from tests.support.helpers import container_config, pod_config
 
@@ -1033,6 +1034,25 @@ async def test_a_container_whose_own_cgroup_holds_cpus_it_was_moved_off_is_writt
     assert (cg / "cpuset.cpus").read_text() == "0"
     (cg / "cpuset.cpus").write_text("0\n")
     assert await engine.starting.off_its_cpus("c1") == []  # as granted now: nothing written
+
+
+async def test_a_container_starting_whose_move_waits_keeps_of_where_it_runs_only_what_it_may(tmp_path):
+    """Its move pending (the CPUs it goes to partly still held by another that is to leave them),
+    a container whose task was made on CPUs it was moved off is narrowed before it runs: to those of
+    its grant it runs on, and those of its grant nobody still holds; the push does the rest."""
+    engine, rt, pod_id, cfg = await _taking_with_cgroups(tmp_path)
+    await _create(engine, pod_id, cfg, cid="c1", name="a")
+    await engine.state.settle_updates()
+    c1 = engine.state.containers["c1"]
+    c1.resources, c1.pending = c1.resources.with_cpus("0-2"), True
+    engine.state.pusher.still_left = lambda key: CPUSet([0])  # another still runs on CPU 0, to leave it
+    cg = _cgroup(tmp_path / "cg", cfg.linux.cgroup_parent, "c1", "2-3")
+    assert await engine.reconciler.cgroups.own(c1)
+    assert (cg / "cpuset.cpus").read_text() == "1-2"  # 3 it may not hold; 0 not yet
+    assert (cg / "cpuset.mems").read_text() == "0\n"  # its memory nodes follow with the move
+    engine.state.pusher.still_left = lambda key: CPUSet([0, 1, 2])
+    (cg / "cpuset.cpus").write_text("3\n")
+    assert not await engine.reconciler.cgroups.own(c1)  # nothing it may hold yet: left to the push
 
 
 async def _held_back(tmp_path):

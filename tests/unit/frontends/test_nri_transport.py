@@ -636,6 +636,32 @@ async def test_a_move_onto_cpus_an_updated_container_gives_up_waits_until_the_ru
     peer.writer.close()
 
 
+async def test_a_move_only_onto_cpus_an_updated_container_gives_up_waits_whole_and_so_do_those_onto_its_own(
+        tmp_path):
+    """kubelet resizes g from CPUs 4,12 to CPU 4; shared container s is given CPU 12 alone (its pool's
+    shared CPUs), and t takes CPU 14, which s leaves. Narrowed, s would hold nothing: it stays on 14
+    until g is updated, and t's move onto 14 waits with it (found by the simulated node in NRI mode:
+    s on g's CPU 12 before g left it)."""
+    from resmgr.frontends.nri.runtime import Collector
+    from resmgr.model import Resources
+
+    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path, "static")
+    for cid, cpus in (("g", "4,12"), ("s", "14"), ("t", "15")):
+        c = nri.Container(id=cid, pod_sandbox_id="p1", name=cid)
+        c.linux.resources.cpu.cpus = cpus
+        plugin.runtime.containers[cid] = c
+    collector = Collector(updates={"s": Resources(cpuset_cpus="12"), "t": Resources(cpuset_cpus="14-15"),
+                                   "u": Resources(cpuset_cpus="0-3")})
+    plugin._defer_onto("g", Resources(cpuset_cpus="4"), collector)
+    assert {k: r.cpuset_cpus for k, r in collector.updates.items()} == {"t": "15", "u": "0-3"}
+    queued: list[dict] = []
+    plugin.runtime.queue = lambda updates: queued.append(updates) or len(updates)
+    plugin._moves_after("g")
+    assert [{k: r.cpuset_cpus for k, r in q.items()} for q in queued] == [{"s": "12", "t": "14-15"}]
+    trunk.close()
+    peer.writer.close()
+
+
 async def test_the_runtimes_post_update_event_releases_the_moves_that_waited_for_it(dialled):
     from resmgr.model import Resources
 
@@ -671,6 +697,28 @@ async def test_a_new_container_answer_carries_the_update_of_one_still_on_its_cpu
     assert {k: r.cpuset_cpus for k, r in collector.updates.items()} == {"g": "3"}  # s stays where it is
     plugin._clear_for("new", Resources(cpuset_cpus="0"), collector := Collector(updates={}))
     assert collector.updates == {}  # nothing g leaves
+    trunk.close()
+    peer.writer.close()
+
+
+async def test_a_new_container_answer_steps_one_whose_move_waits_only_off_its_cpus(tmp_path):
+    """g runs on CPUs 2-3 and is to go to 4-5, which h still runs on and is to leave: carried whole
+    in a new container's answer, g's update would put it on h's CPUs (found by the simulated node in
+    NRI mode, after a restart that adopted both). The answer steps g off the new one's CPU 2 only."""
+    from resmgr.frontends.nri.runtime import Collector
+    from resmgr.model import Container, ContainerState, Resources
+
+    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path, "static")
+    ledger = plugin.engine.state.ledger
+    for cid, runs_on, dest in (("g", "2-3", "4-5"), ("h", "4-5", "6")):
+        known = nri.Container(id=cid, pod_sandbox_id="p1", name=cid)
+        known.linux.resources.cpu.cpus = runs_on
+        plugin.runtime.containers[cid] = known
+        ledger.containers[cid] = Container(id=cid, pod_id="p1", name=cid, state=ContainerState.RUNNING,
+                                           resources=Resources(cpuset_cpus=dest), pending=True)
+    collector = Collector(updates={})
+    plugin._clear_for("new", Resources(cpuset_cpus="2"), collector)
+    assert {k: r.cpuset_cpus for k, r in collector.updates.items()} == {"g": "3"}
     trunk.close()
     peer.writer.close()
 
