@@ -1,13 +1,14 @@
 """Runs the simulated node over seeds (harness/sim/node.py):
 
     python -m harness.sim [--seeds N] [--first S | --only S,S,...] [--steps M] [--crashes K] [--switches W]
-                          [--jobs J]
+                          [--mode relay|nri] [--jobs J]
 
 Each seed is one run of kubelet's M actions with cri-resmgr SIGKILLed K times (one of them leaving
 its state file cut short) and, with --switches, configurations of other policies pushed W times
 (a switch re-allocates every container); a run that breaks an invariant prints its seed, the violation and the
 last lines of its trace, and the exit status is 1. --plant NAME runs them with an earlier fix of
-the engine undone (harness/sim/plants.py), to show which seed finds it.
+the engine undone (harness/sim/plants.py), to show which seed finds it. --mode nri runs cri-resmgr
+as containerd's NRI plugin (harness/sim/nri.py) instead of the relay in front of it.
 The same seed runs the same steps (with PYTHONHASHSEED fixed: this program sets it and runs again);
 --trace prints every seed's whole trace. Seeds run in J processes at once (default: one a CPU).
 """
@@ -23,14 +24,14 @@ from typing import Any
 
 
 def run_seed(seed: int, steps: int, crashes: int, freezes: int = 1, restarts: int = 1, plant: str = "",
-             losses: int = 1, switches: int = 0) -> tuple[int, str, list[str], float]:
+             losses: int = 1, switches: int = 0, mode: str = "relay") -> tuple[int, str, list[str], float]:
     """One seed: (seed, the violation or "", its trace, virtual seconds simulated), with the named
     defect planted in the engine (harness/sim/plants.py), if any."""
     from harness.sim.node import Node, Violation
     from harness.sim.plants import planted
 
     node = Node(seed, steps=steps, crashes=crashes, freezes=freezes, restarts=restarts, losses=losses,
-                switches=switches)
+                switches=switches, mode=mode)
     with planted(plant):
         try:
             node.run()
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plant", default="", metavar="NAME",
                     help="run with an earlier fix undone (harness/sim/plants.py), to see which seed finds it")
     ap.add_argument("--only", default="", metavar="S,S,...", help="these seeds instead of --seeds and --first")
+    ap.add_argument("--mode", choices=("relay", "nri"), default="relay",
+                    help="cri-resmgr as the relay in front of containerd, or as its NRI plugin (default: relay)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes at once (default: one a CPU)")
     ap.add_argument("--trace", action="store_true", help="print every seed's trace")
     args = ap.parse_args(argv)
@@ -83,11 +86,12 @@ def _runs(seeds: list[int], args: Any) -> list[tuple[int, str, list[str], float]
     """Every seed's run, in the order of seeds (each deterministic wherever it runs)."""
     if args.jobs <= 1 or len(seeds) <= 1:
         return [run_seed(seed, args.steps, args.crashes, args.freezes, args.restarts, args.plant, args.losses,
-                         args.switches) for seed in seeds]
+                         args.switches, args.mode) for seed in seeds]
     n = len(seeds)
     with concurrent.futures.ProcessPoolExecutor(min(args.jobs, n)) as pool:
         return list(pool.map(run_seed, seeds, [args.steps] * n, [args.crashes] * n, [args.freezes] * n,
-                             [args.restarts] * n, [args.plant] * n, [args.losses] * n, [args.switches] * n))
+                             [args.restarts] * n, [args.plant] * n, [args.losses] * n, [args.switches] * n,
+                             [args.mode] * n))
 
 
 if __name__ == "__main__":

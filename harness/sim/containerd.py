@@ -29,14 +29,19 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from resmgr.generated.cri import api_pb2 as cri
+from resmgr.generated.nri import api_pb2 as nri
 from resmgr.topology.cpuset import CPUSet
 
+if TYPE_CHECKING:
+    from harness.sim.nri import Adaptation
+
 STOPPED = "cannot update a stopped container"
+RESOURCE_FIELDS = ("cpuset_cpus", "cpuset_mems", "cpu_shares", "cpu_quota", "cpu_period", "memory_limit_in_bytes")
 
 
 class CallError(Exception):
@@ -78,6 +83,8 @@ class Ctr:
     exited_at: float = 0.0
     removing: bool = False
     starting: bool = False  # a start is reading its spec and making its task
+    task: bool = False  # its cgroup exists (NRI: made before the plugin hears of the start)
+    unplugged: bool = False  # NRI: made or started while no plugin was there (its window)
 
     @property
     def cpus(self) -> CPUSet:
@@ -94,6 +101,8 @@ class Containerd:
         self.epoch = 0  # its lives: a call that began in another fails
         self.broken: list[str] = []  # what it saw that breaks its rules (an update meeting a removal)
         self.on_change: Callable[[], None] = lambda: None  # after every change of a cgroup (the invariants)
+        self.nri: Adaptation | None = None  # NRI mode: its plugin side (harness/sim/nri.py)
+        self.swapping: set[frozenset[str]] = set()  # NRI: the pairs an answer swaps CPUs of, meanwhile
         self._n = 0
 
     # -- the relay's side: kubelet's calls ------------------------------------------------------------
@@ -103,35 +112,65 @@ class Containerd:
         done = getattr(self, "_" + name)(req)
         return await done if asyncio.iscoroutine(done) else done
 
-    def _RunPodSandbox(self, req: cri.RunPodSandboxRequest) -> cri.RunPodSandboxResponse:
+    async def _RunPodSandbox(self, req: cri.RunPodSandboxRequest) -> cri.RunPodSandboxResponse:
         sid = self._id("pod")
-        self.sandboxes[sid] = Sandbox(sid, req.config)
+        sb = self.sandboxes[sid] = Sandbox(sid, req.config)
+        if self.nri is not None:
+            try:
+                await self.nri.event("RunPodSandbox", nri.RunPodSandboxRequest(pod=self.nri.pod(sb)),
+                                     nri.RunPodSandboxResponse)
+            except CallError:
+                self.sandboxes.pop(sid, None)  # containerd tears the sandbox down again
+                raise
         return cri.RunPodSandboxResponse(pod_sandbox_id=sid)
 
-    def _StopPodSandbox(self, req: cri.StopPodSandboxRequest) -> cri.StopPodSandboxResponse:
+    async def _StopPodSandbox(self, req: cri.StopPodSandboxRequest) -> cri.StopPodSandboxResponse:
         sb = self.sandboxes.get(req.pod_sandbox_id)
         if sb is not None:
             for c in self._of(sb.id):
                 if c.state == cri.CONTAINER_RUNNING:  # one created, not started, stays created: no task
-                    self._exit(c)
+                    await self._stop(c)
             sb.state = cri.SANDBOX_NOTREADY
+            await self._tell("StopPodSandbox", nri.StopPodSandboxRequest, nri.StopPodSandboxResponse, sb)
         return cri.StopPodSandboxResponse()
 
-    def _RemovePodSandbox(self, req: cri.RemovePodSandboxRequest) -> cri.RemovePodSandboxResponse:
+    async def _RemovePodSandbox(self, req: cri.RemovePodSandboxRequest) -> cri.RemovePodSandboxResponse:
+        sb = self.sandboxes.get(req.pod_sandbox_id)
         for c in self._of(req.pod_sandbox_id):
+            self._exit(c)
             self.containers.pop(c.id, None)
+            if sb is not None:
+                await self._tell("RemoveContainer", nri.RemoveContainerRequest, nri.RemoveContainerResponse, sb, c)
         self.sandboxes.pop(req.pod_sandbox_id, None)
+        if sb is not None:
+            await self._tell("RemovePodSandbox", nri.RemovePodSandboxRequest, nri.RemovePodSandboxResponse, sb)
         return cri.RemovePodSandboxResponse()
 
-    def _CreateContainer(self, req: cri.CreateContainerRequest) -> cri.CreateContainerResponse:
-        if req.pod_sandbox_id not in self.sandboxes:
+    async def _CreateContainer(self, req: cri.CreateContainerRequest) -> cri.CreateContainerResponse:
+        sb = self.sandboxes.get(req.pod_sandbox_id)
+        if sb is None:
             raise CallError(grpc.StatusCode.NOT_FOUND, f"sandbox {req.pod_sandbox_id} not found")
         cid = self._id("ctr")
         res = cri.LinuxContainerResources()
         res.CopyFrom(req.config.linux.resources)
-        if not res.cpuset_cpus:
-            res.cpuset_cpus = str(self.online)  # the runtime's default: every CPU
-        self.containers[cid] = Ctr(cid, req.pod_sandbox_id, req.config, spec=res)
+        c = Ctr(cid, req.pod_sandbox_id, req.config, spec=res)
+        if self.nri is not None:
+            # Asked before containerd has the container: an update another create's answer carries
+            # for this one meanwhile finds nothing, and is logged and ignored.
+            resp = await self.nri.event("CreateContainer", nri.CreateContainerRequest(
+                pod=self.nri.pod(sb), container=self.nri.container(c)), nri.CreateContainerResponse,
+                f"{cid}'s create")
+            if resp is None:
+                c.unplugged = True
+            else:
+                adjusted = to_cri(resp.adjust.linux.resources)
+                for name in RESOURCE_FIELDS:
+                    if getattr(adjusted, name):
+                        setattr(c.spec, name, getattr(adjusted, name))
+                self.nri.note(f"containerd: {cid} created, adjusted to cpus {adjusted.cpuset_cpus or '-'}")
+        if not c.spec.cpuset_cpus:
+            c.spec.cpuset_cpus = str(self.online)  # the runtime's default: every CPU
+        self.containers[cid] = c
         return cri.CreateContainerResponse(container_id=cid)
 
     async def _StartContainer(self, req: cri.StartContainerRequest) -> cri.StartContainerResponse:
@@ -147,16 +186,43 @@ class Containerd:
             c.starting = False
         if c.state != cri.CONTAINER_CREATED or c.removing:
             raise CallError(grpc.StatusCode.UNKNOWN, f"container {c.id} went while it was started")
-        c.resources = read
+        c.resources, c.task = read, True
+        sb = self.sandboxes.get(c.pod_id)
+        if self.nri is not None and sb is not None:  # the task made, not yet started
+            try:
+                told = await self.nri.event("StartContainer", nri.StartContainerRequest(
+                    pod=self.nri.pod(sb), container=self.nri.container(c)), nri.StartContainerResponse)
+            except CallError:
+                c.task = False
+                c.state = cri.CONTAINER_EXITED  # containerd records a start that failed as an exit
+                raise
+            c.unplugged = c.unplugged or told is None
+            if c.state != cri.CONTAINER_CREATED or c.removing:
+                raise CallError(grpc.StatusCode.UNKNOWN, f"container {c.id} went while it was started")
         c.state = cri.CONTAINER_RUNNING
         self.on_change()
+        if sb is not None:
+            await self._tell("PostStartContainer", nri.PostStartContainerRequest, nri.PostStartContainerResponse,
+                             sb, c)
         return cri.StartContainerResponse()
 
-    def _StopContainer(self, req: cri.StopContainerRequest) -> cri.StopContainerResponse:
+    async def _StopContainer(self, req: cri.StopContainerRequest) -> cri.StopContainerResponse:
         c = self.containers.get(req.container_id)
         if c is not None:
-            self._exit(c)
+            await self._stop(c)
         return cri.StopContainerResponse()
+
+    async def _stop(self, c: Ctr) -> None:
+        running = c.state == cri.CONTAINER_RUNNING
+        self._exit(c)
+        sb = self.sandboxes.get(c.pod_id)
+        if running and self.nri is not None and sb is not None:
+            try:
+                await self.nri.event("StopContainer", nri.StopContainerRequest(
+                    pod=self.nri.pod(sb), container=self.nri.container(c)), nri.StopContainerResponse,
+                    f"{c.id}'s stop")
+            except CallError:
+                return  # logged; the stop stands
 
     async def _RemoveContainer(self, req: cri.RemoveContainerRequest) -> cri.RemoveContainerResponse:
         c = self.containers.get(req.container_id)
@@ -165,12 +231,43 @@ class Containerd:
             c.removing = True
             await asyncio.sleep(self.rng.uniform(*self.quirks.latency))
             self.containers.pop(c.id, None)
+            sb = self.sandboxes.get(c.pod_id)
+            if sb is not None:
+                await self._tell("RemoveContainer", nri.RemoveContainerRequest, nri.RemoveContainerResponse, sb, c)
         return cri.RemoveContainerResponse()
 
-    def _UpdateContainerResources(self, req: cri.UpdateContainerResourcesRequest
-                                  ) -> cri.UpdateContainerResourcesResponse:
-        self._update(req.container_id, req.linux)
+    async def _UpdateContainerResources(self, req: cri.UpdateContainerResourcesRequest
+                                        ) -> cri.UpdateContainerResourcesResponse:
+        c = self._get(req.container_id)
+        sb = self.sandboxes.get(c.pod_id)
+        if self.nri is None or sb is None:
+            self._update(req.container_id, req.linux)
+            return cri.UpdateContainerResourcesResponse()
+        # The others' updates the answer carries first (under the NRI lock), the container's own last.
+        try:
+            resp = await self.nri.event("UpdateContainer", nri.UpdateContainerRequest(
+                pod=self.nri.pod(sb), container=self.nri.container(c), linux_resources=to_nri(req.linux)),
+                nri.UpdateContainerResponse, f"{c.id}'s update", but=c.id)
+            mine = [u for u in resp.update if u.container_id == c.id] if resp is not None else []
+            self._update(c.id, merged(req.linux, to_cri(mine[-1].linux.resources)) if mine else req.linux)
+        finally:
+            self.swapping = {p for p in self.swapping if c.id not in p}
+        if resp is not None:
+            await self._tell("PostUpdateContainer", nri.PostUpdateContainerRequest, nri.PostUpdateContainerResponse,
+                             sb, c)
         return cri.UpdateContainerResourcesResponse()
+
+    async def _tell(self, method: str, request: Any, answer: Any, sb: Sandbox, c: Ctr | None = None) -> None:
+        """An event whose answer carries nothing; a failure is logged and changes nothing."""
+        if self.nri is None:
+            return
+        fields = {"pod": self.nri.pod(sb)}
+        if c is not None:
+            fields["container"] = self.nri.container(c)
+        try:
+            await self.nri.event(method, request(**fields), answer)
+        except CallError:
+            pass
 
     # -- cri-resmgr's own calls ----------------------------------------------------------------------
     def client(self) -> Client:
@@ -183,11 +280,11 @@ class Containerd:
             self.on_change()
         if c.state == cri.CONTAINER_EXITED:
             raise CallError(grpc.StatusCode.UNKNOWN, f"failed to update resources: {STOPPED}")
-        for name in ("cpuset_cpus", "cpuset_mems", "cpu_shares", "cpu_quota", "cpu_period"):
+        for name in RESOURCE_FIELDS:
             value = getattr(res, name)
             if value:
                 setattr(c.spec, name, value)
-                if c.state == cri.CONTAINER_RUNNING:  # a task: its cgroup too
+                if c.task:  # its cgroup too
                     setattr(c.resources, name, value)
         self.on_change()
 
@@ -198,7 +295,7 @@ class Containerd:
     def _exit(self, c: Ctr) -> None:
         if c.state == cri.CONTAINER_RUNNING:
             c.exited_at = self.loop.time()
-        c.state = cri.CONTAINER_EXITED
+        c.state, c.task = cri.CONTAINER_EXITED, False
 
     def _listed_state(self, c: Ctr) -> int:
         """What a listing says: a container that stopped a moment ago still lists as running."""
@@ -248,7 +345,7 @@ class Cpusets:
 
     def _task(self, container_id: str) -> Ctr | None:
         c = self.ctrd.containers.get(container_id)
-        return c if c is not None and c.state == cri.CONTAINER_RUNNING else None
+        return c if c is not None and c.task else None
 
     def read(self, cgroup_parent: str, container_id: str) -> tuple[str, str] | None:
         c = self._task(container_id)
@@ -324,3 +421,34 @@ class Client:
 
     def container_events(self) -> Any:
         raise CallError(grpc.StatusCode.UNIMPLEMENTED, "no event stream in the simulation")
+
+
+def to_nri(res: cri.LinuxContainerResources) -> nri.LinuxResources:
+    out = nri.LinuxResources()
+    out.cpu.cpus, out.cpu.mems = res.cpuset_cpus, res.cpuset_mems
+    if res.cpu_shares:
+        out.cpu.shares.value = res.cpu_shares
+    if res.cpu_quota:
+        out.cpu.quota.value = res.cpu_quota
+    if res.cpu_period:
+        out.cpu.period.value = res.cpu_period
+    if res.memory_limit_in_bytes:
+        out.memory.limit.value = res.memory_limit_in_bytes
+    return out
+
+
+def to_cri(res: nri.LinuxResources) -> cri.LinuxContainerResources:
+    """What an NRI update or adjustment sets (the fields it leaves out keep their values)."""
+    return cri.LinuxContainerResources(cpuset_cpus=res.cpu.cpus, cpuset_mems=res.cpu.mems,
+                                       cpu_shares=res.cpu.shares.value, cpu_quota=res.cpu.quota.value,
+                                       cpu_period=res.cpu.period.value,
+                                       memory_limit_in_bytes=res.memory.limit.value)
+
+
+def merged(base: cri.LinuxContainerResources, over: cri.LinuxContainerResources) -> cri.LinuxContainerResources:
+    out = cri.LinuxContainerResources()
+    out.CopyFrom(base)
+    for name in RESOURCE_FIELDS:
+        if getattr(over, name):
+            setattr(out, name, getattr(over, name))
+    return out

@@ -1,7 +1,8 @@
 """The simulated node: containerd's model, kubelet's model and cri-resmgr - the real engine and policy
-behind the real CRI front end - on one virtual clock, cri-resmgr killed and started again from its
-state directory at random moments. Its invariants are checked at every change of a container's
-cgroup and whenever the node is quiet; a run is a seed, and the same seed runs the same steps."""
+behind the real CRI front end, or the real NRI plugin in NRI mode - on one virtual clock, cri-resmgr
+killed and started again from its state directory at random moments. Its invariants are checked at
+every change of a container's cgroup and whenever the node is quiet; a run is a seed, and the same
+seed runs the same steps."""
 
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ import grpc
 from harness.sim.clock import VirtualLoop, virtual_time
 from harness.sim.containerd import CallError, Containerd, Cpusets, Quirks
 from harness.sim.kubelet import Kubelet
+from harness.sim.nri import Adaptation
 from resmgr import policies
 from resmgr.engine import Engine, NotReady, statefile
 from resmgr.engine.store import StateStore
 from resmgr.frontends.cri.lifecycle import CriLifecycle
 from resmgr.frontends.cri.runtime import CriRuntime
+from resmgr.frontends.nri.plugin import NriPlugin
+from resmgr.frontends.nri.runtime import NriRuntime
 from resmgr.policies import PolicyError
 from resmgr.topology import generate as generate_module
 from resmgr.topology.cpuset import CPUSet
@@ -91,7 +95,8 @@ class SimStore(StateStore):
 
 
 class Daemon:
-    """One life of cri-resmgr, from its start to its SIGKILL."""
+    """One life of cri-resmgr, from its start to its SIGKILL: the relay in front of containerd, or
+    (NRI mode) containerd's plugin."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -99,15 +104,36 @@ class Daemon:
         self.store.prepare()
         self.client = node.ctrd.client()
         policy = policies.create(node.policy["Active"], node.policy, node.topology)
-        self.engine = Engine(policy, self.store, CriRuntime(self.client),  # type: ignore[arg-type]
-                             cpusets=Cpusets(node.ctrd), gated=True)
+        self.plugin: NriPlugin | None = None
+        self.handlers: dict[str, Any] = {}
+        if node.mode == "nri":
+            runtime = NriRuntime()
+            self.engine = Engine(policy, self.store, runtime, cpusets=Cpusets(node.ctrd), gated=True,
+                                 write_behind=True)
+            runtime.on_failure = self.engine.state.retry
+            self.plugin = NriPlugin(self.engine, runtime)
+        else:
+            self.engine = Engine(policy, self.store, CriRuntime(self.client),  # type: ignore[arg-type]
+                                 cpusets=Cpusets(node.ctrd), gated=True)
         self.engine.state.restore(self.store.load(statefile.check))
-        self.front = CriLifecycle(self.engine)
-        self.handlers = {path.rsplit("/", 1)[1]: h for path, h in self.front.handlers().items()}
+        if self.plugin is None:
+            self.handlers = {path.rsplit("/", 1)[1]: h for path, h in CriLifecycle(self.engine).handlers().items()}
         # In the order made (a set iterates by address: the cancels of a kill would differ run to run).
         self.tasks: dict[asyncio.Task[Any], None] = {}
         self.serving = False
-        self.spawn(self._start())
+        self.spawn(self._start() if self.plugin is None else self._plug())
+
+    async def _plug(self) -> None:
+        """As the NRI plugin starts: its loops run, and it dials containerd, which configures and
+        synchronizes it (the first reconciliation), and again whenever the connection closes."""
+        assert self.plugin is not None and self.node.ctrd.nri is not None
+        self.serving = True
+        self.spawn(self.plugin.runtime.run_sender())
+        self.spawn(self.engine.run_reconciler(RECONCILE_EVERY))
+        self.spawn(self.engine.state.keep_written())
+        if self.node.wanted != self.node.policy:
+            self.spawn(self.node.push(self))
+        await self.node.ctrd.nri.register(self.plugin, self.spawn)
 
     async def _start(self) -> None:
         """As the relay starts: the runtime checked and reconciled once (2 s at most), then kubelet's
@@ -133,6 +159,8 @@ class Daemon:
     def kill(self) -> None:
         """SIGKILL: nothing of it reaches containerd or the disk from now on."""
         self.client.dead = self.store.dead = True
+        if self.plugin is not None and self.node.ctrd.nri is not None:
+            self.node.ctrd.nri.killed(self.plugin)
         for task in list(self.tasks):
             task.cancel()
 
@@ -146,6 +174,7 @@ class Node:
     restarts: int = 1  # containerd restarted (down 0.5-3 s) during the run
     losses: int = 1  # of the crashes, those that leave the state file cut short (set aside at the start)
     switches: int = 0  # configurations of another policy pushed during the run
+    mode: str = "relay"  # or "nri": cri-resmgr as containerd's NRI plugin
     policy: dict[str, Any] = field(default_factory=lambda: dict(POLICY))
     quirks: Quirks = field(default_factory=Quirks)
     trace: list[str] = field(default_factory=list)
@@ -164,11 +193,14 @@ class Node:
         self.unsettled_at = 0.0  # when a switch began that has not landed yet
         self.in_force = self.policy["Active"]
 
-    # -- kubelet's door: the relay ---------------------------------------------------------------------
+    # -- kubelet's door: the relay, or containerd itself ----------------------------------------------
     async def call(self, req: Any, timeout: float) -> Any:
-        """A CRI call of kubelet's, through cri-resmgr's relay; the errors kubelet would see."""
+        """A CRI call of kubelet's, through cri-resmgr's relay (or straight to containerd in NRI
+        mode); the errors kubelet would see."""
         loop = asyncio.get_running_loop()
         self.last_call = loop.time()
+        if self.mode == "nri":
+            return await self._direct(req, timeout)
         daemon = self.daemon
         if daemon is None or not daemon.serving:
             raise CallError(grpc.StatusCode.UNAVAILABLE, "connection refused: cri-resmgr is not running")
@@ -194,6 +226,23 @@ class Node:
             self.fail(Violation(f"{name}: cri-resmgr raised {type(err).__name__}: {err}"))
         code = getattr(err, "code", None)
         raise CallError(code() if callable(code) else grpc.StatusCode.UNKNOWN, f"{name}: {err}")
+
+    async def _direct(self, req: Any, timeout: float) -> Any:
+        """kubelet's call to containerd, which asks its NRI plugin on the way; containerd's work goes
+        on when kubelet gives up on it."""
+        name = type(req).__name__.removesuffix("Request")
+        task = asyncio.ensure_future(self.ctrd.handle(req))
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        self.last_call = asyncio.get_running_loop().time()
+        if not done:
+            raise CallError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{name}: deadline exceeded")
+        err = task.exception()
+        if err is None:
+            return task.result()
+        if not isinstance(err, CallError):  # the plugin raised what no RPC error carries: a defect
+            self.fail(Violation(f"{name}: the NRI plugin raised {type(err).__name__}: {err}"))
+            raise CallError(grpc.StatusCode.UNKNOWN, f"{name}: {err}")
+        raise err
 
     async def _send(self, req: Any) -> Any:
         """The relay's call to containerd: once sent it happens, whatever becomes of the relay."""
@@ -273,14 +322,23 @@ class Node:
         if self.settled or self.daemon is None:
             return
         state = self.daemon.engine.state
-        if state.reconciled.is_set() and not any(c.pending for c in state.containers.values()):
+        delivering = getattr(state.runtime, "delivering", lambda cid: False)  # NRI: queued for UpdateContainers
+        if state.reconciled.is_set() and not any(c.pending or delivering(c.id) for c in state.containers.values()):
             self.in_force = state.policy.name
             self.settled = True
+            for c in self.ctrd.containers.values():  # placed by the synchronization that unsettled it
+                c.unplugged = False
             self.note(f"{self.in_force} settled")
         elif asyncio.get_running_loop().time() - self.unsettled_at > SETTLE_BOUND:
             pending = sorted(k for k, c in state.containers.items() if c.pending)
             raise Violation(f"a switch to {state.policy.name} not landed after {SETTLE_BOUND:.0f} s: "
                             f"{len(pending)} container(s) pending ({', '.join(pending[:4])})")
+
+    def synchronized(self) -> None:
+        """The NRI plugin synchronized with containers made without it: the invariants wait for them
+        to be placed, as for a switch."""
+        if any(c.unplugged for c in self.ctrd.containers.values()) and self.settled:
+            self.settled, self.unsettled_at = False, asyncio.get_running_loop().time()
 
     def cut_state(self, rng: random.Random) -> None:
         """The state file cut short (the soak's corrupt-state fault): the next life sets it aside and
@@ -315,11 +373,15 @@ class Node:
             self.settle()
             if not self.settled or self.in_force not in EXCLUSIVE:
                 return
-            running = [(c.id, c.cpus) for c in self.ctrd.running()]
+            # Made or started without the NRI plugin (its window: set apart, as the soak does) until a
+            # synchronization has placed them.
+            running = [(c.id, c.cpus) for c in self.ctrd.running() if not c.unplugged]
             for cid, cpus in running:
                 if not self.exclusive(cid):
                     continue
                 for oid, ocpus in running:
+                    if frozenset((cid, oid)) in self.ctrd.swapping:
+                        continue  # a swap being applied in one call: see Containerd._swaps
                     if oid != cid and cpus & ocpus:
                         raise Violation(f"exclusive CPUs {cpus & ocpus} of {cid} ({cpus}) under {oid} ({ocpus})")
         except Violation as err:
@@ -376,6 +438,9 @@ class Node:
         loop = asyncio.get_running_loop()
         self.ctrd = Containerd(self.rng, loop, self.online, self.quirks)
         self.ctrd.on_change = self.check
+        if self.mode == "nri":  # containerd before 2.4, whose UpdateContainers can deadlock, or after
+            self.ctrd.nri = Adaptation(self.ctrd, "v2.3.7" if self.seed % 2 else "v2.4.0", self.synchronized)
+            self.ctrd.nri.note = self.note
         self.failed = asyncio.Event()
         self.start_daemon()
         work = asyncio.ensure_future(self._work(Kubelet(self, random.Random(self.rng.random()))))

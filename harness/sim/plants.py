@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
 from resmgr.engine import ledger, pusher
+from resmgr.frontends.nri import plugin as nri_plugin
+from resmgr.model import Resources
 from resmgr.topology.cpuset import CPUSet
 
 
@@ -35,10 +38,27 @@ class Plant:
     stand_in: Any
     seed: int = 0  # the first seed (of 1-150) that catches it; 0: none does (why, in `fix`)
     switches: int = 0  # ... with this many policy switches a run (--switches)
+    mode: str = "relay"  # ... with cri-resmgr in this mode (--mode)
 
 
 def _own_lock(self: Any, key: str) -> asyncio.Lock:
     return asyncio.Lock()
+
+
+def _narrowed_only(self: Any, cid: str, final: Resources, collector: Any) -> None:
+    """NriPlugin._defer_onto before the simulated node's NRI mode: a move with nothing left once
+    narrowed went whole in the answer, applied before the updated container's own."""
+    given_up = self._runs_on(cid) - CPUSet.parse_or_empty(final.cpuset_cpus) if final.cpuset_cpus else CPUSet()
+    later = {}
+    for other, res in collector.updates.items():
+        cpus = CPUSet.parse_or_empty(res.cpuset_cpus)
+        now = cpus - given_up
+        if other != cid and cpus & given_up and now:
+            later[other] = res
+            collector.updates[other] = dataclasses.replace(res, cpuset_cpus=str(now))
+    if later:
+        self._after_update.setdefault(cid, {}).update(later)
+        asyncio.get_running_loop().call_later(nri_plugin.AFTER_UPDATE_WAIT, self._moves_after, cid)
 
 
 PLANTS = {
@@ -60,6 +80,9 @@ PLANTS = {
     "again": Plant("a container updated while the runtime started it is updated again once started: without it, "
                    "it stays pending and held where it may run, and reconciliation pushes it (slower, no "
                    "invariant broken)", pusher.Pusher, "again", lambda self, key: _nothing(), 0),
+    "defer-whole": Plant("a move onto nothing but the CPUs an updated container gives up waits whole for its "
+                         "update, in NRI mode (the simulated node's NRI mode)", nri_plugin.NriPlugin, "_defer_onto",
+                         _narrowed_only, 2, 0, "nri"),
     "released-lately": Plant("a container the runtime lists running just after its stop is not granted again "
                              "(the soak): its only harm, an update to a stopped container, is no invariant",
                              ledger.Ledger, "released_lately", lambda self, c: False, 0),

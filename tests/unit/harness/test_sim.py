@@ -55,6 +55,14 @@ def test_a_seed_replays_exactly():
     assert "SIGKILLed" in traces[0]
 
 
+def test_a_seed_replays_exactly_with_cri_resmgr_as_containerds_nri_plugin():
+    runs = [sim("--only", "3,3", "--mode", "nri", "--trace", "--jobs", "1").stdout.rsplit("\n", 2)[0]
+            for _ in range(2)]
+    traces = [t.strip() for out in runs for t in out.split("seed 3:")[1:]]
+    assert len(traces) == 4 and all(t == traces[0] for t in traces)
+    assert "NRI: the plugin registers" in traces[0] and "SIGKILLed" in traces[0]
+
+
 def test_seeds_run_alike_in_one_process_or_several():
     one, two = (sim("--seeds", "4", "--steps", "60", "--trace", "--jobs", j).stdout.splitlines()[:-1] for j in "12")
     assert one == two and len(one) > 40
@@ -142,9 +150,9 @@ CAUGHT = sorted(name for name, p in PLANTS.items() if p.seed)
 
 
 def test_the_plants_seeds_run_clean_with_every_fix_in_place():
-    for switches in sorted({PLANTS[name].switches for name in CAUGHT}):
-        seeds = ",".join(str(PLANTS[n].seed) for n in CAUGHT if PLANTS[n].switches == switches)
-        done = sim("--only", seeds, "--switches", str(switches))
+    for form in sorted({(PLANTS[name].switches, PLANTS[name].mode) for name in CAUGHT}):
+        seeds = ",".join(str(PLANTS[n].seed) for n in CAUGHT if (PLANTS[n].switches, PLANTS[n].mode) == form)
+        done = sim("--only", seeds, "--switches", str(form[0]), "--mode", form[1])
         assert done.returncode == 0, done.stdout[-3000:]
 
 
@@ -155,5 +163,5 @@ def test_the_plants_not_caught_are_those_whose_reasons_the_table_states():
 @pytest.mark.parametrize("name", CAUGHT)
 def test_a_planted_defect_breaks_an_invariant_on_its_seed(name):
     done = sim("--only", str(PLANTS[name].seed), "--plant", name, "--switches", str(PLANTS[name].switches),
-               "--jobs", "1")
+               "--mode", PLANTS[name].mode, "--jobs", "1")
     assert done.returncode == 1 and f"seed {PLANTS[name].seed}: " in done.stdout, done.stdout[-3000:]
