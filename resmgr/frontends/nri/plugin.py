@@ -398,10 +398,17 @@ class NriPlugin:
                 return nri.UpdateContainerResponse()
             await self.engine.state.settle_updates()
         final = collector.updates.pop(cid, None) or sent
-        self._defer_onto(cid, final, collector)
+        self._updated_answer(cid, final, collector)
         self.runtime.applied(cid, final)
         updates = [convert.update(cid, final)] + self._updates(collector, cid)
         return nri.UpdateContainerResponse(update=updates)
+
+    def _updated_answer(self, cid: str, final: Resources, collector: Collector) -> None:
+        """What an UpdateContainer answer carries beside the container's own update: as a create's,
+        the moves of those the runtime still runs on the CPUs it takes (applied first); and the moves
+        onto the CPUs it gives up, narrowed or held back until it has left them."""
+        self._clear_for(cid, final, collector)
+        self._defer_onto(cid, final, collector)
 
     def _clear_for(self, cid: str, res: Resources, collector: Collector) -> None:
         """A new container's answer also carries the update of each container the runtime still runs

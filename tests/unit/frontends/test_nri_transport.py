@@ -723,6 +723,28 @@ async def test_a_new_container_answer_steps_one_whose_move_waits_only_off_its_cp
     peer.writer.close()
 
 
+async def test_an_update_answer_moves_off_first_a_container_the_runtime_still_runs_on_the_cpus_it_takes(tmp_path):
+    """g is resized onto CPU 2, which a adopted after a restart still runs on, its move to 4 not
+    delivered yet: the answer carries a's move, which containerd applies before g's own (found by
+    the simulated node in NRI mode); b, on CPUs g does not take, is left to the queue."""
+    from resmgr.frontends.nri.runtime import Collector
+    from resmgr.model import Container, ContainerState, Resources
+
+    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path, "static")
+    ledger = plugin.engine.state.ledger
+    for cid, runs_on, dest, pending in (("g", "6", "2", False), ("a", "2", "4", True), ("b", "5", "7", True)):
+        known = nri.Container(id=cid, pod_sandbox_id="p1", name=cid)
+        known.linux.resources.cpu.cpus = runs_on
+        plugin.runtime.containers[cid] = known
+        ledger.containers[cid] = Container(id=cid, pod_id="p1", name=cid, state=ContainerState.RUNNING,
+                                           resources=Resources(cpuset_cpus=dest), pending=pending)
+    collector = Collector(updates={})
+    plugin._updated_answer("g", Resources(cpuset_cpus="2"), collector)
+    assert {k: r.cpuset_cpus for k, r in collector.updates.items()} == {"a": "4"}
+    trunk.close()
+    peer.writer.close()
+
+
 def test_a_failed_update_is_forgotten_with_its_container_and_by_a_synchronization_without_it():
     from resmgr.frontends.nri.runtime import NriRuntime
     from resmgr.model import Resources
