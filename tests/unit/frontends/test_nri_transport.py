@@ -701,21 +701,29 @@ async def test_a_new_container_answer_carries_the_update_of_one_still_on_its_cpu
     peer.writer.close()
 
 
+async def _plugin_with(tmp_path, *containers: tuple[str, str, str, bool]):
+    """A static plugin whose runtime record runs each (id, runs_on, granted, pending) where it says."""
+    from resmgr.model import Container, ContainerState, Resources
+
+    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path, "static")
+    for cid, runs_on, dest, pending in containers:
+        known = nri.Container(id=cid, pod_sandbox_id="p1", name=cid)
+        known.linux.resources.cpu.cpus = runs_on
+        plugin.runtime.containers[cid] = known
+        plugin.engine.state.ledger.containers[cid] = Container(
+            id=cid, pod_id="p1", name=cid, state=ContainerState.RUNNING, resources=Resources(cpuset_cpus=dest),
+            pending=pending)
+    return plugin, trunk, peer
+
+
 async def test_a_new_container_answer_steps_one_whose_move_waits_only_off_its_cpus(tmp_path):
     """g runs on CPUs 2-3 and is to go to 4-5, which h still runs on and is to leave: carried whole
     in a new container's answer, g's update would put it on h's CPUs (found by the simulated node in
     NRI mode, after a restart that adopted both). The answer steps g off the new one's CPU 2 only."""
     from resmgr.frontends.nri.runtime import Collector
-    from resmgr.model import Container, ContainerState, Resources
+    from resmgr.model import Resources
 
-    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path, "static")
-    ledger = plugin.engine.state.ledger
-    for cid, runs_on, dest in (("g", "2-3", "4-5"), ("h", "4-5", "6")):
-        known = nri.Container(id=cid, pod_sandbox_id="p1", name=cid)
-        known.linux.resources.cpu.cpus = runs_on
-        plugin.runtime.containers[cid] = known
-        ledger.containers[cid] = Container(id=cid, pod_id="p1", name=cid, state=ContainerState.RUNNING,
-                                           resources=Resources(cpuset_cpus=dest), pending=True)
+    plugin, trunk, peer = await _plugin_with(tmp_path, ("g", "2-3", "4-5", True), ("h", "4-5", "6", True))
     collector = Collector(updates={})
     plugin._clear_for("new", Resources(cpuset_cpus="2"), collector)
     assert {k: r.cpuset_cpus for k, r in collector.updates.items()} == {"g": "3"}
@@ -728,16 +736,10 @@ async def test_an_update_answer_moves_off_first_a_container_the_runtime_still_ru
     delivered yet: the answer carries a's move, which containerd applies before g's own (found by
     the simulated node in NRI mode); b, on CPUs g does not take, is left to the queue."""
     from resmgr.frontends.nri.runtime import Collector
-    from resmgr.model import Container, ContainerState, Resources
+    from resmgr.model import Resources
 
-    plugin, trunk, peer = await _plugin_on_a_socket(tmp_path, "static")
-    ledger = plugin.engine.state.ledger
-    for cid, runs_on, dest, pending in (("g", "6", "2", False), ("a", "2", "4", True), ("b", "5", "7", True)):
-        known = nri.Container(id=cid, pod_sandbox_id="p1", name=cid)
-        known.linux.resources.cpu.cpus = runs_on
-        plugin.runtime.containers[cid] = known
-        ledger.containers[cid] = Container(id=cid, pod_id="p1", name=cid, state=ContainerState.RUNNING,
-                                           resources=Resources(cpuset_cpus=dest), pending=pending)
+    plugin, trunk, peer = await _plugin_with(tmp_path, ("g", "6", "2", False), ("a", "2", "4", True),
+                                             ("b", "5", "7", True))
     collector = Collector(updates={})
     plugin._updated_answer("g", Resources(cpuset_cpus="2"), collector)
     assert {k: r.cpuset_cpus for k, r in collector.updates.items()} == {"a": "4"}
