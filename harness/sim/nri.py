@@ -46,7 +46,7 @@ _STATES = {cri.CONTAINER_CREATED: nri.CONTAINER_CREATED, cri.CONTAINER_RUNNING: 
 
 
 class Link:
-    """The plugin's connection: the daemon's life that holds it, and whether it is still open."""
+    """One connection of the plugin: the daemon's life that holds it, and whether it is still open."""
 
     def __init__(self, plugin: NriPlugin, spawn: Callable[[Any], asyncio.Task[Any]]) -> None:
         self.plugin, self.spawn = plugin, spawn
@@ -63,24 +63,20 @@ class Adaptation:
         # containerd's NRI lock: one event at a time, its answer's updates of other containers applied
         # under it, and a plugin's UpdateContainers.
         self.lock = asyncio.Lock()
-        self.syncs = 0  # synchronizations done (the simulator's invariants wait for one after a window)
 
     # -- the plugin's connection ------------------------------------------------------------------------
     async def register(self, plugin: NriPlugin, spawn: Callable[[Any], asyncio.Task[Any]]) -> None:
         """The plugin dials, registers, is configured and synchronized; it dials again whenever the
         connection closes while its process lives."""
-        link = Link(plugin, spawn)
         while True:
             self.note("NRI: the plugin registers")
             if self.link is not None:
                 self.link.open = False
-            self.link = link
-            link.open, link.synchronized = True, False
+            link = self.link = Link(plugin, spawn)  # a connection of its own: an old one's calls fail
+            closed = asyncio.Event()
 
             async def send(updates: list[nri.ContainerUpdate], link: Link = link) -> list[nri.ContainerUpdate]:
                 return await self._update_containers(link, updates)
-
-            closed = asyncio.Event()
 
             def close(link: Link = link, closed: asyncio.Event = closed) -> None:
                 self._drop(link)
@@ -91,13 +87,13 @@ class Adaptation:
                 await self._configure(link)
                 await self._synchronize(link)
             except CallError:
-                self._drop(link)
-                closed.set()
+                close()
             await closed.wait()
             plugin.reset(None)
-            if plugin.resyncing:
+            if plugin.resyncing:  # closed on purpose, to synchronize again: it dials at once
                 plugin.resyncing = False
-            await asyncio.sleep(REDIAL)
+            else:
+                await asyncio.sleep(REDIAL)
 
     def killed(self, plugin: NriPlugin) -> None:
         """The plugin's process is gone: its connection with it."""
@@ -127,7 +123,6 @@ class Adaptation:
             finally:
                 self.ctrd.swapping -= pairs
         link.synchronized = True
-        self.syncs += 1
         self.synchronized()
         self.ctrd.on_change()
 
