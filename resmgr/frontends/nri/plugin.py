@@ -427,9 +427,9 @@ class NriPlugin:
             if not dest & blocked:
                 collector.updates[oid] = c.resources
                 continue
-            # Its move waits for CPUs others still run on: off the new one's CPUs only, to where it
-            # may be now (the pusher sends the rest once they are free).
-            step = ((runs_on & dest) | (dest - blocked) or runs_on) - cpus
+            # Its move waits for CPUs others still run on: to where it may be now, or else only off
+            # the new one's CPUs (the pusher sends the rest once they are free).
+            step = (runs_on & dest) | (dest - blocked) or (runs_on - cpus)
             if step:
                 collector.updates[oid] = dataclasses.replace(c.resources, cpuset_cpus=str(step))
 
