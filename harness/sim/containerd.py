@@ -164,9 +164,7 @@ class Containerd:
                 c.unplugged = True
             else:
                 adjusted = to_cri(resp.adjust.linux.resources)
-                for name in RESOURCE_FIELDS:
-                    if getattr(adjusted, name):
-                        setattr(c.spec, name, getattr(adjusted, name))
+                c.spec = merged(c.spec, adjusted)
                 self.nri.note(f"containerd: {cid} created, adjusted to cpus {adjusted.cpuset_cpus or '-'}")
         if not c.spec.cpuset_cpus:
             c.spec.cpuset_cpus = str(self.online)  # the runtime's default: every CPU

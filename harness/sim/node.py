@@ -127,12 +127,8 @@ class Daemon:
         """As the NRI plugin starts: its loops run, and it dials containerd, which configures and
         synchronizes it (the first reconciliation), and again whenever the connection closes."""
         assert self.plugin is not None and self.node.ctrd.nri is not None
-        self.serving = True
         self.spawn(self.plugin.runtime.run_sender())
-        self.spawn(self.engine.run_reconciler(RECONCILE_EVERY))
-        self.spawn(self.engine.state.keep_written())
-        if self.node.wanted != self.node.policy:
-            self.spawn(self.node.push(self))
+        self._serve()
         await self.node.ctrd.nri.register(self.plugin, self.spawn)
 
     async def _start(self) -> None:
@@ -144,6 +140,10 @@ class Daemon:
                 await self.engine.reconcile()
         except Exception:  # serving anyway: lifecycle calls wait for a reconciliation
             self.engine.state.wake()
+        self._serve()
+
+    def _serve(self) -> None:
+        """Served from now on, the daemon's loops running."""
         self.serving = True
         self.spawn(self.engine.run_reconciler(RECONCILE_EVERY))
         self.spawn(self.engine.state.keep_written())

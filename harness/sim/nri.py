@@ -176,9 +176,6 @@ class Adaptation:
         return {frozenset((a, b)) for a, (a_now, a_new) in moves.items() for b, (b_now, b_new) in moves.items()
                 if a < b and a_new & b_now and b_new & a_now}
 
-    def plugged(self) -> bool:
-        return self.link is not None and self.link.synchronized
-
     # -- containerd applying what the plugin answers ------------------------------------------------------
     async def _update_containers(self, link: Link, updates: list[nri.ContainerUpdate]) -> list[nri.ContainerUpdate]:
         """UpdateContainers: under the NRI lock from its arrival (so no event's answer is applied
@@ -210,11 +207,11 @@ class Adaptation:
                               labels=sb.config.labels, annotations=sb.config.annotations,
                               linux=nri.LinuxPodSandbox(cgroup_parent=sb.config.linux.cgroup_parent))
 
-    def container(self, c: Ctr, state: int | None = None) -> nri.Container:
+    def container(self, c: Ctr) -> nri.Container:
         annotations = dict(c.config.annotations)
         annotations["io.kubernetes.container.restartCount"] = str(c.config.metadata.attempt)
         return nri.Container(id=c.id, pod_sandbox_id=c.pod_id, name=c.config.metadata.name,
-                             state=_STATES.get(c.state if state is None else state, nri.CONTAINER_UNKNOWN),
+                             state=_STATES.get(c.state, nri.CONTAINER_UNKNOWN),
                              labels=c.config.labels, annotations=annotations,
                              linux=nri.LinuxContainer(resources=to_nri(c.spec)))
 
